@@ -1,0 +1,27 @@
+"""The one `requant` command line.
+
+Each sub-command lives next to the code it drives (requant/commands.py for the
+checkpoint tools, audit/command.py for the audit); this file only assembles them
+into a single typer app so that `requant --help` lists everything.
+"""
+
+import typer
+
+from audit.command import audit
+from requant.commands import convert, inspect, verify
+
+app = typer.Typer(
+    name="requant",
+    help="Power-of-two INT8 scales for deterministic W8A8 inference across GPU kernels.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+app.command("convert")(convert)
+app.command("inspect")(inspect)
+app.command("verify")(verify)
+app.command("audit")(audit)
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,58 @@
+"""W8A8 GEMM backends behind one call signature, picked by name.
+
+    kernels.scaled_mm(a, w, s_a, s_w, backend=NAME) -> bf16 [M, N]
+    kernels.quantize_activations(x, backend=NAME)   -> (q int8 [M, K], s fp32 [M, 1])
+
+See kernels/reference.py for the operand contract and the numerics every backend
+documents. Backends are imported on first use, so `import kernels` never pulls in
+Triton or compiles CUTLASS.
+
+scaled_mm backends:
+  reference               exact value acc * s_a * s_w rounded once to bf16
+  reference-cutlass-order emulation of the CUTLASS epilogue order (the CI oracle)
+  reference-triton-order  emulation of the Triton epilogue order (the CI oracle)
+  triton                  Triton kernel, Triton order (GPU, or TRITON_INTERPRET=1 on CPU)
+  cutlass                 CUTLASS 3.x sm90 kernel, CUTLASS order (sm90 GPU only)
+"""
+
+import importlib
+
+import torch
+
+_SCALED_MM = {
+    "reference": "kernels.reference:scaled_mm_exact",
+    "reference-cutlass-order": "kernels.reference:scaled_mm_cutlass_order",
+    "reference-triton-order": "kernels.reference:scaled_mm_triton_order",
+    "triton": "kernels.triton:scaled_mm",
+    "cutlass": "kernels.cutlass:scaled_mm",
+}
+_QUANTIZE = {
+    "reference": "kernels.reference:quantize_activations",
+    "triton": "kernels.triton:quantize_activations",
+}
+# Which epilogue order each backend implements: the reference a real kernel must equal.
+EMULATION_OF = {
+    "triton": "reference-triton-order",
+    "cutlass": "reference-cutlass-order",
+    "reference-triton-order": "reference-triton-order",
+    "reference-cutlass-order": "reference-cutlass-order",
+}
+
+
+def _resolve(table: dict, kind: str, name: str):
+    if name not in table:
+        raise KeyError(f"unknown {kind} backend {name!r}; known: {', '.join(table)}")
+    module, attr = table[name].split(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def scaled_mm_backends() -> list[str]:
+    return list(_SCALED_MM)
+
+
+def scaled_mm(a: torch.Tensor, w: torch.Tensor, s_a: torch.Tensor, s_w: torch.Tensor, backend: str = "reference-cutlass-order") -> torch.Tensor:
+    return _resolve(_SCALED_MM, "scaled_mm", backend)(a, w, s_a, s_w)
+
+
+def quantize_activations(x: torch.Tensor, backend: str = "reference") -> tuple[torch.Tensor, torch.Tensor]:
+    return _resolve(_QUANTIZE, "quantize_activations", backend)(x)

@@ -1,0 +1,175 @@
+"""The exact reference for W8A8 GEMMs: the oracle that every other backend is checked
+against, bit for bit. Runs on CPU (CI) or on a GPU, wherever its inputs live.
+
+Contract (shared by every backend in kernels/):
+  a    int8  [M, K]   per-token quantized activations (see quantize_activations)
+  w    int8  [N, K]   per-output-channel quantized weights (may contain -128)
+  s_a  fp32  [M, 1]   activation scales
+  s_w  fp32  [N, 1]   weight scales (a bf16 checkpoint scale upcast exactly)
+  ->   bf16  [M, N]
+
+Numerics, and why they are exact here:
+  * accumulator: acc = sum_k a[m,k] * w[n,k]. Every product is at most 2**14 in
+    magnitude, so |acc| <= K * 2**14 < 2**31 whenever K < 2**17 (checked). Float64
+    represents every partial sum exactly (< 2**53), so a float64 matmul gives the exact
+    integer whatever its summation order; `accumulate_int64` recomputes it in int64
+    and the tests check the two agree.
+  * CUTLASS epilogue order: y = bf16_rne(s_a * fp32(s_w * fp32(acc)))
+  * Triton epilogue order:  y = bf16_rne(fp32(s_a * fp32(acc)) * s_w)
+    Each fp32 op is one IEEE round-to-nearest-even operation; torch runs every
+    elementwise op as its own kernel, so nothing is contracted into an FMA.
+  * "exact": the real number acc * s_a * s_w rounded once to bf16. Float64 gives it
+    to within 2**-52 relative; elements whose float64 value lies so close to a bf16
+    rounding midpoint that this error could matter are recomputed with Python
+    integers (rare on real data, common on adversarial power-of-two inputs).
+With power-of-two s_w both fp32 orders give the correctly rounded value of
+s_a * fp32(acc) * s_w, hence the same bits; with general s_w they differ by at most
+one bf16 spacing on a small fraction of outputs.
+"""
+
+from fractions import Fraction
+
+import torch
+
+from kernels.bf16 import round_fp32_to_bf16
+
+# |acc| <= K * 128 * 128 must stay below 2**31.
+MAX_K = (2**31 - 1) // (128 * 128)
+
+
+def check_operands(a: torch.Tensor, w: torch.Tensor, s_a: torch.Tensor, s_w: torch.Tensor) -> None:
+    """Raise ValueError/TypeError naming the operand that breaks the contract."""
+    for name, t, dt in (("a", a, torch.int8), ("w", w, torch.int8), ("s_a", s_a, torch.float32), ("s_w", s_w, torch.float32)):
+        if t.dtype != dt:
+            raise TypeError(f"{name} must be {dt}, got {t.dtype}")
+        if t.dim() != 2:
+            raise ValueError(f"{name} must be 2-D, got shape {tuple(t.shape)}")
+    m, k = a.shape
+    n, k2 = w.shape
+    if k != k2:
+        raise ValueError(f"inner dimensions differ: a is {tuple(a.shape)}, w is {tuple(w.shape)}")
+    if tuple(s_a.shape) != (m, 1):
+        raise ValueError(f"s_a must be [{m}, 1], got {tuple(s_a.shape)}")
+    if tuple(s_w.shape) != (n, 1):
+        raise ValueError(f"s_w must be [{n}, 1], got {tuple(s_w.shape)}")
+    if k > MAX_K:
+        raise ValueError(f"K={k} exceeds {MAX_K}: an int32 accumulator could overflow")
+    devices = {t.device for t in (a, w, s_a, s_w)}
+    if len(devices) != 1:
+        raise ValueError(f"operands on several devices: {sorted(map(str, devices))}")
+
+
+def accumulate(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Exact int32 accumulator [M, N] (float64 matmul; exact, see module docstring)."""
+    if a.shape[1] > MAX_K:
+        raise ValueError(f"K={a.shape[1]} exceeds {MAX_K}")
+    acc = a.to(torch.float64) @ w.to(torch.float64).T
+    return acc.to(torch.int32)
+
+
+def accumulate_int64(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """The same accumulator computed in int64 arithmetic (slow; the cross-check)."""
+    a64 = a.to(torch.int64)
+    w64 = w.to(torch.int64)
+    out = torch.zeros(a.shape[0], w.shape[0], dtype=torch.int64, device=a.device)
+    step = 256  # bounded temporaries: [M, N, step] products at a time
+    for k0 in range(0, a.shape[1], step):
+        out += (a64[:, None, k0:k0 + step] * w64[None, :, k0:k0 + step]).sum(dim=2)
+    return out
+
+
+def epilogue_cutlass_order(acc: torch.Tensor, s_a: torch.Tensor, s_w: torch.Tensor) -> torch.Tensor:
+    """bf16_rne(s_a * fp32(s_w * fp32(acc))), s_w broadcast along rows of the output."""
+    inner = s_w.reshape(1, -1) * acc.to(torch.float32)
+    return round_fp32_to_bf16(s_a.reshape(-1, 1) * inner)
+
+
+def epilogue_triton_order(acc: torch.Tensor, s_a: torch.Tensor, s_w: torch.Tensor) -> torch.Tensor:
+    """bf16_rne(fp32(s_a * fp32(acc)) * s_w)."""
+    inner = s_a.reshape(-1, 1) * acc.to(torch.float32)
+    return round_fp32_to_bf16(inner * s_w.reshape(1, -1))
+
+
+def _round_fraction_to_bf16(v: Fraction) -> float:
+    """Round an exact rational once to bf16 (ties to even); returns that value as float."""
+    if v == 0:
+        return 0.0
+    sign = -1 if v < 0 else 1
+    x = abs(v)
+    e = x.numerator.bit_length() - x.denominator.bit_length()  # 2**e <= x < 2**(e+2)
+    if Fraction(2) ** e > x:
+        e -= 1
+    elif Fraction(2) ** (e + 1) <= x:
+        e += 1
+    spacing = Fraction(2) ** (max(e, -126) - 7)  # bf16: 8 significant bits, min normal 2**-126
+    q = round(x / spacing)  # Fraction.__round__ rounds half to even
+    out = q * spacing
+    if out >= Fraction(2) ** 128:
+        return sign * float("inf")
+    return sign * float(out)
+
+
+def epilogue_exact(acc: torch.Tensor, s_a: torch.Tensor, s_w: torch.Tensor) -> torch.Tensor:
+    """bf16 of the real number acc * s_a * s_w, rounded once (ties to even)."""
+    a64 = acc.to(torch.float64)
+    sa = s_a.reshape(-1, 1).to(torch.float64)
+    sw = s_w.reshape(1, -1).to(torch.float64)
+    v = (a64 * sa) * sw
+    # Decide in float64 directly: scale to 8 integer bits and round half to even.
+    _, exp = torch.frexp(v)
+    exp = torch.clamp(exp, min=-125)  # fixed spacing in the subnormal range
+    t = torch.ldexp(v, 8 - exp)  # |t| in [128, 256) for normal values
+    frac = (t - torch.floor(t)).abs()
+    # float64 error of v is < 2**-51 relative, i.e. < 2**-43 in units of t.
+    risky = (frac - 0.5).abs() <= 2.0**-42
+    rounded = torch.ldexp(torch.round(t), exp - 8)  # torch.round: half to even
+    rounded = torch.where(torch.isfinite(v), rounded, v)
+    out = rounded.to(torch.bfloat16)  # exact: at most 8 significant bits (or overflow to inf)
+    if bool(risky.any()):
+        idx = risky.nonzero().tolist()
+        fixed = []
+        for i, j in idx:
+            exact = Fraction(int(acc[i, j])) * Fraction(float(s_a.reshape(-1)[i])) * Fraction(float(s_w.reshape(-1)[j]))
+            fixed.append(_round_fraction_to_bf16(exact))
+        rows = torch.tensor([i for i, _ in idx], device=out.device)
+        cols = torch.tensor([j for _, j in idx], device=out.device)
+        out[rows, cols] = torch.tensor(fixed, dtype=torch.float64, device=out.device).to(torch.bfloat16)
+    return out
+
+
+def scaled_mm_cutlass_order(a, w, s_a, s_w):
+    check_operands(a, w, s_a, s_w)
+    return epilogue_cutlass_order(accumulate(a, w), s_a, s_w)
+
+
+def scaled_mm_triton_order(a, w, s_a, s_w):
+    check_operands(a, w, s_a, s_w)
+    return epilogue_triton_order(accumulate(a, w), s_a, s_w)
+
+
+def scaled_mm_exact(a, w, s_a, s_w):
+    check_operands(a, w, s_a, s_w)
+    return epilogue_exact(accumulate(a, w), s_a, s_w)
+
+
+def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token symmetric int8 quantization, the operands both kernels share.
+
+    Assumptions: x is [M, K] float (bf16 from the model; upcast to fp32 exactly).
+    s = fp32(absmax / 127); q = saturate_int8(round_half_even(x * fp32(127 / absmax))).
+    A zero row gives s = 0 and q = 0 (no division by zero, no NaN).
+    Returns (q int8 [M, K], s fp32 [M, 1]).
+    """
+    if x.dim() != 2:
+        raise ValueError(f"activations must be 2-D [tokens, features], got {tuple(x.shape)}")
+    if not x.is_floating_point():
+        raise TypeError(f"activations must be floating point, got {x.dtype}")
+    xf = x.to(torch.float32)
+    absmax = xf.abs().amax(dim=1, keepdim=True) if xf.shape[1] else torch.zeros(xf.shape[0], 1, device=xf.device)
+    if not bool(torch.isfinite(absmax).all()):
+        raise ValueError("activations contain NaN or infinity")
+    zero = absmax == 0
+    s = torch.where(zero, torch.zeros_like(absmax), absmax / 127.0)
+    inv = torch.where(zero, torch.zeros_like(absmax), 127.0 / torch.where(zero, torch.ones_like(absmax), absmax))
+    q = torch.round(xf * inv).clamp_(-128, 127).to(torch.int8)
+    return q, s.to(torch.float32)
