@@ -169,7 +169,11 @@ def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     if not bool(torch.isfinite(absmax).all()):
         raise ValueError("activations contain NaN or infinity")
     zero = absmax == 0
-    s = torch.where(zero, torch.zeros_like(absmax), absmax / 127.0)
-    inv = torch.where(zero, torch.zeros_like(absmax), 127.0 / torch.where(zero, torch.ones_like(absmax), absmax))
+    # Both divisions tensor / tensor: `127.0 / t` is t.reciprocal() * 127 in torch (two
+    # roundings), and on CUDA `t / 127.0` with a CPU scalar multiplies by 1/127; only a
+    # tensor divisor gives the one IEEE division that the contract names.
+    c127 = torch.full_like(absmax, 127.0)
+    s = torch.where(zero, torch.zeros_like(absmax), absmax / c127)
+    inv = torch.where(zero, torch.zeros_like(absmax), c127 / torch.where(zero, torch.ones_like(absmax), absmax))
     q = torch.round(xf * inv).clamp_(-128, 127).to(torch.int8)
     return q, s.to(torch.float32)

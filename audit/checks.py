@@ -1,0 +1,165 @@
+"""The seven checks. Each is a pure function of (reference run, run under test, kernel
+description of the run under test) and returns a CheckResult: whether it is applicable
+(recorded apart from the verdict) and, if so, whether it fires.
+
+  C1 shared activation operands  digest of (int8 a, s_a) differs from the reference's
+  C2 shared weight operands      digest of (int8 w, s_w) differs from the reference's
+  C3 accumulator exactness       static: the kernel's accumulator cannot hold every integer
+     precondition                of magnitude K * 128 * 128 (the int8 range: (-128)**2 = 2**14
+                                 per product), from its declared type and width alone
+  C4 exact accumulator           the run's accumulator differs (as exact values) from the
+                                 reference int32 accumulator; n/a when the kernel exposes none
+  C5 power-of-two identity       output not bitwise equal to the reference; applicable only
+                                 when every weight scale of the layer is a power of two
+                                 (kernels.bf16.is_power_of_two)
+  C6 real-scale tolerance        some output element is more than one bf16 spacing from the
+                                 reference (kernels.bf16.ulp_distance), the smallest tolerance
+                                 that admits the legal CUTLASS/Triton difference
+  C7 token-level risk            end-to-end only (runs carrying logits): fires when some token's
+                                 top-1 logit margin (reference run) is smaller than the largest
+                                 logit deviation between the two runs at that token; n/a for
+                                 per-layer cells (no logits)
+
+Why C5 and C6 both exist: C6 is the best a tolerance suite can do, and it is blind to every
+fault that moves an output by exactly one spacing. C5 is an equality, so it sees those, but
+only where power-of-two scales make equality a legal requirement.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from audit.records import KernelDesc, Run, output_distance, output_equal
+from kernels.bf16 import bitwise_equal
+
+FIRE = "fire"
+SILENT = "silent"
+NOT_APPLICABLE = "not_applicable"
+CHECK_IDS = ("C1", "C2", "C3", "C4", "C5", "C6", "C7")
+LAYER_CHECK_IDS = CHECK_IDS[:6]
+
+CHECK_TITLES = {
+    "C1": "shared activation operands",
+    "C2": "shared weight operands",
+    "C3": "accumulator exactness precondition",
+    "C4": "exact accumulator",
+    "C5": "power-of-two identity",
+    "C6": "real-scale tolerance (<= 1 spacing)",
+    "C7": "token-level risk (end-to-end)",
+}
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    check: str
+    applicable: bool
+    fired: bool | None  # None when not applicable
+    detail: str = ""
+
+    @property
+    def outcome(self) -> str:
+        if not self.applicable:
+            return NOT_APPLICABLE
+        return FIRE if self.fired else SILENT
+
+
+def _na(check: str, why: str) -> CheckResult:
+    return CheckResult(check, False, None, why)
+
+
+def _verdict(check: str, fired: bool, detail: str = "") -> CheckResult:
+    return CheckResult(check, True, bool(fired), detail)
+
+
+def c1_shared_activations(ref: Run, test: Run, kernel: KernelDesc) -> CheckResult:
+    if ref.act is None or test.act is None:
+        return _na("C1", "no activation operands recorded")
+    return _verdict("C1", ref.act.digest() != test.act.digest())
+
+
+def c2_shared_weights(ref: Run, test: Run, kernel: KernelDesc) -> CheckResult:
+    if ref.wt is None or test.wt is None:
+        return _na("C2", "no weight operands recorded")
+    return _verdict("C2", ref.wt.digest() != test.wt.digest())
+
+
+def c3_accumulator_precondition(ref: Run, test: Run, kernel: KernelDesc) -> CheckResult:
+    if test.act is None:
+        return _na("C3", "no operands: K unknown")
+    k = test.act.a.shape[1]
+    need = k * 128 * 128
+    return _verdict("C3", need > kernel.exact_integer_bound(), f"K*2**14={need}, {kernel.acc_kind}{kernel.acc_bits} holds {kernel.exact_integer_bound()}")
+
+
+def c4_exact_accumulator(ref: Run, test: Run, kernel: KernelDesc) -> CheckResult:
+    if ref.acc is None or test.acc is None or not kernel.exposes_acc:
+        return _na("C4", "kernel exposes no accumulator")
+    if ref.acc.shape != test.acc.shape:
+        return _verdict("C4", True, "accumulator shape differs")
+    # float64 holds every int32 and every bf16/fp32 accumulator value exactly.
+    return _verdict("C4", not torch.equal(ref.acc.to(torch.float64), test.acc.to(torch.float64)))
+
+
+def c5_power_of_two_identity(ref: Run, test: Run, kernel: KernelDesc) -> CheckResult:
+    if ref.wt is None or not ref.wt.all_scales_power_of_two():
+        return _na("C5", "not every weight scale is a power of two")
+    if test.wt is not None and test.wt is not ref.wt and not test.wt.all_scales_power_of_two():
+        return _na("C5", "kernel under test used non-power-of-two weight scales")
+    if ref.y.shape != test.y.shape or ref.y.dtype != test.y.dtype:
+        return _verdict("C5", True, "output shape or dtype differs")
+    return _verdict("C5", not output_equal(ref, test))
+
+
+def c6_tolerance(ref: Run, test: Run, kernel: KernelDesc) -> CheckResult:
+    if ref.y is None or test.y is None:
+        return _na("C6", "no outputs")
+    if ref.y.shape != test.y.shape:
+        return _verdict("C6", True, "output shape differs")
+    if ref.y.numel() == 0 or output_equal(ref, test):
+        return _verdict("C6", False, "max 0 spacings")
+    worst = int(output_distance(ref, test).max())
+    return _verdict("C6", worst > 1, f"max {worst} spacings")
+
+
+def token_risk(ref_logits: torch.Tensor, test_logits: torch.Tensor) -> dict:
+    """Per-token margin vs deviation, the arithmetic behind C7 (logits [T, V], any float)."""
+    r = ref_logits.to(torch.float64)
+    t = test_logits.to(torch.float64)
+    top2 = torch.topk(r, 2, dim=-1).values
+    margin = top2[:, 0] - top2[:, 1]
+    deviation = (r - t).abs().amax(dim=-1)
+    flagged = margin < deviation
+    return {
+        "tokens": int(r.shape[0]),
+        "flagged": int(flagged.sum()),
+        "top1_disagreements": int((r.argmax(-1) != t.argmax(-1)).sum()),
+        "max_deviation": float(deviation.max()) if r.shape[0] else 0.0,
+        "min_margin": float(margin.min()) if r.shape[0] else 0.0,
+        "bitwise_equal": bitwise_equal(ref_logits, test_logits),
+    }
+
+
+def c7_token_risk(ref: Run, test: Run, kernel: KernelDesc) -> CheckResult:
+    if ref.logits is None or test.logits is None:
+        return _na("C7", "no logits: per-layer cell")
+    risk = token_risk(ref.logits, test.logits)
+    return _verdict("C7", risk["flagged"] > 0, f"{risk['flagged']}/{risk['tokens']} tokens flagged")
+
+
+CHECKS = {
+    "C1": c1_shared_activations,
+    "C2": c2_shared_weights,
+    "C3": c3_accumulator_precondition,
+    "C4": c4_exact_accumulator,
+    "C5": c5_power_of_two_identity,
+    "C6": c6_tolerance,
+    "C7": c7_token_risk,
+}
+
+
+def run_checks(ref: Run, test: Run, kernel: KernelDesc | None = None) -> dict[str, CheckResult]:
+    """All seven checks on one (reference, under test) pair."""
+    kernel = kernel or test.kernel
+    return {cid: fn(ref, test, kernel) for cid, fn in CHECKS.items()}

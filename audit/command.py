@@ -1,0 +1,184 @@
+"""`requant audit`: the typer command (assembled into the CLI by cli.py).
+
+    requant audit [CKPT] [--backends cutlass,triton | --backends reference] [--prompts N]
+                  [--json OUT] [--report DIR] [--plan] [--device DEV] [--revision REV]
+
+No CKPT: the embedded default (requant.DEFAULT_CHECKPOINT). `--backends reference` is the
+pair reference-cutlass-order,reference-triton-order, the default where no CUDA GPU is
+present; with one, the default pair is cutlass,triton. `--plan` prints the cell count and
+the GEMM shapes from config.json alone (CKPT may be the directory or the config.json file).
+
+Exit status: 0 when the audit ran, the scorecard has no false positive or negative and every
+layer is bitwise equal under pow2; 1 when it ran but one of those fails; 2 on a usage or
+checkpoint error (a message, no traceback).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+console = Console(stderr=True)
+
+
+class AuditUsageError(Exception):
+    """A request the audit refuses, reported as a message."""
+
+
+def _default_backends() -> str:
+    import torch
+
+    return "cutlass,triton" if torch.cuda.is_available() else "reference"
+
+
+def _default_device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _load_config(ckpt: Optional[str]) -> tuple[dict, str]:
+    """config.json of a directory, of a config.json path, or of the embedded default."""
+    from requant import DEFAULT_CHECKPOINT
+
+    if ckpt is None:
+        p = Path(DEFAULT_CHECKPOINT) / "config.json"
+    else:
+        p = Path(ckpt)
+        if p.is_dir():
+            p = p / "config.json"
+        elif not p.exists():
+            from requant.checkpoint import open_checkpoint
+
+            c = open_checkpoint(ckpt)  # a Hub repo id: resolve it, then read its config
+            return c.config, str(c.path / "config.json")
+    if not p.is_file():
+        raise AuditUsageError(f"{p}: no config.json")
+    try:
+        return json.loads(p.read_text()), str(p)
+    except ValueError as exc:
+        raise AuditUsageError(f"{p}: not valid JSON: {exc}") from None
+
+
+def _print_plan(plan: dict, where: str) -> None:
+    t = Table(title=f"audit plan for {where}")
+    for col in ("GEMM [out, in]", "Linears", "cells"):
+        t.add_column(col, justify="right")
+    for s in plan["shapes"]:
+        t.add_row(f"[{s['out']}, {s['in']}]", str(s["count"]), str(s["count"] * plan["variants"] * len(plan["regimes"])))
+    console.print(t)
+    print(f"layers: {plan['layers']}  variants: {plan['variants']}  regimes: {','.join(plan['regimes'])}  cells: {plan['cells']}")
+
+
+def _print_summary(result: dict) -> None:
+    from audit.report import matrix_warning
+
+    card = result["scorecard"]
+    warn = matrix_warning(result)
+    if warn:
+        console.print(f"[bold red]{warn}[/bold red]")
+    t = Table(title="detection (observable / detected)")
+    t.add_column("fault")
+    for sev in ("one", "1pct", "all"):
+        for regime in ("native", "pow2"):
+            t.add_column(f"{sev} {regime}", justify="right")
+    det = {(d["fault"], d["severity"], d["regime"]): d for d in result["detection"]}
+    for fam in sorted({d["fault"] for d in result["detection"]}):
+        cells = []
+        for sev in ("one", "1pct", "all"):
+            for regime in ("native", "pow2"):
+                d = det.get((fam, sev, regime))
+                cells.append("" if d is None else f"{d['detected']}/{d['observable']}")
+        t.add_row(fam, *cells)
+    console.print(t)
+    print(f"per layer: {result['per_layer_summary']['line']}")
+    print(f"cells: {result['cells']}  false positives: {card['false_positives']}  false negatives: {card['false_negatives']}  "
+          f"applicability mismatches: {card['applicability_mismatches']}")
+    print("max ULP by fault: " + ", ".join(f"{k}={v}" for k, v in result["max_ulp_by_fault"].items()))
+    e2e = result["end_to_end"]
+    print("end to end (C7 tokens flagged): " + ", ".join(f"{r}: {e['flagged']}/{e['tokens']}" for r, e in e2e.items()))
+    print(f"matrix sha256: {card['matrix_sha256']} ({'pinned' if card['matrix_pinned'] else 'NOT PINNED'})  wall: {result['wall_seconds']} s")
+
+
+def audit(
+    ckpt: Annotated[Optional[str], typer.Argument(help="checkpoint directory or Hub repo id (default: the embedded default)")] = None,
+    backends: Annotated[Optional[str], typer.Option("--backends", help="two scaled_mm backends 'A,B', or 'reference' (default: cutlass,triton on a GPU, else reference)")] = None,
+    prompts: Annotated[int, typer.Option("--prompts", help="calibration prompts to run (prefill)")] = 8,
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="write the audit JSON here")] = None,
+    report: Annotated[Optional[Path], typer.Option("--report", help="write JSON, Markdown and PNG plots into this directory")] = None,
+    plan: Annotated[bool, typer.Option("--plan", help="print cell count and shapes from config.json, run nothing")] = False,
+    device: Annotated[Optional[str], typer.Option("--device", help="torch device (default: cuda if available, else cpu)")] = None,
+    revision: Annotated[Optional[str], typer.Option("--revision", help="Hub revision when CKPT is a repo id")] = None,
+) -> None:
+    """Bitwise CUTLASS-vs-Triton comparison per Linear on real activations, and the
+    fault-injection suite scored against the pinned prediction matrix."""
+    from requant.errors import CheckpointError
+
+    try:
+        if plan:
+            from audit.suite import plan_from_config
+
+            config, where = _load_config(ckpt)
+            p = plan_from_config(config)
+            _print_plan(p, where)
+            if json_out is not None:
+                json_out.parent.mkdir(parents=True, exist_ok=True)
+                json_out.write_text(json.dumps(p, indent=1) + "\n")
+            return
+        import torch
+
+        from audit.suite import parse_backends
+        from requant import DEFAULT_CHECKPOINT
+        from requant.checkpoint import open_checkpoint
+
+        pair = parse_backends(backends or _default_backends())
+        dev = device or _default_device()
+        if dev.startswith("cuda") and not torch.cuda.is_available():
+            raise AuditUsageError(f"--device {dev}: no CUDA device here")
+        if "cutlass" in pair and not dev.startswith("cuda"):
+            raise AuditUsageError("the cutlass backend needs a CUDA GPU; on CPU use --backends reference")
+        src = DEFAULT_CHECKPOINT if ckpt is None else ckpt
+        checkpoint = open_checkpoint(src, revision=revision)
+        from audit.capture import prompts as prompt_list
+        from audit.suite import CELLS_PER_LAYER
+
+        prompt_list(prompts)  # validate N before loading anything big
+    except (CheckpointError, AuditUsageError, ValueError) as exc:
+        console.print(f"[bold red]error:[/bold red] {exc}")
+        raise typer.Exit(2) from None
+
+    from audit.report import write_json, write_report
+    from audit.suite import run_audit
+
+    total = len(checkpoint.quantized_linears) * CELLS_PER_LAYER
+    console.print(f"auditing {checkpoint.path} with {pair[0]} vs {pair[1]} on {dev}: {len(checkpoint.quantized_linears)} Linears, {total} cells")
+    with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), TimeRemainingColumn(), console=console, transient=False) as progress:
+        task = progress.add_task("cells", total=total)
+        result = run_audit(checkpoint, pair, prompts, dev,
+                           advance=lambda n: progress.advance(task, n),
+                           on_phase=lambda msg: progress.console.log(msg))
+    args = sys.argv[1:]
+    if args and args[0] == "audit":
+        args = args[1:]
+    command = " ".join(["requant audit"] + [shlex.quote(a) for a in args])
+    result["command"] = command
+    if json_out is not None:
+        write_json(result, json_out)
+    if report is not None:
+        for f in write_report(result, report, command):
+            console.print(f"wrote {f}")
+    _print_summary(result)
+    card = result["scorecard"]
+    ok = card["false_positives"] == 0 and card["false_negatives"] == 0 and \
+        result["per_layer_summary"]["pow2"]["bitwise_equal"] == result["per_layer_summary"]["pow2"]["layers"]
+    if not ok:
+        raise typer.Exit(1)

@@ -1,0 +1,288 @@
+"""The fault catalogue: 9 families, 21 variants.
+
+Every fault is a modification of one exact reference pipeline,
+
+    acc = exact int32 accumulator                   (kernels.reference.accumulate)
+    y   = bf16_rne(fp32(fp32(s_a * fp32(acc)) * s_w))  (kernels.reference.epilogue_triton_order)
+
+i.e. the legal Triton order. A fault produces a *run under test* (audit.records.Run): the
+operands it consumed, the accumulator it formed, the bf16 output it returned and a kernel
+description. The checks (audit/checks.py) then compare that run with the reference run.
+
+Severity says *where* the faulty pipeline replaces the reference:
+  one   one output element. If the faulty pipeline changes any element at all, the element
+        is drawn (seeded) from the ones it changes: the smallest observable injection, the
+        hardest case for a detector. If it changes none, a seeded element is drawn from all
+        (the cell is then unobservable).
+  1pct  ceil(1% of M*N) seeded uniform draws over the output (duplicates collapse, so a
+        little under 1% on large outputs); not targeted, so a rare fault may miss them.
+  all   every output element.
+F6, F7, F8 have one severity ("all"). F9 faults act on operands instead of output elements,
+so its severities are operand severities (see F9 below) under the same three labels.
+
+Families (the definitions the prediction matrix was written from):
+  F1 scale precision: the weight scale is applied through a precomputed fp32 reciprocal,
+     y = bf16_rne(fp32(s_a*acc) / fp32(1/s_w)). For s_w = 2**e the reciprocal and the
+     division are exact, so y is the reference bit for bit; otherwise fp32(1/s_w) carries a
+     rounding error, the quotient moves by about one fp32 ulp, which can flip one bf16
+     rounding: at most one bf16 spacing.
+  F2 double rounding: the product after the first scale is rounded to bf16, then scaled
+     and rounded again: y = bf16_rne(fp32(bf16_rne(fp32(s_a*acc)) * s_w)). Exact under a
+     power-of-two s_w (scaling by 2**e commutes with rounding in the normal range).
+  F3 multiplication order: the other legal order, CUTLASS's s_a * fp32(s_w * acc)
+     (kernels.reference.epilogue_cutlass_order). Equal under power-of-two s_w.
+  F4 output truncation: the final fp32 -> bf16 cast rounds toward zero
+     (kernels.bf16.truncate_fp32_to_bf16) instead of to nearest even. Not a scale-order
+     fault, so power-of-two scales do not hide it: about half of all outputs move by one.
+  F5 fused ordering: the scale product is formed first, y = bf16_rne(fp32(acc) *
+     fp32(s_a*s_w)). Exact under power-of-two s_w.
+  F6 accumulator precision (precondition): K is cut into tiles of F6_TILE; each tile's
+     int8 dot products are exact (|tile sum| <= 64 * 2**14), but tiles are summed into a
+     bfloat16 register: acc <- bf16_rne(fp32(acc + tile)). The accumulator is a float with
+     8 significant bits, far too narrow for K * 2**14.
+  F7 accumulator range (precondition): an int16 accumulator that wraps (two's complement).
+     Wrapping at every step equals wrapping once at the end, so acc16 = wrap16(acc) exactly,
+     whatever the summation order (saturation would depend on the order; wrap does not).
+  F8 null fault: the reference pipeline itself. Must never fire.
+  F9 operand fault: the kernel under test consumes operands the reference did not; its own
+     pipeline is the exact reference (exact accumulator, Triton order, RNE):
+       one  (F9a) one activation scale is multiplied by F9A_FACTOR = 1.25: a seeded row m
+            with s_a[m] != 0; the int8 tensors and the accumulator are untouched, so only
+            the scale digest (C1) and the output can reveal it. Output row m moves by a
+            factor 1.25, i.e. about 32..64 spacings on every non-zero element.
+       1pct (F9b) ceil(1% of M*K) seeded int8 activations shifted by one (+1; 127 -> 126 so
+            that every chosen element changes by exactly one); accumulator recomputed.
+       all  (F9c) every int8 activation shifted by one the same way; accumulator recomputed.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from dataclasses import dataclass, field
+
+import torch
+
+from audit.records import REFERENCE_KERNEL, Activations, KernelDesc, Run, Weights
+from kernels.bf16 import round_fp32_to_bf16, truncate_fp32_to_bf16
+from kernels.reference import accumulate, epilogue_cutlass_order, epilogue_triton_order
+
+F6_TILE = 64
+F9A_FACTOR = 1.25
+SEVERITIES = ("one", "1pct", "all")
+
+
+@dataclass(frozen=True)
+class Variant:
+    id: str  # "F1.one", ..., "F9.all"
+    family: str  # "F1".."F9"
+    severity: str  # "one" | "1pct" | "all"
+    title: str
+
+
+FAMILY_TITLES = {
+    "F1": "scale precision (fp32 reciprocal of s_w)",
+    "F2": "double rounding (bf16 after the first scale)",
+    "F3": "multiplication order (CUTLASS order)",
+    "F4": "output truncation (round toward zero)",
+    "F5": "fused ordering (acc * fp32(s_a*s_w))",
+    "F6": "accumulator precision (bf16 accumulator)",
+    "F7": "accumulator range (int16 wrap)",
+    "F8": "null fault",
+    "F9": "operand fault (activations the reference did not use)",
+}
+_SEVERITIES_OF = {f: SEVERITIES for f in ("F1", "F2", "F3", "F4", "F5", "F9")} | {"F6": ("all",), "F7": ("all",), "F8": ("all",)}
+
+VARIANTS: tuple[Variant, ...] = tuple(
+    Variant(f"{fam}.{sev}", fam, sev, FAMILY_TITLES[fam]) for fam in FAMILY_TITLES for sev in _SEVERITIES_OF[fam]
+)
+VARIANT_BY_ID = {v.id: v for v in VARIANTS}
+assert len(VARIANTS) == 21
+
+FAULT_KERNELS = {
+    "F1": KernelDesc("F1 reciprocal scale", "int", 32, "triton-order, s_w via fp32 reciprocal"),
+    "F2": KernelDesc("F2 double rounding", "int", 32, "triton-order, bf16 after s_a"),
+    "F3": KernelDesc("F3 cutlass order", "int", 32, "cutlass-order"),
+    "F4": KernelDesc("F4 truncation", "int", 32, "triton-order, truncating cast"),
+    "F5": KernelDesc("F5 fused scales", "int", 32, "acc * fp32(s_a*s_w)"),
+    "F6": KernelDesc("F6 bf16 accumulator", "float", 8, "triton-order"),
+    "F7": KernelDesc("F7 int16 accumulator", "int", 16, "triton-order"),
+    "F8": REFERENCE_KERNEL,
+    "F9": REFERENCE_KERNEL,
+}
+
+
+@dataclass
+class LayerCase:
+    """One (layer, regime): shared operands, the exact accumulator and the reference run.
+
+    `cache` keeps the full faulty output of each family so that its three severities
+    (and nothing else) are derived from one computation.
+    """
+
+    name: str
+    regime: str
+    act: Activations
+    wt: Weights
+    acc: torch.Tensor
+    ref: Run
+    cache: dict = field(default_factory=dict)
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        m, k = self.act.a.shape
+        return m, k, self.wt.w.shape[0]
+
+
+def reference_case(name: str, regime: str, act: Activations, wt: Weights) -> LayerCase:
+    """The exact reference pipeline on shared operands (accumulator computed once)."""
+    acc = accumulate(act.a, wt.w)
+    y = epilogue_triton_order(acc, act.s_a, wt.s_w)
+    return LayerCase(name, regime, act, wt, acc, Run(act, wt, acc, y, REFERENCE_KERNEL))
+
+
+def seed_for(*parts: str) -> int:
+    """A stable seed from names (crc32; independent of Python's hash randomization)."""
+    return zlib.crc32("|".join(parts).encode())
+
+
+def _generator(case: LayerCase, variant_id: str) -> torch.Generator:
+    return torch.Generator(device="cpu").manual_seed(seed_for(case.name, case.regime, variant_id))
+
+
+def _changed(y: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    return y.view(torch.int16) != ref.view(torch.int16)
+
+
+def severity_mask(severity: str, y_fault: torch.Tensor, y_ref: torch.Tensor, gen: torch.Generator) -> torch.Tensor | None:
+    """Boolean [M, N] mask of the elements the fault replaces (None = all)."""
+    if severity == "all":
+        return None
+    m, n = y_ref.shape
+    mask = torch.zeros(m * n, dtype=torch.bool, device=y_ref.device)
+    if m * n == 0:
+        return mask.view(m, n)
+    if severity == "one":
+        changed = _changed(y_fault, y_ref).reshape(-1).nonzero().reshape(-1)
+        if changed.numel():
+            pick = int(torch.randint(0, changed.numel(), (1,), generator=gen))
+            mask[changed[pick]] = True
+        else:
+            mask[int(torch.randint(0, m * n, (1,), generator=gen))] = True
+        return mask.view(m, n)
+    if severity == "1pct":
+        idx = torch.randint(0, m * n, (math.ceil(0.01 * m * n),), generator=gen)
+        mask[idx.to(y_ref.device)] = True
+        return mask.view(m, n)
+    raise ValueError(f"unknown severity {severity!r}")
+
+
+def _inner(case: LayerCase) -> torch.Tensor:
+    """fp32(s_a * fp32(acc)): the first product of the Triton order."""
+    if "inner" not in case.cache:
+        case.cache["inner"] = case.act.s_a.reshape(-1, 1) * case.acc.to(torch.float32)
+    return case.cache["inner"]
+
+
+def _f1(case: LayerCase) -> torch.Tensor:
+    recip = 1.0 / case.wt.s_w.reshape(1, -1)  # precomputed fp32 reciprocal per channel
+    return round_fp32_to_bf16(_inner(case) / recip)
+
+
+def _f2(case: LayerCase) -> torch.Tensor:
+    first = round_fp32_to_bf16(_inner(case)).to(torch.float32)
+    return round_fp32_to_bf16(first * case.wt.s_w.reshape(1, -1))
+
+
+def _f3(case: LayerCase) -> torch.Tensor:
+    return epilogue_cutlass_order(case.acc, case.act.s_a, case.wt.s_w)
+
+
+def _f4(case: LayerCase) -> torch.Tensor:
+    return truncate_fp32_to_bf16(_inner(case) * case.wt.s_w.reshape(1, -1))
+
+
+def _f5(case: LayerCase) -> torch.Tensor:
+    scale = case.act.s_a.reshape(-1, 1) * case.wt.s_w.reshape(1, -1)
+    return round_fp32_to_bf16(case.acc.to(torch.float32) * scale)
+
+
+_EPILOGUE_FAULTS = {"F1": _f1, "F2": _f2, "F3": _f3, "F4": _f4, "F5": _f5}
+
+
+def accumulate_bf16_tiles(a: torch.Tensor, w: torch.Tensor, tile: int = F6_TILE) -> torch.Tensor:
+    """F6's accumulator: exact tile sums added into a bf16 register (returned as fp32)."""
+    m, k = a.shape
+    n = w.shape[0]
+    pad = (-k) % tile  # zero columns add nothing
+    a64 = torch.nn.functional.pad(a.to(torch.float64), (0, pad)).view(m, -1, tile).transpose(0, 1)
+    w64 = torch.nn.functional.pad(w.to(torch.float64), (0, pad)).view(n, -1, tile).transpose(0, 1)
+    parts = torch.bmm(a64, w64.transpose(1, 2)).to(torch.float32)  # [tiles, M, N], exact: |part| <= 2**20
+    acc = torch.zeros(m, n, dtype=torch.float32, device=a.device)
+    for part in parts:
+        # fp32 add, then torch's fp32 -> bf16 cast (round half to even on CPU and GPU)
+        acc = (acc + part).to(torch.bfloat16).to(torch.float32)
+    return acc
+
+
+def wrap_int16(acc: torch.Tensor) -> torch.Tensor:
+    """F7's accumulator: the exact accumulator wrapped to int16 (two's complement)."""
+    a = acc.to(torch.int64)
+    return (torch.remainder(a + 2**15, 2**16) - 2**15).to(torch.int32)
+
+
+def shift_int8_by_one(a: torch.Tensor) -> torch.Tensor:
+    """+1, except 127 -> 126: every element changes by exactly one and stays int8."""
+    a16 = a.to(torch.int16)
+    return torch.where(a16 == 127, a16 - 1, a16 + 1).to(torch.int8)
+
+
+def _operand_fault(case: LayerCase, severity: str, gen: torch.Generator) -> Run:
+    a, s_a, wt = case.act.a, case.act.s_a, case.wt
+    if severity == "one":  # F9a: one activation scale
+        nonzero = (s_a.reshape(-1) != 0).nonzero().reshape(-1)
+        rows = nonzero if nonzero.numel() else torch.arange(s_a.shape[0], device=s_a.device)
+        row = int(rows[int(torch.randint(0, rows.numel(), (1,), generator=gen))])
+        s_new = s_a.clone()
+        s_new[row] = s_new[row] * F9A_FACTOR
+        act = Activations(a, s_new)
+        acc = case.acc  # the int8 tensors are untouched, so is the accumulator
+    elif severity == "1pct":  # F9b: 1% of int8 activations shifted by one
+        flat = a.reshape(-1).clone()
+        idx = torch.unique(torch.randint(0, flat.numel(), (math.ceil(0.01 * flat.numel()),), generator=gen)).to(a.device)
+        flat[idx] = shift_int8_by_one(flat[idx])
+        act = Activations(flat.view_as(a), s_a)
+        acc = accumulate(act.a, wt.w)
+    elif severity == "all":  # F9c: every int8 activation shifted by one
+        act = Activations(shift_int8_by_one(a), s_a)
+        acc = accumulate(act.a, wt.w)
+    else:
+        raise ValueError(f"unknown severity {severity!r}")
+    y = epilogue_triton_order(acc, act.s_a, wt.s_w)
+    return Run(act, wt, acc, y, FAULT_KERNELS["F9"])
+
+
+def inject(variant: Variant, case: LayerCase) -> Run:
+    """The run under test for one fault variant on one (layer, regime)."""
+    fam = variant.family
+    gen = _generator(case, variant.id)
+    ref = case.ref
+    if fam in _EPILOGUE_FAULTS:
+        if fam not in case.cache:
+            case.cache[fam] = _EPILOGUE_FAULTS[fam](case)
+        y_fault = case.cache[fam]
+        mask = severity_mask(variant.severity, y_fault, ref.y, gen)
+        y = y_fault if mask is None else torch.where(mask, y_fault, ref.y)
+        return Run(case.act, case.wt, case.acc, y, FAULT_KERNELS[fam])
+    if fam == "F6":
+        acc = accumulate_bf16_tiles(case.act.a, case.wt.w)
+        return Run(case.act, case.wt, acc, epilogue_triton_order(acc, case.act.s_a, case.wt.s_w), FAULT_KERNELS[fam])
+    if fam == "F7":
+        acc = wrap_int16(case.acc)
+        return Run(case.act, case.wt, acc, epilogue_triton_order(acc, case.act.s_a, case.wt.s_w), FAULT_KERNELS[fam])
+    if fam == "F8":
+        y = epilogue_triton_order(case.acc, case.act.s_a, case.wt.s_w)
+        return Run(case.act, case.wt, case.acc, y, FAULT_KERNELS[fam])
+    if fam == "F9":
+        return _operand_fault(case, variant.severity, gen)
+    raise ValueError(f"unknown fault family {fam!r}")

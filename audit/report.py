@@ -1,0 +1,176 @@
+"""Audit outputs: the JSON (the record), a Markdown summary (for people), and two PNG plots
+(detection heat map, ULP histograms per fault family), drawn with matplotlib's Agg backend
+so they render on a headless machine.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from audit.checks import CHECK_TITLES, LAYER_CHECK_IDS
+from audit.faults import FAMILY_TITLES, VARIANTS
+from audit.matrix import PINNED_SHA256, REGIMES
+from audit.scoring import HIST_BINS, bin_label
+
+
+def matrix_warning(result: dict) -> str | None:
+    card = result["scorecard"]
+    if card.get("matrix_pinned"):
+        return None
+    return (f"WARNING: the prediction matrix digest {card['matrix_sha256']} is NOT the pinned {PINNED_SHA256}; "
+            "this run was scored against an unpinned matrix.")
+
+
+def write_json(result: dict, path: Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    return path
+
+
+def _table(header: list[str], rows: list[list]) -> list[str]:
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
+    out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return out
+
+
+def markdown(result: dict, command: str | None = None) -> str:
+    card = result["scorecard"]
+    lines = ["# requant audit", ""]
+    warn = matrix_warning(result)
+    if warn:
+        lines += [f"**{warn}**", ""]
+    if command:
+        lines += ["```bash", command, "```", ""]
+    lines += [
+        f"- checkpoint: `{result['checkpoint']}`",
+        f"- backends: `{result['backends'][0]}` vs `{result['backends'][1]}` on `{result['device']}`",
+        f"- prompts: {result['prompts']} ({result['tokens']} tokens, {result['tokenizer']} tokenizer)",
+        f"- quantized Linears: {result['layers']}; cells: {result['cells']} ({result['variants']} variants x {len(result['regimes'])} regimes)",
+        f"- prediction matrix sha256: `{card['matrix_sha256']}` ({'pinned' if card['matrix_pinned'] else 'NOT PINNED'}, version {card['matrix_version']})",
+        f"- wall time: {result['wall_seconds']} s",
+        "",
+        "## Per-layer comparison of the pair",
+        "",
+        f"**{result['per_layer_summary']['line']}**",
+        "",
+    ]
+    s = result["per_layer_summary"]
+    lines += _table(["regime", "layers bitwise equal", "mismatching elements", "elements", "max ULP"],
+                    [[r, f"{s[r]['bitwise_equal']}/{s[r]['layers']}", s[r]["mismatches"], s[r]["elements"], s[r]["max_ulp"]] for r in REGIMES])
+    if result.get("native_scales_all_pow2_layers"):
+        lines += ["", f"Note: {result['native_scales_all_pow2_layers']} layers already have power-of-two native scales "
+                  "(C5 then applies under native too: counted as applicability mismatches)."]
+    differing = [r for r in result["per_layer"] if not r["bitwise_equal"]]
+    if differing:
+        lines += ["", "Layers that differ:", ""]
+        lines += _table(["layer", "regime", "mismatches", "max ULP"], [[r["name"], r["regime"], r["mismatches"], r["max_ulp"]] for r in differing])
+    lines += ["", "## Scorecard against the prediction matrix", "",
+              f"- false positives: **{card['false_positives']}**",
+              f"- false negatives: **{card['false_negatives']}**",
+              f"- applicability mismatches: {card['applicability_mismatches']}", ""]
+    if card["contradictions"]:
+        lines += ["Contradictions:", ""]
+        lines += _table(["kind", "check", "variant", "regime", "expected", "got", "cells", "example layers"],
+                        [[c["kind"], c["check"], c["variant"], c["regime"], c["expected"], c["got"], c["count"], ", ".join(c["example_layers"])]
+                         for c in card["contradictions"]])
+        lines += [""]
+    lines += ["## Detection (observable cells; detected = some applicable check fired)", ""]
+    rows = []
+    for d in result["detection"]:
+        by = ", ".join(f"{c}:{n}" for c, n in d["by_check"].items() if n)
+        rows.append([d["variant"], d["regime"], d["cells"], d["observable"], d["detected"], by or "-", d["max_ulp"],
+                     "yes" if d["predicted_detected"] else "no"])
+    lines += _table(["variant", "regime", "cells", "observable", "detected", "by check", "max ULP", "predicted detected"], rows)
+    lines += ["", "## Baseline rows (each backend of the pair as the kernel under test, no fault)", ""]
+    brows = []
+    for b in result["baseline"]:
+        fired = ", ".join(f"{c}:{o['fire']}" for c, o in b["outcomes"].items() if o["fire"]) or "none"
+        na = ", ".join(c for c, o in b["outcomes"].items() if o["not_applicable"]) or "-"
+        brows.append([b["variant"], b["regime"], b["cells"], b["differing_cells"], b["max_ulp"], fired, na])
+    lines += _table(["row", "regime", "layers", "layers differing from reference", "max ULP", "checks fired", "not applicable"], brows)
+    lines += ["", "## Largest distance per fault family (bf16 spacings)", ""]
+    lines += _table(["fault", "what", "max ULP"], [[f, FAMILY_TITLES[f], u] for f, u in result["max_ulp_by_fault"].items()])
+    lines += ["", "## End to end (C7: tokens whose top-1 margin is below the largest logit deviation)", ""]
+    lines += _table(["regime", "tokens", "flagged", "top-1 disagreements", "logits bitwise equal", "max deviation", "outcome", "expected"],
+                    [[r, e["tokens"], e["flagged"], e["top1_disagreements"], e["bitwise_equal"], e["max_deviation"], e["outcome"], e["expected"] or "no claim"]
+                     for r, e in result["end_to_end"].items()])
+    lines += ["", "Checks: " + "; ".join(f"{c} {t}" for c, t in CHECK_TITLES.items()), ""]
+    return "\n".join(lines)
+
+
+def plot_heatmap(result: dict, path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    det = {(d["variant"], d["regime"]): d for d in result["detection"]}
+    cols = [(r, c) for r in REGIMES for c in LAYER_CHECK_IDS]
+    data = np.full((len(VARIANTS), len(cols)), np.nan)
+    for i, v in enumerate(VARIANTS):
+        for j, (r, c) in enumerate(cols):
+            d = det.get((v.id, r))
+            if d and d["observable"]:
+                data[i, j] = d["by_check"][c] / d["observable"]
+    fig, ax = plt.subplots(figsize=(10, 9))
+    cmap = matplotlib.colormaps["viridis"].copy()
+    cmap.set_bad("#dddddd")
+    im = ax.imshow(np.ma.masked_invalid(data), cmap=cmap, vmin=0, vmax=1, aspect="auto")
+    ax.set_xticks(range(len(cols)), [f"{c}\n{r}" for r, c in cols], fontsize=8)
+    ax.set_yticks(range(len(VARIANTS)), [v.id for v in VARIANTS], fontsize=8)
+    for i in range(data.shape[0]):
+        for j in range(data.shape[1]):
+            if not math.isnan(data[i, j]):
+                ax.text(j, i, f"{data[i, j]:.2f}", ha="center", va="center", fontsize=6, color="w" if data[i, j] < 0.5 else "k")
+    ax.axvline(len(LAYER_CHECK_IDS) - 0.5, color="k", lw=1)
+    ax.set_title("fraction of observable cells in which each check fired (grey: no observable cell)")
+    fig.colorbar(im, ax=ax, shrink=0.6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_histograms(result: dict, path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fams = list(FAMILY_TITLES)
+    labels = [bin_label(b) for b in range(HIST_BINS)]
+    fig, axes = plt.subplots(3, 3, figsize=(13, 10))
+    for ax, fam in zip(axes.flat, fams):
+        h = result["ulp_histograms"].get(fam, {})
+        last = max([labels.index(k) for r in REGIMES for k in h.get(r, {})] + [0])
+        x = np.arange(last + 1)
+        for off, r in ((-0.2, "native"), (0.2, "pow2")):
+            ys = [h.get(r, {}).get(labels[b], 0) for b in x]
+            ax.bar(x + off, ys, width=0.4, label=r)
+        ax.set_xlim(-0.6, max(last, 4) + 0.6)
+        ax.set_yscale("symlog")
+        ax.set_xticks(x, labels[: last + 1], rotation=60, fontsize=6)
+        ax.set_title(f"{fam}: {FAMILY_TITLES[fam]}", fontsize=8)
+        ax.legend(fontsize=6)
+    fig.suptitle("changed output elements by distance from the reference (bf16 spacings)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def write_report(result: dict, directory: Path, command: str | None = None) -> list[Path]:
+    """audit.json, audit.md, detection_heatmap.png, ulp_histograms.png under `directory`."""
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    out = [write_json(result, d / "audit.json")]
+    (d / "audit.md").write_text(markdown(result, command))
+    out.append(d / "audit.md")
+    out.append(plot_heatmap(result, d / "detection_heatmap.png"))
+    out.append(plot_histograms(result, d / "ulp_histograms.png"))
+    return out

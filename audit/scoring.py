@@ -1,0 +1,172 @@
+"""Scoring check verdicts against the pinned prediction matrix.
+
+A cell is one (layer, fault variant, regime). It is *observable* when the run under test
+returned output bits different from the reference run; unobservable cells leave the
+detection denominators. Against the matrix:
+  * false positive: a check fires where the matrix says silent or predicted_miss
+    (scored on every cell: a check has no business firing on an unchanged pipeline);
+  * false negative: a check is silent where the matrix says fire, on an observable cell
+    (an unobservable cell gives a detector nothing to detect);
+  * applicability mismatch: the check's applicability differs from the matrix (counted
+    apart; it is a claim about the checkpoint, e.g. native scales that are already powers
+    of two, not about detection).
+Baseline rows (a real backend as the kernel under test, no fault) are scored the same way
+but reported beside, not inside, the detection table.
+
+The detection table counts, per fault variant and regime, observable cells and cells in
+which at least one applicable check fired, and by which check. The ULP histogram bins
+the bf16 distance of every changed output element by powers of two: [1], [2,3], [4,7], ...
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+import torch
+
+from audit.checks import FIRE, LAYER_CHECK_IDS, NOT_APPLICABLE, SILENT
+from audit.matrix import PREDICTED_MISS, REGIMES, Matrix
+
+HIST_BINS = 33  # floor(log2(d)) for d in 1 .. 2**32
+
+
+def bin_label(b: int) -> str:
+    lo, hi = 2**b, 2 ** (b + 1) - 1
+    return str(lo) if lo == hi else f"{lo}-{hi}"
+
+
+def ulp_histogram(dist: torch.Tensor) -> list[int]:
+    """Counts of changed elements per power-of-two bin of their ULP distance (int64 input)."""
+    d = dist[dist > 0]
+    if d.numel() == 0:
+        return [0] * HIST_BINS
+    _, e = torch.frexp(d.to(torch.float64))  # d = m * 2**e, m in [0.5, 1): floor(log2 d) = e - 1
+    b = (e - 1).clamp(0, HIST_BINS - 1).to(torch.int64)
+    return torch.bincount(b, minlength=HIST_BINS).cpu().tolist()
+
+
+@dataclass
+class CellResult:
+    layer: str
+    regime: str
+    variant: str
+    family: str
+    severity: str
+    observable: bool
+    mismatches: int
+    max_ulp: int
+    outcomes: dict  # check id -> fire | silent | not_applicable
+    hist: list  # ulp_histogram of the changed elements
+
+    def as_row(self) -> dict:
+        return {
+            "layer": self.layer, "regime": self.regime, "variant": self.variant, "observable": self.observable,
+            "mismatches": self.mismatches, "max_ulp": self.max_ulp, "outcomes": dict(self.outcomes),
+        }
+
+
+class Scorer:
+    """Accumulates cell results; `summary()` gives the scorecard, detection table, histograms."""
+
+    def __init__(self, matrix: Matrix):
+        self.matrix = matrix
+        self.fp = 0
+        self.fn = 0
+        self.applicability_mismatches = 0
+        self.contradictions: dict = defaultdict(lambda: {"count": 0, "example_layers": []})
+        self.detection: dict = {}
+        self.baselines: dict = {}
+        self.hist: dict = defaultdict(lambda: [0] * HIST_BINS)
+        self.max_ulp: dict = defaultdict(int)
+        self.cells = 0
+        self.baseline_cells = 0
+        self.rows: list = []
+
+    def _contradict(self, kind: str, check: str, cell: CellResult, expected: str, got: str) -> None:
+        c = self.contradictions[(kind, check, cell.variant, cell.regime)]
+        c["count"] += 1
+        c["expected"], c["got"] = expected, got
+        if len(c["example_layers"]) < 5:
+            c["example_layers"].append(cell.layer)
+
+    def _score(self, cell: CellResult) -> tuple[int, int]:
+        fp = fn = 0
+        for cid in LAYER_CHECK_IDS + ("C7",):
+            got = cell.outcomes.get(cid, NOT_APPLICABLE)
+            exp = self.matrix.expected(cid, cell.variant, cell.regime)
+            if (got == NOT_APPLICABLE) != (exp == NOT_APPLICABLE):
+                self.applicability_mismatches += 1
+                self._contradict("applicability", cid, cell, exp, got)
+                continue
+            if got == FIRE and exp in (SILENT, PREDICTED_MISS):
+                fp += 1
+                self._contradict("false_positive", cid, cell, exp, got)
+            elif got == SILENT and exp == FIRE and cell.observable:
+                fn += 1
+                self._contradict("false_negative", cid, cell, exp, got)
+        self.fp += fp
+        self.fn += fn
+        return fp, fn
+
+    def add(self, cell: CellResult) -> None:
+        self._score(cell)
+        self.rows.append(cell.as_row())
+        if cell.family == "B":
+            self.baseline_cells += 1
+            row = self.baselines.setdefault((cell.variant, cell.regime), {
+                "variant": cell.variant, "regime": cell.regime, "cells": 0, "differing_cells": 0, "max_ulp": 0,
+                "outcomes": {cid: {FIRE: 0, SILENT: 0, NOT_APPLICABLE: 0} for cid in LAYER_CHECK_IDS},
+            })
+            row["cells"] += 1
+            row["differing_cells"] += int(cell.observable)
+            row["max_ulp"] = max(row["max_ulp"], cell.max_ulp)
+            for cid in LAYER_CHECK_IDS:
+                row["outcomes"][cid][cell.outcomes[cid]] += 1
+            return
+        self.cells += 1
+        row = self.detection.setdefault((cell.variant, cell.regime), {
+            "fault": cell.family, "severity": cell.severity, "variant": cell.variant, "regime": cell.regime,
+            "cells": 0, "observable": 0, "detected": 0, "by_check": {cid: 0 for cid in LAYER_CHECK_IDS}, "max_ulp": 0,
+            "predicted_detected": any(self.matrix.expected(cid, cell.variant, cell.regime) == FIRE for cid in LAYER_CHECK_IDS),
+        })
+        row["cells"] += 1
+        row["max_ulp"] = max(row["max_ulp"], cell.max_ulp)
+        self.max_ulp[cell.family] = max(self.max_ulp[cell.family], cell.max_ulp)
+        h = self.hist[(cell.family, cell.regime)]
+        for i, v in enumerate(cell.hist):
+            h[i] += v
+        if cell.observable:
+            row["observable"] += 1
+            fired = [cid for cid in LAYER_CHECK_IDS if cell.outcomes[cid] == FIRE]
+            row["detected"] += int(bool(fired))
+            for cid in fired:
+                row["by_check"][cid] += 1
+
+    def summary(self) -> dict:
+        families = sorted({r["fault"] for r in self.detection.values()})
+        hist = {}
+        for fam in families:
+            hist[fam] = {}
+            for regime in REGIMES:
+                counts = self.hist.get((fam, regime), [0] * HIST_BINS)
+                hist[fam][regime] = {bin_label(i): c for i, c in enumerate(counts) if c}
+        contradictions = [
+            {"kind": k[0], "check": k[1], "variant": k[2], "regime": k[3], **v}
+            for k, v in sorted(self.contradictions.items())
+        ]
+        return {
+            "scorecard": {
+                "false_positives": self.fp,
+                "false_negatives": self.fn,
+                "applicability_mismatches": self.applicability_mismatches,
+                "matrix_sha256": self.matrix.sha256,
+                "matrix_version": self.matrix.version,
+                "matrix_pinned": self.matrix.pinned,
+                "contradictions": contradictions,
+            },
+            "detection": list(self.detection.values()),
+            "baseline": list(self.baselines.values()),
+            "max_ulp_by_fault": {fam: self.max_ulp[fam] for fam in families},
+            "ulp_histograms": hist,
+        }

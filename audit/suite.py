@@ -1,0 +1,175 @@
+"""Runs the audit: capture operands per regime, compare the pair per layer, run the
+baseline rows and the 21 fault variants on every layer, score everything.
+
+Per (layer, regime) the exact accumulator is computed once (audit.faults.reference_case)
+and reused by every variant; each family's faulty output is computed once and shared by
+its three severities. Everything stays on the operands' device (a GPU when there is one),
+only scalars come back to the host.
+
+Cells: 21 variants x 2 regimes per quantized Linear (a Qwen3-1.7B config: 196 Linears,
+8,232 cells). Baseline rows (each backend of the pair as the kernel under test, no fault)
+are run on every (layer, regime) too and reported beside the cells, not counted among them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch
+
+import kernels
+from audit.capture import Capture, prompts, run_prompts, tokenizer_for
+from audit.checks import FIRE, LAYER_CHECK_IDS, NOT_APPLICABLE, c7_token_risk, run_checks, token_risk
+from audit.compare import compare_layer, summarize_layers
+from audit.faults import VARIANTS, LayerCase, inject, reference_case
+from audit.matrix import REGIMES, Matrix, baseline_variant, load_matrix
+from audit.records import BACKEND_KERNELS, Activations, KernelDesc, Run, Weights, output_distance, output_equal
+from audit.runtime import Qwen3Shape, Qwen3W8A8, load_dense, load_linears
+from audit.scoring import CellResult, Scorer, ulp_histogram
+
+CELLS_PER_LAYER = len(VARIANTS) * len(REGIMES)
+REFERENCE_PAIR = ("reference-cutlass-order", "reference-triton-order")
+
+
+def parse_backends(spec: str) -> tuple[str, str]:
+    """'reference' -> the two reference-order emulations; otherwise exactly two names."""
+    spec = spec.strip()
+    if spec == "reference":
+        return REFERENCE_PAIR
+    names = tuple(s.strip() for s in spec.split(",") if s.strip())
+    if len(names) != 2:
+        raise ValueError(f"--backends takes two comma-separated names or 'reference', got {spec!r}")
+    known = kernels.scaled_mm_backends()
+    for n in names:
+        if n not in known:
+            raise ValueError(f"unknown backend {n!r}; known: {', '.join(known)}")
+        baseline_variant(n)  # raises for a backend with no documented epilogue order
+    return names
+
+
+def plan_from_config(config: dict) -> dict:
+    """Cells and shapes from config.json alone (no tensors read)."""
+    from requant.checkpoint import is_ignored
+
+    sh = Qwen3Shape.from_config(config)
+    ignore = tuple((config.get("quantization_config") or {}).get("ignore") or ())
+    shapes = sh.linear_shapes()
+    if not is_ignored("lm_head", ignore):
+        shapes["lm_head"] = (sh.vocab, sh.hidden)
+    shapes = {n: s for n, s in shapes.items() if not is_ignored(n, ignore)}
+    distinct: dict[tuple[int, int], int] = {}
+    for s in shapes.values():
+        distinct[s] = distinct.get(s, 0) + 1
+    return {
+        "layers": len(shapes),
+        "variants": len(VARIANTS),
+        "regimes": list(REGIMES),
+        "cells": len(shapes) * CELLS_PER_LAYER,
+        "shapes": [{"out": o, "in": i, "count": c} for (o, i), c in distinct.items()],
+        "linears": {n: list(s) for n, s in shapes.items()},
+    }
+
+
+def evaluate_cell(case: LayerCase, variant: str, family: str, severity: str, test: Run) -> CellResult:
+    outcomes = {cid: r.outcome for cid, r in run_checks(case.ref, test).items()}
+    if output_equal(case.ref, test):
+        return CellResult(case.name, case.regime, variant, family, severity, False, 0, 0, outcomes, [])
+    dist = output_distance(case.ref, test)
+    mism = int((test.y.view(torch.int16) != case.ref.y.view(torch.int16)).sum())
+    return CellResult(case.name, case.regime, variant, family, severity, True, mism, int(dist.max()), outcomes, ulp_histogram(dist))
+
+
+def audit_layer(name: str, regime: str, act: Activations, wt: Weights, backends: tuple[str, str], scorer: Scorer,
+                advance: Callable[[int], None] | None = None) -> dict:
+    """Pair comparison, baseline rows and the 21 fault cells of one (layer, regime)."""
+    case = reference_case(name, regime, act, wt)
+    outs = {b: kernels.scaled_mm(act.a, wt.w, act.s_a, wt.s_w, backend=b) for b in dict.fromkeys(backends)}
+    row = compare_layer(name, regime, outs[backends[0]], outs[backends[1]], case.shape)
+    for b in dict.fromkeys(backends):
+        kernel = BACKEND_KERNELS.get(b, KernelDesc(b, "int", 32, "unknown", False))
+        scorer.add(evaluate_cell(case, baseline_variant(b), "B", "none", Run(act, wt, None, outs[b], kernel)))
+    for v in VARIANTS:
+        scorer.add(evaluate_cell(case, v.id, v.family, v.severity, inject(v, case)))
+        if advance is not None:
+            advance(1)
+    return row
+
+
+def run_audit(ckpt, backends: tuple[str, str], n_prompts: int, device: str, advance=None, on_phase=None,
+              matrix: Matrix | None = None, keep_cells: bool = True) -> dict:
+    """The whole audit on an opened checkpoint (requant.checkpoint.Checkpoint or alike)."""
+    t0 = time.perf_counter()
+    matrix = matrix or load_matrix()
+    scorer = Scorer(matrix)
+    config = ckpt.config
+    shape = Qwen3Shape.from_config(config)
+    encode, tok_kind = tokenizer_for(getattr(ckpt, "path", None), shape.vocab)
+    texts = prompts(n_prompts)
+    token_lists = [encode(t) for t in texts]
+    say = on_phase or (lambda msg: None)
+    say(f"loading dense tensors to {device}")
+    dense = load_dense(ckpt, device)
+    per_layer, e2e = [], {}
+    native_pow2_layers = 0
+    timings = {}
+    for regime in REGIMES:
+        t_r = time.perf_counter()
+        say(f"{regime}: loading quantized Linears")
+        linears = load_linears(ckpt, regime, device)
+        model = Qwen3W8A8(config, dense, linears)
+        say(f"{regime}: prefill of {len(token_lists)} prompts with {backends[0]} (capture) and {backends[1]}")
+        cap = Capture()
+        logits_a = run_prompts(model, token_lists, backends[0], cap, device)
+        logits_b = run_prompts(model, token_lists, backends[1], None, device)
+        risk = token_risk(logits_a, logits_b)
+        c7 = c7_token_risk(Run(None, None, None, None, BACKEND_KERNELS.get(backends[0], KernelDesc(backends[0], "int", 32, "unknown", False)), logits=logits_a),
+                           Run(None, None, None, None, BACKEND_KERNELS.get(backends[1], KernelDesc(backends[1], "int", 32, "unknown", False)), logits=logits_b), None)
+        expected = matrix.end_to_end.get(("C7", regime))
+        risk.update({"outcome": c7.outcome, "expected": expected})
+        if expected is not None and c7.outcome == FIRE and expected != FIRE:
+            scorer.fp += 1
+        e2e[regime] = risk
+        ops = cap.operands()
+        timings[f"{regime}_capture_s"] = round(time.perf_counter() - t_r, 3)
+        t_c = time.perf_counter()
+        say(f"{regime}: cells")
+        for name in ckpt.quantized_linears:
+            wt = Weights(*linears[name])
+            if regime == "native" and wt.all_scales_power_of_two():
+                native_pow2_layers += 1
+            per_layer.append(audit_layer(name, regime, ops[name], wt, backends, scorer, advance))
+        if device != "cpu" and torch.cuda.is_available():
+            torch.cuda.synchronize()
+        timings[f"{regime}_cells_s"] = round(time.perf_counter() - t_c, 3)
+        del model, linears, ops, cap
+    summary = scorer.summary()
+    layers = len(ckpt.quantized_linears)
+    result = {
+        "tool": "requant audit",
+        "checkpoint": str(getattr(ckpt, "path", "")),
+        "backends": list(backends),
+        "device": str(device),
+        "prompts": len(texts),
+        "tokens": sum(len(t) for t in token_lists),
+        "tokenizer": tok_kind,
+        "layers": layers,
+        "cells": scorer.cells,
+        "variants": len(VARIANTS),
+        "regimes": list(REGIMES),
+        "baseline_cells": scorer.baseline_cells,
+        "native_scales_all_pow2_layers": native_pow2_layers,
+        "per_layer": per_layer,
+        "per_layer_summary": summarize_layers(per_layer),
+        **summary,
+        "end_to_end": e2e,
+        "timings": timings,
+        "wall_seconds": round(time.perf_counter() - t0, 3),
+    }
+    if keep_cells:
+        result["cell_results"] = scorer.rows
+    return result
+
+
+__all__ = ["run_audit", "audit_layer", "evaluate_cell", "plan_from_config", "parse_backends", "CELLS_PER_LAYER",
+           "REFERENCE_PAIR", "LAYER_CHECK_IDS", "NOT_APPLICABLE"]

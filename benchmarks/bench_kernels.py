@@ -1,0 +1,183 @@
+"""W8A8 GEMM benchmark on the GPU: CUTLASS and Triton against torch._int_mm and bf16.
+
+For each Qwen3 model (1.7B, 8B, 14B), each distinct Linear shape (N x K) and
+M in {1, 16, 128, 512, 2048, 4096, 8192}, plus 8192^3, times in one run:
+  cutlass   kernels.cutlass.scaled_mm  (int8 GEMM + fused CUTLASS-order epilogue -> bf16)
+  triton    kernels.triton.scaled_mm   (int8 GEMM + fused Triton-order epilogue -> bf16)
+  int_mm    torch._int_mm (cuBLAS int8 -> int32) alone; TOPS are computed from this
+  int_mm+s  torch._int_mm then the scales applied as a separate elementwise op -> bf16
+            (what a user of cuBLAS would have to add; reported beside, not in TOPS)
+  bf16      torch.matmul of bf16 operands of the same shape (TFLOP/s)
+torch._int_mm needs M > 16, so it has no entry at M = 1 and 16.
+Timing: triton.testing.do_bench, median, L2 flushed before every call (so weights are read
+from HBM even where they would fit in L2, as in a real model). TOPS = 2*M*N*K / time.
+Also sweeps every tile config of both kernels over M on one shape (Qwen3-8B gate/up) and at
+8192^3: tile choice is free of any effect on the bits (exact int32 accumulation), so it
+is chosen for speed only.
+Writes kernels_bench.json and kernels_bench.md into --out.
+"""
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+
+import torch
+import triton
+from triton.testing import do_bench
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from kernels import cutlass as ck  # noqa: E402
+from kernels import triton as tk  # noqa: E402
+from kernels.triton.scaled_mm import CONFIGS as TRITON_CONFIGS  # noqa: E402
+
+# (N, K) and how many Linears of one decoder layer have that shape.
+QWEN3 = {
+    "Qwen3-1.7B": [("q,o", 2048, 2048, 2), ("k,v", 1024, 2048, 2), ("gate,up", 6144, 2048, 2), ("down", 2048, 6144, 1)],
+    "Qwen3-8B": [("q,o", 4096, 4096, 2), ("k,v", 1024, 4096, 2), ("gate,up", 12288, 4096, 2), ("down", 4096, 12288, 1)],
+    "Qwen3-14B": [("q,o", 5120, 5120, 2), ("k,v", 1024, 5120, 2), ("gate,up", 17408, 5120, 2), ("down", 5120, 17408, 1)],
+}
+MS = [1, 16, 128, 512, 2048, 4096, 8192]
+BACKENDS = ["cutlass", "triton", "int_mm", "int_mm+s", "bf16"]
+
+
+def _time(fn, rep):
+    return do_bench(fn, warmup=max(5, rep // 5), rep=rep, return_mode="median")
+
+
+def operands(m, n, k):
+    a = torch.randint(-128, 128, (m, k), dtype=torch.int8, device="cuda")
+    w = torch.randint(-128, 128, (n, k), dtype=torch.int8, device="cuda")
+    s_a = torch.rand(m, 1, device="cuda") * 0.05 + 1e-4
+    s_w = torch.rand(n, 1, device="cuda") * 0.01 + 1e-5
+    return a, w, s_a, s_w
+
+
+def bench_shape(m, n, k, rep):
+    a, w, s_a, s_w = operands(m, n, k)
+    wt = w.t()
+    xb = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    wb = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    s_wt = s_w.reshape(1, -1)
+
+    def int_mm_scaled():
+        return (torch._int_mm(a, wt).float() * s_a * s_wt).to(torch.bfloat16)
+
+    fns = {
+        "cutlass": lambda: ck.scaled_mm(a, w, s_a, s_w),
+        "triton": lambda: tk.scaled_mm(a, w, s_a, s_w),
+        "bf16": lambda: torch.matmul(xb, wb.t()),
+    }
+    if m > 16:
+        fns["int_mm"] = lambda: torch._int_mm(a, wt)
+        fns["int_mm+s"] = int_mm_scaled
+    out = {}
+    for name, fn in fns.items():
+        ms = _time(fn, rep)
+        out[name] = {"ms": ms, "tops": 2 * m * n * k / ms / 1e9}
+    return out
+
+
+def sweep(m, n, k, rep):
+    a, w, s_a, s_w = operands(m, n, k)
+    res = {}
+    for tile, name in ck.TILES.items():
+        res[f"cutlass:{name}"] = 2 * m * n * k / _time(lambda: ck.scaled_mm(a, w, s_a, s_w, tile=tile), rep) / 1e9
+    for name in TRITON_CONFIGS:
+        res[f"triton:{name}"] = 2 * m * n * k / _time(lambda: tk.scaled_mm(a, w, s_a, s_w, config=name), rep) / 1e9
+    return res
+
+
+def markdown(result):
+    lines = []
+    sq = result["square_8192"]
+    lines.append("8192 x 8192 x 8192: " + ", ".join(f"{b} {sq[b]['tops']:.0f}" for b in BACKENDS if b in sq)
+                 + " (TOPS; bf16 in TFLOP/s; int_mm+s counts the separate scale op)")
+    lines.append("")
+    lines.append("One decoder layer's Linears (q, k, v, o, gate, up, down; summed times), TOPS:")
+    lines.append("")
+    lines.append("| model | M | CUTLASS | Triton | torch._int_mm | _int_mm + scales | bf16 (TFLOP/s) | CUTLASS / _int_mm | Triton / CUTLASS |")
+    lines.append("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for row in result["layers"]:
+        t = row["tops"]
+        f = lambda b: f"{t[b]:.0f}" if b in t else "n/a"  # noqa: E731
+        r1 = f"{t['cutlass'] / t['int_mm']:.2f}" if "int_mm" in t else "n/a"
+        r2 = f"{t['triton'] / t['cutlass']:.2f}"
+        lines.append(f"| {row['model']} | {row['m']} | {f('cutlass')} | {f('triton')} | {f('int_mm')} | {f('int_mm+s')} | {f('bf16')} | {r1} | {r2} |")
+    lines.append("")
+    lines.append("Per shape, TOPS (cutlass / triton / int_mm / bf16):")
+    lines.append("")
+    lines.append("| model | Linear | N x K | " + " | ".join(f"M={m}" for m in MS) + " |")
+    lines.append("| --- | --- | --- | " + " | ".join("---" for _ in MS) + " |")
+    for model, lins in QWEN3.items():
+        for lin, n, k, _ in lins:
+            cells = []
+            for m in MS:
+                r = result["shapes"][f"{model}|{lin}|{m}"]
+                cells.append(" / ".join(f"{r[b]['tops']:.0f}" if b in r else "-" for b in ("cutlass", "triton", "int_mm", "bf16")))
+            lines.append(f"| {model} | {lin} | {n} x {k} | " + " | ".join(cells) + " |")
+    lines.append("")
+    lines.append("Tile sweeps (TOPS):")
+    lines.append("")
+    for key, res in result["sweeps"].items():
+        best = max(res, key=res.get)
+        lines.append(f"- {key}: " + ", ".join(f"{k} {v:.0f}" for k, v in res.items()) + f"  (best: {best})")
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
+    p.add_argument("--rep", type=int, default=40, help="do_bench repetition budget per point, ms")
+    p.add_argument("--models", default=",".join(QWEN3))
+    args = p.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    t0 = time.time()
+    ck.build()
+    result = {
+        "command": "python3 benchmarks/bench_kernels.py " + " ".join(sys.argv[1:]),
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+        "timing": "triton.testing.do_bench median, L2 flushed before each call",
+        "shapes": {},
+        "layers": [],
+        "sweeps": {},
+    }
+    result["square_8192"] = bench_shape(8192, 8192, 8192, rep=100)
+    print("8192^3", {b: round(v["tops"]) for b, v in result["square_8192"].items()}, flush=True)
+    for model in args.models.split(","):
+        for m in MS:
+            total_ops = 0.0
+            total_ms = {}
+            for lin, n, k, count in QWEN3[model]:
+                r = bench_shape(m, n, k, args.rep)
+                result["shapes"][f"{model}|{lin}|{m}"] = dict(r, n=n, k=k)
+                total_ops += 2.0 * m * n * k * count
+                for b, v in r.items():
+                    total_ms[b] = total_ms.get(b, 0.0) + v["ms"] * count
+            tops = {b: total_ops / ms / 1e9 for b, ms in total_ms.items() if len(total_ms) and (b not in ("int_mm", "int_mm+s") or m > 16)}
+            result["layers"].append({"model": model, "m": m, "ms": total_ms, "tops": tops})
+            print(model, m, {b: round(v) for b, v in tops.items()}, flush=True)
+    for m in MS:
+        result["sweeps"][f"Qwen3-8B gate,up 12288x4096 M={m}"] = sweep(m, 12288, 4096, args.rep)
+    result["sweeps"]["8192^3"] = sweep(8192, 8192, 8192, 100)
+    for key, res in result["sweeps"].items():
+        print("sweep", key, {k: round(v) for k, v in res.items()}, flush=True)
+    result["elapsed_s"] = time.time() - t0
+    with open(os.path.join(args.out, "kernels_bench.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    md = markdown(result)
+    with open(os.path.join(args.out, "kernels_bench.md"), "w") as f:
+        f.write(f"# W8A8 kernel benchmark\n\n{result['device']}, torch {result['torch']}, triton {result['triton']}, CUDA {result['cuda']}\n"
+                f"Command: `{result['command']}`\n\n{md}")
+    print(md)
+
+
+if __name__ == "__main__":
+    main()

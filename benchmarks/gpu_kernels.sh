@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# GPU run for issue 3 (kernels), on the device machine, from the repository root:
+#   bash benchmarks/gpu_kernels.sh [pytest-args...]
+# Installs the nvidia-cutlass wheel from .whl/ (filled by ../shared/tools/gpu-wheels.sh),
+# builds the CUTLASS extension once, runs the GPU tests, then the benchmark. Everything
+# lands in $OUT: env.txt, build.log, gpu_tests.log, bench.log, kernels_bench.{json,md}.
+set -uo pipefail
+OUT=${OUT:-/tmp/requant_gpu_out}
+mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target /tmp/site .whl/nvidia_cutlass-*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD:${PYTHONPATH:-}
+export REQUANT_CUTLASS_CACHE=${REQUANT_CUTLASS_CACHE:-/tmp/requant_cutlass} MAX_JOBS=${MAX_JOBS:-16}
+{ date -u; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.draw,temperature.gpu --format=csv
+  python3 -c "import torch,triton;print('torch',torch.__version__,'cuda',torch.version.cuda,'triton',triton.__version__)"
+  nvcc --version | tail -2; } > "$OUT/env.txt" 2>&1
+s=$SECONDS
+timeout 420 python3 -c "import kernels.cutlass as c; c.build(verbose=True)" > "$OUT/build.log" 2>&1
+echo "build rc=$? in $((SECONDS - s)) s" | tee -a "$OUT/build.log"
+s=$SECONDS
+timeout 240 python3 -m pytest -q -m gpu tests/kernels -p no:cacheprovider -s "$@" > "$OUT/gpu_tests.log" 2>&1
+echo "gpu tests rc=$? in $((SECONDS - s)) s" | tee -a "$OUT/gpu_tests.log"
+tail -4 "$OUT/gpu_tests.log"
+s=$SECONDS
+timeout 300 python3 benchmarks/bench_kernels.py --out "$OUT" > "$OUT/bench.log" 2>&1
+echo "bench rc=$? in $((SECONDS - s)) s" | tee -a "$OUT/bench.log"
+tail -45 "$OUT/bench.log"

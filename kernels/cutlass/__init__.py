@@ -1,0 +1,136 @@
+"""CUTLASS backend: an sm90a W8A8 GEMM with the CUTLASS epilogue order, built just in time.
+
+    y = bf16_rne( s_a * fp32( s_w * fp32(acc) ) ),   acc = a @ w^T exact in int32
+
+The kernel (w8a8_sm90.cuh) comes from the CUTLASS 3.x collective builders: a TMA
+warp-specialized mainloop (Pingpong for small M, Cooperative for large M) and an
+epilogue visitor tree (column broadcast of s_a, row broadcast of s_w, two separately
+rounded fp32 multiplies in the order above, round to nearest even to bf16). It equals
+kernels.reference.scaled_mm_cutlass_order bit for bit; tile choice (by M, see
+w8a8_sm90.h) never changes a bit because int32 accumulation is exact.
+
+Build: torch.utils.cpp_extension.load against the headers of the `nvidia-cutlass`
+wheel (cutlass_library/source/include and tools/util/include) with
+-gencode=arch=compute_90a,code=sm_90a -DNDEBUG, on first use, cached under
+$REQUANT_CUTLASS_CACHE (default ~/.cache/requant/cutlass): a few minutes the first time
+(one translation unit per tile config, compiled in parallel), instant afterwards.
+Asking for it without an sm90 GPU raises RuntimeError.
+
+Shapes: TMA needs 16-byte aligned rows, i.e. K % 16 == 0 and N % 8 == 0 (bf16 output).
+Other shapes are zero-padded (K with zero columns of a and w, N with zero rows of w and
+zero scales; exact, since zero products add nothing to the int32 sum) and the output
+sliced back, at the cost of a copy: every Qwen3 shape is aligned and takes no copy.
+M is free (M = 1 decode runs a swap-AB config). M = 0 or N = 0 returns an empty tensor;
+K = 0 gives acc = 0 and is computed by the reference epilogue (no kernel launch).
+"""
+
+import os
+import threading
+
+import torch
+
+from kernels.reference import check_operands, epilogue_cutlass_order
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_TILES = ("decode", "small", "medium", "large", "large2")
+SOURCES = ["binding.cpp", "w8a8_sm90.cu"] + [f"w8a8_sm90_tile_{t}.cu" for t in _TILES]
+# Tile names by index (the `tile` argument); the default choice by M is in w8a8_sm90.h.
+TILES = dict(enumerate(_TILES))
+
+_ext = None
+_lock = threading.Lock()
+
+
+def cutlass_include_dirs() -> list[str]:
+    try:
+        import cutlass_library
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise RuntimeError("the CUTLASS backend needs the `nvidia-cutlass` wheel (pip install nvidia-cutlass)") from e
+    root = os.path.join(os.path.dirname(cutlass_library.__file__), "source")
+    dirs = [os.path.join(root, "include"), os.path.join(root, "tools", "util", "include")]
+    for d in dirs:
+        if not os.path.isdir(d):
+            raise RuntimeError(f"nvidia-cutlass is installed but has no {d}")
+    return dirs
+
+
+def _require_sm90() -> None:
+    if not torch.cuda.is_available():
+        raise RuntimeError("the CUTLASS backend needs an sm90 (Hopper) GPU; no CUDA device is available")
+    cap = torch.cuda.get_device_capability()
+    if cap != (9, 0):
+        raise RuntimeError(f"the CUTLASS backend is built for sm90a (H100/H200); this GPU is sm{cap[0]}{cap[1]}")
+
+
+def load_kwargs(verbose: bool = False) -> dict:
+    """Arguments of torch.utils.cpp_extension.load for this extension (no GPU needed)."""
+    cache = os.environ.get("REQUANT_CUTLASS_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "requant", "cutlass"))
+    os.makedirs(cache, exist_ok=True)
+    cuda_flags = [
+        # wgmma and TMA need the arch-specific target; naming it also stops torch from
+        # adding its own -gencode flags (which would compile everything twice).
+        "-gencode=arch=compute_90a,code=sm_90a",
+        "-DNDEBUG",
+        "-O3",
+        "--expt-relaxed-constexpr",
+        "--expt-extended-lambda",
+        # torch defines these to hide implicit half/bf16 conversions; CUTLASS needs them.
+        "-U__CUDA_NO_HALF_OPERATORS__", "-U__CUDA_NO_HALF_CONVERSIONS__", "-U__CUDA_NO_HALF2_OPERATORS__",
+        "-U__CUDA_NO_BFLOAT16_OPERATORS__", "-U__CUDA_NO_BFLOAT16_CONVERSIONS__",
+        "-U__CUDA_NO_BFLOAT162_OPERATORS__", "-U__CUDA_NO_BFLOAT162_CONVERSIONS__",
+    ]
+    return dict(
+        name="requant_w8a8_sm90",
+        sources=[os.path.join(_HERE, s) for s in SOURCES],
+        extra_include_paths=cutlass_include_dirs() + [_HERE],
+        extra_cflags=["-O3", "-DNDEBUG"],
+        extra_cuda_cflags=cuda_flags,
+        build_directory=cache,
+        verbose=verbose,
+    )
+
+
+def build(verbose: bool = False):
+    """Compile (or load from the cache) the extension; returns the module."""
+    global _ext
+    with _lock:
+        if _ext is None:
+            _require_sm90()
+            from torch.utils.cpp_extension import load
+
+            _ext = load(**load_kwargs(verbose))
+        return _ext
+
+
+def _aligned(t: torch.Tensor) -> torch.Tensor:
+    if t.is_contiguous() and t.data_ptr() % 16 == 0:
+        return t
+    return t.contiguous().clone()
+
+
+def scaled_mm(a: torch.Tensor, w: torch.Tensor, s_a: torch.Tensor, s_w: torch.Tensor, tile: int | None = None) -> torch.Tensor:
+    """a int8 [M, K], w int8 [N, K], s_a fp32 [M, 1], s_w fp32 [N, 1] -> bf16 [M, N].
+
+    `tile` (an index of TILES) overrides the M-based choice; it never changes bits.
+    """
+    check_operands(a, w, s_a, s_w)
+    if a.device.type != "cuda":
+        raise RuntimeError(f"the CUTLASS backend needs CUDA tensors on an sm90 GPU, got {a.device}")
+    m, k = a.shape
+    n = w.shape[0]
+    if m == 0 or n == 0:
+        return torch.empty((m, n), dtype=torch.bfloat16, device=a.device)
+    if k == 0:
+        return epilogue_cutlass_order(torch.zeros((m, n), dtype=torch.int32, device=a.device), s_a, s_w)
+    ext = build()
+    pad_k = -k % 16
+    pad_n = -n % 8
+    if pad_k:  # zero columns add nothing to the exact int32 sum
+        a = torch.nn.functional.pad(a, (0, pad_k))
+        w = torch.nn.functional.pad(w, (0, pad_k))
+    if pad_n:  # zero rows of w with zero scales; their outputs are sliced off
+        w = torch.nn.functional.pad(w, (0, 0, 0, pad_n))
+        s_w = torch.nn.functional.pad(s_w, (0, 0, 0, pad_n))
+    with torch.cuda.device(a.device):
+        out = ext.scaled_mm(_aligned(a), _aligned(w), s_a.contiguous(), s_w.contiguous(), -1 if tile is None else int(tile))
+    return out[:, :n].contiguous() if pad_n else out

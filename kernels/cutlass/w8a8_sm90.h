@@ -1,0 +1,51 @@
+// Host-side interface of the sm90 W8A8 kernels: plain C++ (no CUTLASS, no torch), so the
+// torch binding and the CUDA translation units share it. See w8a8_sm90.cuh for numerics.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+namespace requant {
+
+// Raw operands, all on one device, contiguous row-major:
+//   a [m, k] int8, w [n, k] int8, s_a [m] fp32, s_w [n] fp32, out [m, n] bf16 (as uint16 bits).
+struct W8A8Problem {
+  const int8_t* a;
+  const int8_t* w;
+  const float* s_a;
+  const float* s_w;
+  uint16_t* out;
+  int m, n, k;
+};
+
+enum W8A8Status : int {
+  kW8A8Ok = 0,
+  kW8A8CannotImplement = 1,
+  kW8A8InitFailed = 2,
+  kW8A8LaunchFailed = 3,
+  kW8A8UnknownTile = 4,
+};
+
+// Tile configurations (index = the `tile` argument of the Python API). Every one computes
+// the same bits: int32 accumulation is exact, and the epilogue is the same EVT.
+//   0 decode : swap AB, CTA 64(n) x 16(m) x 128, Pingpong, cluster 1x1     (m <= 16)
+//   1 small  : swap AB, CTA 64(n) x 64(m) x 128, Pingpong, cluster 1x1     (16 < m <= 128)
+//   2 medium : CTA 128 x 128 x 128, Pingpong,    cluster 2x1 (w multicast) (128 < m <= 1024)
+//   3 large  : CTA 128 x 256 x 128, Cooperative, cluster 2x1               (m > 1024)
+//   4 large2 : CTA 256 x 128 x 128, Cooperative, cluster 1x2               (benchmark alternative)
+constexpr int kW8A8NumTiles = 5;
+
+inline int w8a8_sm90_default_tile(int m) {
+  if (m <= 16) return 0;
+  if (m <= 128) return 1;
+  if (m <= 1024) return 2;
+  return 3;
+}
+
+size_t w8a8_sm90_workspace(int tile, const W8A8Problem& p);
+int w8a8_sm90_run(int tile, const W8A8Problem& p, void* workspace, cudaStream_t stream);
+const char* w8a8_sm90_tile_name(int tile);
+
+}  // namespace requant

@@ -1,0 +1,5 @@
+// Tile config 1 (small, 16 < m <= 128): see w8a8_sm90.h.
+#include "w8a8_sm90.cuh"
+using namespace cute;  // Shape, _64, ...
+using Tile_small = requant::W8A8Sm90<Shape<_64, _64, _128>, Shape<_1, _1, _1>, cutlass::gemm::KernelTmaWarpSpecializedPingpong, cutlass::epilogue::TmaWarpSpecialized, true>;
+REQUANT_W8A8_DEFINE(small, Tile_small)

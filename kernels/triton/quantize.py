@@ -1,0 +1,73 @@
+"""Per-token activation quantization in Triton: the int8 operands both GEMMs share.
+
+Numerics (equal, bit for bit, to kernels.reference.quantize_activations):
+  absmax = max_k |x[m, k]|               (x upcast to fp32 exactly; max is exact)
+  s_a    = fp32(absmax / 127)            IEEE division: tl.math.div_rn, because a plain
+  inv    = fp32(127 / absmax)            `/` may lower to an approximate division on GPU
+  q      = saturate_int8(round_half_even(fp32(x * inv)))
+  a zero row gives s_a = 0 and q = 0 (inv is forced to 0: no 0/0, no NaN).
+round_half_even is written with floor and an exact remainder (|x * inv| <= 127.x, so
+v - floor(v) is exact) instead of a libdevice rint, which the interpreter lacks, or an
+add/subtract-1.5*2^23 trick that a reassociating compiler could fold away.
+NaN or infinite activations are refused on the host (ValueError), as the reference does.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+# One program per token; the row is read twice (absmax, then quantize) in blocks of
+# BLOCK_K elements. Qwen3 rows (K <= 17408) stay in L2 between the passes.
+BLOCK_K = 1024
+NUM_WARPS = 4
+
+
+@triton.jit
+def _round_half_even(v):
+    f = tl.floor(v)
+    d = v - f  # exact for |v| < 2**23
+    odd = (f - 2.0 * tl.floor(f * 0.5)) != 0.0
+    up = (d > 0.5) | ((d == 0.5) & odd)
+    return tl.where(up, f + 1.0, f)
+
+
+@triton.jit
+def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, K, stride_xm, stride_qm, BLOCK_K: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK_K)
+    x_row = x_ptr + row * stride_xm
+    absmax = tl.zeros((BLOCK_K,), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        x = tl.load(x_row + k0 + offs, mask=k0 + offs < K, other=0.0).to(tl.float32)
+        absmax = tl.maximum(absmax, tl.abs(x))
+    amax = tl.max(absmax, axis=0)
+    zero = amax == 0.0
+    safe = tl.where(zero, 1.0, amax)
+    s = tl.where(zero, 0.0, tl.math.div_rn(safe, 127.0))
+    inv = tl.where(zero, 0.0, tl.math.div_rn(127.0 + tl.zeros_like(safe), safe))
+    tl.store(s_ptr + row, s)
+    q_row = q_ptr + row * stride_qm
+    for k0 in range(0, K, BLOCK_K):
+        mask = k0 + offs < K
+        x = tl.load(x_row + k0 + offs, mask=mask, other=0.0).to(tl.float32)
+        v = _round_half_even(x * inv)
+        v = tl.minimum(tl.maximum(v, -128.0), 127.0)
+        tl.store(q_row + k0 + offs, v.to(tl.int8), mask=mask)
+
+
+def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x float [M, K] -> (q int8 [M, K], s fp32 [M, 1]); see the module docstring."""
+    if x.dim() != 2:
+        raise ValueError(f"activations must be 2-D [tokens, features], got {tuple(x.shape)}")
+    if not x.is_floating_point():
+        raise TypeError(f"activations must be floating point, got {x.dtype}")
+    m, k = x.shape
+    q = torch.empty((m, k), dtype=torch.int8, device=x.device)
+    s = torch.zeros((m, 1), dtype=torch.float32, device=x.device)
+    if m == 0:
+        return q, s
+    if not bool(torch.isfinite(x).all()):
+        raise ValueError("activations contain NaN or infinity")
+    x = x if x.stride(1) == 1 else x.contiguous()
+    _quantize_rows_kernel[(m,)](x, q, s, k, x.stride(0), q.stride(0), BLOCK_K=BLOCK_K, num_warps=NUM_WARPS)
+    return q, s

@@ -1,0 +1,132 @@
+"""W8A8 scaled GEMM in Triton, with the Triton epilogue order.
+
+    acc[m, n] = sum_k a[m, k] * w[n, k]              exact int32 (tl.dot, out_dtype=int32)
+    y[m, n]   = bf16_rne( fp32( s_a[m] * fp32(acc) ) * s_w[n] )
+
+Numerics guaranteed, and why:
+  * The int32 accumulator is exact: |acc| <= K * 2**14 < 2**31 for K <= MAX_K (checked by
+    kernels.reference.check_operands), and integer addition is associative, so the tile
+    shape, the K-loop order and the number of stages cannot change it. That is why tile
+    configurations may depend on M without changing a bit.
+  * fp32(acc) is int32 -> fp32 round to nearest even (sitofp on GPU, numpy astype in the
+    interpreter); the two multiplies are separate IEEE fp32 multiplies (there is no add,
+    so nothing can be contracted into an FMA).
+  * The bf16 rounding is done on the fp32 bits (see _bf16.py), so the kernel gives the
+    same bits on a GPU and under TRITON_INTERPRET=1, whose float->bf16 cast truncates.
+The result equals kernels.reference.scaled_mm_triton_order bit for bit (the CI oracle).
+
+Shapes: any M, N, K (masks on every edge; M = 1 decode works). M = 0 or N = 0 returns an
+empty [M, N] tensor; K = 0 gives acc = 0, hence y = s_a * 0 * s_w = +0 (or -0 for a
+negative scale, exactly as the reference computes it).
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.reference import check_operands
+from kernels.triton._bf16 import bf16_rne_bits
+
+# Explicit tile configurations (no autotuning): (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
+# num_warps, num_stages). Chosen by M only; any choice gives the same bits (see above).
+#   decode  M <= 16  : thin M tile, wide K step; the weight stream dominates.
+#   small   M <= 128 : 64-row tiles keep enough programs in flight for N = 1024.
+#   medium  M <= 1024: 128x128 tiles.
+#   large   M >  1024: 128x256x128, 8 warps, 3 stages (wgmma-sized, 144 KiB of smem).
+CONFIGS = {
+    "decode": (16, 64, 256, 1, 4, 4),
+    "small": (64, 64, 128, 8, 4, 4),
+    "medium": (128, 128, 128, 8, 8, 4),
+    "large": (128, 256, 128, 8, 8, 3),
+    # Alternatives the benchmark sweeps (never picked by config_for):
+    "large4": (128, 256, 128, 8, 8, 4),
+    "large_m256": (256, 128, 128, 8, 8, 3),
+}
+
+
+def config_for(m: int) -> str:
+    if m <= 16:
+        return "decode"
+    if m <= 128:
+        return "small"
+    if m <= 1024:
+        return "medium"
+    return "large"
+
+
+@triton.jit
+def _scaled_mm_kernel(
+    a_ptr, w_ptr, sa_ptr, sw_ptr, out_ptr,
+    M, N, K,
+    stride_am, stride_wn, stride_om,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr, EVEN_K: tl.constexpr,
+):
+    # Grouped program order (the tutorial's L2 swizzle): GROUP_M row-blocks share columns.
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    group = GROUP_M * num_n
+    first_m = (pid // group) * GROUP_M
+    group_size = min(num_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % group) % group_size
+    pid_n = (pid % group) // group_size
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    # Out-of-range rows/columns are clamped (wrapped) instead of masked: they load real
+    # data that is never stored, which keeps the loads unmasked along M and N.
+    rows = (offs_m % M).to(tl.int64)
+    cols = (offs_n % N).to(tl.int64)
+    a_ptrs = a_ptr + rows[:, None] * stride_am + offs_k[None, :]
+    w_ptrs = w_ptr + cols[None, :] * stride_wn + offs_k[:, None]  # [BLOCK_K, BLOCK_N] view of w^T
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+    for k0 in range(0, tl.cdiv(K, BLOCK_K)):
+        if EVEN_K:
+            a = tl.load(a_ptrs)
+            b = tl.load(w_ptrs)
+        else:
+            k_left = K - k0 * BLOCK_K
+            a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0)
+            b = tl.load(w_ptrs, mask=offs_k[:, None] < k_left, other=0)
+        acc = tl.dot(a, b, acc, out_dtype=tl.int32)
+        a_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+
+    # Epilogue, Triton order: t = fp32(s_a * fp32(acc)), then y = bf16_rne(fp32(t * s_w)).
+    s_a = tl.load(sa_ptr + rows)
+    s_w = tl.load(sw_ptr + cols)
+    t = s_a[:, None] * acc.to(tl.float32)
+    y = t * s_w[None, :]
+    bits = bf16_rne_bits(y)
+    o_ptrs = out_ptr + offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
+    tl.store(o_ptrs, bits, mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+
+
+def scaled_mm(a: torch.Tensor, w: torch.Tensor, s_a: torch.Tensor, s_w: torch.Tensor, config: str | None = None) -> torch.Tensor:
+    """a int8 [M, K], w int8 [N, K], s_a fp32 [M, 1], s_w fp32 [N, 1] -> bf16 [M, N].
+
+    `config` overrides the M-based tile choice (a key of CONFIGS); it never changes bits.
+    """
+    check_operands(a, w, s_a, s_w)
+    m, k = a.shape
+    n = w.shape[0]
+    out = torch.empty((m, n), dtype=torch.bfloat16, device=a.device)
+    if m == 0 or n == 0:
+        return out
+    a = a if a.stride(1) == 1 else a.contiguous()
+    w = w if w.stride(1) == 1 else w.contiguous()
+    s_a = s_a.contiguous()
+    s_w = s_w.contiguous()
+    bm, bn, bk, group_m, warps, stages = CONFIGS[config or config_for(m)]
+    grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
+    _scaled_mm_kernel[grid](
+        a, w, s_a, s_w, out.view(torch.int16),
+        m, n, k,
+        a.stride(0), w.stride(0), out.stride(0),
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group_m, EVEN_K=(k % bk == 0),
+        num_warps=warps, num_stages=stages,
+    )
+    return out

@@ -1,0 +1,341 @@
+"""Scale arms: how each per-channel weight scale becomes (or does not become) a power of two.
+
+Why powers of two: CUTLASS computes s_a * (s_w * acc) and Triton (s_a * acc) * s_w in
+fp32. Multiplying by a power of two is exact (barring under/overflow), so with s_w = 2^e
+both orders round only once, at the same place, and give the same bits.
+
+Pure functions on one Linear at a time. Assumptions, checked on entry:
+  * q is int8 [out, in] (may contain -128); scale is [out, 1], bf16, fp16 or fp32,
+    every value finite and > 0 (checkpoint.check_scale_values reports bad ones by name).
+  * The returned scale keeps the input's dtype (2^e is exact in bf16 for
+    -133 <= e <= 127; a power of two the dtype cannot hold is an error, not a rounding).
+
+Exponents are computed from the float's bits, never through a rounded log2:
+  s = m * 2^E with m in [0.5, 1) (frexp, exact in float64)
+  ceiling: e = E - 1 if m == 0.5 else E                      (smallest 2^e >= s)
+  nearest: e = E if m*m >= 0.5 else E - 1                    (nearest in the log domain)
+    log2(s) - (E - 1) = log2(2m) >= 1/2  <=>  m >= 2^-1/2  <=>  m*m >= 1/2; m has at
+    most 24 significant bits, so m*m (<= 48 bits) is exact in float64, and m = 2^-1/2
+    exactly is impossible (irrational), so there are no ties to break.
+
+Requantization (nearest, ceiling, mse): q' = clamp(round_half_even(q * s / s'), -128, 127).
+  r = s / s' is s with its exponent shifted: exact. q * r has at most 8 + 8 significant
+  bits for a bf16 scale (8 + 11 for fp16): exact in float32, so those run in float32; an
+  fp32 scale (24 bits) needs up to 32 bits and runs in float64, also exact. numpy's rint
+  rounds half to even. Ceiling has s' >= s, so |q * r| <= 128 and nothing clips (-128
+  maps to >= -128); nearest may pick s' < s (by up to 2^1/2) and clip: counted.
+
+Arms:
+  unconstrained  scales and weights kept (the reader/writer's round-trip proof)
+  nearest        s' = 2^nearest(log2 s), weights requantized
+  ceiling        s' = 2^ceil(log2 s), weights requantized, never clips
+  mse            per output channel, the power of two (from ceil(log2 s)+1 down to
+                 ceil(log2 s)-3) whose requantized weights (clipping included) minimise
+                 the channel's squared reconstruction error sum((q' s' - q s)^2).
+                 Errors are exact per element and summed in float64; ties go to the
+                 first candidate in the order ceil, ceil-1, ceil+1, ceil-2, ceil-3.
+  probe          s' = nearest power of two, weights NOT requantized. The flawed
+                 construction that once reported +157% perplexity; an ablation, not servable.
+
+The hot loop runs in numpy over blocks of rows (in-place, cache-sized), which on this
+project's 2-core CI machine is ~10x faster than whole-tensor torch ops.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+ARMS = ("unconstrained", "nearest", "ceiling", "mse", "probe")
+SERVABLE = {"unconstrained": True, "nearest": True, "ceiling": True, "mse": True, "probe": False}
+SCALE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+MSE_OFFSETS = (0, -1, 1, -2, -3)  # relative to the ceiling exponent, in tie-break order
+BLOCK_ELEMENTS = 1 << 18  # elements per block of rows in the hot loop
+
+
+@dataclass
+class LinearStats:
+    """What one Linear's conversion did. Errors are squared Frobenius norms (float64)."""
+
+    rows: int
+    cols: int
+    scales_changed: int = 0
+    exponent_shifts: dict[int, int] = field(default_factory=dict)  # e' - ceil(log2 s) -> channels
+    weights_clipped: int = 0
+    sq_error: float = 0.0  # sum over the layer of (q' s' - q s)^2
+    sq_norm: float = 0.0  # sum over the layer of (q s)^2
+
+    @property
+    def rel_error(self) -> float:
+        return (self.sq_error / self.sq_norm) ** 0.5 if self.sq_norm > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        return {
+            "rows": self.rows,
+            "cols": self.cols,
+            "scales_changed": self.scales_changed,
+            "exponent_shifts": {str(k): v for k, v in sorted(self.exponent_shifts.items())},
+            "weights_clipped": self.weights_clipped,
+            "rel_weight_error": self.rel_error,
+        }
+
+
+def check_inputs(q: torch.Tensor, scale: torch.Tensor) -> None:
+    if q.dtype != torch.int8 or q.dim() != 2:
+        raise ValueError(f"weight must be int8 [out, in], got {q.dtype} {list(q.shape)}")
+    if scale.dtype not in SCALE_DTYPES:
+        raise ValueError(f"scale dtype {scale.dtype} is not bf16, fp16 or fp32")
+    if tuple(scale.shape) != (q.shape[0], 1):
+        raise ValueError(f"scale shape {list(scale.shape)} does not match weight {list(q.shape)}")
+    s = scale.to(torch.float64)
+    if not bool((torch.isfinite(s) & (s > 0)).all()):
+        raise ValueError("scales must be finite and positive")
+
+
+def frexp(scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(m float64, E int64) with scale = m * 2^E, m in [0.5, 1); exact."""
+    m, e = torch.frexp(scale.detach().to(torch.float64))
+    return m, e.to(torch.int64)
+
+
+def ceil_exponent(scale: torch.Tensor) -> torch.Tensor:
+    """e = ceil(log2 s), exactly (int64, same shape)."""
+    m, e = frexp(scale)
+    return torch.where(m == 0.5, e - 1, e)
+
+
+def nearest_exponent(scale: torch.Tensor) -> torch.Tensor:
+    """e = the integer nearest to log2 s, exactly (int64, same shape)."""
+    m, e = frexp(scale)
+    return torch.where(m * m >= 0.5, e, e - 1)
+
+
+def pow2_scale(e: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """2^e in `dtype`, refusing any e the dtype cannot hold exactly."""
+    exact = torch.ldexp(torch.ones(e.shape, dtype=torch.float64), e)
+    out = exact.to(dtype)
+    if not bool((out.to(torch.float64) == exact).all()):
+        bad = int(e[out.to(torch.float64) != exact].reshape(-1)[0])
+        raise ValueError(f"2^{bad} is not representable in {dtype}")
+    return out
+
+
+def _compute_dtype(scale_dtype: torch.dtype):
+    return np.float32 if scale_dtype in (torch.bfloat16, torch.float16) else np.float64
+
+
+def _shift_histogram(e_new: torch.Tensor, scale: torch.Tensor) -> dict[int, int]:
+    shifts = (e_new - ceil_exponent(scale)).reshape(-1)
+    vals, counts = torch.unique(shifts, return_counts=True)
+    return {int(v): int(c) for v, c in zip(vals, counts)}
+
+
+def _row_sq(q: np.ndarray) -> np.ndarray:
+    """Per-row sum of q^2, exact (int32 accumulation: in * 2^14 < 2^31 for in < 2^17)."""
+    out = np.empty(q.shape[0], dtype=np.float64)
+    step = max(1, BLOCK_ELEMENTS // max(q.shape[1], 1))
+    for i in range(0, q.shape[0], step):
+        b = q[i:i + step].astype(np.int32)
+        out[i:i + step] = np.einsum("ij,ij->i", b, b)
+    return out
+
+
+def _requantize_rows(q: np.ndarray, ratio: np.ndarray, cdt, out: np.ndarray | None = None, exact_sums: bool = False):
+    """q' = clamp(rint(q * ratio), -128, 127) for int8 q [out, in], ratio [out, 1] (exact in cdt).
+
+    Returns (q' int8, clipped per row int64, sum over each row of (q' - q*ratio)^2 as
+    float64). Each difference is exact; the row sums are pairwise float32 sums (relative
+    error ~1e-7, fine for a statistic) unless exact_sums, then float64 (the mse arm's
+    decision)."""
+    rows, cols = q.shape
+    if out is None:
+        out = np.empty_like(q)
+    clipped = np.zeros(rows, dtype=np.int64)
+    sq = np.zeros(rows, dtype=np.float64)
+    step = max(1, BLOCK_ELEMENTS // max(cols, 1))
+    x = np.empty((min(step, rows), cols), dtype=cdt)
+    r = np.empty_like(x)
+    for i in range(0, rows, step):
+        n = min(step, rows - i)
+        xb, rb = x[:n], r[:n]
+        np.copyto(xb, q[i:i + n], casting="unsafe")  # int8 -> float: exact
+        np.multiply(xb, ratio[i:i + n], out=xb)  # exact (see module docstring)
+        np.rint(xb, out=rb)  # round half to even
+        if rb.max(initial=-128) > 127 or rb.min(initial=127) < -128:
+            clipped[i:i + n] = np.count_nonzero(rb > 127, axis=1) + np.count_nonzero(rb < -128, axis=1)
+            np.clip(rb, -128, 127, out=rb)
+        np.copyto(out[i:i + n], rb, casting="unsafe")  # integers in [-128, 127]: exact
+        np.subtract(rb, xb, out=xb)
+        if exact_sums:
+            sq[i:i + n] = np.einsum("ij,ij->i", xb, xb, dtype=np.float64)
+        else:
+            np.square(xb, out=xb)
+            sq[i:i + n] = xb.sum(axis=1)
+    return out, clipped, sq
+
+
+def requantize_with_stats(q: torch.Tensor, scale: torch.Tensor, arm: str) -> tuple[torch.Tensor, torch.Tensor, LinearStats]:
+    """(q', s', stats) for one Linear under `arm` (see the module docstring)."""
+    if arm not in ARMS:
+        raise ValueError(f"unknown arm {arm!r}; known: {', '.join(ARMS)}")
+    check_inputs(q, scale)
+    rows, cols = q.shape
+    stats = LinearStats(rows=rows, cols=cols)
+    if arm == "unconstrained":
+        stats.exponent_shifts = {}
+        return q, scale, stats
+    s64 = scale.to(torch.float64).reshape(-1).numpy()
+    qn = q.contiguous().numpy()
+    qsq = _row_sq(qn)
+    stats.sq_norm = float(np.dot(s64 * s64, qsq))
+    cdt = _compute_dtype(scale.dtype)
+
+    if arm in ("nearest", "ceiling", "probe"):
+        e = nearest_exponent(scale) if arm in ("nearest", "probe") else ceil_exponent(scale)
+        s_new = pow2_scale(e, scale.dtype)
+        sn64 = s_new.to(torch.float64).reshape(-1).numpy()
+        if arm == "probe":
+            q_new = q
+            stats.sq_error = float(np.dot((sn64 - s64) ** 2, qsq))
+        else:
+            ratio = (s64 / sn64).reshape(-1, 1).astype(cdt)  # exact: exponent shift only
+            qn_new, clipped, sq = _requantize_rows(qn, ratio, cdt)
+            q_new = torch.from_numpy(qn_new)
+            stats.weights_clipped = int(clipped.sum())
+            stats.sq_error = float(np.dot(sn64 * sn64, sq))
+    else:  # mse
+        e_ceil = ceil_exponent(scale)
+        best_q = np.empty_like(qn)
+        best_err = np.full(rows, np.inf)
+        best_e = e_ceil.clone()
+        best_clipped = np.zeros(rows, dtype=np.int64)
+        tmp = np.empty_like(qn)
+        for off in MSE_OFFSETS:
+            e = e_ceil + off
+            try:
+                s_c = pow2_scale(e, scale.dtype)
+            except ValueError:
+                continue  # a candidate the dtype cannot hold is simply not a candidate
+            sc64 = s_c.to(torch.float64).reshape(-1).numpy()
+            ratio = (s64 / sc64).reshape(-1, 1).astype(cdt)
+            _, clipped, sq = _requantize_rows(qn, ratio, cdt, out=tmp, exact_sums=True)
+            err = sc64 * sc64 * sq
+            better = err < best_err  # strict: earlier candidates win ties
+            if better.any():
+                best_q[better] = tmp[better]
+                best_err[better] = err[better]
+                best_clipped[better] = clipped[better]
+                best_e[torch.from_numpy(better)] = e[torch.from_numpy(better)]
+        e = best_e
+        s_new = pow2_scale(e, scale.dtype)
+        q_new = torch.from_numpy(best_q)
+        stats.weights_clipped = int(best_clipped.sum())
+        stats.sq_error = float(best_err.sum())
+    stats.scales_changed = int((s_new.to(torch.float64) != scale.to(torch.float64)).sum())
+    stats.exponent_shifts = _shift_histogram(e, scale)
+    return q_new, s_new, stats
+
+
+def requantize(q: torch.Tensor, scale: torch.Tensor, arm: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q' int8 [out, in], s' [out, 1] in scale's dtype) for one Linear under `arm`."""
+    q_new, s_new, _ = requantize_with_stats(q, scale, arm)
+    return q_new, s_new
+
+
+def _round_clip_rows(w: np.ndarray, inv_scale: np.ndarray):
+    """clamp(rint(w * inv_scale)) per row, with inv_scale a power of two per row (so the
+    product is exact in float64). Returns (q int8, clipped per row, sum((q/inv - w)^2) per row)."""
+    rows, cols = w.shape
+    q = np.empty((rows, cols), dtype=np.int8)
+    clipped = np.zeros(rows, dtype=np.int64)
+    sq = np.zeros(rows, dtype=np.float64)
+    step = max(1, BLOCK_ELEMENTS // max(cols, 1))
+    for i in range(0, rows, step):
+        x = w[i:i + step].astype(np.float64) * inv_scale[i:i + step]
+        r = np.rint(x)
+        clipped[i:i + step] = np.count_nonzero(r > 127, axis=1) + np.count_nonzero(r < -128, axis=1)
+        np.clip(r, -128, 127, out=r)
+        q[i:i + step] = r
+        d = (r - x) / inv_scale[i:i + step]  # exact: a power of two
+        sq[i:i + step] = np.einsum("ij,ij->i", d, d)
+    return q, clipped, sq
+
+
+def quantize_from_source(w: torch.Tensor, arm: str, scale_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor, LinearStats]:
+    """(q, s, stats) made from an original float weight instead of the int8 one.
+
+    Assumptions: w is the float [out, in] weight the int8 checkpoint was made from (bf16
+    as llm-compressor saw it); no row is all zeros. The reference scale is
+    llm-compressor's, s = absmax/127.5 in w's dtype (requant.synthetic.rtn_quantize).
+      unconstrained: llm-compressor's RTN exactly (q, s), so an RTN-made checkpoint is
+                     reproduced byte for byte;
+      nearest / ceiling: s' = 2^e from s as for the int8 arms, q = clamp(rint(w / s'))
+                     with w / s' exact in float64 (a power of two);
+      mse:           per channel the candidate 2^e (e = ceil(log2 s) + MSE_OFFSETS) that
+                     minimises sum((q s' - w)^2), ties to the earlier candidate;
+      probe:         RTN q with s' = the nearest power of two (the ablation).
+    The returned scale is cast to scale_dtype (default w's dtype); stats measure the
+    error against w itself.
+    """
+    from requant.synthetic import rtn_quantize
+
+    if arm not in ARMS:
+        raise ValueError(f"unknown arm {arm!r}; known: {', '.join(ARMS)}")
+    if w.dim() != 2 or not w.is_floating_point():
+        raise ValueError(f"source weight must be a 2-D float tensor, got {w.dtype} {list(w.shape)}")
+    scale_dtype = scale_dtype or w.dtype
+    q_rtn, s_rtn = rtn_quantize(w)
+    s_ref = s_rtn.to(scale_dtype)
+    rows, cols = w.shape
+    stats = LinearStats(rows=rows, cols=cols)
+    wn = w.to(torch.float64).numpy() if w.dtype != torch.float64 else w.numpy()
+    stats.sq_norm = float(np.einsum("ij,ij->", wn, wn)) if wn.size else 0.0
+
+    def error_of(q: torch.Tensor, s: torch.Tensor) -> float:
+        s64 = s.to(torch.float64).numpy()
+        total = 0.0
+        step = max(1, BLOCK_ELEMENTS // max(cols, 1))
+        for i in range(0, rows, step):
+            d = q[i:i + step].numpy().astype(np.float64) * s64[i:i + step] - wn[i:i + step]
+            total += float(np.einsum("ij,ij->", d, d))
+        return total
+
+    if arm in ("unconstrained", "probe"):
+        q_new = q_rtn
+        if arm == "unconstrained":
+            s_new, e = s_ref, None
+        else:
+            e = nearest_exponent(s_ref)
+            s_new = pow2_scale(e, scale_dtype)
+        stats.sq_error = error_of(q_new, s_new)
+    else:
+        e_ceil = ceil_exponent(s_ref)
+        offsets = MSE_OFFSETS if arm == "mse" else (0,)
+        base = nearest_exponent(s_ref) if arm == "nearest" else e_ceil
+        best_q, best_err, best_e, best_clip = None, np.full(rows, np.inf), base.clone(), np.zeros(rows, dtype=np.int64)
+        for off in offsets:
+            e_c = base + off
+            try:
+                pow2_scale(e_c, scale_dtype)
+            except ValueError:
+                continue
+            inv = torch.ldexp(torch.ones(e_c.shape, dtype=torch.float64), -e_c).numpy()
+            q_c, clipped, sq = _round_clip_rows(wn, inv)
+            better = sq < best_err
+            if best_q is None:
+                best_q = q_c
+            else:
+                best_q[better] = q_c[better]
+            best_err[better] = sq[better]
+            best_clip[better] = clipped[better]
+            best_e[torch.from_numpy(better)] = e_c[torch.from_numpy(better)]
+        e = best_e
+        s_new = pow2_scale(e, scale_dtype)
+        q_new = torch.from_numpy(best_q)
+        stats.weights_clipped = int(best_clip.sum())
+        stats.sq_error = float(best_err.sum())
+    stats.scales_changed = int((s_new.to(torch.float64) != s_ref.to(torch.float64)).sum())
+    stats.exponent_shifts = {} if e is None else _shift_histogram(e, s_ref)
+    return q_new, s_new, stats

@@ -1,0 +1,328 @@
+"""Open a W8A8 compressed-tensors checkpoint: validate everything first, read lazily.
+
+This is the one place that decides whether a directory is a checkpoint requant accepts.
+`open_checkpoint` resolves the source (a local directory, or a Hub repo id through
+`huggingface_hub.snapshot_download`, which honours HF_HUB_OFFLINE and the local cache),
+then checks, before any tensor data is used by anyone:
+
+  * config.json exists, is JSON, and its quantization_config is the W8A8 scheme
+    (requant.scheme, which names the offending field);
+  * the weights are either one `model.safetensors` or the shards that
+    `model.safetensors.index.json` names (plain file names only: no path traversal),
+    every shard exists and its header is valid (requant.safetensors_io);
+  * the index and the shards agree tensor for tensor, and no tensor is stored twice;
+  * every quantized Linear `X` has `X.weight` int8 [out, in] and `X.weight_scale`
+    [out, 1] in bf16/fp16/fp32, and no zero points or static input scales;
+  * every scale is finite and positive (scales are small: they are all read here).
+
+Anything else is a `CheckpointError` naming the file and the tensor. After that,
+tensors are read one at a time with pread, so memory is bounded by what a caller holds.
+
+The public API (a contract other parts of requant code against):
+    Checkpoint.path, .config, .quantized_linears, .tensor(name),
+    .weight_and_scale(linear), .tensor_names(); open_checkpoint(src, revision=None)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import torch
+
+from requant import scheme as scheme_mod
+from requant.errors import CheckpointError, LayoutError, SafetensorsFormatError, TensorError
+from requant.safetensors_io import SafetensorsFile, read_header
+
+CONFIG = "config.json"
+SINGLE = "model.safetensors"
+INDEX = "model.safetensors.index.json"
+SCALE_DTYPES = ("BF16", "F16", "F32")
+# Per-module tensors that mean a scheme requant does not handle.
+FORBIDDEN_SUFFIXES = {
+    ".weight_zero_point": "a weight zero point (asymmetric weights)",
+    ".input_scale": "a static input scale (static activations)",
+    ".input_zero_point": "an input zero point (asymmetric activations)",
+    ".weight_g_idx": "a group index (group quantization)",
+    ".weight_global_scale": "a global scale (not int8 W8A8)",
+    ".weight_packed": "packed weights (not int-quantized)",
+}
+# Qwen3's Linear modules: they must be quantized unless the config ignores them.
+LINEAR_LEAVES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head")
+# Model order inside a Qwen3 decoder layer (for sorting module names).
+_RANK = {"model": 0, "lm_head": 1, "embed_tokens": 0, "layers": 1, "norm": 2,
+         "input_layernorm": 0, "self_attn": 1, "post_attention_layernorm": 2, "mlp": 3,
+         "q_proj": 0, "k_proj": 1, "v_proj": 2, "o_proj": 3, "q_norm": 4, "k_norm": 5,
+         "gate_proj": 0, "up_proj": 1, "down_proj": 2, "weight": 0, "weight_scale": 1}
+_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def model_order_key(name: str):
+    """Sort key putting module names in model order (layer 2 before layer 10, q before k)."""
+    key = []
+    for part in name.split("."):
+        if part.isdigit():
+            key.append((0, int(part), ""))
+        else:
+            key.append((1, _RANK.get(part, 50), part))
+    return key
+
+
+def is_ignored(module: str, ignore: tuple[str, ...]) -> bool:
+    """compressed-tensors' matching: 're:<regex>' entries, else the exact module name
+    (or a dotted suffix of it)."""
+    for entry in ignore:
+        if entry.startswith("re:"):
+            if re.match(entry[3:], module):
+                return True
+        elif module == entry or module.endswith("." + entry):
+            return True
+    return False
+
+
+class Checkpoint:
+    """A validated W8A8 checkpoint on local disk; tensors are read on demand."""
+
+    def __init__(self, path: Path, config: dict, scheme: scheme_mod.Scheme, shards: dict[str, SafetensorsFile],
+                 weight_map: dict[str, str], index_file: Path | None, quantized_linears: list[str]):
+        self.path = path
+        self.config = config
+        self.scheme = scheme
+        self.shards = shards  # shard file name -> parsed header, in file-name order
+        self.weight_map = weight_map  # tensor name -> shard file name
+        self.index_file = index_file
+        self.quantized_linears = quantized_linears
+
+    # -- the contract ---------------------------------------------------------------
+    def tensor(self, name: str) -> torch.Tensor:
+        """Any tensor by its full name, read from whichever shard holds it."""
+        return self.shard_of(name).tensor(name)
+
+    def weight_and_scale(self, linear: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """(int8 weight [out, in], scale [out, 1] in its stored dtype) of one quantized Linear."""
+        if linear not in self._linear_set:
+            raise TensorError("not a quantized Linear of this checkpoint", file=self.path, tensor=linear)
+        return self.tensor(linear + ".weight"), self.tensor(linear + ".weight_scale")
+
+    def tensor_names(self) -> list[str]:
+        """Every tensor name, in model order."""
+        return sorted(self.weight_map, key=model_order_key)
+
+    # -- helpers --------------------------------------------------------------------
+    @property
+    def _linear_set(self) -> set[str]:
+        return set(self.quantized_linears)
+
+    def shard_of(self, name: str) -> SafetensorsFile:
+        try:
+            return self.shards[self.weight_map[name]]
+        except KeyError:
+            raise TensorError("no such tensor in the checkpoint", file=self.path, tensor=name) from None
+
+    def info(self, name: str):
+        return self.shard_of(name).info(name)
+
+    @property
+    def is_sharded(self) -> bool:
+        return self.index_file is not None
+
+    def __repr__(self) -> str:
+        return f"Checkpoint({str(self.path)!r}, {len(self.quantized_linears)} quantized Linears, {len(self.shards)} shard(s))"
+
+
+def resolve(src: str | os.PathLike, *, revision: str | None = None) -> Path:
+    """A local directory as is; otherwise a Hub repo id through snapshot_download."""
+    p = Path(src)
+    if p.exists():
+        if not p.is_dir():
+            raise LayoutError("not a directory (a checkpoint is a directory with config.json)", file=p)
+        return p
+    s = str(src)
+    if not _REPO_ID.match(s) or s.startswith((".", "/", "~")):
+        raise LayoutError("no such directory, and not a Hub repo id (org/name)", file=s)
+    try:
+        from huggingface_hub import snapshot_download
+
+        local = snapshot_download(repo_id=s, revision=revision, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja"])
+    except Exception as exc:  # the hub raises many types; all mean "could not resolve"
+        raise LayoutError(f"could not resolve Hub repo id{' at revision ' + revision if revision else ''}: {type(exc).__name__}: {exc}", file=s) from None
+    return Path(local)
+
+
+def _load_json(path: Path, what: str):
+    if not path.is_file():
+        raise LayoutError(f"missing {what}", file=path)
+    try:
+        with open(path, "rb") as f:
+            return json.loads(f.read().decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise LayoutError(f"{what} is not valid JSON: {exc}", file=path) from None
+
+
+def _safe_shard_name(index: Path, name) -> str:
+    if (not isinstance(name, str) or not name or name in (".", "..") or "/" in name or "\\" in name
+            or "\x00" in name or not name.endswith(".safetensors")):
+        raise LayoutError(f"shard name {name!r} is not a plain .safetensors file name in the checkpoint directory (path traversal?)", file=index)
+    return name
+
+
+def open_checkpoint(src: str | os.PathLike, *, revision: str | None = None) -> Checkpoint:
+    """Resolve, validate (config, every shard header, tensor layout, scale values) and
+    return a Checkpoint. Raises CheckpointError (naming file and tensor) on any fault."""
+    path = resolve(src, revision=revision)
+    config_path = path / CONFIG
+    config = _load_json(config_path, "config.json")
+    if not isinstance(config, dict):
+        raise LayoutError("config.json is not a JSON object", file=config_path)
+    scheme = scheme_mod.validate(config, file=str(config_path))
+
+    index_path = path / INDEX
+    single_path = path / SINGLE
+    weight_map: dict[str, str] = {}
+    shards: dict[str, SafetensorsFile] = {}
+    if index_path.exists():
+        if single_path.exists():
+            raise LayoutError(f"both {SINGLE} and {INDEX} present: ambiguous weights", file=path)
+        index = _load_json(index_path, "the shard index")
+        wm = index.get("weight_map") if isinstance(index, dict) else None
+        if not isinstance(wm, dict) or not wm:
+            raise LayoutError("index has no weight_map object", file=index_path)
+        for tname, shard in wm.items():
+            weight_map[tname] = _safe_shard_name(index_path, shard)
+        for shard in sorted(set(weight_map.values())):
+            sp = path / shard
+            if not sp.is_file():
+                first = next(t for t, s in weight_map.items() if s == shard)
+                raise LayoutError(f"index names shard {shard!r}, which does not exist", file=index_path, tensor=first)
+            shards[shard] = read_header(sp)
+        for tname, shard in weight_map.items():
+            if tname not in shards[shard].tensors:
+                raise LayoutError(f"index places the tensor in {shard!r}, which does not hold it", file=index_path, tensor=tname)
+        for shard, f in shards.items():
+            for tname in f.tensors:
+                if weight_map.get(tname) != shard:
+                    where = f"in {weight_map[tname]!r}" if tname in weight_map else "nowhere"
+                    raise LayoutError(f"tensor stored in this shard but the index places it {where}", file=f.path, tensor=tname)
+    elif single_path.exists():
+        f = read_header(single_path)
+        shards[SINGLE] = f
+        weight_map = {t: SINGLE for t in f.tensors}
+        index_path = None
+    else:
+        raise LayoutError(f"no weights: neither {SINGLE} nor {INDEX}", file=path)
+
+    ckpt = Checkpoint(path, config, scheme, shards, weight_map, index_path, [])
+    ckpt.quantized_linears = _find_linears(ckpt)
+    for linear in ckpt.quantized_linears:
+        check_scale_values(ckpt.shard_of(linear + ".weight_scale").path, linear + ".weight_scale", ckpt.tensor(linear + ".weight_scale"))
+    return ckpt
+
+
+def _find_linears(ckpt: Checkpoint) -> list[str]:
+    names = ckpt.weight_map
+    linears = []
+    for tname in names:
+        f = ckpt.shard_of(tname).path
+        for suffix, what in FORBIDDEN_SUFFIXES.items():
+            if tname.endswith(suffix):
+                raise TensorError(f"{what}: requant handles symmetric per-channel int8 weights with dynamic activations only", file=f, tensor=tname)
+        if tname.endswith(".weight_scale"):
+            linears.append(tname[: -len(".weight_scale")])
+    for linear in linears:
+        wname, sname = linear + ".weight", linear + ".weight_scale"
+        sf = ckpt.shard_of(sname)
+        if wname not in names:
+            raise TensorError("weight_scale without its weight", file=sf.path, tensor=sname)
+        wf = ckpt.shard_of(wname)
+        w, s = wf.info(wname), sf.info(sname)
+        if w.dtype != "I8":
+            raise TensorError(f"quantized weight stored as {w.dtype}, expected I8 (int8)", file=wf.path, tensor=wname)
+        if len(w.shape) != 2:
+            raise TensorError(f"quantized weight must be 2-D [out, in], got shape {list(w.shape)}", file=wf.path, tensor=wname)
+        if s.dtype not in SCALE_DTYPES:
+            raise TensorError(f"weight scale stored as {s.dtype}, expected one of {', '.join(SCALE_DTYPES)}", file=sf.path, tensor=sname)
+        if s.shape != (w.shape[0], 1):
+            raise TensorError(f"scale shape {list(s.shape)} does not match weight {list(w.shape)}: expected [{w.shape[0]}, 1] (per output channel)",
+                              file=sf.path, tensor=sname)
+        if is_ignored(linear, ckpt.scheme.ignore):
+            raise TensorError("module is in quantization_config.ignore but stored quantized", file=sf.path, tensor=sname)
+    linear_set = set(linears)
+    for tname in names:
+        if not tname.endswith(".weight"):
+            continue
+        module = tname[: -len(".weight")]
+        if module in linear_set:
+            continue
+        info = ckpt.info(tname)
+        f = ckpt.shard_of(tname).path
+        if info.dtype == "I8":
+            raise TensorError("int8 Linear weight without a weight_scale", file=f, tensor=tname)
+        if module.split(".")[-1] in LINEAR_LEAVES and not is_ignored(module, ckpt.scheme.ignore):
+            raise TensorError(f"Linear stored as {info.dtype} without a weight_scale, but quantization_config does not ignore it", file=f, tensor=tname)
+    return sorted(linears, key=model_order_key)
+
+
+def check_scale_values(file, name: str, scale: torch.Tensor) -> None:
+    """Every scale finite and strictly positive, else TensorError naming the first bad row."""
+    s = scale.detach().to(torch.float64).reshape(-1)
+    bad = ~(torch.isfinite(s) & (s > 0))
+    if bool(bad.any()):
+        row = int(bad.nonzero()[0, 0])
+        v = float(s[row])
+        kind = "NaN" if v != v else ("infinite" if v in (float("inf"), float("-inf")) else ("zero" if v == 0 else "negative"))
+        raise TensorError(f"{kind} scale {v!r} at output channel {row} ({int(bad.sum())} bad scale(s) in all)", file=file, tensor=name)
+
+
+__all__ = ["Checkpoint", "open_checkpoint", "CheckpointError", "SafetensorsFormatError", "model_order_key", "is_ignored", "check_scale_values"]
+
+
+class SourceWeights:
+    """The original float weights of a checkpoint's quantized Linears (for --source)."""
+
+    def __init__(self, path: Path, shards: dict[str, SafetensorsFile], weight_map: dict[str, str]):
+        self.path, self.shards, self.weight_map = path, shards, weight_map
+
+    def tensor(self, name: str, like=None) -> torch.Tensor:
+        f = self.shards[self.weight_map[name]]
+        return f.tensor(name)
+
+
+def open_source_weights(src: str | os.PathLike, ckpt: Checkpoint) -> SourceWeights:
+    """Open a directory of original (bf16/fp16/fp32) weights and check that it holds a
+    float `X.weight` of the right shape for every quantized Linear X of ckpt."""
+    path = Path(src)
+    if not path.is_dir():
+        raise LayoutError("source weights: not a directory", file=path)
+    index_path, single_path = path / INDEX, path / SINGLE
+    shards: dict[str, SafetensorsFile] = {}
+    weight_map: dict[str, str] = {}
+    if index_path.exists():
+        index = _load_json(index_path, "the shard index")
+        wm = index.get("weight_map") if isinstance(index, dict) else None
+        if not isinstance(wm, dict):
+            raise LayoutError("index has no weight_map object", file=index_path)
+        for tname, shard in wm.items():
+            weight_map[tname] = _safe_shard_name(index_path, shard)
+        for shard in sorted(set(weight_map.values())):
+            if not (path / shard).is_file():
+                raise LayoutError(f"index names shard {shard!r}, which does not exist", file=index_path)
+            shards[shard] = read_header(path / shard)
+    elif single_path.exists():
+        shards[SINGLE] = read_header(single_path)
+        weight_map = {t: SINGLE for t in shards[SINGLE].tensors}
+    else:
+        raise LayoutError(f"source weights: neither {SINGLE} nor {INDEX}", file=path)
+    for lin in ckpt.quantized_linears:
+        wname = lin + ".weight"
+        if wname not in weight_map:
+            raise TensorError("source weights lack this Linear's weight", file=path, tensor=wname)
+        f = shards[weight_map[wname]]
+        info = f.info(wname)
+        want = ckpt.info(wname).shape
+        if info.dtype not in ("BF16", "F16", "F32"):
+            raise TensorError(f"source weight stored as {info.dtype}, expected a float dtype", file=f.path, tensor=wname)
+        if info.shape != want:
+            raise TensorError(f"source weight shape {list(info.shape)} does not match the checkpoint's {list(want)}", file=f.path, tensor=wname)
+    return SourceWeights(path, shards, weight_map)

@@ -1,0 +1,211 @@
+"""The checkpoint sub-commands of the `requant` CLI: convert, inspect, verify.
+
+Thin typer wrappers: parse options, call requant.convert / requant.inspect /
+requant.verify, render the result (rich tables on stdout, progress and errors on
+stderr, JSON where a machine reads it). A CheckpointError becomes one clear red line on
+stderr and exit status 1, never a traceback; an interrupt exits 130 after the converter
+has removed its temporary directory.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from requant import DEFAULT_CHECKPOINT
+from requant.arms import ARMS, SERVABLE
+from requant.errors import CheckpointError
+
+Arm = Enum("Arm", {a: a for a in ARMS}, type=str)
+
+
+def _out() -> Console:
+    return Console(file=sys.stdout, highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 160)
+
+
+def _err() -> Console:
+    return Console(file=sys.stderr, highlight=False, soft_wrap=True)
+
+
+def _fail(msg: str, code: int = 1):
+    _err().print(f"[bold red]error:[/] {escape(msg)}")
+    raise typer.Exit(code)
+
+
+def _run(fn):
+    try:
+        return fn()
+    except CheckpointError as exc:
+        _fail(str(exc))
+    except KeyboardInterrupt:
+        _fail("interrupted; nothing was written", 130)
+    except OSError as exc:
+        _fail(f"{exc.filename or ''}: {exc.strerror or exc}" if exc.filename else str(exc))
+
+
+def _fmt_shifts(shifts: dict) -> str:
+    return " ".join(f"{int(k):+d}:{v}" for k, v in sorted(shifts.items(), key=lambda kv: int(kv[0]))) or "-"
+
+
+def _plot(result, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    totals = result.totals()
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.6))
+    ks = sorted(int(k) for k in totals["exponent_shifts"])
+    ax1.bar([str(k) for k in ks], [totals["exponent_shifts"][str(k)] for k in ks], color="#4477aa")
+    ax1.set_xlabel("exponent shift  e' - ceil(log2 s)")
+    ax1.set_ylabel("output channels")
+    ax1.set_title(f"arm {result.arm}: scale exponent shifts")
+    names = list(result.layers)
+    ax2.plot(range(len(names)), [result.layers[n].rel_error for n in names], ".", color="#cc6677")
+    ax2.set_xlabel("quantized Linear (model order)")
+    ax2.set_ylabel("relative weight error")
+    ax2.set_title("per-layer ||W' - W|| / ||W||")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def convert(
+    src: Annotated[Optional[str], typer.Argument(help="Checkpoint directory or Hub repo id (default: the embedded tiny Qwen3 W8A8 checkpoint).", show_default=False)] = None,
+    output: Annotated[Path, typer.Option("-o", "--output", help="Output directory (created atomically; never inside SRC).")] = ...,
+    arm: Annotated[Arm, typer.Option("--arm", help="unconstrained | nearest | ceiling | mse | probe (probe is an ablation, not servable).")] = "nearest",
+    json_report: Annotated[Optional[Path], typer.Option("--json", help="Also write the per-layer statistics as JSON here.")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing OUTPUT.")] = False,
+    source: Annotated[Optional[Path], typer.Option("--source", help="Requantize from these original bf16 weights instead of the int8 ones.")] = None,
+    revision: Annotated[Optional[str], typer.Option("--revision", help="Hub revision when SRC is a repo id.")] = None,
+    jobs: Annotated[Optional[int], typer.Option("--jobs", "-j", help="Shards converted in parallel (default: CPU count).")] = None,
+    plot: Annotated[Optional[Path], typer.Option("--plot", help="Write a PNG of the exponent shifts and per-layer errors.")] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print only the totals.")] = False,
+):
+    """Requantize every weight scale of a W8A8 checkpoint to a power of two (or keep it)."""
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+
+    from requant.convert import convert as do_convert
+
+    arm_name = arm.value if isinstance(arm, Enum) else str(arm)
+    err = _err()
+    src_arg = src if src is not None else str(DEFAULT_CHECKPOINT)
+    progress = Progress(TextColumn("[bold]convert[/] " + escape(arm_name)), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                        TimeRemainingColumn(), console=err, transient=True, disable=not err.is_terminal)
+    task = {}
+
+    def on_start(total):
+        task["id"] = progress.add_task("convert", total=total)
+
+    def advance(n):
+        if "id" in task:
+            progress.update(task["id"], advance=n)
+
+    def work():
+        with progress:
+            return do_convert(src_arg, output, arm_name, force=force, revision=revision, source=source, jobs=jobs,
+                              progress=advance, on_start=on_start)
+
+    result = _run(work)
+    report = result.to_dict()
+    if json_report is not None:
+        _run(lambda: json_report.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8"))
+    if plot is not None:
+        _run(lambda: _plot(result, plot))
+    out = _out()
+    if not quiet and result.layers:
+        table = Table(title=f"requant convert --arm {arm_name}", show_lines=False)
+        for col, just in (("layer", "left"), ("channels", "right"), ("scales changed", "right"), ("exponent shifts", "left"),
+                          ("clipped", "right"), ("rel. weight error", "right")):
+            table.add_column(col, justify=just)
+        for name, st in result.layers.items():
+            table.add_row(name, str(st.rows), str(st.scales_changed), _fmt_shifts(st.exponent_shifts), str(st.weights_clipped), f"{st.rel_error:.3e}")
+        out.print(table)
+    t = report["totals"]
+    out.print(f"{t['linears']} quantized Linears, {t['channels']} channels: {t['scales_changed']} scales changed, "
+              f"shifts {_fmt_shifts(t['exponent_shifts'])}, {t['weights_clipped']} weights clipped, "
+              f"relative weight error {t['rel_weight_error']:.3e}")
+    out.print(f"wrote {escape(str(result.output))} ({result.bytes_total / 1e6:.1f} MB in {result.elapsed_s:.2f} s)")
+    if not SERVABLE[arm_name]:
+        err.print("[bold yellow]warning:[/] arm 'probe' rewrites scales without requantizing the weights: an ablation, NOT servable")
+
+
+def inspect(
+    src: Annotated[str, typer.Argument(help="Checkpoint directory or Hub repo id.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+    revision: Annotated[Optional[str], typer.Option("--revision", help="Hub revision when SRC is a repo id.")] = None,
+):
+    """Describe a W8A8 checkpoint: architecture, Linears, scale dtype, power-of-two scales, int8 range."""
+    from requant.inspect import inspect_checkpoint
+
+    info = _run(lambda: inspect_checkpoint(src, revision=revision))
+    out = _out()
+    if as_json:
+        out.file.write(json.dumps(info, indent=2) + "\n")
+        return
+    table = Table(show_header=False, title=escape(info["path"]))
+    table.add_column("", style="bold")
+    table.add_column("")
+    rows = [
+        ("architecture", f"{info['architecture']} ({info['model_type']})"),
+        ("shape", ", ".join(f"{k}={v}" for k, v in info["config"].items())),
+        ("layers", str(info["layers"])),
+        ("quantized Linears", str(info["quantized_linears"])),
+        ("scheme", f"{info['quantization']['quant_method']} {info['quantization']['format']}, ignore {info['quantization']['ignore']}"),
+        ("scale dtype", ", ".join(f"{k} x{v}" for k, v in info["scale_dtypes"].items())),
+        ("power-of-two scales", f"{info['power_of_two_scales']} / {info['channels']}" + (" (all)" if info["all_scales_power_of_two"] else "")),
+        ("scale exponents", str(info["scale_exponent_range"])),
+        ("int8 range", f"{info.get('int8_range')} ({info.get('int8_min128_count')} weights at -128)"),
+        ("pass-through tensors", str(info["passthrough_tensors"])),
+        ("shards", ", ".join(f"{k} ({v / 1e6:.1f} MB)" for k, v in info["shards"].items())),
+        ("provenance", json.dumps(info["provenance"]) if info["provenance"] else "-"),
+    ]
+    for k, v in rows:
+        table.add_row(k, escape(v))
+    out.print(table)
+
+
+def verify(
+    a: Annotated[Path, typer.Argument(help="First checkpoint directory.")],
+    b: Annotated[Path, typer.Argument(help="Second checkpoint directory.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+):
+    """Exit 0 when two checkpoints are byte-identical; otherwise list what differs, tensor by tensor."""
+    from requant.verify import verify as do_verify
+
+    report = _run(lambda: do_verify(a, b))
+    out = _out()
+    if as_json:
+        out.file.write(json.dumps(report, indent=2) + "\n")
+    elif report["identical"]:
+        out.print(f"[green]identical[/]: {escape(str(a))} and {escape(str(b))} are byte for byte the same")
+    else:
+        out.print(f"[red]different[/]: {escape(str(a))} vs {escape(str(b))}")
+        for rel in report["only_in_a"]:
+            out.print(f"  only in A: {escape(rel)}")
+        for rel in report["only_in_b"]:
+            out.print(f"  only in B: {escape(rel)}")
+        for rel in report["differing_files"]:
+            out.print(f"  file differs: {escape(rel)}")
+        for d in report["tensors"]:
+            if d["what"] == "values":
+                detail = f"{d['elements_differing']} of {d['elements']} elements differ (first at flat index {d['first_index']})"
+            elif d["what"] == "dtype/shape":
+                detail = f"{d['a']} vs {d['b']}"
+            else:
+                detail = d["what"]
+            out.print(f"  tensor {escape(d['tensor'])}: {escape(detail)}")
+        for e in report["errors"]:
+            out.print(f"  unreadable: {escape(e)}")
+        if report.get("note"):
+            out.print(f"  note: {escape(report['note'])}")
+    if not report["identical"]:
+        raise typer.Exit(1)

@@ -1,0 +1,343 @@
+"""`requant convert`: rewrite a W8A8 checkpoint's weight scales under one arm, safely.
+
+How, and why this way:
+  * Validate everything first (requant.checkpoint.open_checkpoint: config, every shard
+    header, every scale) so that a bad input fails before a byte is written.
+  * Requantizing never changes a tensor's dtype or shape, so every output shard keeps its
+    input's header bytes exactly and every tensor keeps its offsets. Each output shard is
+    created at full size with the input's header, then filled with pwrite at the input's
+    offsets: pass-through tensors are copied in 16 MB chunks, quantized Linears are
+    requantized one at a time (a Linear's weight and scale may even live in different
+    shards). Memory is bounded by one weight per worker plus small buffers, not by the model.
+  * Shards run in parallel in a bounded thread pool (numpy and file I/O release the GIL).
+  * Every source byte is read once, in file order, and hashed on the way (sha256), so the
+    provenance digest costs no extra pass over the data.
+  * Atomic: everything is written into a temporary directory next to OUT
+    (`.OUT.requant-tmp-*`) that is renamed to OUT at the end; on any error or interrupt
+    it is removed, and nothing named OUT appears. OUT inside SRC (or SRC inside OUT) is
+    refused, and an existing OUT is only replaced with force=True.
+  * unconstrained reproduces every file byte for byte (config.json and the index are
+    copied, not re-serialised). A constrained arm adds a "requant" key (provenance) to
+    config.json, leaving quantization_config as it was, so compressed-tensors and vLLM
+    load the result unchanged.
+  * With `source` (a directory of the original bf16 weights), quantized Linears are made
+    from those instead of the int8 ones (requant.arms.quantize_from_source); with the
+    unconstrained arm this is llm-compressor's RTN and reproduces an RTN-made SRC.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import hashlib
+import json
+import os
+import shutil
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+import requant
+from requant import arms as arms_mod
+from requant.checkpoint import CONFIG, Checkpoint, open_checkpoint, open_source_weights
+from requant.errors import CheckpointError, OutputError, TensorError
+from requant.safetensors_io import bytes_to_tensor, tensor_to_bytes
+
+PROVENANCE_KEY = "requant"
+CHUNK = 16 << 20
+SKIP_DIRS = {".cache", ".git"}
+
+
+@dataclass
+class ConvertResult:
+    output: Path
+    arm: str
+    source: str
+    layers: dict[str, arms_mod.LinearStats] = field(default_factory=dict)  # in model order
+    provenance: dict | None = None
+    source_digest: str = ""
+    elapsed_s: float = 0.0
+    bytes_total: int = 0
+
+    def totals(self) -> dict:
+        st = list(self.layers.values())
+        sq_err = sum(s.sq_error for s in st)
+        sq_norm = sum(s.sq_norm for s in st)
+        shifts: dict[int, int] = {}
+        for s in st:
+            for k, v in s.exponent_shifts.items():
+                shifts[k] = shifts.get(k, 0) + v
+        return {
+            "linears": len(st),
+            "channels": sum(s.rows for s in st),
+            "weights": sum(s.rows * s.cols for s in st),
+            "scales_changed": sum(s.scales_changed for s in st),
+            "exponent_shifts": {str(k): v for k, v in sorted(shifts.items())},
+            "weights_clipped": sum(s.weights_clipped for s in st),
+            "rel_weight_error": (sq_err / sq_norm) ** 0.5 if sq_norm else 0.0,
+        }
+
+    def to_dict(self) -> dict:
+        return {
+            "tool": "requant",
+            "version": requant.__version__,
+            "arm": self.arm,
+            "servable": arms_mod.SERVABLE[self.arm],
+            "source": self.source,
+            "source_digest": self.source_digest,
+            "output": str(self.output),
+            "elapsed_s": round(self.elapsed_s, 3),
+            "bytes": self.bytes_total,
+            "totals": self.totals(),
+            "layers": {name: s.to_dict() for name, s in self.layers.items()},
+            "provenance": self.provenance,
+        }
+
+
+def check_output(src: Path, out: Path, force: bool) -> None:
+    s, o = src.resolve(), out.resolve()
+    if o == s or s in o.parents:
+        raise OutputError(f"output would be inside the source checkpoint {s}; requant never writes there", file=out)
+    if o in s.parents:
+        raise OutputError(f"output contains the source checkpoint {s}; replacing it would destroy the source", file=out)
+    if (out.exists() or out.is_symlink()) and not force:
+        raise OutputError("already exists; pass --force to replace it", file=out)
+
+
+def _pwrite_all(fd: int, data, offset: int) -> None:
+    mv = memoryview(data).cast("B")
+    done = 0
+    while done < len(mv):
+        done += os.pwrite(fd, mv[done:], offset + done)
+
+
+class _Job:
+    """Shared state of one conversion: output fds, an abort flag, progress."""
+
+    def __init__(self, ckpt: Checkpoint, tmp: Path, arm: str, source, progress: Callable[[int], None] | None):
+        self.ckpt, self.tmp, self.arm, self.source = ckpt, tmp, arm, source
+        self.progress = progress or (lambda n: None)
+        self.abort = threading.Event()
+        self.fds: dict[str, int] = {}
+        self.stats: dict[str, arms_mod.LinearStats] = {}
+        self.lock = threading.Lock()
+        self.weight_to_linear = {lin + ".weight": lin for lin in ckpt.quantized_linears}
+        self.scales = {lin + ".weight_scale" for lin in ckpt.quantized_linears}
+
+    def create_outputs(self) -> None:
+        for name, f in self.ckpt.shards.items():
+            fd = os.open(self.tmp / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            self.fds[name] = fd
+            _pwrite_all(fd, f.prefix, 0)
+            os.ftruncate(fd, f.file_size)
+
+    def close(self) -> None:
+        for fd in self.fds.values():
+            os.close(fd)
+        self.fds.clear()
+
+    def linear(self, shard: str, lin: str, q_raw: bytearray, fd_in: int) -> None:
+        ckpt = self.ckpt
+        wname, sname = lin + ".weight", lin + ".weight_scale"
+        winfo = ckpt.info(wname)
+        sfile = ckpt.shard_of(sname)
+        sinfo = sfile.info(sname)
+        q = bytes_to_tensor(q_raw, winfo)
+        scale = sfile.tensor(sname)
+        try:
+            if self.source is not None:
+                w = self.source.tensor(wname, like=winfo)
+                q_new, s_new, st = arms_mod.quantize_from_source(w, self.arm, scale.dtype)
+            else:
+                q_new, s_new, st = arms_mod.requantize_with_stats(q, scale, self.arm)
+        except ValueError as exc:
+            raise TensorError(str(exc), file=ckpt.shard_of(wname).path, tensor=wname) from None
+        if s_new.dtype != scale.dtype or q_new.shape != q.shape:  # an arm's contract, checked
+            raise TensorError(f"internal: arm {self.arm} changed dtype or shape", file=sfile.path, tensor=sname)
+        _pwrite_all(self.fds[shard], q_new.contiguous().numpy(), ckpt.shards[shard].data_start + winfo.begin)
+        sshard = ckpt.weight_map[sname]
+        _pwrite_all(self.fds[sshard], tensor_to_bytes(s_new), ckpt.shards[sshard].data_start + sinfo.begin)
+        with self.lock:
+            self.stats[lin] = st
+
+    def shard(self, name: str) -> str:
+        """Convert one shard; returns the sha256 of the source shard file."""
+        f = self.ckpt.shards[name]
+        h = hashlib.sha256(f.prefix)
+        fd_out = self.fds[name]
+        fd_in = os.open(f.path, os.O_RDONLY)
+        try:
+            self.progress(len(f.prefix))
+            for info in f.by_offset:
+                if self.abort.is_set():
+                    raise _Aborted()
+                if info.name in self.weight_to_linear:
+                    raw = f.read_bytes(info.name, fd_in)
+                    h.update(raw)
+                    self.linear(name, self.weight_to_linear[info.name], raw, fd_in)
+                    self.progress(info.nbytes)
+                elif info.name in self.scales:
+                    h.update(f.read_bytes(info.name, fd_in))  # written with its weight
+                    self.progress(info.nbytes)
+                else:
+                    for pos, chunk in f.iter_chunks(info.name, fd_in, CHUNK):
+                        h.update(chunk)
+                        _pwrite_all(fd_out, chunk, f.data_start + info.begin + pos)
+                        self.progress(len(chunk))
+                        if self.abort.is_set():
+                            raise _Aborted()
+            return h.hexdigest()
+        finally:
+            os.close(fd_in)
+
+
+class _Aborted(Exception):
+    pass
+
+
+def _copy_other_files(ckpt: Checkpoint, tmp: Path) -> dict[str, str]:
+    """Copy every file that is not a shard (config and index included) byte for byte.
+    Returns {relative path: sha256} for config.json and the index (for the digest)."""
+    skip = set(ckpt.shards)
+    digests = {}
+    for root, dirs, files in os.walk(ckpt.path, followlinks=False):
+        dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS)
+        rel_root = Path(root).relative_to(ckpt.path)
+        for fn in sorted(files):
+            rel = rel_root / fn
+            if rel.parts == (fn,) and fn in skip:
+                continue
+            dst = tmp / rel
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(Path(root) / fn, dst)  # follows symlinks (Hub snapshots)
+            if rel.parts == (fn,) and (fn == CONFIG or (ckpt.index_file is not None and fn == ckpt.index_file.name)):
+                digests[fn] = hashlib.sha256((Path(root) / fn).read_bytes()).hexdigest()
+    return digests
+
+
+def source_digest(file_digests: dict[str, str]) -> str:
+    """sha256 over `sha256sum`-style lines ("<hex>  <file>\\n", sorted by file) of
+    config.json, the index and every shard: one number for the source checkpoint."""
+    lines = "".join(f"{d}  {n}\n" for n, d in sorted(file_digests.items()))
+    return "sha256:" + hashlib.sha256(lines.encode()).hexdigest()
+
+
+def _write_config(ckpt: Checkpoint, tmp: Path, provenance: dict) -> None:
+    raw = (ckpt.path / CONFIG).read_bytes()
+    cfg = json.loads(raw.decode("utf-8"))
+    keys = list(cfg)
+    was_sorted = keys == sorted(keys)
+    cfg.pop(PROVENANCE_KEY, None)  # re-converting a converted checkpoint: the new one wins
+    cfg[PROVENANCE_KEY] = provenance
+    if was_sorted:
+        cfg = dict(sorted(cfg.items()))
+    (tmp / CONFIG).write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def provenance_for(arm: str, src_label: str, digest: str, ckpt: Checkpoint, source_dir: str | None) -> dict:
+    prov = {
+        "arm": arm,
+        "servable": arms_mod.SERVABLE[arm],
+        "scales": "power of two" if arm != "unconstrained" else "unchanged",
+        "weights": "requantized" if arm not in ("probe", "unconstrained") else "unchanged",
+        "tool": "requant",
+        "version": requant.__version__,
+        "source": {"checkpoint": src_label, "digest": digest},
+    }
+    prior = ckpt.config.get(PROVENANCE_KEY)
+    if prior is not None:
+        prov["source"]["requant"] = prior
+    if source_dir is not None:
+        prov["source"]["bf16_weights"] = source_dir
+    if arm == "probe":
+        prov["warning"] = ("ABLATION ONLY, NOT SERVABLE: scales rewritten to the nearest power of two "
+                           "without requantizing the int8 weights (the flawed +157% perplexity construction)")
+    return prov
+
+
+def convert(src: str | os.PathLike, output: str | os.PathLike, arm: str = "nearest", *, force: bool = False,
+            revision: str | None = None, source: str | os.PathLike | None = None, jobs: int | None = None,
+            progress: Callable[[int], None] | None = None, on_start: Callable[[int], None] | None = None) -> ConvertResult:
+    """Convert SRC into OUTPUT under `arm`. Raises CheckpointError on bad input or output.
+
+    progress(n) is called with each batch of bytes processed (from worker threads);
+    on_start(total_bytes) once before work begins."""
+    if arm not in arms_mod.ARMS:
+        raise CheckpointError(f"unknown arm {arm!r}; known: {', '.join(arms_mod.ARMS)}")
+    t0 = time.perf_counter()
+    ckpt = open_checkpoint(src, revision=revision)
+    src_weights = open_source_weights(source, ckpt) if source is not None else None
+    out = Path(output)
+    check_output(ckpt.path, out, force)
+    if src_weights is not None:
+        check_output(Path(source), out, force)
+
+    created_parents = []
+    p = out.resolve().parent
+    while not p.exists():
+        created_parents.append(p)
+        p = p.parent
+    for d in reversed(created_parents):
+        d.mkdir()
+    tmp = out.resolve().parent / f".{out.name}.requant-tmp-{uuid.uuid4().hex[:12]}"
+    tmp.mkdir()
+    total = sum(f.file_size for f in ckpt.shards.values())
+    if on_start:
+        on_start(total)
+    job = _Job(ckpt, tmp, arm, src_weights, progress)
+    old = None
+    try:
+        file_digests = _copy_other_files(ckpt, tmp)
+        job.create_outputs()
+        workers = max(1, min(jobs or os.cpu_count() or 1, len(ckpt.shards), 8))
+        with cf.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="requant-shard") as pool:
+            futures = {pool.submit(job.shard, name): name for name in ckpt.shards}
+            try:
+                pending = set(futures)
+                while pending:
+                    done, pending = cf.wait(pending, timeout=0.2, return_when=cf.FIRST_EXCEPTION)
+                    for fut in done:
+                        if fut.exception() is not None:
+                            raise fut.exception()
+                        file_digests[futures[fut]] = fut.result()
+            except BaseException:
+                job.abort.set()
+                for fut in futures:
+                    fut.cancel()
+                raise
+        job.close()
+        digest = source_digest(file_digests)
+        prov = None
+        if arm != "unconstrained" or src_weights is not None:
+            prov = provenance_for(arm, str(src), digest, ckpt, None if source is None else str(source))
+            if arm != "unconstrained":
+                _write_config(ckpt, tmp, prov)
+        if out.exists() or out.is_symlink():
+            old = out.resolve().parent / f".{out.name}.requant-old-{uuid.uuid4().hex[:12]}"
+            os.rename(out, old)
+        os.rename(tmp, out)
+    except BaseException:
+        job.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None and not out.exists():
+            os.rename(old, out)  # put the replaced output back
+            old = None
+        for d in created_parents:
+            try:
+                d.rmdir()
+            except OSError:
+                break
+        raise
+    if old is not None:
+        if old.is_dir() and not old.is_symlink():
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            old.unlink()
+    order = {lin: i for i, lin in enumerate(ckpt.quantized_linears)}
+    layers = dict(sorted(job.stats.items(), key=lambda kv: order[kv[0]]))
+    return ConvertResult(output=out, arm=arm, source=str(src), layers=layers, provenance=prov, source_digest=digest,
+                         elapsed_s=time.perf_counter() - t0, bytes_total=total)

@@ -1,0 +1,272 @@
+"""Seeded synthetic Qwen3 W8A8 checkpoints, made with llm-compressor's RTN arithmetic.
+
+Why: no Qwen3 weights can be downloaded here, yet requant must be exercised on files that
+look exactly like llm-compressor's output: the real Qwen3 tensor names and shapes, int8
+weights that contain -128, bf16 per-channel scales [out, 1], `__metadata__`
+{"format": "pt"}, the safetensors library's layout (it writes the files), shards with a
+transformers-style index, and a real compressed-tensors quantization_config.
+
+The arithmetic (`rtn_quantize`) is llm-compressor's minmax observer + compressed-tensors'
+quantize for symmetric int8 per-channel weights, in the weight's own dtype (bf16):
+    absmax = max(|min(w, 0)|, |max(w, 0)|) per output channel  (= max |w|, exact in bf16)
+    scale  = bf16(absmax / 127.5)
+    q      = int8(round_half_even(clamp(bf16(w / scale), -128, 127)))
+(round and clamp commute because the bounds are integers.) The absmax element maps to
+about +-127.5, so positive maxima land on 127 and negative ones on -128.
+
+Presets: tiny (the embedded default), qwen3-1.7b, qwen3-8b, qwen3-14b (the real configs).
+Weights ~ normal(0, 0.02) (embeddings and Linears), norms are ones; optional outlier
+channels (rows scaled up) and outlier weights (single elements scaled up) give a
+realistic spread of scales. One torch.Generator, seeded, draws every tensor in model
+order, so the files are reproducible bit for bit and independent of the sharding.
+
+Usage: python -m requant.synthetic PRESET OUT [--seed N] [--shard-size BYTES]
+                                    [--no-outliers] [--keep-source DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from requant.scheme import quantization_config
+
+LINEAR_STD = 0.02
+
+
+@dataclass(frozen=True)
+class Preset:
+    hidden: int
+    intermediate: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    tie: bool
+    max_position: int
+    bos: int
+    eos: int
+
+
+PRESETS: dict[str, Preset] = {
+    # Byte-level vocabulary: token id = UTF-8 byte value; 256.. are specials (bos 256, eos 257).
+    "tiny": Preset(256, 768, 4, 4, 2, 64, 512, False, 2048, 256, 257),
+    "qwen3-1.7b": Preset(2048, 6144, 28, 16, 8, 128, 151936, True, 40960, 151643, 151645),
+    "qwen3-8b": Preset(4096, 12288, 36, 32, 8, 128, 151936, False, 40960, 151643, 151645),
+    "qwen3-14b": Preset(5120, 17408, 40, 40, 8, 128, 151936, False, 40960, 151643, 151645),
+}
+
+
+def rtn_quantize(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """llm-compressor's RTN for symmetric int8 per-channel weights.
+
+    Assumptions: w is a 2-D float tensor [out, in] in the checkpoint dtype (bf16); every
+    row has a non-zero element. All arithmetic happens in w's dtype, as in
+    compressed-tensors (each op rounds to that dtype).
+    Returns (q int8 [out, in], scale [out, 1] in w's dtype).
+    """
+    if w.dim() != 2 or not w.is_floating_point():
+        raise ValueError(f"expected a 2-D float weight, got {w.dtype} {tuple(w.shape)}")
+    zero = torch.zeros((), dtype=w.dtype)
+    min_val = torch.minimum(w.amin(dim=1, keepdim=True), zero)
+    max_val = torch.maximum(w.amax(dim=1, keepdim=True), zero)
+    absmax = torch.maximum(min_val.abs(), max_val.abs())
+    scale = absmax / 127.5
+    if bool((scale == 0).any()):
+        raise ValueError("a row of zeros has no RTN scale")
+    q = torch.round(torch.clamp(w / scale, -128, 127)).to(torch.int8)
+    return q, scale
+
+
+def linear_shapes(p: Preset) -> dict[str, tuple[int, int]]:
+    """{leaf: (out, in)} for one decoder layer."""
+    return {
+        "self_attn.q_proj": (p.heads * p.head_dim, p.hidden),
+        "self_attn.k_proj": (p.kv_heads * p.head_dim, p.hidden),
+        "self_attn.v_proj": (p.kv_heads * p.head_dim, p.hidden),
+        "self_attn.o_proj": (p.hidden, p.heads * p.head_dim),
+        "mlp.gate_proj": (p.intermediate, p.hidden),
+        "mlp.up_proj": (p.intermediate, p.hidden),
+        "mlp.down_proj": (p.hidden, p.intermediate),
+    }
+
+
+def plan(p: Preset) -> list[tuple[str, str, tuple[int, ...]]]:
+    """(module-or-tensor name, kind, shape) in model order. kind: embed, norm, linear, head."""
+    out: list[tuple[str, str, tuple[int, ...]]] = [("model.embed_tokens.weight", "embed", (p.vocab, p.hidden))]
+    lin = linear_shapes(p)
+    for i in range(p.layers):
+        pre = f"model.layers.{i}."
+        out.append((pre + "input_layernorm.weight", "norm", (p.hidden,)))
+        for leaf in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj"):
+            out.append((pre + leaf, "linear", lin[leaf]))
+        out.append((pre + "self_attn.q_norm.weight", "norm", (p.head_dim,)))
+        out.append((pre + "self_attn.k_norm.weight", "norm", (p.head_dim,)))
+        out.append((pre + "post_attention_layernorm.weight", "norm", (p.hidden,)))
+        for leaf in ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"):
+            out.append((pre + leaf, "linear", lin[leaf]))
+    out.append(("model.norm.weight", "norm", (p.hidden,)))
+    if not p.tie:
+        out.append(("lm_head.weight", "head", (p.vocab, p.hidden)))
+    return out
+
+
+def _bf16_weight(gen: torch.Generator, shape, outliers: bool) -> torch.Tensor:
+    w = torch.randn(shape, generator=gen, dtype=torch.float32).mul_(LINEAR_STD)
+    if outliers:
+        out, inp = shape
+        # ~2% of output channels scaled by 4..16 (outlier channels: a wide spread of scales)
+        n_rows = max(1, out // 50)
+        rows = torch.randperm(out, generator=gen)[:n_rows]
+        factors = 4.0 + 12.0 * torch.rand(n_rows, 1, generator=gen)
+        w[rows] *= factors
+        # ~5% of channels get one outlier weight (x6): heavy tails, where clipping pays
+        n_el = max(1, out // 20)
+        r = torch.randint(0, out, (n_el,), generator=gen)
+        c = torch.randint(0, inp, (n_el,), generator=gen)
+        w[r, c] *= 6.0
+    return w.to(torch.bfloat16)
+
+
+def _tensors_for(gen: torch.Generator, name: str, kind: str, shape, outliers: bool):
+    """Yield (tensor name, quantized tensor, bf16 original or None) for one plan entry."""
+    if kind == "norm":
+        t = torch.ones(shape, dtype=torch.bfloat16)
+        yield name, t, t
+    elif kind in ("embed", "head"):
+        t = torch.randn(shape, generator=gen, dtype=torch.float32).mul_(LINEAR_STD).to(torch.bfloat16)
+        yield name, t, t
+    else:
+        w = _bf16_weight(gen, shape, outliers)
+        q, s = rtn_quantize(w)
+        yield name + ".weight", q, w
+        yield name + ".weight_scale", s, None
+
+
+def _nbytes(kind: str, shape) -> tuple[int, int]:
+    """(bytes in the W8A8 checkpoint, bytes in the bf16 original)."""
+    n = math.prod(shape)
+    if kind == "linear":
+        return n + 2 * shape[0], 2 * n
+    return 2 * n, 2 * n
+
+
+def _shard_groups(entries, sizes: list[int], shard_size: int | None) -> list[list[int]]:
+    """transformers-style: fill shards in model order, start a new one past shard_size."""
+    if not shard_size:
+        return [list(range(len(entries)))]
+    groups: list[list[int]] = [[]]
+    acc = 0
+    for i, size in enumerate(sizes):
+        if groups[-1] and acc + size > shard_size:
+            groups.append([])
+            acc = 0
+        groups[-1].append(i)
+        acc += size
+    return groups
+
+
+def model_config(p: Preset, *, quantized: bool, compression_ratio: float | None = None) -> dict:
+    cfg = {
+        "architectures": ["Qwen3ForCausalLM"],
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "bos_token_id": p.bos,
+        "eos_token_id": p.eos,
+        "head_dim": p.head_dim,
+        "hidden_act": "silu",
+        "hidden_size": p.hidden,
+        "initializer_range": LINEAR_STD,
+        "intermediate_size": p.intermediate,
+        "max_position_embeddings": p.max_position,
+        "max_window_layers": p.layers,
+        "model_type": "qwen3",
+        "num_attention_heads": p.heads,
+        "num_hidden_layers": p.layers,
+        "num_key_value_heads": p.kv_heads,
+        "rms_norm_eps": 1e-06,
+        "rope_scaling": None,
+        "rope_theta": 1000000,
+        "sliding_window": None,
+        "tie_word_embeddings": p.tie,
+        "torch_dtype": "bfloat16",
+        "transformers_version": "4.51.3",
+        "use_cache": True,
+        "use_sliding_window": False,
+        "vocab_size": p.vocab,
+    }
+    if quantized:
+        cfg["quantization_config"] = quantization_config(compression_ratio=compression_ratio)
+    return cfg
+
+
+def write_json(path: Path, obj) -> None:
+    """transformers' formatting: indent 2, sorted keys, trailing newline."""
+    path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def generate(preset: str | Preset, out: str | os.PathLike, *, seed: int = 0, shard_size: int | None = None,
+             outliers: bool = True, keep_source: str | os.PathLike | None = None) -> Path:
+    """Write a W8A8 checkpoint (and optionally its bf16 original) and return its path."""
+    from safetensors.torch import save_file
+
+    p = PRESETS[preset] if isinstance(preset, str) else preset
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    src_dir = Path(keep_source) if keep_source else None
+    if src_dir:
+        src_dir.mkdir(parents=True, exist_ok=True)
+    entries = plan(p)
+    q_sizes = [_nbytes(k, s)[0] for _, k, s in entries]
+    b_sizes = [_nbytes(k, s)[1] for _, k, s in entries]
+    groups = _shard_groups(entries, q_sizes, shard_size)
+    gen = torch.Generator().manual_seed(seed)
+    n = len(groups)
+    names = [f"model-{i + 1:05d}-of-{n:05d}.safetensors" if n > 1 else "model.safetensors" for i in range(n)]
+    weight_map: dict[str, str] = {}
+    originals: dict[str, torch.Tensor] = {}
+    for fname, group in zip(names, groups):
+        tensors: dict[str, torch.Tensor] = {}
+        for i in group:
+            name, kind, shape = entries[i]
+            for tname, t, orig in _tensors_for(gen, name, kind, shape, outliers):
+                tensors[tname] = t
+                weight_map[tname] = fname
+                if src_dir is not None and orig is not None:
+                    originals[tname] = orig
+        save_file(tensors, str(out / fname), metadata={"format": "pt"})
+        del tensors
+    if n > 1:
+        write_json(out / "model.safetensors.index.json", {"metadata": {"total_size": sum(q_sizes)}, "weight_map": dict(sorted(weight_map.items()))})
+    ratio = round(sum(b_sizes) / sum(q_sizes), 4)
+    write_json(out / "config.json", model_config(p, quantized=True, compression_ratio=ratio))
+    if src_dir is not None:
+        save_file(originals, str(src_dir / "model.safetensors"), metadata={"format": "pt"})
+        write_json(src_dir / "config.json", model_config(p, quantized=False))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m requant.synthetic", description=__doc__.split("\n\n")[0])
+    ap.add_argument("preset", choices=sorted(PRESETS))
+    ap.add_argument("out")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--shard-size", type=int, default=None, help="max bytes per shard (default: one file)")
+    ap.add_argument("--no-outliers", action="store_true")
+    ap.add_argument("--keep-source", default=None, help="also write the bf16 originals here (for convert --source)")
+    a = ap.parse_args(argv)
+    path = generate(a.preset, a.out, seed=a.seed, shard_size=a.shard_size, outliers=not a.no_outliers, keep_source=a.keep_source)
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

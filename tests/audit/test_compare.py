@@ -1,0 +1,39 @@
+"""audit/compare.py against kernels.bf16.bitwise_equal / ulp_distance on crafted outputs,
+and the per-layer comparison of the reference pair (kernels.reference orders)."""
+
+import torch
+
+import kernels
+from audit.compare import compare_layer, summarize_layers
+from kernels.bf16 import round_fp32_to_bf16
+from tests.audit.conftest import make_operands
+
+
+def test_compare_layer_counts_and_distance():
+    y = round_fp32_to_bf16(torch.linspace(-3, 3, 12).reshape(3, 4))
+    z = y.clone()
+    z.view(torch.int16)[1, 1] += 3
+    z.view(torch.int16)[2, 0] += 1
+    row = compare_layer("l", "native", y, z, (3, 8, 4))
+    assert row["bitwise_equal"] is False and row["mismatches"] == 2 and row["max_ulp"] == 3
+    assert compare_layer("l", "pow2", y, y.clone(), (3, 8, 4))["bitwise_equal"] is True
+    zero = torch.zeros(1, 1, dtype=torch.bfloat16)
+    neg = -zero
+    r = compare_layer("z", "native", zero, neg, (1, 1, 1))
+    assert r["bitwise_equal"] is False and r["mismatches"] == 1 and r["max_ulp"] == 0
+
+
+def test_reference_pair_is_bitwise_equal_under_pow2():
+    for seed in range(5):
+        act, wt = make_operands(seed, m=64, k=256, n=128, pow2=True)
+        ya = kernels.scaled_mm(act.a, wt.w, act.s_a, wt.s_w, backend="reference-cutlass-order")
+        yb = kernels.scaled_mm(act.a, wt.w, act.s_a, wt.s_w, backend="reference-triton-order")
+        assert compare_layer("l", "pow2", ya, yb, (64, 256, 128))["bitwise_equal"]
+
+
+def test_summary_line():
+    rows = [{"name": "a", "regime": "pow2", "bitwise_equal": True, "mismatches": 0, "max_ulp": 0, "elements": 4},
+            {"name": "a", "regime": "native", "bitwise_equal": False, "mismatches": 2, "max_ulp": 1, "elements": 4}]
+    s = summarize_layers(rows)
+    assert s["line"] == "pow2: 1/1 layers bitwise equal; native: 0/1"
+    assert s["native"]["mismatches"] == 2 and s["pow2"]["max_ulp"] == 0

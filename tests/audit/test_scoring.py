@@ -1,0 +1,57 @@
+"""audit/scoring.py: the false positive / negative rules on hand-made cells, and the
+power-of-two ULP bins (reference: integer bit_length)."""
+
+import pytest
+import torch
+
+from audit.checks import FIRE, NOT_APPLICABLE, SILENT
+from audit.matrix import load_matrix
+from audit.scoring import CellResult, Scorer, bin_label, ulp_histogram
+
+
+def cell(variant, regime, observable, **over):
+    fam, sev = variant.split(".") if not variant.startswith("B.") else ("B", "none")
+    m = load_matrix()
+    outcomes = {c: ({"fire": FIRE, "not_applicable": NOT_APPLICABLE}.get(m.expected(c, variant, regime), SILENT))
+                for c in ("C1", "C2", "C3", "C4", "C5", "C6", "C7")}
+    outcomes.update(over)
+    return CellResult("L", regime, variant, fam, sev, observable, 1 if observable else 0, 1 if observable else 0, outcomes, [0] * 33)
+
+
+def test_predicted_outcomes_score_zero():
+    s = Scorer(load_matrix())
+    s.add(cell("F6.all", "pow2", True))
+    s.add(cell("F3.all", "native", True))
+    s.add(cell("B.cutlass-order", "native", True))
+    out = s.summary()
+    assert out["scorecard"]["false_positives"] == 0 and out["scorecard"]["false_negatives"] == 0
+    det = {(d["variant"], d["regime"]): d for d in out["detection"]}
+    assert det[("F6.all", "pow2")]["detected"] == 1 and det[("F3.all", "native")]["detected"] == 0
+    assert len(out["baseline"]) == 1 and s.cells == 2
+
+
+def test_false_positive_scored_everywhere_false_negative_only_if_observable():
+    s = Scorer(load_matrix())
+    s.add(cell("F8.all", "pow2", False, C6=FIRE))  # null fault firing: false positive
+    s.add(cell("F6.all", "native", False, C6=SILENT))  # unobservable: not a false negative
+    s.add(cell("F6.all", "native", True, C6=SILENT))  # observable: false negative
+    s.add(cell("F3.one", "native", True, C6=FIRE))  # predicted miss that fired: false positive
+    card = s.summary()["scorecard"]
+    assert card["false_positives"] == 2 and card["false_negatives"] == 1
+    kinds = {(c["kind"], c["variant"]) for c in card["contradictions"]}
+    assert kinds == {("false_positive", "F8.all"), ("false_negative", "F6.all"), ("false_positive", "F3.one")}
+
+
+def test_applicability_mismatch_counted_apart():
+    s = Scorer(load_matrix())
+    s.add(cell("F4.all", "native", True, C5=SILENT))  # C5 applicable under native: pow2 native scales
+    card = s.summary()["scorecard"]
+    assert card["applicability_mismatches"] == 1 and card["false_positives"] == 0
+
+
+@pytest.mark.parametrize("d", [1, 2, 3, 4, 7, 8, 255, 256, 2**31 - 1, 2**31])
+def test_histogram_bins_are_bit_lengths(d):
+    h = ulp_histogram(torch.tensor([0, d], dtype=torch.int64))
+    assert sum(h) == 1 and h[d.bit_length() - 1] == 1
+    lo, _, hi = bin_label(d.bit_length() - 1).partition("-")
+    assert int(lo) <= d <= int(hi or lo)

@@ -1,0 +1,151 @@
+"""Triton kernels, bitwise against the oracle. On CPU they run under Triton's interpreter
+(conftest.py sets TRITON_INTERPRET=1); on a GPU the same tests compile real kernels.
+
+References: kernels.reference.scaled_mm_triton_order (the emulated Triton order) for the
+GEMM, kernels.reference.scaled_mm_cutlass_order for the cross-order claims, and
+kernels.reference.quantize_activations for the activation quantization.
+"""
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from kernels import reference as ref  # noqa: E402
+from kernels.bf16 import bitwise_equal, ulp_distance  # noqa: E402
+from kernels.triton import quantize_activations, scaled_mm  # noqa: E402
+from kernels.triton.scaled_mm import CONFIGS  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _operands(m, n, k, seed=0, pow2=False):
+    g = torch.Generator().manual_seed(seed)
+    a = torch.randint(-128, 128, (m, k), dtype=torch.int8, generator=g)
+    w = torch.randint(-128, 128, (n, k), dtype=torch.int8, generator=g)
+    s_a = (torch.rand(m, 1, generator=g) * 0.05 + 1e-4).float()
+    if pow2:
+        s_w = torch.ldexp(torch.ones(n, 1), torch.randint(-14, -3, (n, 1), generator=g))
+    else:
+        s_w = (torch.rand(n, 1, generator=g) * 0.01 + 1e-5).float()
+    return [t.to(DEVICE) for t in (a, w, s_a, s_w)]
+
+
+def _check_triton_order(a, w, s_a, s_w, **kw):
+    got = scaled_mm(a, w, s_a, s_w, **kw)
+    want = ref.scaled_mm_triton_order(a, w, s_a, s_w)
+    assert got.dtype == torch.bfloat16 and got.shape == want.shape
+    assert bitwise_equal(got, want), f"{int((got.view(torch.int16) != want.view(torch.int16)).sum())} outputs differ"
+    return got
+
+
+@pytest.mark.parametrize("shape", [(1, 24, 48), (1, 200, 130), (16, 64, 256), (37, 70, 300), (130, 72, 160), (3, 1, 16)])
+def test_random_shapes_bitwise(shape):
+    _check_triton_order(*_operands(*shape, seed=sum(shape)))
+
+
+@pytest.mark.parametrize("config", sorted(CONFIGS))
+def test_every_tile_config_same_bits(config):
+    # Tile choice cannot change bits (exact int32 accumulation); pin it for every config.
+    _check_triton_order(*_operands(150, 264, 272, seed=7), config=config)
+
+
+def test_adversarial_inputs():
+    m, n, k = 24, 40, 2048
+    a, w, s_a, s_w = _operands(m, n, k, seed=11)
+    a[0] = -128                       # |acc| = k * 2**14 = 2**25: past fp32's exact integers
+    w[0] = -128
+    w[1] = 127
+    w[2, ::2] = -128                  # -128 weights (no symmetric int8 counterpart)
+    a[1] = 0                          # zero row, and a zero scale for it
+    s_a[1] = 0
+    a[2:6, :8] = 127                  # outlier channels: a few saturated columns
+    s_a[2:6] = 30.0                   # with large activation scales
+    s_w[3] = -s_w[3]                  # a negative scale: -0 outputs and sign handling
+    got = _check_triton_order(a, w, s_a, s_w)
+    assert ref.accumulate(a[:1], w[:1]).abs().max() > 2**24
+    assert torch.all(got[1] == 0)
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered")
+def test_overflow_and_tiny_scales():
+    a, w, s_a, s_w = _operands(8, 16, 64, seed=12)
+    s_a[0] = 3.0e38                   # products past bf16/fp32 range: inf, rounded like the oracle
+    s_a[1] = 1.0e-38                  # subnormal range
+    _check_triton_order(a, w, s_a, s_w)
+
+
+def test_power_of_two_scales_equal_cutlass_order():
+    a, w, s_a, s_w = _operands(48, 96, 320, seed=13, pow2=True)
+    got = scaled_mm(a, w, s_a, s_w)
+    assert bitwise_equal(got, ref.scaled_mm_cutlass_order(a, w, s_a, s_w))
+
+
+def test_general_scales_within_one_spacing_of_cutlass_order():
+    a, w, s_a, s_w = _operands(64, 128, 512, seed=14)
+    got = scaled_mm(a, w, s_a, s_w)
+    assert int(ulp_distance(got, ref.scaled_mm_cutlass_order(a, w, s_a, s_w)).max()) <= 1
+
+
+@pytest.mark.parametrize("shape", [(0, 8, 16), (4, 0, 16), (0, 0, 0)])
+def test_empty(shape):
+    m, n, k = shape
+    a, w, s_a, s_w = _operands(m, n, k)
+    out = scaled_mm(a, w, s_a, s_w)
+    assert out.shape == (m, n) and out.dtype == torch.bfloat16
+
+
+def test_k_zero_gives_signed_zeros_like_the_oracle():
+    a, w, s_a, s_w = _operands(5, 8, 0)
+    s_w[2] = -s_w[2]
+    _check_triton_order(a, w, s_a, s_w)
+
+
+def test_operand_errors():
+    a, w, s_a, s_w = _operands(4, 8, 32)
+    with pytest.raises(TypeError):
+        scaled_mm(a.float(), w, s_a, s_w)
+    with pytest.raises(ValueError):
+        scaled_mm(a, w[:, :16], s_a, s_w)
+
+
+# ---- activation quantization, reference: kernels.reference.quantize_activations ----
+
+def _check_quant(x):
+    q, s = quantize_activations(x)
+    q_ref, s_ref = ref.quantize_activations(x)
+    assert q.dtype == torch.int8 and s.dtype == torch.float32 and s.shape == (x.shape[0], 1)
+    assert torch.equal(q, q_ref)
+    assert bitwise_equal(s, s_ref)
+    return q, s
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("shape", [(1, 2048), (9, 2500), (33, 100)])
+def test_quantize_random(dtype, shape):
+    g = torch.Generator().manual_seed(shape[1])
+    x = (torch.randn(*shape, generator=g) * 3).to(dtype).to(DEVICE)
+    x[:, 5] *= 40  # an outlier channel
+    _check_quant(x)
+
+
+def test_quantize_zero_rows_and_ties():
+    # absmax 127 makes inv = 1, so k + 0.5 lands exactly on a tie: half to even.
+    row = torch.tensor([127.0, 0.5, 1.5, 2.5, -0.5, -2.5, -127.0, 126.5])
+    x = torch.stack([row, torch.zeros(8), -row]).to(torch.bfloat16).to(DEVICE)
+    q, s = _check_quant(x)
+    assert q[0].tolist() == [127, 0, 2, 2, 0, -2, -127, 126]
+    assert torch.all(q[1] == 0) and float(s[1]) == 0.0
+
+
+def test_quantize_empty_and_refusals():
+    for shape in [(0, 16), (3, 0)]:
+        x = torch.zeros(shape, dtype=torch.bfloat16, device=DEVICE)
+        q, s = quantize_activations(x)
+        assert q.shape == shape and s.shape == (shape[0], 1) and torch.all(s == 0)
+    x = torch.ones(2, 8, device=DEVICE)
+    x[1, 3] = float("nan")
+    with pytest.raises(ValueError, match="NaN"):
+        quantize_activations(x)
+    with pytest.raises(TypeError):
+        quantize_activations(torch.ones(2, 8, dtype=torch.int32, device=DEVICE))

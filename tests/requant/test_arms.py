@@ -1,0 +1,239 @@
+"""requant.arms: property tests (hypothesis). Reference: exact rational arithmetic with
+Python's fractions.Fraction (round() on a Fraction rounds half to even), and
+kernels.bf16.is_power_of_two for the power-of-two check."""
+
+from fractions import Fraction
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kernels.bf16 import is_power_of_two
+from requant.arms import ARMS, MSE_OFFSETS, ceil_exponent, nearest_exponent, quantize_from_source, requantize, requantize_with_stats
+from requant.synthetic import rtn_quantize
+
+SETTINGS = settings(max_examples=60, deadline=None)
+
+
+def bf16_from_bits(bits: list[int]) -> torch.Tensor:
+    b = torch.tensor(bits, dtype=torch.int32)
+    b = torch.where(b >= 0x8000, b - 0x10000, b)
+    return b.to(torch.int16).view(torch.bfloat16)
+
+
+# Positive finite bf16 values, subnormals included: bits 0x0001..0x7F7F.
+bf16_bits = st.integers(1, 0x7F7F)
+# Positive finite fp32 values, normal range kept moderate so 2^e stays representable.
+fp32_vals = st.floats(min_value=2.0**-120, max_value=2.0**120, allow_nan=False, allow_infinity=False, width=32)
+# "Realistic" scales: positive normal bf16 between 2^-30 and 2^10.
+scale_bits = st.integers(0x3080, 0x4480)
+
+
+def frac_ceil_exponent(s: Fraction) -> int:
+    """Smallest e with 2^e >= s (exact)."""
+    e = s.numerator.bit_length() - s.denominator.bit_length() - 2
+    while Fraction(2) ** e < s:
+        e += 1
+    return e
+
+
+def frac_nearest_exponent(s: Fraction) -> int:
+    """The integer nearest to log2 s: between f = floor and f + 1, pick f + 1 iff
+    log2 s >= f + 1/2, i.e. s^2 >= 2^(2f+1) (exact; equality is impossible for rationals)."""
+    c = frac_ceil_exponent(s)
+    if Fraction(2) ** c == s:
+        return c
+    f = c - 1
+    return c if s * s >= Fraction(2) ** (2 * f + 1) else f
+
+
+def frac_requant(q: int, s: Fraction, s_new: Fraction) -> tuple[int, bool]:
+    v = round(Fraction(q) * s / s_new)  # half to even
+    return max(-128, min(127, v)), not (-128 <= v <= 127)
+
+
+@SETTINGS
+@given(st.lists(bf16_bits, min_size=1, max_size=64))
+def test_exponents_bf16_match_fractions(bits):
+    s = bf16_from_bits(bits)
+    ce, ne = ceil_exponent(s), nearest_exponent(s)
+    for i, x in enumerate(s.tolist()):
+        fx = Fraction(x)
+        assert int(ce[i]) == frac_ceil_exponent(fx)
+        assert int(ne[i]) == frac_nearest_exponent(fx)
+
+
+@SETTINGS
+@given(st.lists(fp32_vals, min_size=1, max_size=64))
+def test_exponents_fp32_match_fractions(vals):
+    s = torch.tensor(vals, dtype=torch.float32)
+    ce, ne = ceil_exponent(s), nearest_exponent(s)
+    for i, x in enumerate(s.tolist()):
+        assert int(ce[i]) == frac_ceil_exponent(Fraction(x))
+        assert int(ne[i]) == frac_nearest_exponent(Fraction(x))
+
+
+def test_nearest_boundary_is_sqrt_half():
+    """m just below / above 2^-1/2 = 0.70710678...: bf16 neighbours 0.70703125 and 0.7109375."""
+    s = torch.tensor([0.70703125, 0.7109375, 0.5, 1.0, 0.75], dtype=torch.bfloat16)
+    assert nearest_exponent(s).tolist() == [-1, 0, -1, 0, 0]
+    assert ceil_exponent(s).tolist() == [0, 0, -1, 0, 0]
+
+
+@st.composite
+def linears(draw, dtype=torch.bfloat16, max_rows=6, max_cols=24):
+    rows = draw(st.integers(1, max_rows))
+    cols = draw(st.integers(1, max_cols))
+    q = draw(st.lists(st.integers(-128, 127), min_size=rows * cols, max_size=rows * cols))
+    if dtype == torch.float32:
+        sv = draw(st.lists(st.floats(2.0**-40, 2.0**10, width=32), min_size=rows, max_size=rows))
+        s = torch.tensor(sv, dtype=torch.float32).reshape(rows, 1)
+    else:
+        sb = draw(st.lists(scale_bits, min_size=rows, max_size=rows))
+        s = bf16_from_bits(sb).reshape(rows, 1).to(dtype)
+    return torch.tensor(q, dtype=torch.int8).reshape(rows, cols), s
+
+
+@pytest.mark.parametrize("arm", ["nearest", "ceiling"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float16])
+@SETTINGS
+@given(data=st.data())
+def test_requantize_is_exact(arm, dtype, data):
+    """q' = clamp(round_half_even(q s / s')) computed exactly, s' = 2^(nearest|ceil)."""
+    q, s = data.draw(linears(dtype=dtype if dtype != torch.float16 else torch.bfloat16))
+    if dtype == torch.float16:
+        s = s.clamp(2.0**-14, 2.0**10).to(torch.float16)
+    q2, s2, stats = requantize_with_stats(q, s, arm)
+    assert q2.dtype == torch.int8 and s2.dtype == s.dtype and q2.shape == q.shape and s2.shape == s.shape
+    assert bool(is_power_of_two(s2).all())
+    clipped = 0
+    for i in range(q.shape[0]):
+        fs = Fraction(float(s[i, 0]))
+        e = frac_nearest_exponent(fs) if arm == "nearest" else frac_ceil_exponent(fs)
+        assert Fraction(float(s2[i, 0])) == Fraction(2) ** e
+        for j in range(q.shape[1]):
+            want, clip = frac_requant(int(q[i, j]), fs, Fraction(2) ** e)
+            assert int(q2[i, j]) == want
+            clipped += clip
+    assert stats.weights_clipped == clipped
+    assert stats.scales_changed == int((s2.double() != s.double()).sum())
+
+
+@SETTINGS
+@given(data=st.data())
+def test_ceiling_never_clips(data):
+    q, s = data.draw(linears())
+    # the worst case for clipping: every row holds both -128 and 127
+    q[:, 0] = -128
+    q[:, -1] = 127
+    q2, s2, stats = requantize_with_stats(q, s, "ceiling")
+    assert stats.weights_clipped == 0
+    assert bool((s2.double() >= s.double()).all())
+    # no clipping means |q'| <= |q| s/s' + 1/2 everywhere
+    bound = q.double().abs() * (s.double() / s2.double()) + 0.5
+    assert bool((q2.double().abs() <= bound).all())
+
+
+@SETTINGS
+@given(data=st.data())
+def test_unconstrained_is_the_identity(data):
+    q, s = data.draw(linears())
+    q2, s2 = requantize(q, s, "unconstrained")
+    assert torch.equal(q2, q) and torch.equal(s2.view(torch.int16), s.view(torch.int16))
+
+
+@SETTINGS
+@given(data=st.data())
+def test_probe_keeps_weights_and_rounds_scales(data):
+    q, s = data.draw(linears())
+    q2, s2 = requantize(q, s, "probe")
+    assert torch.equal(q2, q)
+    assert torch.equal(s2, requantize(q, s, "nearest")[1])
+
+
+@SETTINGS
+@given(data=st.data())
+def test_power_of_two_input_is_a_fixed_point(data):
+    """A checkpoint already on powers of two is left exactly as it is by every arm but mse's
+    search (which may still move a channel to a better exponent)."""
+    q, s = data.draw(linears())
+    s = requantize(q, s, "ceiling")[1]
+    for arm in ("nearest", "ceiling", "probe"):
+        q2, s2 = requantize(q, s, arm)
+        assert torch.equal(q2, q) and torch.equal(s2, s)
+
+
+def frac_channel_error(q_row, s: Fraction, q2_row, s2: Fraction) -> Fraction:
+    return sum((Fraction(int(b)) * s2 - Fraction(int(a)) * s) ** 2 for a, b in zip(q_row, q2_row))
+
+
+@SETTINGS
+@given(data=st.data())
+def test_mse_is_no_worse_than_nearest_or_ceiling_per_channel(data):
+    q, s = data.draw(linears(max_cols=16))
+    qm, sm = requantize(q, s, "mse")
+    assert bool(is_power_of_two(sm).all())
+    qn, sn = requantize(q, s, "nearest")
+    qc, sc = requantize(q, s, "ceiling")
+    for i in range(q.shape[0]):
+        fs = Fraction(float(s[i, 0]))
+        em = frac_channel_error(q[i], fs, qm[i], Fraction(float(sm[i, 0])))
+        assert em <= frac_channel_error(q[i], fs, qn[i], Fraction(float(sn[i, 0])))
+        assert em <= frac_channel_error(q[i], fs, qc[i], Fraction(float(sc[i, 0])))
+        # and it is the best of its candidates, each requantized exactly
+        ce = frac_ceil_exponent(fs)
+        best = min(
+            sum((Fraction(frac_requant(int(a), fs, Fraction(2) ** (ce + o))[0]) * Fraction(2) ** (ce + o) - Fraction(int(a)) * fs) ** 2 for a in q[i])
+            for o in MSE_OFFSETS
+        )
+        assert em == best
+
+
+def test_bad_inputs_are_refused():
+    q = torch.zeros(2, 3, dtype=torch.int8)
+    for s in (torch.tensor([[0.0], [1.0]]), torch.tensor([[-1.0], [1.0]]), torch.tensor([[float("nan")], [1.0]]), torch.tensor([[float("inf")], [1.0]])):
+        with pytest.raises(ValueError):
+            requantize(q, s.to(torch.bfloat16), "nearest")
+    with pytest.raises(ValueError, match="shape"):
+        requantize(q, torch.ones(3, 1, dtype=torch.bfloat16), "nearest")
+    with pytest.raises(ValueError, match="int8"):
+        requantize(q.to(torch.int16), torch.ones(2, 1, dtype=torch.bfloat16), "nearest")
+    with pytest.raises(ValueError, match="unknown arm"):
+        requantize(q, torch.ones(2, 1, dtype=torch.bfloat16), "floor")
+
+
+def test_unrepresentable_power_of_two_is_an_error():
+    """The largest bf16 rounds up to 2^128, which bf16 cannot hold: an error, not inf."""
+    s = torch.tensor([[3.3895e38]], dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="not representable"):
+        requantize(torch.ones(1, 4, dtype=torch.int8), s, "ceiling")
+
+
+@SETTINGS
+@given(st.integers(1, 5), st.integers(1, 20), st.integers(0, 2**31))
+def test_from_source(rows, cols, seed):
+    """--source: unconstrained is llm-compressor's RTN exactly; nearest/ceiling quantize the
+    bf16 weight straight to the power-of-two scale (reference: Fractions)."""
+    w = (torch.randn(rows, cols, generator=torch.Generator().manual_seed(seed)) * 0.02).to(torch.bfloat16)
+    q_rtn, s_rtn = rtn_quantize(w)
+    q, s, _ = quantize_from_source(w, "unconstrained")
+    assert torch.equal(q, q_rtn) and torch.equal(s.view(torch.int16), s_rtn.view(torch.int16))
+    for arm, fexp in (("nearest", frac_nearest_exponent), ("ceiling", frac_ceil_exponent)):
+        q2, s2, st_ = quantize_from_source(w, arm)
+        for i in range(rows):
+            e = fexp(Fraction(float(s_rtn[i, 0])))
+            assert Fraction(float(s2[i, 0])) == Fraction(2) ** e
+            for j in range(cols):
+                v = round(Fraction(float(w[i, j])) / Fraction(2) ** e)
+                assert int(q2[i, j]) == max(-128, min(127, v))
+        if arm == "ceiling":
+            assert st_.weights_clipped == 0
+    qm, sm, stm = quantize_from_source(w, "mse")
+    qc, sc, stc = quantize_from_source(w, "ceiling")
+    assert stm.sq_error <= stc.sq_error
+    assert bool(is_power_of_two(sm).all())
+
+
+def test_all_arms_listed():
+    assert set(ARMS) == {"unconstrained", "nearest", "ceiling", "mse", "probe"}
