@@ -10,8 +10,9 @@ produce slightly different hidden states, and the pow2 model is what would be se
 conversion; comparing the kernels on the operands each model really produces is the
 claim the audit makes). The forward pass runs with the first backend of the pair. Each
 Linear's int8 activations and scales are recorded once per distinct input (q/k/v share one
-quantized input, gate/up another) and concatenated over prompts along the token axis,
-so every Linear gets one operand set [M, K] with M = total prompt tokens.
+quantized input, gate/up another) and concatenated over prompts along the token axis
+(the runtime packs all prompts into one pass, so there is one part per input), so every
+Linear gets one operand set [M, K] with M = total prompt tokens.
 """
 
 from __future__ import annotations
@@ -82,10 +83,6 @@ class Capture:
 
 
 def run_prompts(model, token_lists: list[list[int]], backend: str, capture: Capture | None, device) -> torch.Tensor:
-    """Prefill every prompt; logits concatenated over prompts [sum T, vocab]."""
-    logits = []
+    """Prefill every prompt (packed into one pass); logits [sum T, vocab]."""
     with torch.no_grad():
-        for ids in token_lists:
-            t = torch.tensor(ids, dtype=torch.long, device=device)
-            logits.append(model.forward(t, backend, capture))
-    return torch.cat(logits)
+        return model.forward([torch.tensor(ids, dtype=torch.long, device=device) for ids in token_lists], backend, capture)

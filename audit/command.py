@@ -100,6 +100,9 @@ def _print_summary(result: dict) -> None:
         t.add_row(fam, *cells)
     console.print(t)
     print(f"per layer: {result['per_layer_summary']['line']}")
+    if result.get("native_scales_all_pow2_layers"):
+        print(f"note: {result['native_scales_all_pow2_layers']}/{result['layers']} layers already have power-of-two native scales "
+              "(a converted checkpoint?): C5 applies under native there, counted as applicability mismatches")
     print(f"cells: {result['cells']}  false positives: {card['false_positives']}  false negatives: {card['false_negatives']}  "
           f"applicability mismatches: {card['applicability_mismatches']}")
     print("max ULP by fault: " + ", ".join(f"{k}={v}" for k, v in result["max_ulp_by_fault"].items()))
@@ -147,6 +150,9 @@ def audit(
             raise AuditUsageError("the cutlass backend needs a CUDA GPU; on CPU use --backends reference")
         src = DEFAULT_CHECKPOINT if ckpt is None else ckpt
         checkpoint = open_checkpoint(src, revision=revision)
+        from audit.runtime import check_layout
+
+        check_layout(checkpoint)
         from audit.capture import prompts as prompt_list
         from audit.suite import CELLS_PER_LAYER
 
@@ -160,12 +166,16 @@ def audit(
 
     total = len(checkpoint.quantized_linears) * CELLS_PER_LAYER
     console.print(f"auditing {checkpoint.path} with {pair[0]} vs {pair[1]} on {dev}: {len(checkpoint.quantized_linears)} Linears, {total} cells")
-    with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), TimeRemainingColumn(), console=console, transient=False) as progress:
-        task = progress.add_task("cells", total=total)
-        result = run_audit(checkpoint, pair, prompts, dev,
-                           advance=lambda n: progress.advance(task, n),
-                           on_phase=lambda msg: progress.console.log(msg))
+    try:
+        with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                      TimeElapsedColumn(), TimeRemainingColumn(), console=console, transient=False) as progress:
+            task = progress.add_task("cells", total=total)
+            result = run_audit(checkpoint, pair, prompts, dev,
+                               advance=lambda n: progress.advance(task, n),
+                               on_phase=lambda msg: progress.console.log(msg))
+    except CheckpointError as exc:  # a tensor that turned out unreadable while running
+        console.print(f"[bold red]error:[/bold red] {exc}")
+        raise typer.Exit(2) from None
     args = sys.argv[1:]
     if args and args[0] == "audit":
         args = args[1:]

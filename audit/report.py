@@ -117,8 +117,7 @@ def plot_heatmap(result: dict, path: Path) -> Path:
             if d and d["observable"]:
                 data[i, j] = d["by_check"][c] / d["observable"]
     fig, ax = plt.subplots(figsize=(10, 9))
-    cmap = matplotlib.colormaps["viridis"].copy()
-    cmap.set_bad("#dddddd")
+    cmap = matplotlib.colormaps["viridis"].with_extremes(bad="#dddddd")
     im = ax.imshow(np.ma.masked_invalid(data), cmap=cmap, vmin=0, vmax=1, aspect="auto")
     ax.set_xticks(range(len(cols)), [f"{c}\n{r}" for r, c in cols], fontsize=8)
     ax.set_yticks(range(len(VARIANTS)), [v.id for v in VARIANTS], fontsize=8)

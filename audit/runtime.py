@@ -80,11 +80,13 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return (weight.to(torch.float32) * xf.to(x.dtype).to(torch.float32)).to(x.dtype)
 
 
-def rope(x: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotate-half RoPE on [T, H, D] (positions 0..T-1), in fp32, cast back."""
+def rope(x: torch.Tensor, theta: float, positions: torch.Tensor | None = None) -> torch.Tensor:
+    """Rotate-half RoPE on [T, H, D] (positions default to 0..T-1), in fp32, cast back."""
     t, _, d = x.shape
+    if positions is None:
+        positions = torch.arange(t, device=x.device)
     inv = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float32, device=x.device) / d))
-    freqs = torch.arange(t, dtype=torch.float32, device=x.device)[:, None] * inv[None, :]
+    freqs = positions.to(torch.float32)[:, None] * inv[None, :]
     emb = torch.cat([freqs, freqs], dim=-1)
     cos, sin = emb.cos()[:, None, :], emb.sin()[:, None, :]
     xf = x.to(torch.float32)
@@ -102,6 +104,7 @@ class Qwen3W8A8:
         self.shape = Qwen3Shape.from_config(config)
         self.dense = dense
         self.linears = linears
+        self._fp32: dict[str, torch.Tensor] = {}
 
     def _linear(self, x: torch.Tensor, names: tuple[str, ...], backend: str, capture) -> list[torch.Tensor]:
         """Apply Linears that share one input; quantize that input once (shared operands)."""
@@ -116,23 +119,37 @@ class Qwen3W8A8:
                 w, s_w = self.linears[n]
                 outs.append(kernels.scaled_mm(q, w, s, s_w, backend=backend))
             else:
-                w = self.dense[n + ".weight"]
-                outs.append((x.to(torch.float32) @ w.to(torch.float32).T).to(torch.bfloat16))
+                if n not in self._fp32:
+                    self._fp32[n] = self.dense[n + ".weight"].to(torch.float32)
+                outs.append((x.to(torch.float32) @ self._fp32[n].T).to(torch.bfloat16))
         return outs
 
-    def forward(self, ids: torch.Tensor, backend: str, capture=None) -> torch.Tensor:
-        """Logits [T, vocab] (fp32 of the bf16 result) for one prompt of token ids [T]."""
+    def forward(self, prompts: list[torch.Tensor], backend: str, capture=None) -> torch.Tensor:
+        """Logits [sum T, vocab] (fp32 of the bf16 result) for prompts of token ids, packed.
+
+        The prompts are concatenated along the token axis: every Linear, norm and MLP acts
+        per token, so packing changes nothing there, and attention is restricted to each
+        prompt by a block-diagonal causal mask, with positions restarting at 0 per prompt.
+        Packing gives every GEMM the same M (the total token count) that the per-layer
+        cells use, so a GPU backend compiles/tunes one configuration per shape, not one
+        per prompt length.
+        """
         sh, d = self.shape, self.dense
+        ids = torch.cat(prompts)
+        dev = ids.device
+        seg = torch.cat([torch.full((len(p),), i, dtype=torch.long, device=dev) for i, p in enumerate(prompts)])
+        pos = torch.cat([torch.arange(len(p), device=dev) for p in prompts])
+        idx = torch.arange(len(ids), device=dev)
+        mask = (seg[:, None] != seg[None, :]) | (idx[None, :] > idx[:, None])  # True = masked
         x = d["model.embed_tokens.weight"][ids].to(torch.bfloat16)
         t = x.shape[0]
-        mask = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)
         group = sh.heads // sh.kv_heads
         for i in range(sh.layers):
             p = f"model.layers.{i}."
             h = rms_norm(x, d[p + "input_layernorm.weight"], sh.eps)
             q, k, v = self._linear(h, (p + "self_attn.q_proj", p + "self_attn.k_proj", p + "self_attn.v_proj"), backend, capture)
-            q = rope(rms_norm(q.view(t, sh.heads, sh.head_dim), d[p + "self_attn.q_norm.weight"], sh.eps), sh.rope_theta)
-            k = rope(rms_norm(k.view(t, sh.kv_heads, sh.head_dim), d[p + "self_attn.k_norm.weight"], sh.eps), sh.rope_theta)
+            q = rope(rms_norm(q.view(t, sh.heads, sh.head_dim), d[p + "self_attn.q_norm.weight"], sh.eps), sh.rope_theta, pos)
+            k = rope(rms_norm(k.view(t, sh.kv_heads, sh.head_dim), d[p + "self_attn.k_norm.weight"], sh.eps), sh.rope_theta, pos)
             v = v.view(t, sh.kv_heads, sh.head_dim)
             qh = q.transpose(0, 1).to(torch.float32)  # [H, T, D]
             kh = k.transpose(0, 1).to(torch.float32).repeat_interleave(group, dim=0)
@@ -164,6 +181,29 @@ def dense_names(config: dict, quantized: set[str]) -> list[str]:
     if "lm_head" not in quantized:
         names.append("lm_head.weight")
     return names
+
+
+def check_layout(ckpt) -> None:
+    """Refuse, with a message, a checkpoint this runtime cannot run: a config without the
+    Qwen3 fields, a quantized module the runtime does not know, a missing dense tensor."""
+    sh = Qwen3Shape.from_config(ckpt.config)
+    if ckpt.config.get("attention_bias"):
+        raise ValueError("attention_bias=true is not supported by the audit runtime (Qwen3 has none)")
+    known = sh.linear_shapes()
+    names = set(ckpt.tensor_names())
+    for n in ckpt.quantized_linears:
+        if n != "lm_head" and n not in known:
+            raise ValueError(f"quantized module {n!r} is not a Linear of a {sh.layers}-layer Qwen3 (the audit runtime knows q/k/v/o, gate/up/down, lm_head)")
+    quantized = set(ckpt.quantized_linears)
+    for n in known:
+        if n not in quantized and n + ".weight" not in names:
+            raise ValueError(f"the checkpoint has no {n!r}: not a Qwen3 layout")
+    tie = bool(ckpt.config.get("tie_word_embeddings", False))
+    for n in dense_names(ckpt.config, quantized):
+        if n == "lm_head.weight" and tie:
+            continue
+        if n not in names and not (n == "lm_head.weight" and "model.embed_tokens.weight" in names):
+            raise ValueError(f"the checkpoint has no tensor {n!r} (the audit runtime runs Qwen3: q_norm/k_norm per head)")
 
 
 def load_dense(ckpt, device: str | torch.device) -> dict[str, torch.Tensor]:

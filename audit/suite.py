@@ -20,7 +20,7 @@ import torch
 
 import kernels
 from audit.capture import Capture, prompts, run_prompts, tokenizer_for
-from audit.checks import FIRE, LAYER_CHECK_IDS, NOT_APPLICABLE, c7_token_risk, run_checks, token_risk
+from audit.checks import FIRE, c7_token_risk, run_checks, token_risk
 from audit.compare import compare_layer, summarize_layers
 from audit.faults import VARIANTS, LayerCase, inject, reference_case
 from audit.matrix import REGIMES, Matrix, baseline_variant, load_matrix
@@ -71,6 +71,12 @@ def plan_from_config(config: dict) -> dict:
     }
 
 
+def backend_kernel(name: str) -> KernelDesc:
+    """The documented description of a registered backend (audit.records.BACKEND_KERNELS);
+    every backend in kernels/ accumulates in int32 and returns no accumulator."""
+    return BACKEND_KERNELS.get(name, KernelDesc(name, "int", 32, "unknown", False))
+
+
 def evaluate_cell(case: LayerCase, variant: str, family: str, severity: str, test: Run) -> CellResult:
     outcomes = {cid: r.outcome for cid, r in run_checks(case.ref, test).items()}
     if output_equal(case.ref, test):
@@ -87,8 +93,7 @@ def audit_layer(name: str, regime: str, act: Activations, wt: Weights, backends:
     outs = {b: kernels.scaled_mm(act.a, wt.w, act.s_a, wt.s_w, backend=b) for b in dict.fromkeys(backends)}
     row = compare_layer(name, regime, outs[backends[0]], outs[backends[1]], case.shape)
     for b in dict.fromkeys(backends):
-        kernel = BACKEND_KERNELS.get(b, KernelDesc(b, "int", 32, "unknown", False))
-        scorer.add(evaluate_cell(case, baseline_variant(b), "B", "none", Run(act, wt, None, outs[b], kernel)))
+        scorer.add(evaluate_cell(case, baseline_variant(b), "B", "none", Run(act, wt, None, outs[b], backend_kernel(b))))
     for v in VARIANTS:
         scorer.add(evaluate_cell(case, v.id, v.family, v.severity, inject(v, case)))
         if advance is not None:
@@ -123,8 +128,8 @@ def run_audit(ckpt, backends: tuple[str, str], n_prompts: int, device: str, adva
         logits_a = run_prompts(model, token_lists, backends[0], cap, device)
         logits_b = run_prompts(model, token_lists, backends[1], None, device)
         risk = token_risk(logits_a, logits_b)
-        c7 = c7_token_risk(Run(None, None, None, None, BACKEND_KERNELS.get(backends[0], KernelDesc(backends[0], "int", 32, "unknown", False)), logits=logits_a),
-                           Run(None, None, None, None, BACKEND_KERNELS.get(backends[1], KernelDesc(backends[1], "int", 32, "unknown", False)), logits=logits_b), None)
+        c7 = c7_token_risk(Run(None, None, None, None, backend_kernel(backends[0]), logits=logits_a),
+                           Run(None, None, None, None, backend_kernel(backends[1]), logits=logits_b), backend_kernel(backends[1]))
         expected = matrix.end_to_end.get(("C7", regime))
         risk.update({"outcome": c7.outcome, "expected": expected})
         if expected is not None and c7.outcome == FIRE and expected != FIRE:
@@ -170,6 +175,3 @@ def run_audit(ckpt, backends: tuple[str, str], n_prompts: int, device: str, adva
         result["cell_results"] = scorer.rows
     return result
 
-
-__all__ = ["run_audit", "audit_layer", "evaluate_cell", "plan_from_config", "parse_backends", "CELLS_PER_LAYER",
-           "REFERENCE_PAIR", "LAYER_CHECK_IDS", "NOT_APPLICABLE"]

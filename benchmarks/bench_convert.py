@@ -11,7 +11,7 @@ run, alternating, each in its own subprocess:
             every Linear, hashing for the provenance digest, atomic rename)
 
 Each child times its own work (after imports) and reports its peak RSS
-(getrusage(RUSAGE_SELF).ru_maxrss) and its RSS after imports. The page cache is warmed
+(VmHWM from /proc/self/status: ru_maxrss would include the parent's peak, kept across exec) and its RSS after imports. The page cache is warmed
 and os.sync() runs before every measured run so that earlier writes do not throttle a
 later one. Goals: convert throughput >= 0.5x the baseline's; convert peak RSS < largest
 tensor + 1 GB.
@@ -39,12 +39,12 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARD_SIZE = 1_100_000_000  # two shards for Qwen3-1.7B, like the real checkpoint
 
 CHILD_BASELINE = r"""
-import json, resource, shutil, sys, time
+import json, shutil, sys, time
 from pathlib import Path
 from safetensors.torch import load_file, save_file
-def rss_mb():
+def rss_mb(key="VmRSS:"):
     for line in open("/proc/self/status"):
-        if line.startswith("VmRSS:"):
+        if line.startswith(key):
             return int(line.split()[1]) / 1024
 src, out = Path(sys.argv[1]), Path(sys.argv[2])
 rss0 = rss_mb()
@@ -58,23 +58,23 @@ for p in sorted(src.iterdir()):
     else:
         shutil.copyfile(p, out / p.name)
 dt = time.perf_counter() - t0
-print(json.dumps({"seconds": dt, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "rss_after_import_mb": rss0}))
+print(json.dumps({"seconds": dt, "peak_rss_mb": rss_mb("VmHWM:"), "rss_after_import_mb": rss0}))
 """
 
 CHILD_CONVERT = r"""
-import json, resource, sys, time
+import json, sys, time
 sys.path.insert(0, sys.argv[3])
 from requant.convert import convert
-def rss_mb():
+def rss_mb(key="VmRSS:"):
     for line in open("/proc/self/status"):
-        if line.startswith("VmRSS:"):
+        if line.startswith(key):
             return int(line.split()[1]) / 1024
 rss0 = rss_mb()
 t0 = time.perf_counter()
 res = convert(sys.argv[1], sys.argv[2], "nearest")
 dt = time.perf_counter() - t0
 t = res.totals()
-print(json.dumps({"seconds": dt, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "rss_after_import_mb": rss0,
+print(json.dumps({"seconds": dt, "peak_rss_mb": rss_mb("VmHWM:"), "rss_after_import_mb": rss0,
                   "scales_changed": t["scales_changed"], "weights_clipped": t["weights_clipped"], "rel_weight_error": t["rel_weight_error"],
                   "linears": t["linears"]}))
 """

@@ -2,7 +2,8 @@
 # GPU run for issue 3 (kernels), on the device machine, from the repository root:
 #   bash benchmarks/gpu_kernels.sh [pytest-args...]
 # Installs the nvidia-cutlass wheel from .whl/ (filled by ../shared/tools/gpu-wheels.sh),
-# builds the CUTLASS extension once, runs the GPU tests, then the benchmark. Everything
+# builds the CUTLASS extension once, runs the GPU tests, the benchmark, then the Triton
+# tests of the CPU suite with real GPU compilation. Everything
 # lands in $OUT: env.txt, build.log, gpu_tests.log, bench.log, kernels_bench.{json,md}.
 set -uo pipefail
 OUT=${OUT:-/tmp/requant_gpu_out}
@@ -24,4 +25,8 @@ tail -4 "$OUT/gpu_tests.log"
 s=$SECONDS
 timeout 300 python3 benchmarks/bench_kernels.py --out "$OUT" > "$OUT/bench.log" 2>&1
 echo "bench rc=$? in $((SECONDS - s)) s" | tee -a "$OUT/bench.log"
-tail -45 "$OUT/bench.log"
+s=$SECONDS
+# The CPU suite again, on the GPU: Triton compiled for real (not interpreted), same oracle.
+timeout 150 python3 -m pytest -q tests/kernels/test_triton.py tests/kernels/test_reference.py -p no:cacheprovider >> "$OUT/gpu_tests.log" 2>&1
+echo "cpu suite on the GPU rc=$? in $((SECONDS - s)) s" | tee -a "$OUT/gpu_tests.log"
+tail -60 "$OUT/bench.log"

@@ -145,39 +145,46 @@ def _row_sq(q: np.ndarray) -> np.ndarray:
 def _requantize_rows(q: np.ndarray, ratio: np.ndarray, cdt, out: np.ndarray | None = None, exact_sums: bool = False):
     """q' = clamp(rint(q * ratio), -128, 127) for int8 q [out, in], ratio [out, 1] (exact in cdt).
 
-    Returns (q' int8, clipped per row int64, sum over each row of (q' - q*ratio)^2 as
-    float64). Each difference is exact; the row sums are pairwise float32 sums (relative
-    error ~1e-7, fine for a statistic) unless exact_sums, then float64 (the mse arm's
-    decision)."""
+    Returns (q' int8, clipped, sum over each row of (q' - q*ratio)^2, sum over each row of
+    (q*ratio)^2), sums as float64 arrays [out]. Each term is exact. By default the row sums
+    accumulate in cdt (relative error ~1e-6: fine for a statistic) and `clipped` is the
+    total count; with exact_sums (the mse arm's decision) they accumulate in float64 and
+    `clipped` is per row."""
     rows, cols = q.shape
     if out is None:
         out = np.empty_like(q)
-    clipped = np.zeros(rows, dtype=np.int64)
+    clipped = np.zeros(rows, dtype=np.int64) if exact_sums else 0
     sq = np.zeros(rows, dtype=np.float64)
+    norm = np.zeros(rows, dtype=np.float64)
     step = max(1, BLOCK_ELEMENTS // max(cols, 1))
     x = np.empty((min(step, rows), cols), dtype=cdt)
     r = np.empty_like(x)
+    acc = np.float64 if exact_sums else cdt
     for i in range(0, rows, step):
         n = min(step, rows - i)
         xb, rb = x[:n], r[:n]
         np.copyto(xb, q[i:i + n], casting="unsafe")  # int8 -> float: exact
         np.multiply(xb, ratio[i:i + n], out=xb)  # exact (see module docstring)
+        norm[i:i + n] = np.einsum("ij,ij->i", xb, xb, dtype=acc)
         np.rint(xb, out=rb)  # round half to even
         if rb.max(initial=-128) > 127 or rb.min(initial=127) < -128:
-            clipped[i:i + n] = np.count_nonzero(rb > 127, axis=1) + np.count_nonzero(rb < -128, axis=1)
+            if exact_sums:
+                clipped[i:i + n] = np.count_nonzero(rb > 127, axis=1) + np.count_nonzero(rb < -128, axis=1)
+            else:
+                clipped += int(np.count_nonzero(rb > 127)) + int(np.count_nonzero(rb < -128))
             np.clip(rb, -128, 127, out=rb)
-        np.copyto(out[i:i + n], rb, casting="unsafe")  # integers in [-128, 127]: exact
+        out[i:i + n] = rb.astype(np.int8)  # integers in [-128, 127]: exact (faster than copyto)
         np.subtract(rb, xb, out=xb)
-        if exact_sums:
-            sq[i:i + n] = np.einsum("ij,ij->i", xb, xb, dtype=np.float64)
-        else:
-            np.square(xb, out=xb)
-            sq[i:i + n] = xb.sum(axis=1)
-    return out, clipped, sq
+        sq[i:i + n] = np.einsum("ij,ij->i", xb, xb, dtype=acc)
+    return out, clipped, sq, norm
 
 
-def requantize_with_stats(q: torch.Tensor, scale: torch.Tensor, arm: str) -> tuple[torch.Tensor, torch.Tensor, LinearStats]:
-    """(q', s', stats) for one Linear under `arm` (see the module docstring)."""
+def requantize_with_stats(q: torch.Tensor, scale: torch.Tensor, arm: str, *, out: np.ndarray | None = None) -> tuple[torch.Tensor, torch.Tensor, LinearStats]:
+    """(q', s', stats) for one Linear under `arm` (see the module docstring).
+
+    out: optional int8 numpy buffer of at least q.numel() elements to write q' into
+    (the converter reuses one per worker instead of allocating per Linear); q' then
+    views it. q itself is never modified."""
     if arm not in ARMS:
         raise ValueError(f"unknown arm {arm!r}; known: {', '.join(ARMS)}")
     check_inputs(q, scale)
@@ -188,8 +195,6 @@ def requantize_with_stats(q: torch.Tensor, scale: torch.Tensor, arm: str) -> tup
         return q, scale, stats
     s64 = scale.to(torch.float64).reshape(-1).numpy()
     qn = q.contiguous().numpy()
-    qsq = _row_sq(qn)
-    stats.sq_norm = float(np.dot(s64 * s64, qsq))
     cdt = _compute_dtype(scale.dtype)
 
     if arm in ("nearest", "ceiling", "probe"):
@@ -198,13 +203,17 @@ def requantize_with_stats(q: torch.Tensor, scale: torch.Tensor, arm: str) -> tup
         sn64 = s_new.to(torch.float64).reshape(-1).numpy()
         if arm == "probe":
             q_new = q
+            qsq = _row_sq(qn)
+            stats.sq_norm = float(np.dot(s64 * s64, qsq))
             stats.sq_error = float(np.dot((sn64 - s64) ** 2, qsq))
         else:
             ratio = (s64 / sn64).reshape(-1, 1).astype(cdt)  # exact: exponent shift only
-            qn_new, clipped, sq = _requantize_rows(qn, ratio, cdt)
+            buf = None if out is None else out[: qn.size].reshape(qn.shape)
+            qn_new, clipped, sq, norm = _requantize_rows(qn, ratio, cdt, out=buf)
             q_new = torch.from_numpy(qn_new)
-            stats.weights_clipped = int(clipped.sum())
+            stats.weights_clipped = int(clipped)
             stats.sq_error = float(np.dot(sn64 * sn64, sq))
+            stats.sq_norm = float(np.dot(sn64 * sn64, norm))  # (q r)^2 s'^2 = (q s)^2
     else:  # mse
         e_ceil = ceil_exponent(scale)
         best_q = np.empty_like(qn)
@@ -220,7 +229,9 @@ def requantize_with_stats(q: torch.Tensor, scale: torch.Tensor, arm: str) -> tup
                 continue  # a candidate the dtype cannot hold is simply not a candidate
             sc64 = s_c.to(torch.float64).reshape(-1).numpy()
             ratio = (s64 / sc64).reshape(-1, 1).astype(cdt)
-            _, clipped, sq = _requantize_rows(qn, ratio, cdt, out=tmp, exact_sums=True)
+            _, clipped, sq, norm = _requantize_rows(qn, ratio, cdt, out=tmp, exact_sums=True)
+            if stats.sq_norm == 0.0:
+                stats.sq_norm = float(np.dot(sc64 * sc64, norm))
             err = sc64 * sc64 * sq
             better = err < best_err  # strict: earlier candidates win ties
             if better.any():
@@ -277,7 +288,9 @@ def quantize_from_source(w: torch.Tensor, arm: str, scale_dtype: torch.dtype | N
                      minimises sum((q s' - w)^2), ties to the earlier candidate;
       probe:         RTN q with s' = the nearest power of two (the ablation).
     The returned scale is cast to scale_dtype (default w's dtype); stats measure the
-    error against w itself.
+    error against w itself. Unlike the int8 path, ceiling can clip here: the bf16 RTN scale
+    may round below absmax/127.5, so |w / s'| <= 128 and a channel's maximum may land on
+    127.5..128 and saturate to 127 (by less than one step, as in llm-compressor's RTN).
     """
     from requant.synthetic import rtn_quantize
 

@@ -30,8 +30,10 @@ this process's resident set).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import mmap
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -151,6 +153,27 @@ class SafetensorsFile:
             self._pread_into(info, mv[:n], pos, fd)
             yield pos, mv[:n]
             pos += n
+
+
+@contextlib.contextmanager
+def mapped(fd: int, start: int, length: int):
+    """A writable, copy-on-write (MAP_PRIVATE) view of bytes [start, start+length) of a file,
+    prefaulted (MAP_POPULATE). No copy is made unless someone writes to it, and the pages
+    leave this process's resident set when the block exits, so a caller can hash, read
+    and pwrite a tensor without holding a copy of it."""
+    gran = mmap.ALLOCATIONGRANULARITY
+    base = start - start % gran
+    flags = mmap.MAP_PRIVATE | getattr(mmap, "MAP_POPULATE", 0)
+    mm = mmap.mmap(fd, length + (start - base), flags=flags, prot=mmap.PROT_READ | mmap.PROT_WRITE, offset=base)
+    view = memoryview(mm)[start - base:start - base + length]
+    try:
+        yield view
+    finally:
+        try:
+            view.release()
+            mm.close()
+        except BufferError:  # an object made from the view is still alive (e.g. in a traceback)
+            pass
 
 
 def bytes_to_tensor(buf: bytearray | bytes, info: TensorInfo) -> torch.Tensor:

@@ -32,10 +32,12 @@ import torch
 from kernels.reference import check_operands, epilogue_cutlass_order
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-_TILES = ("decode", "small", "medium", "large", "large2")
+_TILES = ("decode", "small", "medium", "large", "large2", "medium_k256", "large3")
 SOURCES = ["binding.cpp", "w8a8_sm90.cu"] + [f"w8a8_sm90_tile_{t}.cu" for t in _TILES]
 # Tile names by index (the `tile` argument); the default choice by M is in w8a8_sm90.h.
 TILES = dict(enumerate(_TILES))
+# Persistent tile scheduler swizzle (CTA rasterization for L2 reuse); see the benchmark.
+SWIZZLE = 1
 
 _ext = None
 _lock = threading.Lock()
@@ -108,10 +110,11 @@ def _aligned(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().clone()
 
 
-def scaled_mm(a: torch.Tensor, w: torch.Tensor, s_a: torch.Tensor, s_w: torch.Tensor, tile: int | None = None) -> torch.Tensor:
+def scaled_mm(a: torch.Tensor, w: torch.Tensor, s_a: torch.Tensor, s_w: torch.Tensor, tile: int | None = None, swizzle: int = SWIZZLE) -> torch.Tensor:
     """a int8 [M, K], w int8 [N, K], s_a fp32 [M, 1], s_w fp32 [N, 1] -> bf16 [M, N].
 
-    `tile` (an index of TILES) overrides the M-based choice; it never changes bits.
+    `tile` (an index of TILES) overrides the M-based choice and `swizzle` the tile
+    scheduler's swizzle; neither changes a bit (exact int32 accumulation).
     """
     check_operands(a, w, s_a, s_w)
     if a.device.type != "cuda":
@@ -132,5 +135,5 @@ def scaled_mm(a: torch.Tensor, w: torch.Tensor, s_a: torch.Tensor, s_w: torch.Te
         w = torch.nn.functional.pad(w, (0, 0, 0, pad_n))
         s_w = torch.nn.functional.pad(s_w, (0, 0, 0, pad_n))
     with torch.cuda.device(a.device):
-        out = ext.scaled_mm(_aligned(a), _aligned(w), s_a.contiguous(), s_w.contiguous(), -1 if tile is None else int(tile))
+        out = ext.scaled_mm(_aligned(a), _aligned(w), s_a.contiguous(), s_w.contiguous(), -1 if tile is None else int(tile), int(swizzle))
     return out[:, :n].contiguous() if pad_n else out

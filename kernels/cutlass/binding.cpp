@@ -21,7 +21,7 @@ void check_operand(const torch::Tensor& t, const char* name, torch::ScalarType d
   TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, name, " must be 16-byte aligned (TMA)");
 }
 
-torch::Tensor scaled_mm(torch::Tensor a, torch::Tensor w, torch::Tensor s_a, torch::Tensor s_w, int64_t tile) {
+torch::Tensor scaled_mm(torch::Tensor a, torch::Tensor w, torch::Tensor s_a, torch::Tensor s_w, int64_t tile, int64_t swizzle) {
   const int64_t m = a.size(0), k = a.size(1), n = w.size(0);
   check_operand(a, "a", torch::kInt8, m, k);
   check_operand(w, "w", torch::kInt8, n, k);
@@ -38,7 +38,7 @@ torch::Tensor scaled_mm(torch::Tensor a, torch::Tensor w, torch::Tensor s_a, tor
   TORCH_CHECK(tile < requant::kW8A8NumTiles, "unknown tile config ", tile);
   requant::W8A8Problem p{a.data_ptr<int8_t>(), w.data_ptr<int8_t>(), s_a.data_ptr<float>(), s_w.data_ptr<float>(),
                          reinterpret_cast<uint16_t*>(out.data_ptr()), static_cast<int>(m), static_cast<int>(n),
-                         static_cast<int>(k)};
+                         static_cast<int>(k), static_cast<int>(swizzle)};
   const size_t ws_bytes = requant::w8a8_sm90_workspace(static_cast<int>(tile), p);
   auto ws = torch::empty({static_cast<int64_t>(ws_bytes)}, a.options().dtype(torch::kUInt8));
   const int status = requant::w8a8_sm90_run(static_cast<int>(tile), p, ws_bytes ? ws.data_ptr() : nullptr,
@@ -55,7 +55,7 @@ int64_t default_tile(int64_t m) { return requant::w8a8_sm90_default_tile(static_
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) {
   mod.def("scaled_mm", &scaled_mm, "bf16 [M,N] = bf16_rne(s_a * fp32(s_w * fp32(a @ w^T))) on sm90a",
-          py::arg("a"), py::arg("w"), py::arg("s_a"), py::arg("s_w"), py::arg("tile") = -1);
+          py::arg("a"), py::arg("w"), py::arg("s_a"), py::arg("s_w"), py::arg("tile") = -1, py::arg("swizzle") = 1);
   mod.def("tile_name", &tile_name);
   mod.def("default_tile", &default_tile);
   mod.attr("num_tiles") = requant::kW8A8NumTiles;

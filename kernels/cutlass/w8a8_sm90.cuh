@@ -149,6 +149,7 @@ struct W8A8Sm90 {
         {rows, cols, p.k, 1},
         {pa, sa, pb, sb},
         {evt, nullptr, sd, reinterpret_cast<ElementOut*>(p.out), sd}};
+    args.scheduler.max_swizzle_size = p.swizzle > 0 ? p.swizzle : 1;
     return args;
   }
 

@@ -18,6 +18,7 @@ struct W8A8Problem {
   const float* s_w;
   uint16_t* out;
   int m, n, k;
+  int swizzle;  // persistent tile scheduler's max_swizzle_size (1, 2, 4, 8): L2 reuse only
 };
 
 enum W8A8Status : int {
@@ -32,16 +33,19 @@ enum W8A8Status : int {
 // the same bits: int32 accumulation is exact, and the epilogue is the same EVT.
 //   0 decode : swap AB, CTA 64(n) x 16(m) x 128, Pingpong, cluster 1x1     (m <= 16)
 //   1 small  : swap AB, CTA 64(n) x 64(m) x 128, Pingpong, cluster 1x1     (16 < m <= 128)
-//   2 medium : CTA 128 x 128 x 128, Pingpong,    cluster 2x1 (w multicast) (128 < m <= 1024)
-//   3 large  : CTA 128 x 256 x 128, Cooperative, cluster 2x1               (m > 1024)
+//   2 medium : CTA 128 x 128 x 128, Pingpong,    cluster 2x1 (w multicast) (m > 128)
+//   3 large  : CTA 128 x 256 x 128, Cooperative, cluster 2x1               (benchmark alternative)
 //   4 large2 : CTA 256 x 128 x 128, Cooperative, cluster 1x2               (benchmark alternative)
-constexpr int kW8A8NumTiles = 5;
+//   5 medium_k256 : CTA 128 x 128 x 256, Pingpong, cluster 2x1            (benchmark alternative)
+//   6 large3 : CTA 256 x 128 x 128, Cooperative, cluster 2x1               (benchmark alternative)
+// Measured on an H200 (benchmarks/results/kernels_bench.md): on Qwen3 shapes the 128x128
+// Pingpong tile beat both Cooperative tiles at every M > 128, so it is used up to 8192.
+constexpr int kW8A8NumTiles = 7;
 
 inline int w8a8_sm90_default_tile(int m) {
   if (m <= 16) return 0;
   if (m <= 128) return 1;
-  if (m <= 1024) return 2;
-  return 3;
+  return 2;
 }
 
 size_t w8a8_sm90_workspace(int tile, const W8A8Problem& p);

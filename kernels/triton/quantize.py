@@ -7,8 +7,12 @@ Numerics (equal, bit for bit, to kernels.reference.quantize_activations):
   q      = saturate_int8(round_half_even(fp32(x * inv)))
   a zero row gives s_a = 0 and q = 0 (inv is forced to 0: no 0/0, no NaN).
 round_half_even is written with floor and an exact remainder (|x * inv| <= 127.x, so
-v - floor(v) is exact) instead of a libdevice rint, which the interpreter lacks, or an
-add/subtract-1.5*2^23 trick that a reassociating compiler could fold away.
+v - floor(v) is exact) instead of a libdevice rint, which the interpreter lacks.
+The kernel is compiled with enable_fp_fusion=False: Triton contracts a multiply followed
+by an add into an FMA by default, and fma(x, inv, -floor(v)) skips the rounding of
+x * inv, so a product that rounds to exactly k + 0.5 would round the other way (seen on
+an H200: about one row in a few hundred differed from the reference). The same holds for
+an add/subtract-1.5*2^23 rounding trick, which would fuse into fma(x, inv, 1.5*2^23).
 NaN or infinite activations are refused on the host (ValueError), as the reference does.
 """
 
@@ -69,5 +73,8 @@ def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     if not bool(torch.isfinite(x).all()):
         raise ValueError("activations contain NaN or infinity")
     x = x if x.stride(1) == 1 else x.contiguous()
-    _quantize_rows_kernel[(m,)](x, q, s, k, x.stride(0), q.stride(0), BLOCK_K=BLOCK_K, num_warps=NUM_WARPS)
+    _quantize_rows_kernel[(m,)](
+        x, q, s, k, x.stride(0), q.stride(0), BLOCK_K=BLOCK_K, num_warps=NUM_WARPS,
+        enable_fp_fusion=False,  # keep x * inv rounded before the half-even rounding (see above)
+    )
     return q, s

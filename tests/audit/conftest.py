@@ -28,6 +28,25 @@ def make_case(seed: int, pow2: bool = False, **shape):
     return reference_case(f"layer{seed}", "pow2" if pow2 else "native", act, wt)
 
 
+class one_thread:
+    """torch intra-op threads = 1 for the duration (restored after). The audit's tensors
+    on the embedded default are small; on a shared 2-core machine, spinning intra-op
+    threads made a 7 s audit take 90 s. Scoped to tests/audit only."""
+
+    def __enter__(self):
+        self.n = torch.get_num_threads()
+        torch.set_num_threads(1)
+
+    def __exit__(self, *exc):
+        torch.set_num_threads(self.n)
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    with one_thread():
+        yield
+
+
 @pytest.fixture(scope="session")
 def default_audit():
     """One audit of the embedded default with the reference pair (shared by several tests)."""
@@ -36,4 +55,5 @@ def default_audit():
 
     from audit.suite import REFERENCE_PAIR, run_audit
 
-    return run_audit(open_checkpoint(DEFAULT_CHECKPOINT), REFERENCE_PAIR, 3, "cpu")
+    with one_thread():
+        return run_audit(open_checkpoint(DEFAULT_CHECKPOINT), REFERENCE_PAIR, 3, "cpu")

@@ -1,6 +1,7 @@
 """audit/compare.py against kernels.bf16.bitwise_equal / ulp_distance on crafted outputs,
 and the per-layer comparison of the reference pair (kernels.reference orders)."""
 
+import pytest
 import torch
 
 import kernels
@@ -37,3 +38,30 @@ def test_summary_line():
     s = summarize_layers(rows)
     assert s["line"] == "pow2: 1/1 layers bitwise equal; native: 0/1"
     assert s["native"]["mismatches"] == 2 and s["pow2"]["max_ulp"] == 0
+
+
+def _sm90() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _sm90(), reason="needs an sm90 GPU (CUTLASS)")
+def test_real_pair_on_random_operands_gpu():
+    """cutlass vs triton through audit.suite.audit_layer on random operands on the GPU,
+    scored against the pinned matrix; the reference is kernels.reference (Triton order)."""
+    from audit.matrix import load_matrix
+    from audit.records import Activations, Weights
+    from audit.scoring import Scorer
+    from audit.suite import audit_layer
+
+    scorer = Scorer(load_matrix())
+    for regime in ("native", "pow2"):
+        act, wt = make_operands(0, m=256, k=2048, n=1024, pow2=(regime == "pow2"))
+        act = Activations(act.a.cuda(), act.s_a.cuda())
+        wt = Weights(wt.w.cuda(), wt.s_w.cuda())
+        row = audit_layer("random", regime, act, wt, ("cutlass", "triton"), scorer)
+        if regime == "pow2":
+            assert row["bitwise_equal"]
+        assert row["max_ulp"] <= 1
+    card = scorer.summary()["scorecard"]
+    assert card["false_positives"] == 0 and card["false_negatives"] == 0, card["contradictions"]

@@ -89,7 +89,7 @@ def test_zz_report_order_mismatch_rate():
 
 
 @needs_sm90
-@pytest.mark.parametrize("tile", range(5))
+@pytest.mark.parametrize("tile", range(7))
 @pytest.mark.parametrize("m", [1, 7, 16, 37, 128, 300, 1500])
 def test_cutlass_every_tile_same_bits(tile, m):
     from kernels import cutlass as ck
@@ -104,6 +104,18 @@ def test_cutlass_every_tile_same_bits(tile, m):
     s_w = torch.rand(n, 1, device="cuda", generator=g) * 0.01
     y = ck.scaled_mm(a, w, s_a, s_w, tile=tile)
     assert bitwise_equal(y, ref.scaled_mm_cutlass_order(a, w, s_a, s_w))
+
+
+@needs_sm90
+@pytest.mark.parametrize("swizzle", [2, 4, 8])
+def test_cutlass_swizzle_same_bits(swizzle):
+    from kernels import cutlass as ck
+
+    a = torch.randint(-128, 128, (1000, 4096), dtype=torch.int8, device="cuda")
+    w = torch.randint(-128, 128, (3072, 4096), dtype=torch.int8, device="cuda")
+    s_a = torch.rand(1000, 1, device="cuda") * 0.05
+    s_w = torch.rand(3072, 1, device="cuda") * 0.01
+    assert bitwise_equal(ck.scaled_mm(a, w, s_a, s_w, swizzle=swizzle), ref.scaled_mm_cutlass_order(a, w, s_a, s_w))
 
 
 @needs_sm90

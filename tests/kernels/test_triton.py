@@ -67,7 +67,7 @@ def test_adversarial_inputs():
     assert torch.all(got[1] == 0)
 
 
-@pytest.mark.filterwarnings("ignore:overflow encountered")
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # inf * 0 in masked-off lanes (never stored)
 def test_overflow_and_tiny_scales():
     a, w, s_a, s_w = _operands(8, 16, 64, seed=12)
     s_a[0] = 3.0e38                   # products past bf16/fp32 range: inf, rounded like the oracle

@@ -228,7 +228,9 @@ def test_from_source(rows, cols, seed):
                 v = round(Fraction(float(w[i, j])) / Fraction(2) ** e)
                 assert int(q2[i, j]) == max(-128, min(127, v))
         if arm == "ceiling":
-            assert st_.weights_clipped == 0
+            # s' >= the bf16 RTN scale, which may sit below absmax/127.5: |w / s'| <= 128, so at
+            # most a channel maximum clips, by less than one step (as in llm-compressor's RTN)
+            assert bool(((w.double() / s2.double()).abs() <= 128).all())
     qm, sm, stm = quantize_from_source(w, "mse")
     qc, sc, stc = quantize_from_source(w, "ceiling")
     assert stm.sq_error <= stc.sq_error

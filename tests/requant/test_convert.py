@@ -179,11 +179,11 @@ def test_interrupted_convert_leaves_nothing(request, tmp_path, monkeypatch, fixt
     real = requant.arms.requantize_with_stats
     calls = []
 
-    def flaky(q, s, arm):
+    def flaky(q, s, arm, **kw):
         calls.append(1)
         if len(calls) == 5:  # half way through the 14 Linears
             raise exc
-        return real(q, s, arm)
+        return real(q, s, arm, **kw)
 
     monkeypatch.setattr(requant.arms, "requantize_with_stats", flaky)
     parent = tmp_path / "outs"
@@ -197,7 +197,7 @@ def test_interrupted_force_keeps_the_old_output(tmp_path, monkeypatch, micro):
     convert(micro, out, "ceiling")
     before = tree_bytes(out)
 
-    def boom(q, s, arm):
+    def boom(q, s, arm, **kw):
         raise RuntimeError("boom")
 
     monkeypatch.setattr(requant.arms, "requantize_with_stats", boom)
@@ -213,7 +213,7 @@ def test_source_unconstrained_reproduces_rtn_checkpoint(tmp_path):
     convert(src, tmp_path / "again", "unconstrained", source=tmp_path / "bf16")
     assert tree_bytes(tmp_path / "again") == tree_bytes(src)
     res = convert(src, tmp_path / "ceil", "ceiling", source=tmp_path / "bf16")
-    assert res.totals()["weights_clipped"] == 0
+    assert res.totals()["weights_clipped"] <= res.totals()["channels"]  # at most a channel maximum each
     prov = json.loads((tmp_path / "ceil" / "config.json").read_text())[PROVENANCE_KEY]
     assert prov["source"]["bf16_weights"] == str(tmp_path / "bf16")
     ck = open_checkpoint(tmp_path / "ceil")

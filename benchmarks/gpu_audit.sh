@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# GPU measurements for the audit (issue 4): the real pair (cutlass, triton) on a
+# Qwen3-1.7B-shaped synthetic checkpoint (random weights with outlier channels, the real
+# config) and on the embedded default. Run from anywhere on the GPU machine (one H200, no
+# network), with the repo's wheels already installed:
+#
+#     OUT=/some/dir bash benchmarks/gpu_audit.sh
+#
+# Writes into $OUT: env.txt, timings.txt, and per checkpoint audit_<name>.json,
+# audit_<name>/ (JSON, Markdown, PNG plots) and audit_<name>.log. Expected total time:
+# CUTLASS JIT build (a few minutes on a cold cache; $REQUANT_CUTLASS_CACHE, default
+# ~/.cache/requant/cutlass, is reused when warm) + synthetic
+# checkpoint (~1 min) + the two audits (goal: the 8,232-cell suite in under 5 minutes).
+# The audit exits 1 when the scorecard has a false positive/negative or a pow2 layer
+# differs: that is a result to report, so the script records each exit status and goes on.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+: "${OUT:?set OUT to the results directory}"
+mkdir -p "$OUT"
+PRESET="${PRESET:-qwen3-1.7b}"          # requant.synthetic preset (tiny: a quick smoke test)
+CKPT="${CKPT_DIR:-/tmp/requant-$PRESET-synthetic}"
+PROMPTS="${PROMPTS:-8}"
+BACKENDS="${BACKENDS:-cutlass,triton}"   # 'reference' for a CPU smoke test of this script
+TIMINGS="$OUT/timings.txt"
+: > "$TIMINGS"
+
+now() { date +%s%N; }
+step() {  # step NAME CMD... : run, log wall time and exit status
+    local name="$1"; shift
+    local t0 t1 rc
+    t0=$(now)
+    "$@"
+    rc=$?
+    t1=$(now)
+    local ms=$(( (t1 - t0) / 1000000 ))
+    printf '%-28s %5d.%03d s  rc=%d\n' "$name" $((ms / 1000)) $((ms % 1000)) "$rc" | tee -a "$TIMINGS"
+    return 0
+}
+
+{
+    date -u
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+    python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
+    git rev-parse HEAD 2>/dev/null || true
+} > "$OUT/env.txt" 2>&1
+cat "$OUT/env.txt"
+
+step cutlass_build python3 -c "import kernels.cutlass as c; c.build(); print('cutlass built')"
+step triton_warmup python3 -c "
+import torch, kernels
+a = torch.randint(-128, 128, (64, 256), dtype=torch.int8, device='cuda'); w = torch.randint(-128, 128, (128, 256), dtype=torch.int8, device='cuda')
+s = torch.ones(64, 1, device='cuda'); t = torch.ones(128, 1, device='cuda')
+print('triton ok', kernels.scaled_mm(a, w, s, t, backend='triton').shape)"
+
+if [ ! -f "$CKPT/config.json" ]; then
+        step "synthetic_$PRESET" python3 -m requant.synthetic "$PRESET" "$CKPT"
+fi
+step "plan_$PRESET" python3 cli.py audit "$CKPT" --plan
+
+step "audit_$PRESET" bash -c "python3 cli.py audit '$CKPT' --backends $BACKENDS --prompts $PROMPTS \
+    --json '$OUT/audit_$PRESET.json' --report '$OUT/audit_$PRESET' > '$OUT/audit_$PRESET.log' 2>&1; rc=\$?; tail -n 30 '$OUT/audit_$PRESET.log'; exit \$rc"
+
+step audit_default bash -c "python3 cli.py audit --backends $BACKENDS --prompts $PROMPTS \
+    --json '$OUT/audit_default.json' --report '$OUT/audit_default' > '$OUT/audit_default.log' 2>&1; rc=\$?; tail -n 30 '$OUT/audit_default.log'; exit \$rc"
+
+# The reference pair on the same GPU, for comparison with the CPU result in the README.
+step audit_default_reference bash -c "python3 cli.py audit --backends reference --prompts $PROMPTS \
+    --json '$OUT/audit_default_reference.json' > '$OUT/audit_default_reference.log' 2>&1; rc=\$?; tail -n 8 '$OUT/audit_default_reference.log'; exit \$rc"
+
+python3 - "$OUT" "$PRESET" <<'EOF'
+import json, sys, pathlib
+out = pathlib.Path(sys.argv[1])
+for name in (sys.argv[2], "default", "default_reference"):
+    p = out / f"audit_{name}.json"
+    if not p.exists():
+        print(f"{name}: no JSON (see the log)")
+        continue
+    r = json.loads(p.read_text())
+    c = r["scorecard"]
+    print(f"{name}: cells={r['cells']} layers={r['layers']} {r['per_layer_summary']['line']} "
+          f"FP={c['false_positives']} FN={c['false_negatives']} wall={r['wall_seconds']}s timings={r['timings']}")
+EOF
+cat "$TIMINGS"
