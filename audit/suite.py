@@ -24,7 +24,7 @@ from audit.checks import FIRE, c7_token_risk, run_checks, token_risk
 from audit.compare import compare_layer, summarize_layers
 from audit.faults import VARIANTS, LayerCase, inject, reference_case
 from audit.matrix import REGIMES, Matrix, baseline_variant, load_matrix
-from audit.records import BACKEND_KERNELS, Activations, KernelDesc, Run, Weights, output_distance, output_equal
+from audit.records import BACKEND_KERNELS, REFERENCE_KERNEL, Activations, KernelDesc, Run, Weights, output_distance, output_equal
 from audit.runtime import Qwen3Shape, Qwen3W8A8, load_dense, load_linears
 from audit.scoring import CellResult, Scorer, ulp_histogram
 
@@ -69,6 +69,25 @@ def plan_from_config(config: dict) -> dict:
         "shapes": [{"out": o, "in": i, "count": c} for (o, i), c in distinct.items()],
         "linears": {n: list(s) for n, s in shapes.items()},
     }
+
+
+def environment(device: str) -> dict:
+    """Versions and device name, recorded with every result."""
+    import platform
+
+    env = {"python": platform.python_version(), "torch": torch.__version__}
+    try:
+        import triton
+
+        env["triton"] = triton.__version__
+    except ImportError:
+        env["triton"] = None
+    if str(device).startswith("cuda") and torch.cuda.is_available():
+        env["gpu"] = torch.cuda.get_device_name(torch.device(device))
+        env["cuda"] = torch.version.cuda
+    else:
+        env["cpu"] = platform.processor() or platform.machine()
+    return env
 
 
 def backend_kernel(name: str) -> KernelDesc:
@@ -149,6 +168,7 @@ def run_audit(ckpt, backends: tuple[str, str], n_prompts: int, device: str, adva
         timings[f"{regime}_cells_s"] = round(time.perf_counter() - t_c, 3)
         del model, linears, ops, cap
     summary = scorer.summary()
+    from audit.faults import FAULT_KERNELS
     layers = len(ckpt.quantized_linears)
     result = {
         "tool": "requant audit",
@@ -168,6 +188,9 @@ def run_audit(ckpt, backends: tuple[str, str], n_prompts: int, device: str, adva
         "per_layer_summary": summarize_layers(per_layer),
         **summary,
         "end_to_end": e2e,
+        "kernels": {"reference": REFERENCE_KERNEL.as_dict(), "backends": {b: backend_kernel(b).as_dict() for b in backends},
+                    "faults": {f: k.as_dict() for f, k in FAULT_KERNELS.items()}},
+        "environment": environment(device),
         "timings": timings,
         "wall_seconds": round(time.perf_counter() - t0, 3),
     }

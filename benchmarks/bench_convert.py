@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARD_SIZE = 1_100_000_000  # two shards for Qwen3-1.7B, like the real checkpoint
 
 CHILD_BASELINE = r"""
-import json, shutil, sys, time
+import json, resource, shutil, sys, time
 from pathlib import Path
 from safetensors.torch import load_file, save_file
 def rss_mb(key="VmRSS:"):
@@ -48,6 +48,7 @@ def rss_mb(key="VmRSS:"):
             return int(line.split()[1]) / 1024
 src, out = Path(sys.argv[1]), Path(sys.argv[2])
 rss0 = rss_mb()
+r0 = resource.getrusage(resource.RUSAGE_SELF)
 t0 = time.perf_counter()
 out.mkdir()
 for p in sorted(src.iterdir()):
@@ -58,11 +59,13 @@ for p in sorted(src.iterdir()):
     else:
         shutil.copyfile(p, out / p.name)
 dt = time.perf_counter() - t0
-print(json.dumps({"seconds": dt, "peak_rss_mb": rss_mb("VmHWM:"), "rss_after_import_mb": rss0}))
+r1 = resource.getrusage(resource.RUSAGE_SELF)
+cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+print(json.dumps({"seconds": dt, "cpu_seconds": cpu, "peak_rss_mb": rss_mb("VmHWM:"), "rss_after_import_mb": rss0}))
 """
 
 CHILD_CONVERT = r"""
-import json, sys, time
+import json, resource, sys, time
 sys.path.insert(0, sys.argv[3])
 from requant.convert import convert
 def rss_mb(key="VmRSS:"):
@@ -70,11 +73,14 @@ def rss_mb(key="VmRSS:"):
         if line.startswith(key):
             return int(line.split()[1]) / 1024
 rss0 = rss_mb()
+r0 = resource.getrusage(resource.RUSAGE_SELF)
 t0 = time.perf_counter()
 res = convert(sys.argv[1], sys.argv[2], "nearest")
 dt = time.perf_counter() - t0
+r1 = resource.getrusage(resource.RUSAGE_SELF)
+cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
 t = res.totals()
-print(json.dumps({"seconds": dt, "peak_rss_mb": rss_mb("VmHWM:"), "rss_after_import_mb": rss0,
+print(json.dumps({"seconds": dt, "cpu_seconds": cpu, "peak_rss_mb": rss_mb("VmHWM:"), "rss_after_import_mb": rss0,
                   "scales_changed": t["scales_changed"], "weights_clipped": t["weights_clipped"], "rel_weight_error": t["rel_weight_error"],
                   "linears": t["linears"]}))
 """
@@ -122,13 +128,15 @@ def main(argv=None) -> int:
         total = sum(f.stat().st_size for f in src.glob("*.safetensors"))
         warm(src)
         runs = {"baseline": [], "convert": []}
+        load_start = [round(x, 2) for x in os.getloadavg()]
         for i in range(a.repeats):
             for kind, code, extra in (("baseline", CHILD_BASELINE, ()), ("convert", CHILD_CONVERT, (str(ROOT),))):
                 out = work / f"out-{kind}"
                 shutil.rmtree(out, ignore_errors=True)
                 r = run_child(code, str(src), str(out), *extra)
                 runs[kind].append(r)
-                print(f"[{i + 1}/{a.repeats}] {kind:8s} {r['seconds']:.2f} s  {total / r['seconds'] / 1e9:.2f} GB/s  peak RSS {r['peak_rss_mb']:.0f} MB", flush=True)
+                print(f"[{i + 1}/{a.repeats}] {kind:8s} {r['seconds']:.2f} s  {total / r['seconds'] / 1e9:.2f} GB/s  "
+                      f"cpu {r['cpu_seconds']:.2f} s  peak RSS {r['peak_rss_mb']:.0f} MB  load {os.getloadavg()[0]:.2f}", flush=True)
                 shutil.rmtree(out, ignore_errors=True)
 
         def med(xs):
@@ -141,12 +149,17 @@ def main(argv=None) -> int:
         result = {
             "command": "python3 benchmarks/bench_convert.py " + " ".join(argv if argv is not None else sys.argv[1:]),
             "preset": a.preset,
-            "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
+            "load_average_at_start": load_start,
+            "note": ("the machine is shared (other jobs run on its 2 cores): convert uses both cores, the baseline "
+                     "one, so contention hurts convert more; compare the per-run pairs in 'runs'"),
+            "machine": {"cpus": os.cpu_count(), "load_average_at_end": [round(x, 2) for x in os.getloadavg()], "platform": platform.platform(), "python": platform.python_version(),
                         "torch": __import__("torch").__version__, "safetensors": __import__("safetensors").__version__},
             "checkpoint": {"shards": len(list(src.glob("*.safetensors"))), "bytes": total, "largest_tensor_bytes": largest,
                            "quantized_linears": sum(1 for _, k, _ in plan(p) if k == "linear"), "generate_seconds": round(gen_s, 1)},
-            "baseline_load_save": {"median_seconds": round(b_s, 3), "throughput_gb_s": round(total / b_s / 1e9, 3), "peak_rss_mb": round(b_rss)},
-            "convert_nearest": {"median_seconds": round(c_s, 3), "throughput_gb_s": round(total / c_s / 1e9, 3), "peak_rss_mb": round(c_rss),
+            "baseline_load_save": {"median_seconds": round(b_s, 3), "best_seconds": round(min(r["seconds"] for r in runs["baseline"]), 3),
+                                   "median_cpu_seconds": round(med([r["cpu_seconds"] for r in runs["baseline"]]), 3), "throughput_gb_s": round(total / b_s / 1e9, 3), "peak_rss_mb": round(b_rss)},
+            "convert_nearest": {"median_seconds": round(c_s, 3), "best_seconds": round(min(r["seconds"] for r in runs["convert"]), 3),
+                                "median_cpu_seconds": round(med([r["cpu_seconds"] for r in runs["convert"]]), 3), "throughput_gb_s": round(total / c_s / 1e9, 3), "peak_rss_mb": round(c_rss),
                                 "rss_after_import_mb": round(max(r["rss_after_import_mb"] for r in runs["convert"])),
                                 "scales_changed": runs["convert"][0]["scales_changed"], "weights_clipped": runs["convert"][0]["weights_clipped"],
                                 "rel_weight_error": runs["convert"][0]["rel_weight_error"]},

@@ -43,6 +43,7 @@ project's 2-core CI machine is ~10x faster than whole-tensor torch ops.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -132,6 +133,20 @@ def _shift_histogram(e_new: torch.Tensor, scale: torch.Tensor) -> dict[int, int]
     return {int(v): int(c) for v, c in zip(vals, counts)}
 
 
+_SCRATCH = threading.local()
+
+
+def _scratch(n: int, dtype) -> tuple[np.ndarray, np.ndarray]:
+    """Two float work buffers of n elements, kept per thread: allocating them per call
+    would cost fresh (page-faulted, zeroed) memory for every block of every Linear."""
+    key = np.dtype(dtype).name
+    bufs = getattr(_SCRATCH, key, None)
+    if bufs is None or bufs[0].size < n:
+        bufs = (np.empty(max(n, BLOCK_ELEMENTS), dtype=dtype), np.empty(max(n, BLOCK_ELEMENTS), dtype=dtype))
+        setattr(_SCRATCH, key, bufs)
+    return bufs[0][:n], bufs[1][:n]
+
+
 def _row_sq(q: np.ndarray) -> np.ndarray:
     """Per-row sum of q^2, exact (int32 accumulation: in * 2^14 < 2^31 for in < 2^17)."""
     out = np.empty(q.shape[0], dtype=np.float64)
@@ -157,8 +172,8 @@ def _requantize_rows(q: np.ndarray, ratio: np.ndarray, cdt, out: np.ndarray | No
     sq = np.zeros(rows, dtype=np.float64)
     norm = np.zeros(rows, dtype=np.float64)
     step = max(1, BLOCK_ELEMENTS // max(cols, 1))
-    x = np.empty((min(step, rows), cols), dtype=cdt)
-    r = np.empty_like(x)
+    x, r = _scratch(min(step, rows) * cols, cdt)
+    x, r = x.reshape(-1, cols), r.reshape(-1, cols)
     acc = np.float64 if exact_sums else cdt
     for i in range(0, rows, step):
         n = min(step, rows - i)
@@ -167,7 +182,8 @@ def _requantize_rows(q: np.ndarray, ratio: np.ndarray, cdt, out: np.ndarray | No
         np.multiply(xb, ratio[i:i + n], out=xb)  # exact (see module docstring)
         norm[i:i + n] = np.einsum("ij,ij->i", xb, xb, dtype=acc)
         np.rint(xb, out=rb)  # round half to even
-        if rb.max(initial=-128) > 127 or rb.min(initial=127) < -128:
+        # with every ratio <= 1, |q r| <= 128 and -128 r >= -128: nothing can clip (ceiling)
+        if ratio[i:i + n].max(initial=0) > 1 and (rb.max(initial=-128) > 127 or rb.min(initial=127) < -128):
             if exact_sums:
                 clipped[i:i + n] = np.count_nonzero(rb > 127, axis=1) + np.count_nonzero(rb < -128, axis=1)
             else:
@@ -179,74 +195,135 @@ def _requantize_rows(q: np.ndarray, ratio: np.ndarray, cdt, out: np.ndarray | No
     return out, clipped, sq, norm
 
 
+class Requantizer:
+    """One Linear under one arm, fed blocks of rows: the streaming form of
+    requantize_with_stats (which is exactly this, fed the whole weight at once).
+
+    The converter feeds cache-sized blocks as it reads them, so each block is read,
+    hashed, requantized and written while it is still in the CPU cache. Every arm is
+    row-independent (one scale per output channel), so blocks give the same bytes as the
+    whole tensor.
+
+        rq = Requantizer(scale, arm, cols)      # checks the scale, picks exponents
+        q_block_new = rq.rows(q_block, start)   # int8 numpy [n, cols], rows start..start+n
+        s_new, stats = rq.finish()              # after every row was fed exactly once
+    """
+
+    def __init__(self, scale: torch.Tensor, arm: str, cols: int):
+        if arm not in ARMS:
+            raise ValueError(f"unknown arm {arm!r}; known: {', '.join(ARMS)}")
+        if scale.dtype not in SCALE_DTYPES:
+            raise ValueError(f"scale dtype {scale.dtype} is not bf16, fp16 or fp32")
+        if scale.dim() != 2 or scale.shape[1] != 1:
+            raise ValueError(f"scale shape {list(scale.shape)} is not [out, 1]")
+        s = scale.to(torch.float64)
+        if not bool((torch.isfinite(s) & (s > 0)).all()):
+            raise ValueError("scales must be finite and positive")
+        self.arm, self.scale, self.cols = arm, scale, cols
+        self.rows_total = scale.shape[0]
+        self.stats = LinearStats(rows=self.rows_total, cols=cols)
+        self.cdt = _compute_dtype(scale.dtype)
+        self.s64 = s.reshape(-1).numpy()
+        self._fed = 0
+        self._tmp = None
+        if arm in ("nearest", "ceiling", "probe"):
+            self.e = nearest_exponent(scale) if arm in ("nearest", "probe") else ceil_exponent(scale)
+            self.s_new = pow2_scale(self.e, scale.dtype)
+            self.sn64 = self.s_new.to(torch.float64).reshape(-1).numpy()
+            self.ratio = (self.s64 / self.sn64).reshape(-1, 1).astype(self.cdt)  # exact: exponent shift only
+        elif arm == "mse":
+            e_ceil = ceil_exponent(scale)
+            self.e_ceil = e_ceil
+            self.candidates = []
+            for off in MSE_OFFSETS:
+                e_c = e_ceil + off
+                try:
+                    s_c = pow2_scale(e_c, scale.dtype)
+                except ValueError:
+                    continue  # a candidate the dtype cannot hold is simply not a candidate
+                sc64 = s_c.to(torch.float64).reshape(-1).numpy()
+                self.candidates.append((e_c.reshape(-1).numpy(), sc64, (self.s64 / sc64).reshape(-1, 1).astype(self.cdt)))
+            self.best_e = e_ceil.reshape(-1).numpy().copy()
+
+    def rows(self, q: np.ndarray, start: int, out: np.ndarray | None = None) -> np.ndarray:
+        """q' for rows [start, start + len(q)); q is int8 numpy [n, cols] and is not
+        modified. Returns `out` (allocated if None), or q itself for unconstrained and probe."""
+        n = q.shape[0]
+        if q.dtype != np.int8 or q.ndim != 2 or q.shape[1] != self.cols or start < 0 or start + n > self.rows_total:
+            raise ValueError(f"rows {start}..{start + n} of shape {list(q.shape)} {q.dtype} do not fit [{self.rows_total}, {self.cols}] int8")
+        self._fed += n
+        sl = slice(start, start + n)
+        st = self.stats
+        if self.arm == "unconstrained":
+            return q
+        if self.arm == "probe":
+            qsq = _row_sq(q)
+            st.sq_norm += float(np.dot(self.s64[sl] ** 2, qsq))
+            st.sq_error += float(np.dot((self.sn64[sl] - self.s64[sl]) ** 2, qsq))
+            return q
+        if out is None:
+            out = np.empty_like(q)
+        if self.arm in ("nearest", "ceiling"):
+            _, clipped, sq, norm = _requantize_rows(q, self.ratio[sl], self.cdt, out=out)
+            w = self.sn64[sl] ** 2
+            st.weights_clipped += int(clipped)
+            st.sq_error += float(np.dot(w, sq))
+            st.sq_norm += float(np.dot(w, norm))  # (q r)^2 s'^2 = (q s)^2
+            return out
+        # mse: every candidate on this block, keep the best per row
+        if self._tmp is None or self._tmp.size < q.size:
+            self._tmp = np.empty(q.size, dtype=np.int8)
+        tmp = self._tmp[: q.size].reshape(q.shape)
+        best_err = np.full(n, np.inf)
+        best_clip = np.zeros(n, dtype=np.int64)
+        best_e = self.best_e[sl]
+        for i, (e_c, sc64, ratio) in enumerate(self.candidates):
+            _, clipped, sq, norm = _requantize_rows(q, ratio[sl], self.cdt, out=tmp, exact_sums=True)
+            w = sc64[sl] ** 2
+            if i == 0:
+                st.sq_norm += float(np.dot(w, norm))
+            err = w * sq
+            better = err < best_err  # strict: earlier candidates win ties
+            if better.any():
+                out[better] = tmp[better]
+                best_err[better] = err[better]
+                best_clip[better] = clipped[better]
+                best_e[better] = e_c[sl][better]
+        st.weights_clipped += int(best_clip.sum())
+        st.sq_error += float(best_err.sum())
+        return out
+
+    def finish(self) -> tuple[torch.Tensor, LinearStats]:
+        """(s' in the scale's dtype [out, 1], stats), once every row has been fed."""
+        if self._fed != self.rows_total:
+            raise ValueError(f"fed {self._fed} rows of {self.rows_total}")
+        st = self.stats
+        if self.arm == "unconstrained":
+            return self.scale, st
+        if self.arm == "mse":
+            e = torch.from_numpy(self.best_e).reshape(self.scale.shape)
+            s_new = pow2_scale(e, self.scale.dtype)
+        else:
+            e, s_new = self.e, self.s_new
+        st.scales_changed = int((s_new.to(torch.float64) != self.scale.to(torch.float64)).sum())
+        st.exponent_shifts = _shift_histogram(e, self.scale)
+        return s_new, st
+
+
 def requantize_with_stats(q: torch.Tensor, scale: torch.Tensor, arm: str, *, out: np.ndarray | None = None) -> tuple[torch.Tensor, torch.Tensor, LinearStats]:
     """(q', s', stats) for one Linear under `arm` (see the module docstring).
 
-    out: optional int8 numpy buffer of at least q.numel() elements to write q' into
-    (the converter reuses one per worker instead of allocating per Linear); q' then
-    views it. q itself is never modified."""
+    out: optional int8 numpy buffer of at least q.numel() elements to write q' into; q'
+    then views it. q itself is never modified (unconstrained and probe return it)."""
     if arm not in ARMS:
         raise ValueError(f"unknown arm {arm!r}; known: {', '.join(ARMS)}")
     check_inputs(q, scale)
-    rows, cols = q.shape
-    stats = LinearStats(rows=rows, cols=cols)
-    if arm == "unconstrained":
-        stats.exponent_shifts = {}
-        return q, scale, stats
-    s64 = scale.to(torch.float64).reshape(-1).numpy()
+    rq = Requantizer(scale, arm, q.shape[1])
     qn = q.contiguous().numpy()
-    cdt = _compute_dtype(scale.dtype)
-
-    if arm in ("nearest", "ceiling", "probe"):
-        e = nearest_exponent(scale) if arm in ("nearest", "probe") else ceil_exponent(scale)
-        s_new = pow2_scale(e, scale.dtype)
-        sn64 = s_new.to(torch.float64).reshape(-1).numpy()
-        if arm == "probe":
-            q_new = q
-            qsq = _row_sq(qn)
-            stats.sq_norm = float(np.dot(s64 * s64, qsq))
-            stats.sq_error = float(np.dot((sn64 - s64) ** 2, qsq))
-        else:
-            ratio = (s64 / sn64).reshape(-1, 1).astype(cdt)  # exact: exponent shift only
-            buf = None if out is None else out[: qn.size].reshape(qn.shape)
-            qn_new, clipped, sq, norm = _requantize_rows(qn, ratio, cdt, out=buf)
-            q_new = torch.from_numpy(qn_new)
-            stats.weights_clipped = int(clipped)
-            stats.sq_error = float(np.dot(sn64 * sn64, sq))
-            stats.sq_norm = float(np.dot(sn64 * sn64, norm))  # (q r)^2 s'^2 = (q s)^2
-    else:  # mse
-        e_ceil = ceil_exponent(scale)
-        best_q = np.empty_like(qn)
-        best_err = np.full(rows, np.inf)
-        best_e = e_ceil.clone()
-        best_clipped = np.zeros(rows, dtype=np.int64)
-        tmp = np.empty_like(qn)
-        for off in MSE_OFFSETS:
-            e = e_ceil + off
-            try:
-                s_c = pow2_scale(e, scale.dtype)
-            except ValueError:
-                continue  # a candidate the dtype cannot hold is simply not a candidate
-            sc64 = s_c.to(torch.float64).reshape(-1).numpy()
-            ratio = (s64 / sc64).reshape(-1, 1).astype(cdt)
-            _, clipped, sq, norm = _requantize_rows(qn, ratio, cdt, out=tmp, exact_sums=True)
-            if stats.sq_norm == 0.0:
-                stats.sq_norm = float(np.dot(sc64 * sc64, norm))
-            err = sc64 * sc64 * sq
-            better = err < best_err  # strict: earlier candidates win ties
-            if better.any():
-                best_q[better] = tmp[better]
-                best_err[better] = err[better]
-                best_clipped[better] = clipped[better]
-                best_e[torch.from_numpy(better)] = e[torch.from_numpy(better)]
-        e = best_e
-        s_new = pow2_scale(e, scale.dtype)
-        q_new = torch.from_numpy(best_q)
-        stats.weights_clipped = int(best_clipped.sum())
-        stats.sq_error = float(best_err.sum())
-    stats.scales_changed = int((s_new.to(torch.float64) != scale.to(torch.float64)).sum())
-    stats.exponent_shifts = _shift_histogram(e, scale)
-    return q_new, s_new, stats
+    buf = None if out is None else out[: qn.size].reshape(qn.shape)
+    qn_new = rq.rows(qn, 0, buf)
+    s_new, stats = rq.finish()
+    return (q if qn_new is qn else torch.from_numpy(qn_new)), s_new, stats
 
 
 def requantize(q: torch.Tensor, scale: torch.Tensor, arm: str) -> tuple[torch.Tensor, torch.Tensor]:

@@ -9,8 +9,11 @@ has removed its temporary directory.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import signal
 import sys
+import threading
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
@@ -49,6 +52,23 @@ def _run(fn):
         _fail("interrupted; nothing was written", 130)
     except OSError as exc:
         _fail(f"{exc.filename or ''}: {exc.strerror or exc}" if exc.filename else str(exc))
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt():
+    """Treat SIGTERM like Ctrl-C while converting, so the temporary directory is removed."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
 
 
 def _fmt_shifts(shifts: dict) -> str:
@@ -110,7 +130,7 @@ def convert(
             progress.update(task["id"], advance=n)
 
     def work():
-        with progress:
+        with progress, _sigterm_as_interrupt():
             return do_convert(src_arg, output, arm_name, force=force, revision=revision, source=source, jobs=jobs,
                               progress=advance, on_start=on_start)
 

@@ -34,7 +34,7 @@ torch::Tensor scaled_mm(torch::Tensor a, torch::Tensor w, torch::Tensor s_a, tor
   TORCH_CHECK(m > 0 && m <= INT32_MAX && n <= INT32_MAX, "M must be in [1, 2^31)");
   const c10::cuda::CUDAGuard guard(a.device());
   auto out = torch::empty({m, n}, a.options().dtype(torch::kBFloat16));
-  if (tile < 0) tile = requant::w8a8_sm90_default_tile(static_cast<int>(m));
+  if (tile < 0) tile = requant::w8a8_sm90_default_tile(static_cast<int>(m), static_cast<int>(n));
   TORCH_CHECK(tile < requant::kW8A8NumTiles, "unknown tile config ", tile);
   requant::W8A8Problem p{a.data_ptr<int8_t>(), w.data_ptr<int8_t>(), s_a.data_ptr<float>(), s_w.data_ptr<float>(),
                          reinterpret_cast<uint16_t*>(out.data_ptr()), static_cast<int>(m), static_cast<int>(n),
@@ -49,7 +49,9 @@ torch::Tensor scaled_mm(torch::Tensor a, torch::Tensor w, torch::Tensor s_a, tor
 }
 
 std::string tile_name(int64_t tile) { return requant::w8a8_sm90_tile_name(static_cast<int>(tile)); }
-int64_t default_tile(int64_t m) { return requant::w8a8_sm90_default_tile(static_cast<int>(m)); }
+int64_t default_tile(int64_t m, int64_t n) {
+  return requant::w8a8_sm90_default_tile(static_cast<int>(m), static_cast<int>(n));
+}
 
 }  // namespace
 

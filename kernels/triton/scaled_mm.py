@@ -34,38 +34,41 @@ except ImportError:  # pragma: no cover - depends on the Triton version
     TensorDescriptor = None
 
 # Explicit tile configurations (no autotuning): (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
-# num_warps, num_stages, TMA). Chosen by M only; any choice gives the same bits (see above).
+# num_warps, num_stages, TMA). Chosen from M and N only (config_for); any choice gives the
+# same bits (see above), so the choice is about speed alone.
 # TMA = True loads a and w through tensor descriptors (Hopper's bulk tensor copies; the
 # interpreter emulates them), which needs 16-byte aligned rows (K % 16 == 0); other shapes
 # fall back to the pointer kernel with the same tile. Out-of-range rows, columns and K
 # are zero-filled by the copy engine, which adds nothing to the exact int32 sum.
-#   decode  M <= 16  : thin M tile, wide K step; the weight stream dominates.
-#   small   M <= 128 : 64-row tiles keep enough programs in flight for N = 1024.
-#   medium  M <= 1024: 128x128 tiles.
-#   large   M >  1024: 128x256x128, 8 warps, 4 stages (wgmma-sized, 192 KiB of smem);
-#                      on an H200 4 stages beat 3 by up to 20% at M = 4096 on Qwen3 shapes.
+#   decode  M <= 16  : thin M tile, wide K step, pointer loads; the weight stream dominates.
+#   small   M <= 128 : 64x64 tiles keep enough programs in flight for N = 1024; also up to
+#                      M = 1024 when 128x128 tiles would not fill one wave of 132 SMs.
+#   medium  M <= 1024: 128x128x128, 8 warps, 4 stages.
+#   large   M >  1024: 128x256x128, 8 warps, 4 stages (192 KiB of smem).
+# Measured on an H200 (benchmarks/results/kernels_bench.md): TMA loads gain 5-15% over
+# pointer loads from M = 512 up, and 4 stages beat 3 at M >= 2048.
 CONFIGS = {
     "decode": (16, 64, 256, 1, 4, 4, False),
-    "small": (64, 64, 128, 8, 4, 4, False),
-    "medium": (128, 128, 128, 8, 8, 4, False),
-    "large": (128, 256, 128, 8, 8, 4, False),
+    "small": (64, 64, 128, 8, 4, 4, True),
+    "medium": (128, 128, 128, 8, 8, 4, True),
+    "large": (128, 256, 128, 8, 8, 4, True),
     # Alternatives the benchmark sweeps (never picked by config_for):
-    "large_s3": (128, 256, 128, 8, 8, 3, False),
-    "large_m256": (256, 128, 128, 8, 8, 4, False),
-    "medium_tma": (128, 128, 128, 8, 8, 4, True),
-    "large_tma": (128, 256, 128, 8, 8, 4, True),
-    "large_tma_s3": (128, 256, 128, 8, 8, 3, True),
-    "small_tma": (64, 64, 128, 8, 4, 4, True),
+    "small_ptr": (64, 64, 128, 8, 4, 4, False),
+    "medium_ptr": (128, 128, 128, 8, 8, 4, False),
+    "large_ptr": (128, 256, 128, 8, 8, 4, False),
+    "large_s3": (128, 256, 128, 8, 8, 3, True),
+    "large_m256": (256, 128, 128, 8, 8, 4, True),
 }
+SMS = 132  # H100/H200 SXM
 
 
-def config_for(m: int) -> str:
+def config_for(m: int, n: int) -> str:
     if m <= 16:
         return "decode"
     if m <= 128:
         return "small"
     if m <= 1024:
-        return "medium"
+        return "medium" if triton.cdiv(m, 128) * triton.cdiv(n, 128) >= SMS else "small"
     return "large"
 
 
@@ -152,7 +155,7 @@ def _scaled_mm_kernel(
 def scaled_mm(a: torch.Tensor, w: torch.Tensor, s_a: torch.Tensor, s_w: torch.Tensor, config: str | None = None) -> torch.Tensor:
     """a int8 [M, K], w int8 [N, K], s_a fp32 [M, 1], s_w fp32 [N, 1] -> bf16 [M, N].
 
-    `config` overrides the M-based tile choice (a key of CONFIGS); it never changes bits.
+    `config` overrides the tile choice (a key of CONFIGS); it never changes bits.
     """
     check_operands(a, w, s_a, s_w)
     m, k = a.shape
@@ -164,7 +167,7 @@ def scaled_mm(a: torch.Tensor, w: torch.Tensor, s_a: torch.Tensor, s_w: torch.Te
     w = w if w.stride(1) == 1 else w.contiguous()
     s_a = s_a.contiguous()
     s_w = s_w.contiguous()
-    bm, bn, bk, group_m, warps, stages, tma = CONFIGS[config or config_for(m)]
+    bm, bn, bk, group_m, warps, stages, tma = CONFIGS[config or config_for(m, n)]
     grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
     if tma and TensorDescriptor is not None and k % 16 == 0 and k > 0 and a.data_ptr() % 16 == 0 and w.data_ptr() % 16 == 0:
         _scaled_mm_tma_kernel[grid](

@@ -35,7 +35,7 @@ def test_reference_case_is_the_triton_order():
     assert bitwise_equal(case.ref.y, epilogue_triton_order(case.acc, case.act.s_a, case.wt.s_w))
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=25, deadline=None, database=None)
 @given(seed=st.integers(0, 2**31 - 1))
 def test_epilogue_faults_commute_under_pow2_except_f4(seed):
     """F1, F2, F3, F5 give the reference bits when every s_w is a power of two; F4 does not."""
@@ -47,7 +47,7 @@ def test_epilogue_faults_commute_under_pow2_except_f4(seed):
     assert bitwise_equal(f4.y, truncate_fp32_to_bf16(case.act.s_a * case.acc.to(torch.float32) * case.wt.s_w.reshape(1, -1)))
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=25, deadline=None, database=None)
 @given(seed=st.integers(0, 2**31 - 1), pow2=st.booleans())
 def test_epilogue_faults_move_at_most_one_spacing(seed, pow2):
     case = make_case(seed, pow2=pow2, m=32, k=128, n=64)

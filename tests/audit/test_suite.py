@@ -19,7 +19,7 @@ from tests.audit.conftest import make_operands
 MATRIX = load_matrix()
 
 
-@settings(max_examples=12, deadline=None)
+@settings(max_examples=12, deadline=None, database=None)
 @given(seed=st.integers(0, 2**31 - 1), m=st.integers(16, 48), k=st.sampled_from([256, 512, 1024]), n=st.integers(32, 80))
 def test_random_layers_score_clean(seed, m, k, n):
     scorer = Scorer(MATRIX)

@@ -3,7 +3,12 @@ requant commands assembled the same way). Reference for values: the library func
 (requant.convert.convert, requant.inspect, requant.verify) and the input files."""
 
 import json
+import signal
+import subprocess
+import sys
+import time
 
+import pytest
 import typer
 from typer.testing import CliRunner
 
@@ -86,3 +91,36 @@ def test_bad_arm_and_missing_source(tmp_path):
     assert res.exit_code != 0
     res = runner.invoke(app, ["convert", str(tmp_path / "nope"), "-o", str(tmp_path / "o")])
     assert res.exit_code == 1 and "no such directory" in res.output and "Traceback" not in res.output
+
+
+SLOW_CONVERT = r"""
+import sys, time, typer
+import requant.arms
+real = requant.arms.Requantizer.rows
+def slow(self, *a, **k):
+    time.sleep(0.05)
+    return real(self, *a, **k)
+requant.arms.Requantizer.rows = slow
+from requant.commands import convert
+app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+app.command("convert")(convert)
+app.command("noop")(lambda: None)
+app()
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_signal_mid_convert_leaves_nothing(tmp_path, micro, sig):
+    """A real interrupt of the CLI process half way: exit 130, no OUT, no temp dir."""
+    out = tmp_path / "outs" / "out"
+    proc = subprocess.Popen([sys.executable, "-c", SLOW_CONVERT, "convert", str(micro), "-o", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while time.time() < deadline and not (out.parent.exists() and any(p.name.startswith(".out.requant-tmp") for p in out.parent.iterdir())):
+        time.sleep(0.02)
+    time.sleep(0.2)  # a few Linears in
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "interrupted" in err and "Traceback" not in err
+    assert not out.parent.exists() or list(out.parent.iterdir()) == []

@@ -176,16 +176,16 @@ def test_never_writes_inside_source(tmp_path, micro):
 @pytest.mark.parametrize("fixture", ["micro", "micro_sharded"])
 def test_interrupted_convert_leaves_nothing(request, tmp_path, monkeypatch, fixture, exc):
     src = request.getfixturevalue(fixture)
-    real = requant.arms.requantize_with_stats
+    real = requant.arms.Requantizer.finish
     calls = []
 
-    def flaky(q, s, arm, **kw):
+    def flaky(self):
         calls.append(1)
         if len(calls) == 5:  # half way through the 14 Linears
             raise exc
-        return real(q, s, arm, **kw)
+        return real(self)
 
-    monkeypatch.setattr(requant.arms, "requantize_with_stats", flaky)
+    monkeypatch.setattr(requant.arms.Requantizer, "finish", flaky)
     parent = tmp_path / "outs"
     with pytest.raises(type(exc)):
         convert(src, parent / "out", "nearest")
@@ -197,10 +197,10 @@ def test_interrupted_force_keeps_the_old_output(tmp_path, monkeypatch, micro):
     convert(micro, out, "ceiling")
     before = tree_bytes(out)
 
-    def boom(q, s, arm, **kw):
+    def boom(self, *a, **kw):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(requant.arms, "requantize_with_stats", boom)
+    monkeypatch.setattr(requant.arms.Requantizer, "rows", boom)
     with pytest.raises(RuntimeError):
         convert(micro, out, "nearest", force=True)
     assert tree_bytes(out) == before
