@@ -28,7 +28,11 @@ Families (the definitions the prediction matrix was written from):
      rounding: at most one bf16 spacing.
   F2 double rounding: the product after the first scale is rounded to bf16, then scaled
      and rounded again: y = bf16_rne(fp32(bf16_rne(fp32(s_a*acc)) * s_w)). Exact under a
-     power-of-two s_w (scaling by 2**e commutes with rounding in the normal range).
+     power-of-two s_w (scaling by 2**e commutes with rounding in the normal range). Under
+     a general s_w the first rounding errs by <= half a spacing of s_a*acc, which is < one
+     spacing of the product, so the two final roundings differ by at most one spacing
+     (tested on random operands; it changes about a quarter of the outputs of the embedded
+     default, each by exactly one).
   F3 multiplication order: the other legal order, CUTLASS's s_a * fp32(s_w * acc)
      (kernels.reference.epilogue_cutlass_order). Equal under power-of-two s_w.
   F4 output truncation: the final fp32 -> bf16 cast rounds toward zero
@@ -38,8 +42,10 @@ Families (the definitions the prediction matrix was written from):
      fp32(s_a*s_w)). Exact under power-of-two s_w.
   F6 accumulator precision (precondition): K is cut into tiles of F6_TILE; each tile's
      int8 dot products are exact (|tile sum| <= 64 * 2**14), but tiles are summed into a
-     bfloat16 register: acc <- bf16_rne(fp32(acc + tile)). The accumulator is a float with
-     8 significant bits, far too narrow for K * 2**14.
+     bfloat16 register: acc <- bf16_rne(fp32(acc + tile)) (torch's fp32 -> bf16 cast, round
+     half to even on CPU and GPU). The accumulator is a float with 8 significant bits, far
+     too narrow for K * 2**14. With K <= F6_TILE it rounds the exact sum once, so the
+     output moves by at most one spacing: every Qwen3 Linear has K >= 1024.
   F7 accumulator range (precondition): an int16 accumulator that wraps (two's complement).
      Wrapping at every step equals wrapping once at the end, so acc16 = wrap16(acc) exactly,
      whatever the summation order (saturation would depend on the order; wrap does not).

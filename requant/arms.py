@@ -133,6 +133,18 @@ def _shift_histogram(e_new: torch.Tensor, scale: torch.Tensor) -> dict[int, int]
     return {int(v): int(c) for v, c in zip(vals, counts)}
 
 
+_VECDOT = getattr(np.linalg, "vecdot", None)  # numpy >= 2.0: ~2x faster than einsum here
+
+
+def _row_dots(x: np.ndarray, exact: bool) -> np.ndarray:
+    """Per-row sum of x^2: float64 accumulation when exact, else in x's dtype (a statistic)."""
+    if exact:
+        return np.einsum("ij,ij->i", x, x, dtype=np.float64)
+    if _VECDOT is not None:
+        return _VECDOT(x, x)
+    return np.einsum("ij,ij->i", x, x)
+
+
 _SCRATCH = threading.local()
 
 
@@ -174,13 +186,12 @@ def _requantize_rows(q: np.ndarray, ratio: np.ndarray, cdt, out: np.ndarray | No
     step = max(1, BLOCK_ELEMENTS // max(cols, 1))
     x, r = _scratch(min(step, rows) * cols, cdt)
     x, r = x.reshape(-1, cols), r.reshape(-1, cols)
-    acc = np.float64 if exact_sums else cdt
     for i in range(0, rows, step):
         n = min(step, rows - i)
         xb, rb = x[:n], r[:n]
         np.copyto(xb, q[i:i + n], casting="unsafe")  # int8 -> float: exact
         np.multiply(xb, ratio[i:i + n], out=xb)  # exact (see module docstring)
-        norm[i:i + n] = np.einsum("ij,ij->i", xb, xb, dtype=acc)
+        norm[i:i + n] = _row_dots(xb, exact_sums)
         np.rint(xb, out=rb)  # round half to even
         # with every ratio <= 1, |q r| <= 128 and -128 r >= -128: nothing can clip (ceiling)
         if ratio[i:i + n].max(initial=0) > 1 and (rb.max(initial=-128) > 127 or rb.min(initial=127) < -128):
@@ -191,7 +202,7 @@ def _requantize_rows(q: np.ndarray, ratio: np.ndarray, cdt, out: np.ndarray | No
             np.clip(rb, -128, 127, out=rb)
         out[i:i + n] = rb.astype(np.int8)  # integers in [-128, 127]: exact (faster than copyto)
         np.subtract(rb, xb, out=xb)
-        sq[i:i + n] = np.einsum("ij,ij->i", xb, xb, dtype=acc)
+        sq[i:i + n] = _row_dots(xb, exact_sums)
     return out, clipped, sq, norm
 
 

@@ -224,3 +224,23 @@ def test_source_unconstrained_reproduces_rtn_checkpoint(tmp_path):
 def test_mse_costs_less_than_nearest_and_ceiling(tmp_path, default_copy):
     errs = {arm: convert(default_copy, tmp_path / arm, arm).totals()["rel_weight_error"] for arm in ("nearest", "ceiling", "mse")}
     assert errs["mse"] <= errs["ceiling"] <= errs["nearest"]
+
+
+def test_fp32_scales(tmp_path, micro):
+    """fp32 scales (24-bit mantissas: the float64 path) convert exactly and stay fp32."""
+    from requant.safetensors_io import library_order, write_file
+
+    tensors = load_all(micro / "model.safetensors")
+    for n in list(tensors):
+        if n.endswith("weight_scale"):
+            # an fp32 scale with a full 24-bit mantissa
+            tensors[n] = tensors[n].float() * (1 + 2.0**-20)
+    write_file(micro / "model.safetensors", [(n, tensors[n]) for n in library_order(tensors)], {"format": "pt"})
+    convert(micro, tmp_path / "out", "nearest")
+    after = load_all(tmp_path / "out" / "model.safetensors")
+    for lin in open_checkpoint(micro).quantized_linears:
+        q2, s2 = requantize(tensors[lin + ".weight"], tensors[lin + ".weight_scale"], "nearest")
+        assert after[lin + ".weight_scale"].dtype == torch.float32
+        assert _same_bits(after[lin + ".weight"], q2) and _same_bits(after[lin + ".weight_scale"], s2)
+    convert(micro, tmp_path / "u", "unconstrained")
+    assert tree_bytes(tmp_path / "u") == tree_bytes(micro)
