@@ -148,15 +148,16 @@ def _row_dots(x: np.ndarray, exact: bool) -> np.ndarray:
 _SCRATCH = threading.local()
 
 
-def _scratch(n: int, dtype) -> tuple[np.ndarray, np.ndarray]:
-    """Two float work buffers of n elements, kept per thread: allocating them per call
-    would cost fresh (page-faulted, zeroed) memory for every block of every Linear."""
+def _scratch(n: int, dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Two float work buffers and a bool mask of n elements, kept per thread: allocating
+    them per call would cost fresh (page-faulted, zeroed) memory for every block."""
     key = np.dtype(dtype).name
     bufs = getattr(_SCRATCH, key, None)
     if bufs is None or bufs[0].size < n:
-        bufs = (np.empty(max(n, BLOCK_ELEMENTS), dtype=dtype), np.empty(max(n, BLOCK_ELEMENTS), dtype=dtype))
+        m = max(n, BLOCK_ELEMENTS)
+        bufs = (np.empty(m, dtype=dtype), np.empty(m, dtype=dtype), np.empty(m, dtype=bool))
         setattr(_SCRATCH, key, bufs)
-    return bufs[0][:n], bufs[1][:n]
+    return bufs[0][:n], bufs[1][:n], bufs[2][:n]
 
 
 def _row_sq(q: np.ndarray) -> np.ndarray:
@@ -176,7 +177,12 @@ def _requantize_rows(q: np.ndarray, ratio: np.ndarray, cdt, out: np.ndarray | No
     (q*ratio)^2), sums as float64 arrays [out]. Each term is exact. By default the row sums
     accumulate in cdt (relative error ~1e-6: fine for a statistic) and `clipped` is the
     total count; with exact_sums (the mse arm's decision) they accumulate in float64 and
-    `clipped` is per row."""
+    `clipped` is per row.
+
+    Clipping: rint(x) > 127 <=> x >= 127.5 and rint(x) < -128 <=> x < -128.5 (ties go to
+    even: 127.5 -> 128 clips, -128.5 -> -128 does not); clamping before rint is the same as
+    after (integer bounds, rint monotone). With every ratio <= 1 nothing can clip. All work
+    buffers are reused (a temporary per block would cost fresh pages)."""
     rows, cols = q.shape
     if out is None:
         out = np.empty_like(q)
@@ -184,23 +190,29 @@ def _requantize_rows(q: np.ndarray, ratio: np.ndarray, cdt, out: np.ndarray | No
     sq = np.zeros(rows, dtype=np.float64)
     norm = np.zeros(rows, dtype=np.float64)
     step = max(1, BLOCK_ELEMENTS // max(cols, 1))
-    x, r = _scratch(min(step, rows) * cols, cdt)
-    x, r = x.reshape(-1, cols), r.reshape(-1, cols)
+    x, r, mask = _scratch(min(step, rows) * cols, cdt)
+    x, r, mask = x.reshape(-1, cols), r.reshape(-1, cols), mask.reshape(-1, cols)
     for i in range(0, rows, step):
         n = min(step, rows - i)
-        xb, rb = x[:n], r[:n]
+        xb, rb, mb = x[:n], r[:n], mask[:n]
         np.copyto(xb, q[i:i + n], casting="unsafe")  # int8 -> float: exact
         np.multiply(xb, ratio[i:i + n], out=xb)  # exact (see module docstring)
         norm[i:i + n] = _row_dots(xb, exact_sums)
-        np.rint(xb, out=rb)  # round half to even
-        # with every ratio <= 1, |q r| <= 128 and -128 r >= -128: nothing can clip (ceiling)
-        if ratio[i:i + n].max(initial=0) > 1 and (rb.max(initial=-128) > 127 or rb.min(initial=127) < -128):
+        src = xb
+        if ratio[i:i + n].max(initial=0) > 1:
+            np.greater_equal(xb, 127.5, out=mb)
+            hi = np.count_nonzero(mb, axis=1) if exact_sums else np.count_nonzero(mb)
+            np.less(xb, -128.5, out=mb)
+            lo = np.count_nonzero(mb, axis=1) if exact_sums else np.count_nonzero(mb)
             if exact_sums:
-                clipped[i:i + n] = np.count_nonzero(rb > 127, axis=1) + np.count_nonzero(rb < -128, axis=1)
+                clipped[i:i + n] = hi + lo
             else:
-                clipped += int(np.count_nonzero(rb > 127)) + int(np.count_nonzero(rb < -128))
-            np.clip(rb, -128, 127, out=rb)
-        out[i:i + n] = rb.astype(np.int8)  # integers in [-128, 127]: exact (faster than copyto)
+                clipped += int(hi) + int(lo)
+            if np.any(hi) or np.any(lo):
+                np.clip(xb, -128, 127, out=rb)
+                src = rb
+        np.rint(src, out=rb)  # round half to even
+        np.copyto(out[i:i + n], rb, casting="unsafe")  # integers in [-128, 127]: exact
         np.subtract(rb, xb, out=xb)
         sq[i:i + n] = _row_dots(xb, exact_sums)
     return out, clipped, sq, norm
