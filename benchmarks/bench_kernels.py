@@ -133,12 +133,27 @@ def sweep(m, n, k, rep, swizzles=(1,)):
     return res
 
 
+def square_cutlass_tiles(rep, n=8192):
+    sets = [operands(n, n, n) for _ in range(_copies(n, n, n))]
+    idx = {name: t for t, name in ck.TILES.items()}
+    res = {"default": 2 * n ** 3 / _time([lambda o=o: ck.scaled_mm(*o) for o in sets], rep) / 1e9}
+    for name in ("large", "large2"):
+        for sw in (1, 8):
+            fl = [lambda o=o, t=idx[name], sw=sw: ck.scaled_mm(*o, tile=t, swizzle=sw) for o in sets]
+            res[f"{name}:sw{sw}"] = 2 * n ** 3 / _time(fl, rep) / 1e9
+    return res
+
+
 def markdown(result):
     lines = []
     for key, when in (("square_8192", "first"), ("square_8192_end", "last")):
         sq = result[key]
         lines.append(f"8192 x 8192 x 8192 ({when} in the run): " + ", ".join(f"{b} {sq[b]['tops']:.0f}" for b in BACKENDS if b in sq)
                      + " (TOPS; bf16 in TFLOP/s; int_mm+s counts the separate scale op)")
+        lines.append("")
+    if "square_8192_cutlass_early" in result:
+        lines.append("8192^3 CUTLASS tiles, measured right after the first line: " + ", ".join(
+            f"{k} {v:.0f}" for k, v in result["square_8192_cutlass_early"].items()) + " (TOPS)")
         lines.append("")
     lines.append("")
     lines.append("One decoder layer's Linears (q, k, v, o, gate, up, down; summed times), TOPS:")
@@ -195,6 +210,10 @@ def main():
     }
     result["square_8192"] = bench_shape(8192, 8192, 8192, rep=100)
     print("8192^3", {b: round(v["tops"]) for b, v in result["square_8192"].items()}, flush=True)
+    # Right after, on the still cool chip: the CUTLASS tiles that led the late 8192^3 sweep of
+    # the first run (Cooperative 128x256 / 256x128 with swizzle 8) against the default.
+    result["square_8192_cutlass_early"] = square_cutlass_tiles(100)
+    print("8192^3 CUTLASS tiles early", {k: round(v) for k, v in result["square_8192_cutlass_early"].items()}, flush=True)
     for model in args.models.split(","):
         for m in MS:
             total_ops = 0.0

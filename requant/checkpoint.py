@@ -239,8 +239,8 @@ def _find_linears(ckpt: Checkpoint) -> list[str]:
         w, s = wf.info(wname), sf.info(sname)
         if w.dtype != "I8":
             raise TensorError(f"quantized weight stored as {w.dtype}, expected I8 (int8)", file=wf.path, tensor=wname)
-        if len(w.shape) != 2:
-            raise TensorError(f"quantized weight must be 2-D [out, in], got shape {list(w.shape)}", file=wf.path, tensor=wname)
+        if len(w.shape) != 2 or 0 in w.shape:
+            raise TensorError(f"quantized weight must be 2-D [out, in] and non-empty, got shape {list(w.shape)}", file=wf.path, tensor=wname)
         if s.dtype not in SCALE_DTYPES:
             raise TensorError(f"weight scale stored as {s.dtype}, expected one of {', '.join(SCALE_DTYPES)}", file=sf.path, tensor=sname)
         if s.shape != (w.shape[0], 1):

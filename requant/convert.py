@@ -335,6 +335,8 @@ def provenance_for(arm: str, src_label: str, digest: str, ckpt: Checkpoint, sour
         "version": requant.__version__,
         "source": {"checkpoint": src_label, "digest": digest},
     }
+    if str(ckpt.path) != src_label:  # a Hub id: record the snapshot it resolved to
+        prov["source"]["resolved"] = str(ckpt.path)
     prior = ckpt.config.get(PROVENANCE_KEY)
     if prior is not None:
         prov["source"]["requant"] = prior

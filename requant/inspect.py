@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import torch
 
 from requant.arms import ceil_exponent
 from requant.checkpoint import Checkpoint, open_checkpoint
 from requant.convert import PROVENANCE_KEY
+from requant.errors import CheckpointError
 
 CONFIG_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
                "head_dim", "vocab_size", "tie_word_embeddings", "torch_dtype")
@@ -28,7 +30,34 @@ def is_power_of_two(s: torch.Tensor) -> torch.Tensor:
     return torch.isfinite(s.to(torch.float64)) & (s.to(torch.float64) > 0) & (m == 0.5)
 
 
+def _int8_range(ckpt: Checkpoint, name: str, buf: bytearray) -> tuple[int, int, int]:
+    """(min, max, count of -128) of one int8 tensor, read in pieces into a reused buffer."""
+    f = ckpt.shard_of(name)
+    info = f.info(name)
+    lo, hi, n128 = 127, -128, 0
+    fd = os.open(f.path, os.O_RDONLY)
+    try:
+        for pos in range(0, info.nbytes, len(buf)):
+            n = min(len(buf), info.nbytes - pos)
+            view = memoryview(buf)[:n]
+            got = 0
+            while got < n:
+                k = os.preadv(fd, [view[got:]], f.data_start + info.begin + pos + got)
+                if k == 0:
+                    raise CheckpointError("file ended while reading", file=f.path, tensor=name)
+                got += k
+            a = np.frombuffer(view, dtype=np.int8)
+            lo, hi = min(lo, int(a.min())), max(hi, int(a.max()))
+            n128 += int(np.count_nonzero(a == -128))
+            del a
+            view.release()
+    finally:
+        os.close(fd)
+    return lo, hi, n128
+
+
 def summarize(ckpt: Checkpoint, *, weights: bool = True) -> dict:
+    buf = bytearray(1 << 20)
     cfg = ckpt.config
     scale_dtypes: dict[str, int] = {}
     pow2 = channels = 0
@@ -47,10 +76,8 @@ def summarize(ckpt: Checkpoint, *, weights: bool = True) -> dict:
         exps_min = lo if exps_min is None else min(exps_min, lo)
         exps_max = hi if exps_max is None else max(exps_max, hi)
         if weights:
-            q = ckpt.tensor(lin + ".weight")
-            if q.numel():
-                qmin, qmax = min(qmin, int(q.min())), max(qmax, int(q.max()))
-                n_min128 += int((q == -128).sum())
+            lo, hi, n128 = _int8_range(ckpt, lin + ".weight", buf)
+            qmin, qmax, n_min128 = min(qmin, lo), max(qmax, hi), n_min128 + n128
     quant_tensors = {lin + suffix for lin in ckpt.quantized_linears for suffix in (".weight", ".weight_scale")}
     passthrough = [n for n in ckpt.tensor_names() if n not in quant_tensors]
     out = {

@@ -24,16 +24,14 @@ Validation (each failure names the file and, where it applies, the tensor):
     the end of the file (no truncation, no trailing bytes).
 
 Reading is lazy: `SafetensorsFile` holds only the header; tensors are read with
-`os.pread` on demand (not mmap, so reading a tensor does not keep the file's pages in
-this process's resident set).
+`os.pread` on demand into memory of their own (not mmap: a mapped tensor keeps the file's
+pages in this process's resident set and dies with SIGBUS if the file is rewritten).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
-import mmap
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -139,42 +137,6 @@ class SafetensorsFile:
         info = self.info(name)
         return bytes_to_tensor(self.read_bytes(name, fd), info)
 
-    def iter_chunks(self, name: str, fd: int, chunk_bytes: int = 16 << 20):
-        """Yield (offset within the tensor, memoryview) over one tensor's bytes.
-
-        One buffer is reused, so a chunk is only valid until the next one is yielded.
-        """
-        info = self.info(name)
-        buf = bytearray(min(chunk_bytes, max(info.nbytes, 1)))
-        mv = memoryview(buf)
-        pos = 0
-        while pos < info.nbytes:
-            n = min(len(buf), info.nbytes - pos)
-            self._pread_into(info, mv[:n], pos, fd)
-            yield pos, mv[:n]
-            pos += n
-
-
-@contextlib.contextmanager
-def mapped(fd: int, start: int, length: int):
-    """A writable, copy-on-write (MAP_PRIVATE) view of bytes [start, start+length) of a file,
-    prefaulted (MAP_POPULATE). No copy is made unless someone writes to it, and the pages
-    leave this process's resident set when the block exits, so a caller can hash, read
-    and pwrite a tensor without holding a copy of it."""
-    gran = mmap.ALLOCATIONGRANULARITY
-    base = start - start % gran
-    flags = mmap.MAP_PRIVATE | getattr(mmap, "MAP_POPULATE", 0)
-    mm = mmap.mmap(fd, length + (start - base), flags=flags, prot=mmap.PROT_READ | mmap.PROT_WRITE, offset=base)
-    view = memoryview(mm)[start - base:start - base + length]
-    try:
-        yield view
-    finally:
-        try:
-            view.release()
-            mm.close()
-        except BufferError:  # an object made from the view is still alive (e.g. in a traceback)
-            pass
-
 
 def bytes_to_tensor(buf: bytearray | bytes, info: TensorInfo) -> torch.Tensor:
     dtype = info.torch_dtype
@@ -236,6 +198,8 @@ def read_header(path: str | os.PathLike) -> SafetensorsFile:
     tensors: dict[str, TensorInfo] = {}
     for name, entry in header.items():
         if name == METADATA_KEY:
+            if entry is None:  # the format allows "__metadata__": null
+                continue
             if not isinstance(entry, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in entry.items()):
                 raise SafetensorsFormatError("__metadata__ must map strings to strings", file=path)
             metadata = entry

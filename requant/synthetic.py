@@ -232,9 +232,9 @@ def generate(preset: str | Preset, out: str | os.PathLike, *, seed: int = 0, sha
     n = len(groups)
     names = [f"model-{i + 1:05d}-of-{n:05d}.safetensors" if n > 1 else "model.safetensors" for i in range(n)]
     weight_map: dict[str, str] = {}
-    originals: dict[str, torch.Tensor] = {}
     for fname, group in zip(names, groups):
         tensors: dict[str, torch.Tensor] = {}
+        originals: dict[str, torch.Tensor] = {}
         for i in group:
             name, kind, shape = entries[i]
             for tname, t, orig in _tensors_for(gen, name, kind, shape, outliers):
@@ -243,13 +243,17 @@ def generate(preset: str | Preset, out: str | os.PathLike, *, seed: int = 0, sha
                 if src_dir is not None and orig is not None:
                     originals[tname] = orig
         save_file(tensors, str(out / fname), metadata={"format": "pt"})
-        del tensors
+        if src_dir is not None:  # the bf16 originals, sharded alike (one shard in memory at a time)
+            save_file(originals, str(src_dir / fname), metadata={"format": "pt"})
+        del tensors, originals
     if n > 1:
         write_json(out / "model.safetensors.index.json", {"metadata": {"total_size": sum(q_sizes)}, "weight_map": dict(sorted(weight_map.items()))})
     ratio = round(sum(b_sizes) / sum(q_sizes), 4)
     write_json(out / "config.json", model_config(p, quantized=True, compression_ratio=ratio))
     if src_dir is not None:
-        save_file(originals, str(src_dir / "model.safetensors"), metadata={"format": "pt"})
+        if n > 1:
+            src_map = {t: f for t, f in weight_map.items() if not t.endswith("_scale")}
+            write_json(src_dir / "model.safetensors.index.json", {"metadata": {"total_size": sum(b_sizes)}, "weight_map": dict(sorted(src_map.items()))})
         write_json(src_dir / "config.json", model_config(p, quantized=False))
     return out
 

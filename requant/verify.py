@@ -95,7 +95,7 @@ def verify(a: str | os.PathLike, b: str | os.PathLike) -> dict:
                      first_index=int(neq.nonzero()[0, 0]))
         diffs.append(entry)
     report["tensors"] = diffs
-    if not diffs and differing:
-        # same tensors, different files: headers (order, metadata, padding) or other files
-        report["note"] = "tensor data identical; the difference is in headers, layout or non-tensor files"
+    if not diffs and not report["errors"]:
+        # same tensors, different files: sharding, headers (order, metadata, padding) or other files
+        report["note"] = "tensor data identical; the difference is in sharding, headers or non-tensor files"
     return report

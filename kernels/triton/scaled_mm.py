@@ -34,48 +34,91 @@ except ImportError:  # pragma: no cover - depends on the Triton version
     TensorDescriptor = None
 
 # Explicit tile configurations (no autotuning): (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
-# num_warps, num_stages, TMA). Chosen from M and N only (config_for); any choice gives the
-# same bits (see above), so the choice is about speed alone.
-# TMA = True loads a and w through tensor descriptors (Hopper's bulk tensor copies; the
-# interpreter emulates them), which needs 16-byte aligned rows (K % 16 == 0); other shapes
-# fall back to the pointer kernel with the same tile. Out-of-range rows, columns and K
-# are zero-filled by the copy engine, which adds nothing to the exact int32 sum.
-#   decode  M <= 16  : thin M tile, wide K step, pointer loads; the weight stream dominates.
-#   small   M <= 128 : 64x64 tiles keep enough programs in flight for N = 1024; also up to
-#                      M = 1024 when 128x128 tiles would not fill one wave of 132 SMs.
-#   medium  M <= 1024: 128x128x128, 8 warps, 4 stages.
-#   large   M >  1024: 128x256x128, 8 warps, 4 stages (192 KiB of smem).
-# Measured on an H200 (benchmarks/results/kernels_bench.md): TMA loads gain 5-15% over
-# pointer loads from M = 512 up, and 4 stages beat 3 at M >= 2048.
+# num_warps, num_stages, kind). Chosen from M and N only (config_for); any choice gives the
+# same bits (see above), so the choice is about speed alone. kind:
+#   "ptr"        pointer loads;
+#   "tma"        a and w through tensor descriptors (Hopper's bulk tensor copies; the
+#                interpreter emulates them), one program per output tile;
+#   "persist"    the same loads, one program per SM looping over tiles (flattened loop);
+#   "persist_st" persistent, and the output written through a descriptor too;
+#   "persist_ws" persistent with Triton's warp specialization (tuning only: slower here).
+# Descriptors need 16-byte aligned rows (K % 16 == 0); other shapes fall back to the
+# pointer kernel with the same tile. Out-of-range rows, columns and K are zero-filled by
+# the copy engine, which adds nothing to the exact int32 sum.
 CONFIGS = {
-    "decode": (16, 64, 256, 1, 4, 4, False),
-    "small": (64, 64, 128, 8, 4, 4, True),
-    "medium": (128, 128, 128, 8, 8, 4, True),
-    "large": (128, 256, 128, 8, 8, 4, True),
+    "decode": (16, 64, 256, 1, 4, 4, "ptr"),
+    "small": (64, 64, 128, 8, 4, 4, "tma"),
+    "small_s6": (64, 64, 128, 8, 4, 6, "tma"),
+    "mid": (64, 128, 128, 8, 4, 4, "tma"),
+    "large": (128, 256, 128, 8, 8, 4, "tma"),
+    "large_persist": (128, 256, 128, 16, 8, 4, "persist"),
     # Alternatives the benchmark sweeps (never picked by config_for):
-    "small_ptr": (64, 64, 128, 8, 4, 4, False),
-    "medium_ptr": (128, 128, 128, 8, 8, 4, False),
-    "large_ptr": (128, 256, 128, 8, 8, 4, False),
-    "large_s3": (128, 256, 128, 8, 8, 3, True),
-    "large_m256": (256, 128, 128, 8, 8, 4, True),
+    "medium": (128, 128, 128, 8, 8, 4, "tma"),
+    "small_ptr": (64, 64, 128, 8, 4, 4, "ptr"),
+    "medium_ptr": (128, 128, 128, 8, 8, 4, "ptr"),
+    "large_ptr": (128, 256, 128, 8, 8, 4, "ptr"),
+    "large_s3": (128, 256, 128, 8, 8, 3, "tma"),
+    "large_m256": (256, 128, 128, 8, 8, 4, "tma"),
+    "large_persist_g8": (128, 256, 128, 8, 8, 4, "persist"),
+    "large_persist_st": (256, 128, 128, 8, 8, 3, "persist_st"),
 }
 SMS = 132  # H100/H200 SXM
+# 128x256 tiles over 64x128 ones, both in full waves: 1.07-1.15x (kernels_triton_tune.json).
+LARGE_TILE_GAIN = 1.1
+
+
+def _wave_fill(tiles: int) -> float:
+    """Fraction of the SM slots busy over the waves that `tiles` programs need."""
+    return tiles / (triton.cdiv(tiles, SMS) * SMS)
 
 
 def config_for(m: int, n: int) -> str:
+    """The tile for an [m, n] output. Measured on one H200 (Triton 3.6) with
+    benchmarks/tune_triton.py over every Qwen3-1.7B/8B/14B Linear at M = 512, 2048, 8192
+    and at 8192^3 (benchmarks/results/kernels_triton_tune.json = round 1, ...tune2.json =
+    round 2; TOPS per shape, every pair below from one round):
+      * M <= 16 / M <= 128: unchanged from the first benchmark (decode: weight stream;
+        64x64 keeps enough programs for N = 1024).
+      * 129 <= M <= 1024: 64x128x128, 4 warps, 4 stages (96 KiB smem: two programs fit on
+        an SM) once it gives >= 132 tiles, else 64x64x128 with 6 stages. Round 1 at M = 512,
+        64x128 vs the old 128x128: Qwen3-8B q,o 1051 vs 865, gate,up 1027 vs 896, down
+        1219 vs 1052; 14B gate,up 955 vs 826; 1.7B gate,up 728 vs 723 (old: 64x64).
+        Below 132 tiles (1.7B q,o/down, every k,v), round 2, 64x64 with 6 stages vs 4
+        stages vs 64x128: 1.7B q,o 547 / 516 / 471, down 838 / 724 / 665, 14B k,v
+        428 / 373 / 330.
+      * M > 1024: 128x256x128, 8 warps, 4 stages, unless its waves are so partly filled
+        that 64x128 wins (fill * LARGE_TILE_GAIN < fill of 64x128): N = 1024 (k,v) at
+        M = 2048 gives 64 tiles of 128x256 for 132 SMs, 8B k,v 1069 vs 566 TOPS (round 1);
+        14B q,o 1047 vs 988. The persistent variant (one program per SM, GROUP_M 16) for
+        N >= 4096 with >= 2 waves of tiles, round 2: 8B gate,up M = 8192 1126 vs 928,
+        14B gate,up 1184 vs 1050, 8192^3 1239 vs 1180 (round 1, GROUP_M 8: 1292 vs 1196).
+        At N <= 2048 it was mixed (-3% to +4%), so those stay non-persistent.
+      These pick the fastest measured config, or one within 3% of it, on 34 of the 36
+      shapes (the exceptions: 1.7B q,o M=2048, 899 vs 871 for 128x256; 14B down M=8192).
+    """
     if m <= 16:
         return "decode"
     if m <= 128:
         return "small"
+    mid_tiles = triton.cdiv(m, 64) * triton.cdiv(n, 128)
     if m <= 1024:
-        return "medium" if triton.cdiv(m, 128) * triton.cdiv(n, 128) >= SMS else "small"
+        return "mid" if mid_tiles >= SMS else "small_s6"
+    big = triton.cdiv(m, 128) * triton.cdiv(n, 256)
+    if _wave_fill(big) * LARGE_TILE_GAIN < _wave_fill(mid_tiles):
+        return "mid"
+    if n >= 4096 and big >= 2 * SMS:
+        return "large_persist"
     return "large"
 
 
 @triton.jit
 def _tile_ids(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
-    # Grouped program order (the tutorial's L2 swizzle): GROUP_M row-blocks share columns.
-    pid = tl.program_id(0)
+    return _tile_of(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+
+
+@triton.jit
+def _tile_of(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    # Grouped tile order (the tutorial's L2 swizzle): GROUP_M row-blocks share columns.
     num_m = tl.cdiv(M, BLOCK_M)
     num_n = tl.cdiv(N, BLOCK_N)
     group = GROUP_M * num_n
@@ -115,6 +158,45 @@ def _scaled_mm_tma_kernel(
     offs_m = off_m + tl.arange(0, BLOCK_M)
     offs_n = off_n + tl.arange(0, BLOCK_N)
     _epilogue(acc, sa_ptr, sw_ptr, out_ptr, M, N, stride_om, offs_m, offs_n)
+
+
+@triton.jit
+def _scaled_mm_persistent_kernel(
+    a_desc, w_desc, sa_ptr, sw_ptr, out_ptr, out_desc,
+    M, N, K, stride_om, num_progs,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, TMA_STORE: tl.constexpr,
+):
+    # One program per SM walks tiles start, start + num_progs, ... (the persistent TMA
+    # matmul of Triton's tutorial 09). With flatten=True the K loops of consecutive tiles
+    # form one software pipeline, so the next tile's loads are in flight during this
+    # tile's epilogue. The per-tile arithmetic is the non-persistent kernel's.
+    start = tl.program_id(0)
+    num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    tile_c = start - num_progs
+    for tile in tl.range(start, num_tiles, num_progs, flatten=FLATTEN, warp_specialize=WARP_SPECIALIZE):
+        pid_m, pid_n = _tile_of(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+        for ki in range(k_tiles):
+            a = a_desc.load([off_m, ki * BLOCK_K])
+            b = w_desc.load([off_n, ki * BLOCK_K])
+            acc = tl.dot(a, b.T, acc, out_dtype=tl.int32)
+        # The epilogue's tile index is recomputed (not carried) so the loop can be flattened.
+        tile_c += num_progs
+        pid_m, pid_n = _tile_of(tile_c, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        if TMA_STORE:  # the same values, written by the copy engine (clipped at the edges)
+            s_a = tl.load(sa_ptr + offs_m, mask=offs_m < M, other=0.0)
+            s_w = tl.load(sw_ptr + offs_n, mask=offs_n < N, other=0.0)
+            t = s_a[:, None] * acc.to(tl.float32)
+            y = t * s_w[None, :]
+            out_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], bf16_rne_bits(y))
+        else:
+            _epilogue(acc, sa_ptr, sw_ptr, out_ptr, M, N, stride_om, offs_m, offs_n)
 
 
 @triton.jit
@@ -167,11 +249,27 @@ def scaled_mm(a: torch.Tensor, w: torch.Tensor, s_a: torch.Tensor, s_w: torch.Te
     w = w if w.stride(1) == 1 else w.contiguous()
     s_a = s_a.contiguous()
     s_w = s_w.contiguous()
-    bm, bn, bk, group_m, warps, stages, tma = CONFIGS[config or config_for(m, n)]
-    grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
-    if tma and TensorDescriptor is not None and k % 16 == 0 and k > 0 and a.data_ptr() % 16 == 0 and w.data_ptr() % 16 == 0:
+    bm, bn, bk, group_m, warps, stages, kind = CONFIGS[config or config_for(m, n)]
+    tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
+    grid = (tiles,)
+    if kind != "ptr" and TensorDescriptor is not None and k % 16 == 0 and k > 0 and a.data_ptr() % 16 == 0 and w.data_ptr() % 16 == 0:
+        a_desc = TensorDescriptor.from_tensor(a, [bm, bk])
+        w_desc = TensorDescriptor.from_tensor(w, [bn, bk])
+        if kind.startswith("persist"):
+            progs = min(tiles, SMS)
+            tma_store = kind == "persist_st" and n % 8 == 0  # 16-byte aligned output rows
+            o16 = out.view(torch.int16)
+            _scaled_mm_persistent_kernel[(progs,)](
+                a_desc, w_desc, s_a, s_w, o16, TensorDescriptor.from_tensor(o16, [bm, bn]) if tma_store else None,
+                m, n, k, out.stride(0), progs,
+                BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group_m,
+                FLATTEN=(kind != "persist_ws"), WARP_SPECIALIZE=(kind == "persist_ws"), TMA_STORE=tma_store,
+                num_warps=warps, num_stages=stages,
+                enable_fp_fusion=False,
+            )
+            return out
         _scaled_mm_tma_kernel[grid](
-            TensorDescriptor.from_tensor(a, [bm, bk]), TensorDescriptor.from_tensor(w, [bn, bk]),
+            a_desc, w_desc,
             s_a, s_w, out.view(torch.int16),
             m, n, k, out.stride(0),
             BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group_m,

@@ -14,7 +14,7 @@ from requant.convert import convert
 from requant.errors import CheckpointError, SchemeError
 from requant.safetensors_io import read_header, write_file
 
-from .conftest import leftovers, load_all, write_custom
+from .conftest import leftovers, load_all
 
 F = "model.safetensors"
 LIN = "model.layers.1.mlp.up_proj"

@@ -244,3 +244,14 @@ def test_fp32_scales(tmp_path, micro):
         assert _same_bits(after[lin + ".weight"], q2) and _same_bits(after[lin + ".weight_scale"], s2)
     convert(micro, tmp_path / "u", "unconstrained")
     assert tree_bytes(tmp_path / "u") == tree_bytes(micro)
+
+
+def test_source_sharded(tmp_path):
+    """--source with sharded originals (and a sharded W8A8 checkpoint) reproduces the RTN bytes."""
+    src = generate(MICRO, tmp_path / "w8a8", seed=4, shard_size=4096, keep_source=tmp_path / "bf16")
+    assert (tmp_path / "bf16" / "model.safetensors.index.json").exists()
+    convert(src, tmp_path / "again", "unconstrained", source=tmp_path / "bf16", jobs=2)
+    assert tree_bytes(tmp_path / "again") == tree_bytes(src)
+    res = convert(src, tmp_path / "mse", "mse", source=tmp_path / "bf16")
+    res_ceil = convert(src, tmp_path / "ceil", "ceiling", source=tmp_path / "bf16")
+    assert res.totals()["rel_weight_error"] <= res_ceil.totals()["rel_weight_error"]

@@ -4,10 +4,12 @@ library lays it out: blobs named by content hash, snapshot files as relative sym
 refs/main holding the commit. Reference: the files copied into the cache."""
 
 import hashlib
+import json
 import os
 
 import huggingface_hub.constants
 import pytest
+import torch
 
 from requant.checkpoint import open_checkpoint
 from requant.convert import convert
@@ -53,12 +55,15 @@ def test_repo_id_resolves_from_offline_cache(tmp_path, offline_cache, micro_shar
     # same tensors as the local directory
     local = open_checkpoint(micro_sharded)
     for name in local.tensor_names():
-        assert ck.tensor(name).view(-1).view(__import__("torch").uint8).equal(local.tensor(name).view(-1).view(__import__("torch").uint8))
+        assert ck.tensor(name).reshape(-1).view(torch.uint8).equal(local.tensor(name).reshape(-1).view(torch.uint8))
     out = tmp_path / "out"
     convert("requant-test/micro-w8a8", out, "unconstrained")
     assert tree_bytes(out) == tree_bytes(micro_sharded)  # symlinks followed, bytes kept
     convert("requant-test/micro-w8a8", tmp_path / "pow2", "ceiling", revision=COMMIT)
     assert tree_bytes(snap)  # cache untouched and still readable
+    prov = json.loads((tmp_path / "pow2" / "config.json").read_text())["requant"]
+    assert prov["source"]["checkpoint"] == "requant-test/micro-w8a8"
+    assert prov["source"]["resolved"] == str(snap)
 
 
 def test_unknown_repo_offline_is_a_clear_error(offline_cache):

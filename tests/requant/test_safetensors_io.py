@@ -130,3 +130,10 @@ def test_all_dtypes_round_trip(tmp_path):
     f = read_header(p)
     for n, t in ref.items():
         assert torch.equal(f.tensor(n).view(torch.uint8), t.view(torch.uint8)) if t.dtype != torch.bool else torch.equal(f.tensor(n), t)
+
+
+def test_null_metadata_is_accepted_and_kept(tmp_path):
+    p = _file(tmp_path, {"__metadata__": None, "a": {"dtype": "I8", "shape": [2], "data_offsets": [0, 2]}}, b"\x01\xff")
+    f = read_header(p)
+    assert f.metadata is None and f.tensor("a").tolist() == [1, -1]
+    assert f.prefix == p.read_bytes()[:-2]  # the raw header, kept as written

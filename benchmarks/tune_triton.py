@@ -1,0 +1,132 @@
+"""Tile sweep for the Triton W8A8 GEMM on the GPU (no CUTLASS build needed).
+
+    python3 benchmarks/tune_triton.py --out DIR [--ms 512,2048,8192] [--rep 25]
+
+Times candidate configurations (kernels.triton.scaled_mm.CONFIGS plus the CANDIDATES
+below, injected at run time) on every distinct Qwen3-1.7B/8B/14B Linear shape at the
+given M, and at 8192^3, timed exactly like bench_kernels.py (CUDA graph over >= 256 MiB
+of rotated operand copies, CUDA events, median of 5). Before timing, each candidate is
+checked bit for bit against kernels.reference.scaled_mm_triton_order on the GPU, on an
+edge shape and on a full one; a candidate that fails to compile or to match is dropped.
+Writes triton_tune.json (TOPS per shape and candidate) into --out and prints a table.
+Tile choice cannot change bits (exact int32 accumulation); the check pins it anyway.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from bench_kernels import QWEN3, _copies, _time, operands  # noqa: E402
+from kernels import reference as ref  # noqa: E402
+from kernels.bf16 import bitwise_equal  # noqa: E402
+from kernels.triton import scaled_mm as tsm  # noqa: E402
+from kernels.triton.scaled_mm import CONFIGS  # noqa: E402
+
+# (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages, kind)
+CANDIDATES = {
+    "t64x128": (64, 128, 128, 8, 4, 4, "tma"),
+    "t128x64": (128, 64, 128, 8, 4, 4, "tma"),
+    "t64x256": (64, 256, 128, 8, 4, 4, "tma"),
+    "t128x128w4s5": (128, 128, 128, 8, 4, 5, "tma"),
+    "t128x256k64s6": (128, 256, 64, 8, 8, 6, "tma"),
+    "t128x256g16": (128, 256, 128, 16, 8, 4, "tma"),
+    "t256x128s3": (256, 128, 128, 8, 8, 3, "tma"),
+    "p64x128": (64, 128, 128, 8, 4, 4, "persist"),
+    "p128x128": (128, 128, 128, 8, 8, 4, "persist"),
+    "p128x128w4s5": (128, 128, 128, 8, 4, 5, "persist"),
+    "p128x256": (128, 256, 128, 8, 8, 4, "persist"),
+    "p128x256s3": (128, 256, 128, 8, 8, 3, "persist"),
+    "p256x128": (256, 128, 128, 8, 8, 4, "persist"),
+    "p256x128s3": (256, 128, 128, 8, 8, 3, "persist"),
+    "pws128x256": (128, 256, 128, 8, 8, 4, "persist_ws"),
+    # round 2: variants of the round-1 winners (64x128 at M <= 1024, persistent 128x256 above)
+    "t64x128s5": (64, 128, 128, 8, 4, 5, "tma"),
+    "t64x128k256s3": (64, 128, 256, 8, 4, 3, "tma"),
+    "t64x64s6": (64, 64, 128, 8, 4, 6, "tma"),
+    "t64x64k256s3": (64, 64, 256, 8, 4, 3, "tma"),
+    "p128x256g4": (128, 256, 128, 4, 8, 4, "persist"),
+    "p128x256g16": (128, 256, 128, 16, 8, 4, "persist"),
+    "pst128x256": (128, 256, 128, 8, 8, 4, "persist_st"),
+    "pst128x256g16": (128, 256, 128, 16, 8, 4, "persist_st"),
+    "pst256x128s3": (256, 128, 128, 8, 8, 3, "persist_st"),
+}
+BASE = ["small", "medium", "large", "large_m256"]
+# Round 1 ran BASE and the first 15 CANDIDATES on every shape at M = 512, 2048, 8192 and 8192^3
+# (results/kernels_triton_tune.json); round 2 (--round 2) runs the winners and their variants.
+ROUND2_SMALL = ["small", "t64x128", "t64x128s5", "t64x128k256s3", "t64x64s6", "t64x64k256s3"]
+ROUND2_LARGE = ["large", "large_m256", "t64x128", "p128x256", "p128x256g4", "p128x256g16", "pst128x256", "pst128x256g16", "pst256x128s3"]
+
+
+def check(names):
+    ok = []
+    for name in names:
+        try:
+            for m, n, k in ((777, 1288, 1552), (512, 4096, 4096)):
+                a, w, s_a, s_w = operands(m, n, k)
+                got = tsm(a, w, s_a, s_w, config=name)
+                torch.cuda.synchronize()
+                if not bitwise_equal(got, ref.scaled_mm_triton_order(a, w, s_a, s_w)):
+                    raise AssertionError(f"bits differ at {m}x{n}x{k}")
+            ok.append(name)
+            print("bitwise ok", name, flush=True)
+        except Exception as e:  # report and drop
+            print("DROPPED", name, type(e).__name__, str(e).splitlines()[0][:200] if str(e) else "", flush=True)
+    return ok
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
+    p.add_argument("--ms", default="512,2048,8192")
+    p.add_argument("--rep", type=int, default=25)
+    p.add_argument("--round", type=int, default=1)
+    args = p.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    t0 = time.time()
+    CONFIGS.update(CANDIDATES)
+    if args.round == 1:
+        names = check(BASE + list(CANDIDATES)[:15])
+    else:
+        names = check(list(dict.fromkeys(ROUND2_SMALL + ROUND2_LARGE)))
+    print(f"checked in {time.time() - t0:.0f} s", flush=True)
+    shapes = [("8192^3", 8192, 8192, 8192)]
+    for m in map(int, args.ms.split(",")):
+        for model, lins in QWEN3.items():
+            for lin, n, k, _ in lins:
+                shapes.append((f"{model}|{lin}|{m}", m, n, k))
+    res = {"command": "python3 benchmarks/tune_triton.py " + " ".join(sys.argv[1:]), "device": torch.cuda.get_device_name(),
+           "configs": {n: CONFIGS[n] for n in names}, "tops": {}}
+    for key, m, n, k in shapes:
+        sets = [operands(m, n, k) for _ in range(_copies(m, n, k))]
+        row = {}
+        for name in names:
+            if args.round == 1 and m <= 1024 and CONFIGS[name][0] * CONFIGS[name][1] >= 128 * 256:
+                continue  # large tiles at M <= 1024 (fewer tiles than SMs): not worth the time
+            if args.round == 2 and name not in (ROUND2_SMALL if m <= 1024 else ROUND2_LARGE):
+                continue
+            fl = [lambda o=o, c=name: tsm(*o, config=c) for o in sets]
+            try:
+                row[name] = 2 * m * n * k / _time(fl, 100 if m == 8192 and k == 8192 else args.rep) / 1e9
+            except Exception as e:
+                print("FAILED", key, name, type(e).__name__, flush=True)
+        del sets
+        res["tops"][key] = row
+        best = max(row, key=row.get)
+        print(f"{key:28s} best {best:14s} {row[best]:5.0f} | " + " ".join(f"{c}={v:.0f}" for c, v in row.items()), flush=True)
+        with open(os.path.join(args.out, f"triton_tune{args.round if args.round > 1 else ''}.json"), "w") as f:
+            json.dump(res, f, indent=1)
+    res["elapsed_s"] = time.time() - t0
+    with open(os.path.join(args.out, f"triton_tune{args.round if args.round > 1 else ''}.json"), "w") as f:
+        json.dump(res, f, indent=1)
+    print(f"done in {res['elapsed_s']:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

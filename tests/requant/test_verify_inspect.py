@@ -1,0 +1,50 @@
+"""requant.verify and requant.inspect as library calls. References: the files themselves
+(byte comparison), and the tensors read with safetensors.torch.load_file."""
+
+import json
+
+from requant.inspect import inspect_checkpoint
+from requant.verify import verify
+
+from .conftest import load_all
+
+
+def test_verify_matches_tensors_across_different_sharding(micro, micro_sharded):
+    """Same tensors, different shard layout: not identical, but no tensor differs."""
+    rep = verify(micro, micro_sharded)
+    assert rep["identical"] is False and rep["tensors"] == []
+    assert "model.safetensors" in rep["only_in_a"] and "model.safetensors.index.json" in rep["only_in_b"]
+    assert "tensor data identical" in rep["note"]
+
+
+def test_verify_reports_one_changed_element(tmp_path, micro):
+    import shutil
+
+    other = tmp_path / "other"
+    shutil.copytree(micro, other)
+    from requant.safetensors_io import read_header
+
+    f = read_header(other / "model.safetensors")
+    info = f.info("model.layers.0.mlp.down_proj.weight")
+    raw = bytearray((other / "model.safetensors").read_bytes())
+    raw[f.data_start + info.begin + 7] ^= 0x01
+    (other / "model.safetensors").write_bytes(bytes(raw))
+    rep = verify(micro, other)
+    assert rep["differing_files"] == ["model.safetensors"]
+    assert rep["tensors"] == [{"tensor": "model.layers.0.mlp.down_proj.weight", "file_a": "model.safetensors",
+                               "file_b": "model.safetensors", "what": "values", "elements_differing": 1,
+                               "elements": info.numel, "first_index": 7}]
+    assert verify(micro, micro)["identical"] is True
+
+
+def test_inspect_sharded(micro_sharded):
+    info = inspect_checkpoint(micro_sharded)
+    tensors = {}
+    for p in sorted(micro_sharded.glob("*.safetensors")):
+        tensors.update(load_all(p))
+    qs = [t for n, t in tensors.items() if n.endswith(".weight") and n[: -len(".weight")] + ".weight_scale" in tensors]
+    assert info["quantized_linears"] == len(qs) == 14
+    assert info["int8_range"] == [min(int(q.min()) for q in qs), max(int(q.max()) for q in qs)]
+    assert info["int8_min128_count"] == sum(int((q == -128).sum()) for q in qs)
+    assert len(info["shards"]) > 2 and info["bytes"] == sum(p.stat().st_size for p in micro_sharded.glob("*.safetensors"))
+    json.dumps(info)  # machine-readable as is
