@@ -93,8 +93,12 @@ def config_for(m: int, n: int) -> str:
         N >= 4096 with >= 2 waves of tiles, round 2: 8B gate,up M = 8192 1126 vs 928,
         14B gate,up 1184 vs 1050, 8192^3 1239 vs 1180 (round 1, GROUP_M 8: 1292 vs 1196).
         At N <= 2048 it was mixed (-3% to +4%), so those stay non-persistent.
-      These pick the fastest measured config, or one within 3% of it, on 34 of the 36
-      shapes (the exceptions: 1.7B q,o M=2048, 899 vs 871 for 128x256; 14B down M=8192).
+      Against the best config of each round on each of its 37 points: within 3% on 35
+      in round 1 (1.7B q,o M=2048 and 8B down M=2048 lose 3-4%) and on 31 in round 2.
+      There persistent tiles led by 4-15% on four N <= 4096 points where this picks the
+      non-persistent 128x256 (8B down M=2048: 1262 vs 1100), which in round 1 was level or
+      ahead on the same points (1263 vs 1222). The spread between rounds is as large as
+      those gaps; the other two lose 3-4% (1.7B k,v M=512, 1.7B q,o M=2048).
     """
     if m <= 16:
         return "decode"
