@@ -1,7 +1,8 @@
 """audit/capture.py: prompts and tokenization (reference: Python's str.encode('utf-8'))."""
 
-import pytest
 import builtins
+
+import pytest
 
 from audit.capture import CALIBRATION_PROMPTS, prompts, tokenizer_for
 
