@@ -8,18 +8,7 @@ import torch
 
 from kernels import reference as ref
 from kernels.bf16 import bitwise_equal, round_fp32_to_bf16, ulp_distance
-
-
-def _operands(m, n, k, seed=0, pow2=False):
-    g = torch.Generator().manual_seed(seed)
-    a = torch.randint(-128, 128, (m, k), dtype=torch.int8, generator=g)
-    w = torch.randint(-128, 128, (n, k), dtype=torch.int8, generator=g)
-    s_a = (torch.rand(m, 1, generator=g) * 0.02 + 1e-4).float()
-    if pow2:
-        s_w = torch.ldexp(torch.ones(n, 1), torch.randint(-14, -4, (n, 1), generator=g))
-    else:
-        s_w = (torch.rand(n, 1, generator=g) * 0.01 + 1e-5).float()
-    return a, w, s_a, s_w
+from tests.kernels.operands import random_operands as _operands
 
 
 def test_accumulate_matches_int64():

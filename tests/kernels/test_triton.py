@@ -15,20 +15,13 @@ from kernels import reference as ref  # noqa: E402
 from kernels.bf16 import bitwise_equal, ulp_distance  # noqa: E402
 from kernels.triton import quantize_activations, scaled_mm  # noqa: E402
 from kernels.triton.scaled_mm import CONFIGS  # noqa: E402
+from tests.kernels.operands import random_operands  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _operands(m, n, k, seed=0, pow2=False):
-    g = torch.Generator().manual_seed(seed)
-    a = torch.randint(-128, 128, (m, k), dtype=torch.int8, generator=g)
-    w = torch.randint(-128, 128, (n, k), dtype=torch.int8, generator=g)
-    s_a = (torch.rand(m, 1, generator=g) * 0.05 + 1e-4).float()
-    if pow2:
-        s_w = torch.ldexp(torch.ones(n, 1), torch.randint(-14, -3, (n, 1), generator=g))
-    else:
-        s_w = (torch.rand(n, 1, generator=g) * 0.01 + 1e-5).float()
-    return [t.to(DEVICE) for t in (a, w, s_a, s_w)]
+    return random_operands(m, n, k, seed=seed, pow2=pow2, device=DEVICE)
 
 
 def _check_triton_order(a, w, s_a, s_w, **kw):
