@@ -21,58 +21,10 @@ not quantize (usually lm_head) run as bf16 weights with an fp32 matmul.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 import kernels
-
-LAYER_LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-                 "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
-
-
-@dataclass(frozen=True)
-class Qwen3Shape:
-    hidden: int
-    intermediate: int
-    layers: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    vocab: int
-    eps: float
-    rope_theta: float
-    tie: bool
-
-    @classmethod
-    def from_config(cls, config: dict) -> "Qwen3Shape":
-        try:
-            hidden = int(config["hidden_size"])
-            heads = int(config["num_attention_heads"])
-            return cls(
-                hidden=hidden,
-                intermediate=int(config["intermediate_size"]),
-                layers=int(config["num_hidden_layers"]),
-                heads=heads,
-                kv_heads=int(config.get("num_key_value_heads", heads)),
-                head_dim=int(config.get("head_dim") or hidden // heads),
-                vocab=int(config["vocab_size"]),
-                eps=float(config.get("rms_norm_eps", 1e-6)),
-                rope_theta=float(config.get("rope_theta", 10000.0)),
-                tie=bool(config.get("tie_word_embeddings", False)),
-            )
-        except KeyError as exc:
-            raise ValueError(f"config.json lacks {exc.args[0]!r}: not a Qwen3 config") from None
-
-    def linear_shapes(self) -> dict[str, tuple[int, int]]:
-        """Module name -> (out, in) of every Linear of the decoder layers, model order."""
-        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
-        per = {"self_attn.q_proj": (q, self.hidden), "self_attn.k_proj": (kv, self.hidden),
-               "self_attn.v_proj": (kv, self.hidden), "self_attn.o_proj": (self.hidden, q),
-               "mlp.gate_proj": (self.intermediate, self.hidden), "mlp.up_proj": (self.intermediate, self.hidden),
-               "mlp.down_proj": (self.hidden, self.intermediate)}
-        return {f"model.layers.{i}.{leaf}": per[leaf] for i in range(self.layers) for leaf in LAYER_LINEARS}
-
+from requant.qwen3 import Qwen3Arch
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     xf = x.to(torch.float32)
@@ -101,7 +53,7 @@ class Qwen3W8A8:
     def __init__(self, config: dict, dense: dict[str, torch.Tensor], linears: dict[str, tuple[torch.Tensor, torch.Tensor]]):
         if config.get("attention_bias"):
             raise ValueError("attention_bias=true is not supported by the audit runtime (Qwen3 has none)")
-        self.shape = Qwen3Shape.from_config(config)
+        self.shape = Qwen3Arch.from_config(config)
         self.dense = dense
         self.linears = linears
         self._fp32: dict[str, torch.Tensor] = {}
@@ -172,7 +124,7 @@ class Qwen3W8A8:
 
 def dense_names(config: dict, quantized: set[str]) -> list[str]:
     """Names of the non-quantized tensors the runtime reads."""
-    sh = Qwen3Shape.from_config(config)
+    sh = Qwen3Arch.from_config(config)
     names = ["model.embed_tokens.weight", "model.norm.weight"]
     for i in range(sh.layers):
         p = f"model.layers.{i}."
@@ -186,7 +138,7 @@ def dense_names(config: dict, quantized: set[str]) -> list[str]:
 def check_layout(ckpt) -> None:
     """Refuse, with a message, a checkpoint this runtime cannot run: a config without the
     Qwen3 fields, a quantized module the runtime does not know, a missing dense tensor."""
-    sh = Qwen3Shape.from_config(ckpt.config)
+    sh = Qwen3Arch.from_config(ckpt.config)
     if ckpt.config.get("attention_bias"):
         raise ValueError("attention_bias=true is not supported by the audit runtime (Qwen3 has none)")
     known = sh.linear_shapes()

@@ -25,8 +25,9 @@ from audit.compare import compare_layer, summarize_layers
 from audit.faults import VARIANTS, LayerCase, inject, reference_case
 from audit.matrix import REGIMES, Matrix, baseline_variant, load_matrix
 from audit.records import BACKEND_KERNELS, REFERENCE_KERNEL, Activations, KernelDesc, Run, Weights, output_distance, output_equal
-from audit.runtime import Qwen3Shape, Qwen3W8A8, load_dense, load_linears
+from audit.runtime import Qwen3W8A8, load_dense, load_linears
 from audit.scoring import CellResult, Scorer, ulp_histogram
+from requant.qwen3 import Qwen3Arch
 
 CELLS_PER_LAYER = len(VARIANTS) * len(REGIMES)
 REFERENCE_PAIR = ("reference-cutlass-order", "reference-triton-order")
@@ -52,7 +53,7 @@ def plan_from_config(config: dict) -> dict:
     """Cells and shapes from config.json alone (no tensors read)."""
     from requant.checkpoint import is_ignored
 
-    sh = Qwen3Shape.from_config(config)
+    sh = Qwen3Arch.from_config(config)
     ignore = tuple((config.get("quantization_config") or {}).get("ignore") or ())
     shapes = sh.linear_shapes()
     if not is_ignored("lm_head", ignore):
@@ -127,7 +128,7 @@ def run_audit(ckpt, backends: tuple[str, str], n_prompts: int, device: str, adva
     matrix = matrix or load_matrix()
     scorer = Scorer(matrix)
     config = ckpt.config
-    shape = Qwen3Shape.from_config(config)
+    shape = Qwen3Arch.from_config(config)
     encode, tok_kind = tokenizer_for(getattr(ckpt, "path", None), shape.vocab)
     texts = prompts(n_prompts)
     token_lists = [encode(t) for t in texts]

@@ -36,21 +36,16 @@ from pathlib import Path
 
 import torch
 
+from requant.qwen3 import Qwen3Arch
 from requant.scheme import quantization_config
 
 LINEAR_STD = 0.02
 
 
 @dataclass(frozen=True)
-class Preset:
-    hidden: int
-    intermediate: int
-    layers: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    vocab: int
-    tie: bool
+class Preset(Qwen3Arch):
+    """A Qwen3 architecture plus what only a generated config.json needs."""
+
     max_position: int
     bos: int
     eos: int
@@ -86,23 +81,10 @@ def rtn_quantize(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q, scale
 
 
-def linear_shapes(p: Preset) -> dict[str, tuple[int, int]]:
-    """{leaf: (out, in)} for one decoder layer."""
-    return {
-        "self_attn.q_proj": (p.heads * p.head_dim, p.hidden),
-        "self_attn.k_proj": (p.kv_heads * p.head_dim, p.hidden),
-        "self_attn.v_proj": (p.kv_heads * p.head_dim, p.hidden),
-        "self_attn.o_proj": (p.hidden, p.heads * p.head_dim),
-        "mlp.gate_proj": (p.intermediate, p.hidden),
-        "mlp.up_proj": (p.intermediate, p.hidden),
-        "mlp.down_proj": (p.hidden, p.intermediate),
-    }
-
-
 def plan(p: Preset) -> list[tuple[str, str, tuple[int, ...]]]:
     """(module-or-tensor name, kind, shape) in model order. kind: embed, norm, linear, head."""
     out: list[tuple[str, str, tuple[int, ...]]] = [("model.embed_tokens.weight", "embed", (p.vocab, p.hidden))]
-    lin = linear_shapes(p)
+    lin = p.layer_linear_shapes()
     for i in range(p.layers):
         pre = f"model.layers.{i}."
         out.append((pre + "input_layernorm.weight", "norm", (p.hidden,)))
@@ -192,9 +174,9 @@ def model_config(p: Preset, *, quantized: bool, compression_ratio: float | None 
         "num_attention_heads": p.heads,
         "num_hidden_layers": p.layers,
         "num_key_value_heads": p.kv_heads,
-        "rms_norm_eps": 1e-06,
+        "rms_norm_eps": p.eps,
         "rope_scaling": None,
-        "rope_theta": 1000000,
+        "rope_theta": p.rope_theta,
         "sliding_window": None,
         "tie_word_embeddings": p.tie,
         "torch_dtype": "bfloat16",

@@ -9,11 +9,12 @@ import torch
 
 import kernels
 from audit.capture import CALIBRATION_PROMPTS, Capture, prompts, run_prompts, tokenizer_for
-from audit.runtime import Qwen3Shape, Qwen3W8A8, dense_names, load_dense, load_linears, rms_norm, rope
+from audit.runtime import Qwen3W8A8, dense_names, load_dense, load_linears, rms_norm, rope
 from kernels.bf16 import bitwise_equal, is_power_of_two
 from requant import DEFAULT_CHECKPOINT
 from requant.arms import requantize
 from requant.checkpoint import open_checkpoint
+from requant.qwen3 import Qwen3Arch
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +55,7 @@ def test_runtime_reads_every_tensor_of_the_default(ckpt):
     for n in ckpt.quantized_linears:
         used |= {n + ".weight", n + ".weight_scale"}
     assert used == set(ckpt.tensor_names())
-    assert list(Qwen3Shape.from_config(ckpt.config).linear_shapes()) == ckpt.quantized_linears
+    assert list(Qwen3Arch.from_config(ckpt.config).linear_shapes()) == ckpt.quantized_linears
 
 
 def test_pow2_regime_is_the_nearest_arm(ckpt):

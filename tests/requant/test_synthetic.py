@@ -13,7 +13,7 @@ import torch
 from requant import DEFAULT_CHECKPOINT, data_path
 from requant.checkpoint import open_checkpoint
 from requant.safetensors_io import read_header
-from requant.synthetic import PRESETS, generate, linear_shapes, plan, rtn_quantize
+from requant.synthetic import PRESETS, generate, plan, rtn_quantize
 
 from .conftest import tree_bytes
 
@@ -64,7 +64,7 @@ def test_presets_are_the_real_configs(preset, linears, tied):
     assert sum(1 for _, kind, _ in entries if kind == "linear") == linears
     assert p.tie == tied and (("lm_head.weight", "head", (p.vocab, p.hidden)) in entries) == (not tied)
     assert p.head_dim == 128 and p.kv_heads == 8 and p.vocab == 151936
-    shapes = linear_shapes(p)
+    shapes = p.layer_linear_shapes()
     assert shapes["self_attn.q_proj"] == (p.heads * 128, p.hidden) and shapes["mlp.down_proj"] == (p.hidden, p.intermediate)
     assert {"qwen3-1.7b": (2048, 6144, 28, 16), "qwen3-8b": (4096, 12288, 36, 32), "qwen3-14b": (5120, 17408, 40, 40)}[preset] == (
         p.hidden, p.intermediate, p.layers, p.heads)
