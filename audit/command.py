@@ -157,15 +157,14 @@ def audit(
             raise AuditUsageError("--threads must be >= 0")
         if n_threads:
             torch.set_num_threads(n_threads)
-        src = DEFAULT_CHECKPOINT if ckpt is None else ckpt
-        checkpoint = open_checkpoint(src, revision=revision)
-        from audit.runtime import check_layout
-
-        check_layout(checkpoint)
         from audit.capture import prompts as prompt_list
+        from audit.runtime import check_layout
         from audit.suite import CELLS_PER_LAYER
 
-        prompt_list(prompts)  # validate N before loading anything big
+        prompt_list(prompts)  # validate N before loading (or downloading) anything big
+        src = DEFAULT_CHECKPOINT if ckpt is None else ckpt
+        checkpoint = open_checkpoint(src, revision=revision)
+        check_layout(checkpoint)
     except (CheckpointError, AuditUsageError, ValueError) as exc:
         console.print(f"[bold red]error:[/bold red] {exc}")
         raise typer.Exit(2) from None

@@ -19,12 +19,11 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from audit.checks import FIRE, NOT_APPLICABLE, SILENT
+
 MATRIX_PATH = Path(__file__).with_name("prediction_matrix.json")
 PINNED_SHA256 = "d1c53158c789e7f4e81842650fe8c75a57e847c4a45f553f069a4f5fb7c2fc7d"
 
-FIRE = "fire"
-SILENT = "silent"
-NOT_APPLICABLE = "not_applicable"
 PREDICTED_MISS = "predicted_miss"
 OUTCOMES = (FIRE, SILENT, NOT_APPLICABLE, PREDICTED_MISS)
 REGIMES = ("native", "pow2")
@@ -40,7 +39,7 @@ def baseline_variant(order_backend: str) -> str:
         return "B.cutlass-order"
     if emu == "reference-triton-order":
         return "B.triton-order"
-    raise KeyError(f"backend {order_backend!r} implements no known epilogue order (kernels.EMULATION_OF)")
+    raise ValueError(f"backend {order_backend!r} implements no known epilogue order (kernels.EMULATION_OF)")
 
 
 @dataclass(frozen=True)

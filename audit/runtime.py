@@ -5,14 +5,17 @@ operands each quantized Linear sees on real prompts, and it needs every quantize
 to go through `kernels/` by name (so that CUTLASS, Triton or a reference emulation does the
 GEMM). A hundred lines of torch do that with no dependency and no monkey-patching.
 
-What it computes (prefill only, one prompt at a time, no KV cache):
+What it computes (prefill only, no KV cache; prompts packed into one pass with a
+block-diagonal causal mask, positions restarting per prompt):
   embeddings -> L x [RMSNorm -> attention -> residual -> RMSNorm -> SwiGLU MLP -> residual]
   -> final RMSNorm -> lm_head
   attention: q/k/v projections, Qwen3's per-head RMSNorm on q and k (q_norm, k_norm), RoPE
   (rope_theta, rotate-half convention), grouped-query attention with a causal mask, softmax
   in fp32, o projection.
-Activations are bf16 between ops (norms, RoPE, softmax, SiLU in fp32 and cast back), as in
-the bf16 reference implementation. Every quantized Linear is
+Activations are bf16 between ops; norms, RoPE, attention scores, softmax and SiLU*up run in
+fp32 with one cast back to bf16. That is close to, but not bit-identical with, transformers'
+bf16 Qwen3 (which applies RoPE and the score matmul in bf16): the audit needs realistic
+operands, not transformers' exact activations. Every quantized Linear is
     (q, s) = kernels.quantize_activations(x, backend="reference")   # shared int8 operands
     y      = kernels.scaled_mm(q, w, s, s_w, backend=NAME)           # bf16
 and a capture hook, when given, records (q, s) per Linear. Linears that the checkpoint does

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from audit.checks import FIRE, LAYER_CHECK_IDS, NOT_APPLICABLE, SILENT
+from audit.checks import CHECK_IDS, FIRE, LAYER_CHECK_IDS, NOT_APPLICABLE, SILENT
 from audit.matrix import PREDICTED_MISS, REGIMES, Matrix
 
 HIST_BINS = 33  # floor(log2(d)) for d in 1 .. 2**32
@@ -84,15 +84,33 @@ class Scorer:
         self.rows: list = []
 
     def _contradict(self, kind: str, check: str, cell: CellResult, expected: str, got: str) -> None:
-        c = self.contradictions[(kind, check, cell.variant, cell.regime)]
+        c = self.contradictions[(kind, check, cell.variant, cell.regime, expected, got)]
         c["count"] += 1
-        c["expected"], c["got"] = expected, got
         if len(c["example_layers"]) < 5:
             c["example_layers"].append(cell.layer)
 
+    def add_end_to_end(self, check: str, regime: str, got: str, observable: bool) -> str | None:
+        """Score one end-to-end verdict (C7 on the model's logits) against the matrix's
+        end_to_end entries, with the same FP/FN/applicability rules as the layer cells.
+        Returns the expected outcome, or None where the matrix makes no claim."""
+        expected = self.matrix.end_to_end.get((check, regime))
+        if expected is None:
+            return None
+        cell = CellResult("end-to-end", regime, "E2E", "E2E", "all", observable, 0, 0, {check: got}, [])
+        if (got == NOT_APPLICABLE) != (expected == NOT_APPLICABLE):
+            self.applicability_mismatches += 1
+            self._contradict("applicability", check, cell, expected, got)
+        elif got == FIRE and expected in (SILENT, PREDICTED_MISS):
+            self.fp += 1
+            self._contradict("false_positive", check, cell, expected, got)
+        elif got == SILENT and expected == FIRE and observable:
+            self.fn += 1
+            self._contradict("false_negative", check, cell, expected, got)
+        return expected
+
     def _score(self, cell: CellResult) -> tuple[int, int]:
         fp = fn = 0
-        for cid in LAYER_CHECK_IDS + ("C7",):
+        for cid in CHECK_IDS:
             got = cell.outcomes.get(cid, NOT_APPLICABLE)
             exp = self.matrix.expected(cid, cell.variant, cell.regime)
             if (got == NOT_APPLICABLE) != (exp == NOT_APPLICABLE):
@@ -152,7 +170,7 @@ class Scorer:
                 counts = self.hist.get((fam, regime), [0] * HIST_BINS)
                 hist[fam][regime] = {bin_label(i): c for i, c in enumerate(counts) if c}
         contradictions = [
-            {"kind": k[0], "check": k[1], "variant": k[2], "regime": k[3], **v}
+            {"kind": k[0], "check": k[1], "variant": k[2], "regime": k[3], "expected": k[4], "got": k[5], **v}
             for k, v in sorted(self.contradictions.items())
         ]
         return {

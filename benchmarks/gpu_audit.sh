@@ -14,9 +14,9 @@
 # The audit exits 1 when the scorecard has a false positive/negative or a pow2 layer
 # differs: that is a result to report, so the script records each exit status and goes on.
 set -uo pipefail
-cd "$(dirname "$0")/.."
 : "${OUT:?set OUT to the results directory}"
-mkdir -p "$OUT"
+mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)   # absolute, before leaving the caller's directory
+cd "$(dirname "$0")/.."
 PRESET="${PRESET:-qwen3-1.7b}"          # requant.synthetic preset (tiny: a quick smoke test)
 CKPT="${CKPT_DIR:-/tmp/requant-$PRESET-synthetic}"
 PROMPTS="${PROMPTS:-8}"
@@ -45,12 +45,14 @@ step() {  # step NAME CMD... : run, log wall time and exit status
 } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 
-step cutlass_build python3 -c "import kernels.cutlass as c; c.build(); print('cutlass built')"
-step triton_warmup python3 -c "
+if [ "$BACKENDS" != reference ]; then  # the real pair needs the GPU: build and warm up first
+    step cutlass_build python3 -c "import kernels.cutlass as c; c.build(); print('cutlass built')"
+    step triton_warmup python3 -c "
 import torch, kernels
 a = torch.randint(-128, 128, (64, 256), dtype=torch.int8, device='cuda'); w = torch.randint(-128, 128, (128, 256), dtype=torch.int8, device='cuda')
 s = torch.ones(64, 1, device='cuda'); t = torch.ones(128, 1, device='cuda')
 print('triton ok', kernels.scaled_mm(a, w, s, t, backend='triton').shape)"
+fi
 
 if [ ! -f "$CKPT/config.json" ]; then
         step "synthetic_$PRESET" python3 -m requant.synthetic "$PRESET" "$CKPT"

@@ -83,6 +83,17 @@ def test_token_risk_arithmetic():
     assert same["flagged"] == 0 and same["bitwise_equal"]
 
 
+def test_c7_flags_a_flip_whose_margin_exceeds_the_deviation():
+    """Margin 1.0 >= deviation 0.6, yet the top-1 token changes: C7 must fire."""
+    ref = torch.tensor([[1.0, 0.0]])
+    test = torch.tensor([[0.4, 0.6]])
+    r = token_risk(ref, test)
+    assert r["top1_disagreements"] == 1 and r["flagged"] == 1
+    a = Run(None, None, None, None, REFERENCE_KERNEL, logits=ref)
+    b = Run(None, None, None, None, REFERENCE_KERNEL, logits=test)
+    assert outcomes(a, b)["C7"] == FIRE
+
+
 def test_c7_only_with_logits():
     case = make_case(6)
     assert outcomes(case.ref, case.ref)["C7"] == NOT_APPLICABLE

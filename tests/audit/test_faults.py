@@ -44,7 +44,9 @@ def test_epilogue_faults_commute_under_pow2_except_f4(seed):
         run = inject(VARIANT_BY_ID[f"{fam}.all"], case)
         assert bitwise_equal(run.y, case.ref.y), fam
     f4 = inject(VARIANT_BY_ID["F4.all"], case)
+    # reference: kernels.bf16.truncate_fp32_to_bf16 of the legal fp32 product
     assert bitwise_equal(f4.y, truncate_fp32_to_bf16(case.act.s_a * case.acc.to(torch.float32) * case.wt.s_w.reshape(1, -1)))
+    assert not bitwise_equal(f4.y, case.ref.y)  # truncation is visible under pow2
 
 
 @settings(max_examples=25, deadline=None, database=None)
@@ -133,11 +135,18 @@ def test_shift_int8_by_one_saturates_at_the_top():
     assert torch.equal(shift_int8_by_one(x), torch.tensor([-127, 0, 1, 127, 126], dtype=torch.int8))
 
 
-@pytest.mark.parametrize("sev", ["one", "1pct", "all"])
-def test_unknown_severity_rejected(sev):
+def test_severity_masks():
+    """one: exactly one element, drawn from those the fault changes; 1pct: at most
+    ceil(1% of M*N) elements; all: None (every element); anything else is refused."""
     from audit.faults import severity_mask
 
-    y = torch.zeros(2, 2, dtype=torch.bfloat16)
-    assert severity_mask(sev, y, y, torch.Generator().manual_seed(0)) is None or severity_mask(sev, y, y, torch.Generator().manual_seed(0)).dtype == torch.bool
+    y_ref = torch.zeros(20, 30, dtype=torch.bfloat16)
+    y_fault = y_ref.clone()
+    y_fault[7, 11] = 1.0  # the only element the fault changes
+    one = severity_mask("one", y_fault, y_ref, torch.Generator().manual_seed(0))
+    assert one.dtype == torch.bool and int(one.sum()) == 1 and bool(one[7, 11])
+    pct = severity_mask("1pct", y_fault, y_ref, torch.Generator().manual_seed(0))
+    assert 1 <= int(pct.sum()) <= 6  # ceil(0.01 * 600) draws, duplicates collapse
+    assert severity_mask("all", y_fault, y_ref, torch.Generator()) is None
     with pytest.raises(ValueError):
-        severity_mask("half", y, y, torch.Generator())
+        severity_mask("half", y_fault, y_ref, torch.Generator())

@@ -55,3 +55,18 @@ def test_histogram_bins_are_bit_lengths(d):
     assert sum(h) == 1 and h[d.bit_length() - 1] == 1
     lo, _, hi = bin_label(d.bit_length() - 1).partition("-")
     assert int(lo) <= d <= int(hi or lo)
+
+
+def test_end_to_end_c7_is_scored_against_the_matrix():
+    """The matrix's end_to_end entries: C7 x pow2 is predicted silent (scored); C7 x native
+    makes no claim (reported only)."""
+    s = Scorer(load_matrix())
+    assert s.add_end_to_end("C7", "pow2", SILENT, observable=False) == SILENT
+    assert s.add_end_to_end("C7", "native", FIRE, observable=True) is None
+    assert (s.fp, s.fn, s.applicability_mismatches) == (0, 0, 0)
+    assert s.add_end_to_end("C7", "pow2", FIRE, observable=True) == SILENT
+    assert s.fp == 1
+    rows = s.summary()["scorecard"]["contradictions"]
+    assert [(r["kind"], r["check"], r["regime"], r["expected"], r["got"]) for r in rows] == [("false_positive", "C7", "pow2", "silent", "fire")]
+    s.add_end_to_end("C7", "pow2", NOT_APPLICABLE, observable=True)
+    assert s.applicability_mismatches == 1
