@@ -223,9 +223,9 @@ def accumulate_bf16_tiles(a: torch.Tensor, w: torch.Tensor, tile: int = F6_TILE)
     pad = (-k) % tile  # zero columns add nothing
     a64 = torch.nn.functional.pad(a.to(torch.float64), (0, pad)).view(m, -1, tile).transpose(0, 1)
     w64 = torch.nn.functional.pad(w.to(torch.float64), (0, pad)).view(n, -1, tile).transpose(0, 1)
-    parts = torch.bmm(a64, w64.transpose(1, 2)).to(torch.float32)  # [tiles, M, N], exact: |part| <= 2**20
     acc = torch.zeros(m, n, dtype=torch.float32, device=a.device)
-    for part in parts:
+    for a_t, w_t in zip(a64, w64):  # one [M, N] tile sum at a time: memory stays O(M*N)
+        part = (a_t @ w_t.T).to(torch.float32)  # exact: |part| <= tile * 2**14 <= 2**20
         # fp32 add, then torch's fp32 -> bf16 cast (round half to even on CPU and GPU)
         acc = (acc + part).to(torch.bfloat16).to(torch.float32)
     return acc
