@@ -14,6 +14,10 @@ so weights come from HBM, not from the 60 MiB L2, as in a real model) are captur
 CUDA graph; the graph is replayed and timed with CUDA events; the time per call is the
 median over 5 batches. The graph removes Python launch overhead, which would otherwise
 dominate every small-M point. TOPS = 2*M*N*K / time.
+If a graph capture fails, that point is timed with triton.testing.do_bench on one operand
+copy instead (L2-warm, not comparable): it is marked "method": "do_bench-fallback" in the
+JSON (per backend and shape, per layer, and listed under "do_bench_fallback" for the
+sweeps) and with a * in the markdown.
 Also sweeps every tile config of both kernels over M on one shape (Qwen3-8B gate/up) and at
 8192^3: tile choice is free of any effect on the bits (exact int32 accumulation), so it
 is chosen for speed only.
@@ -48,10 +52,16 @@ BACKENDS = ["cutlass", "triton", "int_mm", "int_mm+s", "bf16"]
 
 
 ROTATE_BYTES = 256 << 20
+GRAPH = "cuda-graph"
+FALLBACK = "do_bench-fallback"
 
 
 def _time(fns, rep):
-    """Median time per call (ms) of the calls in `fns` (one per operand copy), via a CUDA graph."""
+    """(median time per call in ms, method) of the calls in `fns` (one per operand copy).
+
+    method is GRAPH normally; FALLBACK when the capture failed and do_bench timed fns[0]
+    alone (no operand rotation): callers must label such points.
+    """
     for f in fns:  # compile / build / warm outside the capture
         f()
     torch.cuda.synchronize()
@@ -62,7 +72,7 @@ def _time(fns, rep):
                 f()
     except Exception as e:  # pragma: no cover - fall back, and say so in the output
         print("graph capture failed, using do_bench:", type(e).__name__, e, flush=True)
-        return do_bench(fns[0], warmup=max(5, rep // 5), rep=rep, return_mode="median")
+        return do_bench(fns[0], warmup=max(5, rep // 5), rep=rep, return_mode="median"), FALLBACK
     g.replay()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -81,7 +91,7 @@ def _time(fns, rep):
         end.synchronize()
         times.append(start.elapsed_time(end) / (reps * len(fns)))
     del g
-    return sorted(times)[2]
+    return sorted(times)[2], GRAPH
 
 
 def _copies(m, n, k, elem=1):
@@ -114,46 +124,63 @@ def bench_shape(m, n, k, rep):
         fns["int_mm+s"] = [lambda o=o: int_mm_scaled(*o) for o in sets]
     out = {}
     for name, fl in fns.items():
-        ms = _time(fl, rep)
-        out[name] = {"ms": ms, "tops": 2 * m * n * k / ms / 1e9}
+        ms, method = _time(fl, rep)
+        out[name] = {"ms": ms, "tops": 2 * m * n * k / ms / 1e9, "method": method}
     return out
+
+
+def _tops_points(m, n, k, rep, fls):
+    """{key: TOPS} for {key: calls}, and the keys timed by the do_bench fallback."""
+    res, fallback = {}, []
+    for key, fl in fls.items():
+        ms, method = _time(fl, rep)
+        res[key] = 2 * m * n * k / ms / 1e9
+        if method != GRAPH:
+            fallback.append(key)
+    return res, fallback
 
 
 def sweep(m, n, k, rep, swizzles=(1,)):
     sets = [operands(m, n, k) for _ in range(_copies(m, n, k))]
-    res = {}
+    fls = {}
     for tile, name in ck.TILES.items():
         for sw in swizzles:
             key = f"cutlass:{name}" + (f":sw{sw}" if len(swizzles) > 1 else "")
-            fl = [lambda o=o, t=tile, sw=sw: ck.scaled_mm(*o, tile=t, swizzle=sw) for o in sets]
-            res[key] = 2 * m * n * k / _time(fl, rep) / 1e9
+            fls[key] = [lambda o=o, t=tile, sw=sw: ck.scaled_mm(*o, tile=t, swizzle=sw) for o in sets]
     for name in TRITON_CONFIGS:
-        fl = [lambda o=o, c=name: tk.scaled_mm(*o, config=c) for o in sets]
-        res[f"triton:{name}"] = 2 * m * n * k / _time(fl, rep) / 1e9
-    return res
+        fls[f"triton:{name}"] = [lambda o=o, c=name: tk.scaled_mm(*o, config=c) for o in sets]
+    return _tops_points(m, n, k, rep, fls)
 
 
 def square_cutlass_tiles(rep, n=8192):
     sets = [operands(n, n, n) for _ in range(_copies(n, n, n))]
     idx = {name: t for t, name in ck.TILES.items()}
-    res = {"default": 2 * n ** 3 / _time([lambda o=o: ck.scaled_mm(*o) for o in sets], rep) / 1e9}
+    fls = {"default": [lambda o=o: ck.scaled_mm(*o) for o in sets]}
     for name in ("large", "large2"):
         for sw in (1, 8):
-            fl = [lambda o=o, t=idx[name], sw=sw: ck.scaled_mm(*o, tile=t, swizzle=sw) for o in sets]
-            res[f"{name}:sw{sw}"] = 2 * n ** 3 / _time(fl, rep) / 1e9
-    return res
+            fls[f"{name}:sw{sw}"] = [lambda o=o, t=idx[name], sw=sw: ck.scaled_mm(*o, tile=t, swizzle=sw) for o in sets]
+    return _tops_points(n, n, n, rep, fls)
+
+
+def _star(fallback: bool) -> str:
+    return "*" if fallback else ""
 
 
 def markdown(result):
     lines = []
+    fb = result.get("do_bench_fallback", {})
+    any_fallback = bool(any(fb.values()))
     for key, when in (("square_8192", "first"), ("square_8192_end", "last")):
         sq = result[key]
-        lines.append(f"8192 x 8192 x 8192 ({when} in the run): " + ", ".join(f"{b} {sq[b]['tops']:.0f}" for b in BACKENDS if b in sq)
+        lines.append(f"8192 x 8192 x 8192 ({when} in the run): " + ", ".join(
+            f"{b} {sq[b]['tops']:.0f}{_star(sq[b].get('method', GRAPH) != GRAPH)}" for b in BACKENDS if b in sq)
                      + " (TOPS; bf16 in TFLOP/s; int_mm+s counts the separate scale op)")
+        any_fallback |= any(v.get("method", GRAPH) != GRAPH for v in sq.values())
         lines.append("")
     if "square_8192_cutlass_early" in result:
+        early_fb = fb.get("square_8192_cutlass_early", [])
         lines.append("8192^3 CUTLASS tiles, measured right after the first line: " + ", ".join(
-            f"{k} {v:.0f}" for k, v in result["square_8192_cutlass_early"].items()) + " (TOPS)")
+            f"{k} {v:.0f}{_star(k in early_fb)}" for k, v in result["square_8192_cutlass_early"].items()) + " (TOPS)")
         lines.append("")
     lines.append("")
     lines.append("One decoder layer's Linears (q, k, v, o, gate, up, down; summed times), TOPS:")
@@ -162,7 +189,9 @@ def markdown(result):
     lines.append("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for row in result["layers"]:
         t = row["tops"]
-        f = lambda b: f"{t[b]:.0f}" if b in t else "n/a"  # noqa: E731
+        meth = row.get("method", {})
+        any_fallback |= any(v != GRAPH for v in meth.values())
+        f = lambda b: f"{t[b]:.0f}{_star(meth.get(b, GRAPH) != GRAPH)}" if b in t else "n/a"  # noqa: E731
         r1 = f"{t['cutlass'] / t['int_mm']:.2f}" if "int_mm" in t else "n/a"
         r2 = f"{t['triton'] / t['cutlass']:.2f}"
         lines.append(f"| {row['model']} | {row['m']} | {f('cutlass')} | {f('triton')} | {f('int_mm')} | {f('int_mm+s')} | {f('bf16')} | {r1} | {r2} |")
@@ -172,18 +201,26 @@ def markdown(result):
     lines.append("| model | Linear | N x K | " + " | ".join(f"M={m}" for m in MS) + " |")
     lines.append("| --- | --- | --- | " + " | ".join("---" for _ in MS) + " |")
     for model, lins in QWEN3.items():
+        if not any(key.startswith(model + "|") for key in result["shapes"]):
+            continue  # not in --models
         for lin, n, k, _ in lins:
             cells = []
             for m in MS:
                 r = result["shapes"][f"{model}|{lin}|{m}"]
-                cells.append(" / ".join(f"{r[b]['tops']:.0f}" if b in r else "-" for b in ("cutlass", "triton", "int_mm", "bf16")))
+                cells.append(" / ".join(f"{r[b]['tops']:.0f}{_star(r[b].get('method', GRAPH) != GRAPH)}" if b in r else "-"
+                                        for b in ("cutlass", "triton", "int_mm", "bf16")))
             lines.append(f"| {model} | {lin} | {n} x {k} | " + " | ".join(cells) + " |")
     lines.append("")
     lines.append("Tile sweeps (TOPS):")
     lines.append("")
     for key, res in result["sweeps"].items():
         best = max(res, key=res.get)
-        lines.append(f"- {key}: " + ", ".join(f"{k} {v:.0f}" for k, v in res.items()) + f"  (best: {best})")
+        sfb = fb.get(key, [])
+        lines.append(f"- {key}: " + ", ".join(f"{k} {v:.0f}{_star(k in sfb)}" for k, v in res.items()) + f"  (best: {best})")
+    if any_fallback:
+        lines.append("")
+        lines.append("\\* timed by triton.testing.do_bench on one operand copy (CUDA graph capture failed): "
+                     "L2-warm, not comparable with the other points.")
     return "\n".join(lines) + "\n"
 
 
@@ -207,31 +244,37 @@ def main():
         "shapes": {},
         "layers": [],
         "sweeps": {},
+        # Points timed by the do_bench fallback, per sweep (bench_shape points carry "method").
+        "do_bench_fallback": {},
     }
     result["square_8192"] = bench_shape(8192, 8192, 8192, rep=100)
     print("8192^3", {b: round(v["tops"]) for b, v in result["square_8192"].items()}, flush=True)
     # Right after, on the still cool chip: the CUTLASS tiles that led the late 8192^3 sweep of
     # the first run (Cooperative 128x256 / 256x128 with swizzle 8) against the default.
-    result["square_8192_cutlass_early"] = square_cutlass_tiles(100)
+    result["square_8192_cutlass_early"], result["do_bench_fallback"]["square_8192_cutlass_early"] = square_cutlass_tiles(100)
     print("8192^3 CUTLASS tiles early", {k: round(v) for k, v in result["square_8192_cutlass_early"].items()}, flush=True)
     for model in args.models.split(","):
         for m in MS:
             total_ops = 0.0
             total_ms = {}
+            methods = {}
             for lin, n, k, count in QWEN3[model]:
                 r = bench_shape(m, n, k, args.rep)
                 result["shapes"][f"{model}|{lin}|{m}"] = dict(r, n=n, k=k)
                 total_ops += 2.0 * m * n * k * count
                 for b, v in r.items():
                     total_ms[b] = total_ms.get(b, 0.0) + v["ms"] * count
-            tops = {b: total_ops / ms / 1e9 for b, ms in total_ms.items() if len(total_ms) and (b not in ("int_mm", "int_mm+s") or m > 16)}
-            result["layers"].append({"model": model, "m": m, "ms": total_ms, "tops": tops})
+                    if v["method"] != GRAPH:  # one fallback shape marks the layer's sum
+                        methods[b] = v["method"]
+                    methods.setdefault(b, GRAPH)
+            tops = {b: total_ops / ms / 1e9 for b, ms in total_ms.items()}
+            result["layers"].append({"model": model, "m": m, "ms": total_ms, "tops": tops, "method": methods})
             print(model, m, {b: round(v) for b, v in tops.items()}, flush=True)
-    for m in MS:
-        result["sweeps"][f"Qwen3-8B gate,up 12288x4096 M={m}"] = sweep(m, 12288, 4096, args.rep)
-    for m in (512, 2048, 8192):
-        result["sweeps"][f"Qwen3-1.7B q,o 2048x2048 M={m}"] = sweep(m, 2048, 2048, args.rep, swizzles=(1, 8))
-    result["sweeps"]["8192^3"] = sweep(8192, 8192, 8192, 100, swizzles=(1, 4, 8))
+    sweeps = [(f"Qwen3-8B gate,up 12288x4096 M={m}", (m, 12288, 4096, args.rep)) for m in MS]
+    sweeps += [(f"Qwen3-1.7B q,o 2048x2048 M={m}", (m, 2048, 2048, args.rep, (1, 8))) for m in (512, 2048, 8192)]
+    sweeps.append(("8192^3", (8192, 8192, 8192, 100, (1, 4, 8))))
+    for key, sweep_args in sweeps:
+        result["sweeps"][key], result["do_bench_fallback"][key] = sweep(*sweep_args)
     # Again at the end, after minutes of load: the chip's clocks drop as it warms.
     result["square_8192_end"] = bench_shape(8192, 8192, 8192, rep=100)
     print("8192^3 at the end", {b: round(v["tops"]) for b, v in result["square_8192_end"].items()}, flush=True)

@@ -14,6 +14,8 @@ finite bf16 values differ by exactly 1, and +0 and -0 share ordinal 0. One spaci
 import torch
 
 _SIGN = 0x8000
+# An integer dtype of each element size, for comparing bits (bitwise_equal).
+_SAME_SIZE_INT = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 def _fp32_bits(x: torch.Tensor) -> torch.Tensor:
@@ -74,9 +76,11 @@ def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Same shape, same dtype and the same bits everywhere (so -0 != +0, NaN == same NaN)."""
     if a.shape != b.shape or a.dtype != b.dtype:
         return False
-    ai = a.contiguous().view(torch.int16 if a.element_size() == 2 else torch.int32)
-    bi = b.contiguous().view(torch.int16 if b.element_size() == 2 else torch.int32)
-    return bool(torch.equal(ai, bi))
+    view = _SAME_SIZE_INT.get(a.element_size())
+    if view is None:  # e.g. complex128: compare the raw bytes of the flattened tensors
+        return bool(torch.equal(a.contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8)))
+    # An integer dtype of the same element size: the view keeps the shape (any last dim).
+    return bool(torch.equal(a.contiguous().view(view), b.contiguous().view(view)))
 
 
 def is_power_of_two(s: torch.Tensor) -> torch.Tensor:

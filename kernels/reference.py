@@ -25,6 +25,15 @@ Numerics, and why they are exact here:
 With power-of-two s_w both fp32 orders give the correctly rounded value of
 s_a * fp32(acc) * s_w, hence the same bits; with general s_w they differ by at most
 one bf16 spacing on a small fraction of outputs.
+
+Activation quantization (quantize_activations; the Triton backend gives the same bits):
+only finite 2-D bf16/fp16/fp32 input (one shared check, _check_activations);
+s = fp32(absmax / 127) and q = saturate_int8(round_half_even(fp32(x * inv))), where
+inv = 127 / absmax rounded to fp32's 24-bit significand as if the exponent range were
+unbounded. For absmax >= 2**-64 that is the plain IEEE division; tinier rows (where
+127 / absmax may overflow to inf: absmax < 127 / FLT_MAX ~ 3.7e-37, which normal bf16
+values reach) are scaled by 2**64 first, exactly, so they keep their full int8 range
+instead of turning into 0 * inf = NaN. A zero row gives s = 0, q = 0.
 """
 
 from fractions import Fraction
@@ -96,7 +105,10 @@ def _round_fraction_to_bf16(v: Fraction) -> float:
         return 0.0
     sign = -1 if v < 0 else 1
     x = abs(v)
-    e = x.numerator.bit_length() - x.denominator.bit_length()  # 2**e <= x < 2**(e+2)
+    # With p, q the bit lengths of numerator and denominator, 2**(p-1) <= num < 2**p and
+    # 2**(q-1) <= den < 2**q, so for e = p - q: 2**(e-1) < x < 2**(e+1). One adjustment
+    # gives 2**e <= x < 2**(e+1).
+    e = x.numerator.bit_length() - x.denominator.bit_length()
     if Fraction(2) ** e > x:
         e -= 1
     elif Fraction(2) ** (e + 1) <= x:
@@ -126,13 +138,15 @@ def epilogue_exact(acc: torch.Tensor, s_a: torch.Tensor, s_w: torch.Tensor) -> t
     rounded = torch.where(torch.isfinite(v), rounded, v)
     out = rounded.to(torch.bfloat16)  # exact: at most 8 significant bits (or overflow to inf)
     if bool(risky.any()):
-        idx = risky.nonzero().tolist()
-        fixed = []
-        for i, j in idx:
-            exact = Fraction(int(acc[i, j])) * Fraction(float(s_a.reshape(-1)[i])) * Fraction(float(s_w.reshape(-1)[j]))
-            fixed.append(_round_fraction_to_bf16(exact))
-        rows = torch.tensor([i for i, _ in idx], device=out.device)
-        cols = torch.tensor([j for _, j in idx], device=out.device)
+        rows, cols = risky.nonzero(as_tuple=True)
+        # One gather and one transfer per operand (not one device read per element).
+        accs = acc[rows, cols].tolist()
+        sas = s_a.reshape(-1)[rows].tolist()  # fp32 -> Python float: exact
+        sws = s_w.reshape(-1)[cols].tolist()
+        fixed = [
+            _round_fraction_to_bf16(Fraction(int(c)) * Fraction(sa_) * Fraction(sw_))
+            for c, sa_, sw_ in zip(accs, sas, sws)
+        ]
         out[rows, cols] = torch.tensor(fixed, dtype=torch.float64, device=out.device).to(torch.bfloat16)
     return out
 
@@ -152,28 +166,57 @@ def scaled_mm_exact(a, w, s_a, s_w):
     return epilogue_exact(accumulate(a, w), s_a, s_w)
 
 
+# Activation dtypes both quantize_activations accept: each upcasts to fp32 exactly, so
+# "finite" means the same before and after the upcast (float64 1e300 would not).
+ACTIVATION_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+# Rows whose absmax is below TINY are scaled by 1/TINY before the inverse is taken (exact:
+# a power of two), so that 127 / absmax never overflows; see quantize_activations.
+TINY = 2.0**-64
+
+
+def _check_activations(x: torch.Tensor) -> None:
+    """The activation contract shared by every quantize_activations backend: 2-D,
+    bf16/fp16/fp32, finite. Raises ValueError/TypeError."""
+    if x.dim() != 2:
+        raise ValueError(f"activations must be 2-D [tokens, features], got {tuple(x.shape)}")
+    if x.dtype not in ACTIVATION_DTYPES:
+        raise TypeError(f"activations must be bfloat16, float16 or float32, got {x.dtype}")
+    if not bool(torch.isfinite(x).all()):
+        raise ValueError("activations contain NaN or infinity")
+
+
 def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token symmetric int8 quantization, the operands both kernels share.
 
-    Assumptions: x is [M, K] float (bf16 from the model; upcast to fp32 exactly).
-    s = fp32(absmax / 127); q = saturate_int8(round_half_even(x * fp32(127 / absmax))).
+    Input: x [M, K] bf16, fp16 or fp32 (upcast to fp32 exactly), finite; anything else
+    is refused (_check_activations, shared with the Triton backend).
+      absmax = max_k |x[m, k]|                 (exact)
+      s      = fp32(absmax / 127)              (one IEEE division; may be subnormal, and is 0
+                                                for fp32 rows with absmax <= 127 * 2**-150,
+                                                ~8.9e-44, while their q is still exact)
+      inv    = 127 / absmax rounded to fp32's 24-bit significand *as if the exponent
+               range were unbounded*
+      q      = saturate_int8(round_half_even(fp32(x * inv)))
+    For absmax >= 2**-64 that inv is the plain IEEE fp32(127 / absmax). Below
+    127 / FLT_MAX ~ 3.7e-37 (normal bf16 values reach there) the plain division would
+    overflow to inf, and 0 * inf = NaN; so rows with absmax < TINY = 2**-64 are computed
+    as fp32(x * 2**64) * fp32(127 / (absmax * 2**64)): both scalings are exact (also for
+    subnormal x) and each rounding happens at the same relative place, so q is the
+    formula above, bit for bit, whichever threshold is used. Such rows keep all their
+    information: q spans [-127, 127] like any other row.
     A zero row gives s = 0 and q = 0 (no division by zero, no NaN).
     Returns (q int8 [M, K], s fp32 [M, 1]).
     """
-    if x.dim() != 2:
-        raise ValueError(f"activations must be 2-D [tokens, features], got {tuple(x.shape)}")
-    if not x.is_floating_point():
-        raise TypeError(f"activations must be floating point, got {x.dtype}")
+    _check_activations(x)
     xf = x.to(torch.float32)
     absmax = xf.abs().amax(dim=1, keepdim=True) if xf.shape[1] else torch.zeros(xf.shape[0], 1, device=xf.device)
-    if not bool(torch.isfinite(absmax).all()):
-        raise ValueError("activations contain NaN or infinity")
     zero = absmax == 0
+    up = torch.where(absmax < TINY, torch.full_like(absmax, 1.0 / TINY), torch.ones_like(absmax))
     # Both divisions tensor / tensor: `127.0 / t` is t.reciprocal() * 127 in torch (two
     # roundings), and on CUDA `t / 127.0` with a CPU scalar multiplies by 1/127; only a
     # tensor divisor gives the one IEEE division that the contract names.
     c127 = torch.full_like(absmax, 127.0)
     s = torch.where(zero, torch.zeros_like(absmax), absmax / c127)
-    inv = torch.where(zero, torch.zeros_like(absmax), c127 / torch.where(zero, torch.ones_like(absmax), absmax))
-    q = torch.round(xf * inv).clamp_(-128, 127).to(torch.int8)
+    inv = torch.where(zero, torch.zeros_like(absmax), c127 / torch.where(zero, torch.ones_like(absmax), absmax * up))
+    q = torch.round((xf * up) * inv).clamp_(-128, 127).to(torch.int8)
     return q, s.to(torch.float32)

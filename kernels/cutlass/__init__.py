@@ -17,6 +17,10 @@ $REQUANT_CUTLASS_CACHE (default ~/.cache/requant/cutlass): 70 s the first time o
 16-core H200 machine (one translation unit per tile config, compiled in parallel by
 ninja; MAX_JOBS caps it), instant afterwards.
 Asking for it without an sm90 GPU raises RuntimeError.
+A build that was killed leaves torch's lock file ($REQUANT_CUTLASS_CACHE/lock) behind, and
+every later build would wait on it forever: build() refuses with a RuntimeError naming
+the file once it is older than STALE_LOCK_S (remove it if no build is running;
+benchmarks/gpu_kernels.sh removes it before its build).
 
 Shapes: TMA needs 16-byte aligned rows, i.e. K % 16 == 0 and N % 8 == 0 (bf16 output).
 Other shapes are zero-padded (K with zero columns of a and w, N with zero rows of w and
@@ -28,6 +32,7 @@ K = 0 gives acc = 0 and is computed by the reference epilogue (no kernel launch)
 
 import os
 import threading
+import time
 
 import torch
 
@@ -43,6 +48,8 @@ SWIZZLE = 1
 
 _ext = None
 _lock = threading.Lock()
+# A build takes ~70 s with 16 jobs; a lock this old belongs to a build that died.
+STALE_LOCK_S = 30 * 60
 
 
 def cutlass_include_dirs() -> list[str]:
@@ -94,15 +101,37 @@ def load_kwargs(verbose: bool = False) -> dict:
     )
 
 
+def check_stale_lock(build_directory: str, max_age_s: float = STALE_LOCK_S) -> None:
+    """Raise RuntimeError if torch's build lock in `build_directory` is older than
+    max_age_s: torch.utils.cpp_extension.load would wait on it forever. A younger lock
+    is left alone (another process may be building; load waits for it)."""
+    lock = os.path.join(build_directory, "lock")
+    try:
+        age = time.time() - os.path.getmtime(lock)
+    except OSError:  # no lock (the usual case), or it vanished meanwhile
+        return
+    if age > max_age_s:
+        raise RuntimeError(
+            f"stale build lock {lock} ({age / 60:.0f} min old): a killed build leaves it behind and "
+            f"every later build would hang on it; remove it if no build is running (rm -f {lock})"
+        )
+
+
 def build(verbose: bool = False):
-    """Compile (or load from the cache) the extension; returns the module."""
+    """Compile (or load from the cache) the extension; returns the module.
+
+    Raises RuntimeError without an sm90 GPU, and on a stale build lock (see
+    check_stale_lock) instead of hanging on it.
+    """
     global _ext
     with _lock:
         if _ext is None:
             _require_sm90()
             from torch.utils.cpp_extension import load
 
-            _ext = load(**load_kwargs(verbose))
+            kwargs = load_kwargs(verbose)
+            check_stale_lock(kwargs["build_directory"])
+            _ext = load(**kwargs)
         return _ext
 
 

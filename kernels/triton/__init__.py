@@ -4,6 +4,7 @@ Triton's interpreter (TRITON_INTERPRET=1 set before Triton is imported; Triton >
 with the same bits in both places. See scaled_mm.py and quantize.py for the numerics.
 """
 
+import contextlib
 import os
 
 import torch
@@ -23,14 +24,21 @@ def _check_device(t: torch.Tensor) -> None:
     )
 
 
+def _on_device(t: torch.Tensor):
+    """Launch on the tensor's GPU, not the current one (as the CUTLASS backend does)."""
+    return torch.cuda.device(t.device) if t.device.type == "cuda" else contextlib.nullcontext()
+
+
 def scaled_mm(a, w, s_a, s_w, config=None):
     _check_device(a)
-    return _scaled_mm(a, w, s_a, s_w, config=config)
+    with _on_device(a):
+        return _scaled_mm(a, w, s_a, s_w, config=config)
 
 
 def quantize_activations(x):
     _check_device(x)
-    return _quantize(x)
+    with _on_device(x):
+        return _quantize(x)
 
 
 __all__ = ["scaled_mm", "quantize_activations"]

@@ -1,11 +1,16 @@
 """Per-token activation quantization in Triton: the int8 operands both GEMMs share.
 
-Numerics (equal, bit for bit, to kernels.reference.quantize_activations):
+Numerics (equal, bit for bit, to kernels.reference.quantize_activations, whose docstring
+states the contract):
   absmax = max_k |x[m, k]|               (x upcast to fp32 exactly; max is exact)
+  up     = 2**64 if absmax < 2**-64 else 1   (exact scaling: 127 / absmax cannot overflow)
   s_a    = fp32(absmax / 127)            IEEE division: tl.math.div_rn, because a plain
-  inv    = fp32(127 / absmax)            `/` may lower to an approximate division on GPU
-  q      = saturate_int8(round_half_even(fp32(x * inv)))
+  inv    = fp32(127 / (absmax * up))     `/` may lower to an approximate division on GPU
+  q      = saturate_int8(round_half_even(fp32(fp32(x * up) * inv)))
   a zero row gives s_a = 0 and q = 0 (inv is forced to 0: no 0/0, no NaN).
+bf16 is upcast on its bits (bits << 16, exact on every input), not with
+`.to(tl.float32)`: Triton's CPU interpreter (3.9) converts bf16 subnormals to wrong fp32
+values, which made absmax, s and q differ from the reference on subnormal rows.
 round_half_even is written with floor and an exact remainder (|x * inv| <= 127.x, so
 v - floor(v) is exact) instead of a libdevice rint, which the interpreter lacks.
 The kernel is compiled with enable_fp_fusion=False: Triton contracts a multiply followed
@@ -14,17 +19,22 @@ x * inv, so a product that rounds to exactly k + 0.5 would round the other way. 
 an H200 without the flag: the quantized activations differed from the reference in 24 of
 the 48 Qwen3 GPU test cases (every one at M = 512 and 4096); with it, in none. The same
 would hit an add/subtract-1.5*2^23 rounding trick (it fuses into fma(x, inv, 1.5*2^23)).
-NaN or infinite activations are refused on the host (ValueError), as the reference does.
+Inputs are checked on the host by kernels.reference._check_activations (2-D,
+bf16/fp16/fp32, finite), the very check the reference runs.
 """
 
 import torch
 import triton
 import triton.language as tl
 
+from kernels.reference import TINY, _check_activations
+
 # One program per token; the row is read twice (absmax, then quantize) in blocks of
 # BLOCK_K elements. Qwen3 rows (K <= 17408) stay in L2 between the passes.
 BLOCK_K = 1024
 NUM_WARPS = 4
+_TINY = tl.constexpr(TINY)
+_UP = tl.constexpr(1.0 / TINY)
 
 
 @triton.jit
@@ -37,45 +47,58 @@ def _round_half_even(v):
 
 
 @triton.jit
-def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, K, stride_xm, stride_qm, BLOCK_K: tl.constexpr):
+def _load_fp32(ptrs, mask, BF16_BITS: tl.constexpr):
+    if BF16_BITS:  # int16 view of bf16: the fp32 with the same top 16 bits (exact)
+        b = tl.load(ptrs, mask=mask, other=0)
+        x = (b.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+    else:
+        x = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+    return x
+
+
+@triton.jit
+def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, K, stride_xm, stride_qm, BLOCK_K: tl.constexpr, BF16_BITS: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK_K)
     x_row = x_ptr + row * stride_xm
     absmax = tl.zeros((BLOCK_K,), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        x = tl.load(x_row + k0 + offs, mask=k0 + offs < K, other=0.0).to(tl.float32)
+        x = _load_fp32(x_row + k0 + offs, k0 + offs < K, BF16_BITS)
         absmax = tl.maximum(absmax, tl.abs(x))
     amax = tl.max(absmax, axis=0)
     zero = amax == 0.0
+    up = tl.where(amax < _TINY, _UP, 1.0)  # a power of two: exact scalings below
     safe = tl.where(zero, 1.0, amax)
     s = tl.where(zero, 0.0, tl.math.div_rn(safe, 127.0))
-    inv = tl.where(zero, 0.0, tl.math.div_rn(127.0 + tl.zeros_like(safe), safe))
+    inv = tl.where(zero, 0.0, tl.math.div_rn(127.0 + tl.zeros_like(safe), safe * up))
     tl.store(s_ptr + row, s)
     q_row = q_ptr + row * stride_qm
     for k0 in range(0, K, BLOCK_K):
         mask = k0 + offs < K
-        x = tl.load(x_row + k0 + offs, mask=mask, other=0.0).to(tl.float32)
-        v = _round_half_even(x * inv)
+        x = _load_fp32(x_row + k0 + offs, mask, BF16_BITS)
+        v = _round_half_even((x * up) * inv)
         v = tl.minimum(tl.maximum(v, -128.0), 127.0)
         tl.store(q_row + k0 + offs, v.to(tl.int8), mask=mask)
 
 
 def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x float [M, K] -> (q int8 [M, K], s fp32 [M, 1]); see the module docstring."""
-    if x.dim() != 2:
-        raise ValueError(f"activations must be 2-D [tokens, features], got {tuple(x.shape)}")
-    if not x.is_floating_point():
-        raise TypeError(f"activations must be floating point, got {x.dtype}")
+    """x bf16/fp16/fp32 [M, K] -> (q int8 [M, K], s fp32 [M, 1]); see the module docstring.
+
+    Refuses what kernels.reference.quantize_activations refuses, with the same errors
+    (one shared check). Rows with absmax < 2**-64 (tiny, or subnormal) are quantized
+    like the reference: 127 / absmax is taken on the row scaled by 2**64 (exact).
+    """
+    _check_activations(x)
     m, k = x.shape
     q = torch.empty((m, k), dtype=torch.int8, device=x.device)
     s = torch.zeros((m, 1), dtype=torch.float32, device=x.device)
     if m == 0:
         return q, s
-    if not bool(torch.isfinite(x).all()):
-        raise ValueError("activations contain NaN or infinity")
     x = x if x.stride(1) == 1 else x.contiguous()
+    bf16 = x.dtype == torch.bfloat16
+    xin = x.view(torch.int16) if bf16 else x
     _quantize_rows_kernel[(m,)](
-        x, q, s, k, x.stride(0), q.stride(0), BLOCK_K=BLOCK_K, num_warps=NUM_WARPS,
+        xin, q, s, k, x.stride(0), q.stride(0), BLOCK_K=BLOCK_K, BF16_BITS=bf16, num_warps=NUM_WARPS,
         enable_fp_fusion=False,  # keep x * inv rounded before the half-even rounding (see above)
     )
     return q, s

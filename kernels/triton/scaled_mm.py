@@ -42,8 +42,9 @@ except ImportError:  # pragma: no cover - depends on the Triton version
 #   "persist"    the same loads, one program per SM looping over tiles (flattened loop);
 #   "persist_st" persistent, and the output written through a descriptor too;
 #   "persist_ws" persistent with Triton's warp specialization (tuning only: slower here).
-# Descriptors need 16-byte aligned rows (K % 16 == 0); other shapes fall back to the
-# pointer kernel with the same tile. Out-of-range rows, columns and K are zero-filled by
+# Descriptors need 16-byte aligned rows (K % 16 == 0, a row stride that is a multiple of
+# 16 and a 16-byte aligned base); other operands fall back to the pointer kernel with the
+# same tile. Out-of-range rows, columns and K are zero-filled by
 # the copy engine, which adds nothing to the exact int32 sum.
 CONFIGS = {
     "decode": (16, 64, 256, 1, 4, 4, "ptr"),
@@ -256,7 +257,14 @@ def scaled_mm(a: torch.Tensor, w: torch.Tensor, s_a: torch.Tensor, s_w: torch.Te
     bm, bn, bk, group_m, warps, stages, kind = CONFIGS[config or config_for(m, n)]
     tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
     grid = (tiles,)
-    if kind != "ptr" and TensorDescriptor is not None and k % 16 == 0 and k > 0 and a.data_ptr() % 16 == 0 and w.data_ptr() % 16 == 0:
+    # Descriptors need a 16-byte aligned base and 16-byte aligned row strides (int8: in
+    # elements); K % 16 alone is not enough for a row-strided view such as big[:, :272].
+    tma_ok = (
+        k % 16 == 0 and k > 0
+        and a.data_ptr() % 16 == 0 and w.data_ptr() % 16 == 0
+        and a.stride(0) % 16 == 0 and w.stride(0) % 16 == 0
+    )
+    if kind != "ptr" and TensorDescriptor is not None and tma_ok:
         a_desc = TensorDescriptor.from_tensor(a, [bm, bk])
         w_desc = TensorDescriptor.from_tensor(w, [bn, bk])
         if kind.startswith("persist"):

@@ -30,3 +30,22 @@ def test_cutlass_sources_ship():
 
     for src in cutlass.SOURCES + ["w8a8_sm90.cuh", "w8a8_sm90.h"]:
         assert os.path.isfile(os.path.join(os.path.dirname(cutlass.__file__), src)), src
+
+
+def test_stale_build_lock_is_named_not_waited_on(tmp_path):
+    """reference: none (error behaviour). torch's FileBaton would wait forever on a lock
+    left by a killed build; build() checks its age first."""
+    import os
+    import time
+
+    from kernels import cutlass
+
+    cutlass.check_stale_lock(str(tmp_path))  # no lock: fine
+    lock = tmp_path / "lock"
+    lock.write_text("")
+    cutlass.check_stale_lock(str(tmp_path))  # fresh: another build may be running
+    old = time.time() - cutlass.STALE_LOCK_S - 60
+    os.utime(lock, (old, old))
+    with pytest.raises(RuntimeError, match="stale build lock"):
+        cutlass.check_stale_lock(str(tmp_path))
+    assert lock.exists()  # reported, never removed behind the user's back

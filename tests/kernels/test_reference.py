@@ -9,6 +9,7 @@ import torch
 from kernels import reference as ref
 from kernels.bf16 import bitwise_equal, round_fp32_to_bf16, ulp_distance
 from tests.kernels.operands import random_operands as _operands
+from tests.kernels.operands import tiny_rows
 
 
 def test_accumulate_matches_int64():
@@ -89,7 +90,8 @@ def test_check_operands_refuses():
 
 
 def test_quantize_reference_spec():
-    """reference: Python floats emulating fp32 (numpy-free): IEEE divisions, half-even rounding."""
+    """reference: numpy float32 arithmetic (IEEE divisions, np.rint half to even), an
+    implementation independent of torch's."""
     import numpy as np
 
     g = torch.Generator().manual_seed(5)
@@ -105,3 +107,152 @@ def test_quantize_reference_spec():
     assert np.array_equal(s.numpy(), s_np)
     assert np.array_equal(q.numpy(), q_np)
     assert torch.all(q[3] == 0) and float(s[3]) == 0.0
+
+
+def _spy_fraction_rounding(monkeypatch):
+    calls = []
+    real = ref._round_fraction_to_bf16
+
+    def spy(v):
+        calls.append(v)
+        return real(v)
+
+    monkeypatch.setattr(ref, "_round_fraction_to_bf16", spy)
+    return calls
+
+
+def test_epilogue_exact_fallback_exact_midpoints(monkeypatch):
+    """reference: hand-rounded values. 257, 259 and -257 lie exactly halfway between two
+    bf16 values (spacing 2 in [256, 512)): ties to even give 256, 260, -256. Float64 sees
+    these ties exactly, so they must go through the Fraction fallback (spied on)."""
+    calls = _spy_fraction_rounding(monkeypatch)
+    acc = torch.tensor([[257, 259, -257, 258]], dtype=torch.int32)
+    got = ref.epilogue_exact(acc, torch.ones(1, 1), torch.ones(4, 1))
+    assert got.tolist() == [[256.0, 260.0, -256.0, 258.0]]
+    assert len(calls) == 3  # the three ties; 258 is a bf16 value, decided in float64
+
+
+# (acc, s_a, s_w) whose exact product is (M * 2**r + d) * 2**-70 with d = -1 or +1: one unit
+# of a 55- or 56-bit number away from a bf16 rounding midpoint M * 2**r (M odd, 9 bits).
+# s_a and s_w are fp32 with full 24-bit significands (odd, in [2**23, 2**24)). Float64
+# rounds a64 * s_a * s_w onto the midpoint itself, and half-to-even then picks the wrong
+# neighbour; only the exact fallback gets them right. Found by factoring M * 2**r +- 1.
+NEAR_MIDPOINT = [
+    (129, 15744335 * 2.0**-30, 13131217 * 2.0**-40, 379 * 2**46 - 1),
+    (291, 12940169 * 2.0**-30, 10801267 * 2.0**-40, 289 * 2**47 + 1),
+]
+
+
+@pytest.mark.parametrize("sign", [1, -1])
+def test_epilogue_exact_fallback_near_midpoints_beyond_float64(monkeypatch, sign):
+    """reference: Python Fractions rounded once to bf16 (ties to even), and the exact
+    product checked against its construction."""
+    calls = _spy_fraction_rounding(monkeypatch)
+    n = len(NEAR_MIDPOINT)
+    acc = torch.zeros(n, n, dtype=torch.int32)
+    s_a = torch.tensor([[c[1]] for c in NEAR_MIDPOINT], dtype=torch.float32)
+    s_w = torch.tensor([[c[2]] for c in NEAR_MIDPOINT], dtype=torch.float32)
+    for i, (a, sa, sw, numer) in enumerate(NEAR_MIDPOINT):
+        assert float(s_a[i, 0]) == sa and float(s_w[i, 0]) == sw  # exact in fp32
+        exact = Fraction(a) * Fraction(sa) * Fraction(sw)
+        assert exact == Fraction(numer, 2**70) and numer.bit_length() > 53
+        acc[i, i] = sign * a
+        acc[i, (i + 1) % n] = sign * 1000003  # an ordinary neighbour
+    got = ref.epilogue_exact(acc, s_a, s_w)
+    assert len(calls) >= n
+    want_rounded_in_float64 = 0
+    for i in range(n):
+        for j in range(n):
+            exact = Fraction(int(acc[i, j])) * Fraction(float(s_a[i, 0])) * Fraction(float(s_w[j, 0]))
+            want = ref._round_fraction_to_bf16(exact)
+            assert float(got[i, j]) == want, (i, j)
+            if i == j:
+                # Float64 alone (the fast path, without the fallback) would be one spacing off.
+                v = torch.tensor(float(acc[i, j]), dtype=torch.float64) * float(s_a[i, 0]) * float(s_w[j, 0])
+                _, e = torch.frexp(v)
+                f64 = float(torch.ldexp(torch.round(torch.ldexp(v, 8 - e)), e - 8))
+                want_rounded_in_float64 += f64 != want
+    assert want_rounded_in_float64 == n
+
+
+def _rn_significand(v: Fraction, bits: int) -> Fraction:
+    """v rounded to `bits` significant bits, ties to even, with an unbounded exponent."""
+    if v == 0:
+        return v
+    x = abs(v)
+    e = x.numerator.bit_length() - x.denominator.bit_length()
+    if Fraction(2) ** e > x:
+        e -= 1
+    spacing = Fraction(2) ** (e - bits + 1)
+    return (1 if v > 0 else -1) * round(x / spacing) * spacing
+
+
+def _quantize_by_fractions(x: torch.Tensor) -> list[list[int]]:
+    """The quantize_activations contract on exact rationals: inv = 127 / absmax rounded to
+    24 significant bits without overflow, q = clamp(rne(fp32(x * inv)))."""
+    out = []
+    for row in x.to(torch.float64).tolist():
+        vals = [Fraction(v) for v in row]
+        amax = max(abs(v) for v in vals)
+        if amax == 0:
+            out.append([0] * len(vals))
+            continue
+        inv = _rn_significand(Fraction(127) / amax, 24)
+        out.append([max(-128, min(127, round(_rn_significand(v * inv, 24)))) for v in vals])
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_quantize_tiny_and_subnormal_rows(dtype):
+    """reference: Python Fractions (the contract with an unbounded exponent for inv), and
+    numpy float32 for s = fp32(absmax / 127), subnormal rounding included."""
+    import numpy as np
+
+    x = tiny_rows(dtype)
+    q, s = ref.quantize_activations(x)
+    assert q.tolist() == _quantize_by_fractions(x)
+    xf = x.float().numpy()
+    assert np.array_equal(s.numpy(), np.abs(xf).max(axis=1, keepdims=True) / np.float32(127))
+    for i, row in enumerate(q.tolist()):
+        if any(x[i].tolist()):  # every nonzero row keeps its full range, no NaN garbage
+            assert max(abs(v) for v in row) == 127 and -128 not in row, (i, row)
+    assert q[0].tolist()[:4] == [127, 0, -127, 64]  # the reviewer's row: 5e-38 is half of 1e-37 (tie -> 64)
+    if dtype == torch.float32:
+        assert float(s[-1]) == 0.0 and q[-1].abs().max() == 127  # s underflows, q still exact
+
+
+def test_quantize_refuses_like_the_contract():
+    """reference: none (error behaviour). Only 2-D finite bf16/fp16/fp32 is accepted;
+    float64 1e300 is refused by dtype, not silently turned into inf."""
+    with pytest.raises(TypeError, match="bfloat16, float16 or float32"):
+        ref.quantize_activations(torch.full((2, 4), 1e300, dtype=torch.float64))
+    with pytest.raises(TypeError):
+        ref.quantize_activations(torch.ones(2, 4, dtype=torch.float64))
+    with pytest.raises(TypeError):
+        ref.quantize_activations(torch.ones(2, 4, dtype=torch.int32))
+    with pytest.raises(ValueError, match="2-D"):
+        ref.quantize_activations(torch.ones(2, 4, 1))
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        x = torch.ones(2, 4, dtype=torch.bfloat16)
+        x[1, 2] = bad
+        with pytest.raises(ValueError, match="NaN or infinity"):
+            ref.quantize_activations(x)
+
+
+def test_bitwise_equal_every_element_size():
+    """reference: torch.equal on integer views, and hand-made -0/+0 and NaN cases."""
+    from kernels.bf16 import bitwise_equal as beq
+
+    i8 = torch.arange(15, dtype=torch.int8).reshape(3, 5)  # 1-byte elements, odd last dim
+    assert beq(i8, i8.clone()) and not beq(i8, i8.flip(1))
+    f64 = torch.linspace(-1, 1, 15, dtype=torch.float64).reshape(3, 5)
+    assert beq(f64, f64.clone())
+    assert not beq(f64, torch.nextafter(f64, torch.full_like(f64, 2.0)))
+    assert not beq(torch.zeros(3, dtype=torch.float64), -torch.zeros(3, dtype=torch.float64))
+    nan = torch.full((2, 3), float("nan"), dtype=torch.float64)
+    assert beq(nan, nan.clone())
+    assert not beq(i8, i8.to(torch.int16)) and not beq(i8, i8[:2])
+    bf = torch.randn(4, 7).to(torch.bfloat16)
+    assert beq(bf, bf.clone()) and not beq(bf, -bf)
+    f32 = torch.randn(2, 3)
+    assert beq(f32.t(), f32.t().contiguous())  # non-contiguous operand

@@ -6,16 +6,18 @@ GEMM, kernels.reference.scaled_mm_cutlass_order for the cross-order claims, and
 kernels.reference.quantize_activations for the activation quantization.
 """
 
+import re
+
 import pytest
 import torch
 
 pytest.importorskip("triton")
 
 from kernels import reference as ref  # noqa: E402
-from kernels.bf16 import bitwise_equal, ulp_distance  # noqa: E402
+from kernels.bf16 import bf16_bits, bitwise_equal, ulp_distance  # noqa: E402
 from kernels.triton import quantize_activations, scaled_mm  # noqa: E402
 from kernels.triton.scaled_mm import CONFIGS  # noqa: E402
-from tests.kernels.operands import random_operands  # noqa: E402
+from tests.kernels.operands import random_operands, tiny_rows  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -43,6 +45,20 @@ def test_every_tile_config_same_bits(config):
     _check_triton_order(*_operands(150, 264, 272, seed=7), config=config)
 
 
+@pytest.mark.parametrize("config", ["small", "large_persist", "large_persist_st", "small_ptr"])
+def test_row_strided_views(config):
+    # Column slices of wider tensors: unit column stride (no copy), but a row stride of 280
+    # (not a multiple of 16 bytes) although K = 272 is. TMA descriptors cannot take them,
+    # so the descriptor configs must fall back to the pointer kernel.
+    a_big, w_big, s_a, s_w = _operands(150, 200, 280, seed=17)
+    a, w = a_big[:, :272], w_big[:, 8:]
+    assert a.stride() == (280, 1) and w.stride() == (280, 1) and w.data_ptr() % 16 == 8
+    _check_triton_order(a, w, s_a, s_w, config=config)
+    # And a row stride that is a multiple of 16 with an aligned base: descriptors allowed.
+    a_big, w_big, s_a, s_w = _operands(150, 200, 288, seed=18)
+    _check_triton_order(a_big[:, :272], w_big[:, 16:], s_a, s_w, config=config)
+
+
 def test_adversarial_inputs():
     m, n, k = 24, 40, 2048
     a, w, s_a, s_w = _operands(m, n, k, seed=11)
@@ -64,8 +80,11 @@ def test_adversarial_inputs():
 def test_overflow_and_tiny_scales():
     a, w, s_a, s_w = _operands(8, 16, 64, seed=12)
     s_a[0] = 3.0e38                   # products past bf16/fp32 range: inf, rounded like the oracle
-    s_a[1] = 1.0e-38                  # subnormal range
-    _check_triton_order(a, w, s_a, s_w)
+    s_a[1] = 2.0**-140                # products in the fp32 and bf16 subnormal range
+    got = _check_triton_order(a, w, s_a, s_w)
+    bits = bf16_bits(got[1])
+    subnormal = ((bits & 0x7F80) == 0) & ((bits & 0x7F) != 0)
+    assert int(subnormal.sum()) > 0, "no bf16 subnormal outputs: the case tests nothing"
 
 
 def test_power_of_two_scales_equal_cutlass_order():
@@ -129,6 +148,44 @@ def test_quantize_zero_rows_and_ties():
     q, s = _check_quant(x)
     assert q[0].tolist() == [127, 0, 2, 2, 0, -2, -127, 126]
     assert torch.all(q[1] == 0) and float(s[1]) == 0.0
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_quantize_tiny_and_subnormal_rows(dtype):
+    # Rows where the plain 127 / absmax overflows, subnormal rows (which Triton's interpreter
+    # used to upcast wrongly from bf16), rows either side of the 2**-64 threshold, a zero
+    # row. The reference's contract is pinned by Fractions in test_reference.py.
+    x = tiny_rows(dtype).to(DEVICE)
+    q, s = _check_quant(x)
+    assert q[0].tolist()[:4] == [127, 0, -127, 64]
+    assert float(s[1]) > 0.0  # a subnormal row keeps a (subnormal) scale
+    # The same rows across several K blocks (K = 1506 > BLOCK_K), as a strided view.
+    wide = torch.cat([x.repeat(1, 251), torch.zeros_like(x[:, :3])], dim=1)[:, :-3]
+    assert wide.stride(0) != wide.shape[1]
+    _check_quant(wide)
+
+
+def test_quantize_fp16_subnormals():
+    x = torch.tensor([[6e-8, -1.2e-7, 0.0, 3e-6], [1.0, -6e-8, 2.0, 0.0]], dtype=torch.float16, device=DEVICE)
+    assert 0.0 < float(x[0, 0]) < 2.0**-14 and float(x[1, 1]) < 0.0  # fp16 subnormals, not flushed
+    _check_quant(x)
+
+
+def test_quantize_refusals_match_the_reference():
+    # One shared check (kernels.reference._check_activations): the same error type for each.
+    bad = [
+        torch.full((2, 4), 1e300, dtype=torch.float64),  # finite in float64, inf after fp32
+        torch.ones(2, 4, dtype=torch.float64),
+        torch.ones(2, 4, dtype=torch.int32),
+        torch.ones(2, 4, 1),
+        torch.tensor([[1.0, float("inf")]]),
+    ]
+    for x in bad:
+        x = x.to(DEVICE)
+        with pytest.raises((TypeError, ValueError)) as want:
+            ref.quantize_activations(x)
+        with pytest.raises(want.type, match=re.escape(str(want.value))):
+            quantize_activations(x)
 
 
 def test_quantize_empty_and_refusals():
