@@ -32,8 +32,13 @@ Arms:
   mse            per output channel, the power of two (from ceil(log2 s)+1 down to
                  ceil(log2 s)-3) whose requantized weights (clipping included) minimise
                  the channel's squared reconstruction error sum((q' s' - q s)^2).
-                 Errors are exact per element and summed in float64; ties go to the
-                 first candidate in the order ceil, ceil-1, ceil+1, ceil-2, ceil-3.
+                 For bf16/fp16 scales every error term is exact (and summed in
+                 float64); for fp32 scales the difference q' - q s/s' is exact but its
+                 square (up to ~64 bits) is rounded to float64, so candidates whose errors
+                 (nearly) tie may be decided by that rounding. Ties go to the first
+                 candidate in the order ceil, ceil-1, ceil+1, ceil-2, ceil-3. Candidacy is
+                 per channel: a power of two the scale dtype cannot hold is no candidate
+                 for that channel only.
   probe          s' = nearest power of two, weights NOT requantized. The flawed
                  construction that once reported +157% perplexity; an ablation, not servable.
 
@@ -130,6 +135,15 @@ def pow2_scale(e: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return out
 
 
+def pow2_candidates(e: torch.Tensor, dtype: torch.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """(2^e as float64 [n], ok [n] bool): per element, whether `dtype` holds 2^e exactly.
+    Where it does not, the float64 value is replaced by 1.0 (a harmless placeholder: such a
+    row is no candidate and must be given infinite error by the caller)."""
+    exact = torch.ldexp(torch.ones(e.shape, dtype=torch.float64), e).reshape(-1)
+    ok = exact.to(dtype).to(torch.float64) == exact
+    return torch.where(ok, exact, torch.ones_like(exact)).numpy(), ok.numpy()
+
+
 def _compute_dtype(scale_dtype: torch.dtype):
     return np.float32 if scale_dtype in (torch.bfloat16, torch.float16) else np.float64
 
@@ -168,12 +182,13 @@ def _scratch(n: int, dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def _row_sq(q: np.ndarray) -> np.ndarray:
-    """Per-row sum of q^2, exact (int32 accumulation: in * 2^14 < 2^31 for in < 2^17)."""
+    """Per-row sum of q^2, exact (int64 accumulation; the float64 result is exact while a
+    row sum stays below 2^53, i.e. for rows of fewer than 2^39 elements)."""
     out = np.empty(q.shape[0], dtype=np.float64)
     step = max(1, BLOCK_ELEMENTS // max(q.shape[1], 1))
     for i in range(0, q.shape[0], step):
-        b = q[i:i + step].astype(np.int32)
-        out[i:i + step] = np.einsum("ij,ij->i", b, b)
+        b = q[i:i + step]
+        out[i:i + step] = np.einsum("ij,ij->i", b, b, dtype=np.int64)
     return out
 
 
@@ -263,16 +278,14 @@ class Requantizer:
             self.ratio = (self.s64 / self.sn64).reshape(-1, 1).astype(self.cdt)  # exact: exponent shift only
         elif arm == "mse":
             e_ceil = ceil_exponent(scale)
-            self.e_ceil = e_ceil
             self.candidates = []
             for off in MSE_OFFSETS:
                 e_c = e_ceil + off
-                try:
-                    s_c = pow2_scale(e_c, scale.dtype)
-                except ValueError:
-                    continue  # a candidate the dtype cannot hold is simply not a candidate
-                sc64 = s_c.to(torch.float64).reshape(-1).numpy()
-                self.candidates.append((e_c.reshape(-1).numpy(), sc64, (self.s64 / sc64).reshape(-1, 1).astype(self.cdt)))
+                # per channel: a power of two the dtype cannot hold is no candidate for that
+                # channel only (ratio 1 there is a placeholder; its error is set to inf)
+                sc64, ok = pow2_candidates(e_c, scale.dtype)
+                ratio = np.where(ok, self.s64 / sc64, 1.0).reshape(-1, 1).astype(self.cdt)
+                self.candidates.append((e_c.reshape(-1).numpy(), sc64, ok, ratio))
             self.best_e = e_ceil.reshape(-1).numpy().copy()
 
     def rows(self, q: np.ndarray, start: int, out: np.ndarray | None = None) -> np.ndarray:
@@ -307,20 +320,24 @@ class Requantizer:
         best_err = np.full(n, np.inf)
         best_clip = np.zeros(n, dtype=np.int64)
         best_e = self.best_e[sl]
-        for i, (e_c, sc64, ratio) in enumerate(self.candidates):
+        row_norm = np.full(n, np.nan)  # sum of (q s)^2 per row, from its first valid candidate
+        for e_c, sc64, ok, ratio in self.candidates:
             _, clipped, sq, norm = _requantize_rows(q, ratio[sl], self.cdt, out=tmp, exact_sums=True)
+            valid = ok[sl]
             w = sc64[sl] ** 2
-            if i == 0:
-                st.sq_norm += float(np.dot(w, norm))
-            err = w * sq
+            take = valid & np.isnan(row_norm)
+            row_norm[take] = (w * norm)[take]
+            err = np.where(valid, w * sq, np.inf)
             better = err < best_err  # strict: earlier candidates win ties
             if better.any():
                 out[better] = tmp[better]
                 best_err[better] = err[better]
                 best_clip[better] = clipped[better]
                 best_e[better] = e_c[sl][better]
+        # a row with no valid candidate keeps e_ceil, and finish() refuses it (not representable)
         st.weights_clipped += int(best_clip.sum())
-        st.sq_error += float(best_err.sum())
+        st.sq_error += float(best_err[np.isfinite(best_err)].sum())
+        st.sq_norm += float(row_norm[~np.isnan(row_norm)].sum())
         return out
 
     def finish(self) -> tuple[torch.Tensor, LinearStats]:
@@ -438,12 +455,12 @@ def quantize_from_source(w: torch.Tensor, arm: str, scale_dtype: torch.dtype | N
         best_q, best_err, best_e, best_clip = None, np.full(rows, np.inf), base.clone(), np.zeros(rows, dtype=np.int64)
         for off in offsets:
             e_c = base + off
-            try:
-                pow2_scale(e_c, scale_dtype)
-            except ValueError:
-                continue
-            inv = torch.ldexp(torch.ones(e_c.shape, dtype=torch.float64), -e_c).numpy()
+            # per channel, as in Requantizer: an unrepresentable 2^e is no candidate for
+            # that channel only (inv 1 is a placeholder; its error is set to inf)
+            _, ok = pow2_candidates(e_c, scale_dtype)
+            inv = np.where(ok, torch.ldexp(torch.ones(e_c.shape, dtype=torch.float64), -e_c).reshape(-1).numpy(), 1.0).reshape(-1, 1)
             q_c, clipped, sq = _round_clip_rows(wn, inv)
+            sq = np.where(ok, sq, np.inf)
             better = sq < best_err
             if best_q is None:
                 best_q = q_c

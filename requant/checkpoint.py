@@ -94,6 +94,7 @@ class Checkpoint:
         self.weight_map = weight_map  # tensor name -> shard file name
         self.index_file = index_file
         self.quantized_linears = quantized_linears
+        self.from_hub = False  # True when `path` is a snapshot that snapshot_download resolved
 
     # -- the contract ---------------------------------------------------------------
     def tensor(self, name: str) -> torch.Tensor:
@@ -132,13 +133,14 @@ class Checkpoint:
         return f"Checkpoint({str(self.path)!r}, {len(self.quantized_linears)} quantized Linears, {len(self.shards)} shard(s))"
 
 
-def resolve(src: str | os.PathLike, *, revision: str | None = None) -> Path:
-    """A local directory as is; otherwise a Hub repo id through snapshot_download."""
+def resolve_source(src: str | os.PathLike, *, revision: str | None = None) -> tuple[Path, bool]:
+    """(directory, from_hub): a local directory as is (False); otherwise a Hub repo id
+    through snapshot_download (True: the directory is the snapshot it resolved to)."""
     p = Path(src)
     if p.exists():
         if not p.is_dir():
             raise LayoutError("not a directory (a checkpoint is a directory with config.json)", file=p)
-        return p
+        return p, False
     s = str(src)
     if not _REPO_ID.match(s) or s.startswith((".", "/", "~")):
         raise LayoutError("no such directory, and not a Hub repo id (org/name)", file=s)
@@ -148,7 +150,7 @@ def resolve(src: str | os.PathLike, *, revision: str | None = None) -> Path:
         local = snapshot_download(repo_id=s, revision=revision, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja"])
     except Exception as exc:  # the hub raises many types; all mean "could not resolve"
         raise LayoutError(f"could not resolve Hub repo id{' at revision ' + revision if revision else ''}: {type(exc).__name__}: {exc}", file=s) from None
-    return Path(local)
+    return Path(local), True
 
 
 def _load_json(path: Path, what: str):
@@ -171,7 +173,7 @@ def _safe_shard_name(index: Path, name) -> str:
 def open_checkpoint(src: str | os.PathLike, *, revision: str | None = None) -> Checkpoint:
     """Resolve, validate (config, every shard header, tensor layout, scale values) and
     return a Checkpoint. Raises CheckpointError (naming file and tensor) on any fault."""
-    path = resolve(src, revision=revision)
+    path, from_hub = resolve_source(src, revision=revision)
     config_path = path / CONFIG
     config = _load_json(config_path, "config.json")
     if not isinstance(config, dict):
@@ -214,6 +216,7 @@ def open_checkpoint(src: str | os.PathLike, *, revision: str | None = None) -> C
         raise LayoutError(f"no weights: neither {SINGLE} nor {INDEX}", file=path)
 
     ckpt = Checkpoint(path, config, scheme, shards, weight_map, index_path, [])
+    ckpt.from_hub = from_hub
     ckpt.quantized_linears = _find_linears(ckpt)
     for linear in ckpt.quantized_linears:
         check_scale_values(ckpt.shard_of(linear + ".weight_scale").path, linear + ".weight_scale", ckpt.tensor(linear + ".weight_scale"))
@@ -284,9 +287,8 @@ class SourceWeights:
     def __init__(self, path: Path, shards: dict[str, SafetensorsFile], weight_map: dict[str, str]):
         self.path, self.shards, self.weight_map = path, shards, weight_map
 
-    def tensor(self, name: str, like=None) -> torch.Tensor:
-        f = self.shards[self.weight_map[name]]
-        return f.tensor(name)
+    def tensor(self, name: str) -> torch.Tensor:
+        return self.shards[self.weight_map[name]].tensor(name)
 
 
 def open_source_weights(src: str | os.PathLike, ckpt: Checkpoint) -> SourceWeights:

@@ -106,7 +106,7 @@ def convert(
     force: Annotated[bool, typer.Option("--force", help="Replace an existing OUTPUT.")] = False,
     source: Annotated[Optional[Path], typer.Option("--source", help="Requantize from these original bf16 weights instead of the int8 ones.")] = None,
     revision: Annotated[Optional[str], typer.Option("--revision", help="Hub revision when SRC is a repo id.")] = None,
-    jobs: Annotated[Optional[int], typer.Option("--jobs", "-j", help="Shards converted in parallel (default: CPU count).")] = None,
+    jobs: Annotated[Optional[int], typer.Option("--jobs", "-j", help="Worker threads; the work is cut into ~64 MB segments of the shards (default: CPU count; at most 8).")] = None,
     plot: Annotated[Optional[Path], typer.Option("--plot", help="Write a PNG of the exponent shifts and per-layer errors.")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print only the totals.")] = False,
 ):

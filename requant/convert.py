@@ -14,10 +14,17 @@ How, and why this way:
     cores stay busy even when shards are unevenly sized.
   * Every source byte is read once and hashed on the way (sha256 per segment, combined
     into a hash tree per shard), so the provenance digest costs no extra pass.
-  * Atomic: everything is written into a temporary directory next to OUT
-    (`.OUT.requant-tmp-*`) that is renamed to OUT at the end; on any error or interrupt
-    it is removed, and nothing named OUT appears. OUT inside SRC (or SRC inside OUT) is
-    refused, and an existing OUT is only replaced with force=True.
+  * Atomic: everything is written into a temporary directory in OUT's own parent
+    directory (`.OUT.requant-tmp-*`; OUT's last component is not resolved, so a symlinked
+    OUT is replaced as a link, never followed) that is renamed to OUT at the end; on any
+    error or interrupt it is removed, and nothing named OUT appears. Every output file and
+    directory is fsynced before the rename, the parent directory after it (write-back of
+    a shard starts as each of its segments finishes, so the final fsync is short). OUT inside SRC
+    (or SRC inside OUT) is refused, and an existing OUT is only replaced with force=True
+    (checked again just before the rename: an OUT that appeared meanwhile is an error).
+  * Errors name the file: a failed read names the source shard and tensor (TensorError),
+    a failed write the output shard and tensor (OutputError); when several pieces of work
+    fail, all are reported, in file order.
   * unconstrained reproduces every file byte for byte (config.json and the index are
     copied, not re-serialised). A constrained arm adds a "requant" key (provenance) to
     config.json, leaving quantization_config as it was, so compressed-tensors and vLLM
@@ -121,11 +128,35 @@ def _pwrite_all(fd: int, data, offset: int) -> None:
         done += os.pwrite(fd, mv[done:], offset + done)
 
 
+def _os_reason(exc: OSError) -> str:
+    return exc.strerror or str(exc) or type(exc).__name__
+
+
+def _fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(root: Path, skip: set[str]) -> None:
+    """fsync every file (but the top-level names in skip, synced already) and every
+    directory under root, root last."""
+    for dirpath, dirs, files in os.walk(root, topdown=False):
+        d = Path(dirpath)
+        for fn in files:
+            if d == root and fn in skip:
+                continue
+            _fsync_path(d / fn)
+        _fsync_path(d)
+
+
 class _Job:
     """Shared state of one conversion: output fds, an abort flag, progress."""
 
-    def __init__(self, ckpt: Checkpoint, tmp: Path, arm: str, source, progress: Callable[[int], None] | None):  # noqa: D107
-        self.ckpt, self.tmp, self.arm, self.source = ckpt, tmp, arm, source
+    def __init__(self, ckpt: Checkpoint, tmp: Path, out: Path, arm: str, source, progress: Callable[[int], None] | None):  # noqa: D107
+        self.ckpt, self.tmp, self.out, self.arm, self.source = ckpt, tmp, out, arm, source
         self.progress = progress or (lambda n: None)
         self.abort = threading.Event()
         self.fds: dict[str, int] = {}
@@ -135,11 +166,38 @@ class _Job:
         self.weight_to_linear = {lin + ".weight": lin for lin in ckpt.quantized_linears}
         self.scales = {lin + ".weight_scale" for lin in ckpt.quantized_linears}
 
+    def write(self, shard: str, data, offset: int, tensor: str | None) -> None:
+        """pwrite into an output shard; an OSError becomes an OutputError naming the
+        output shard (as OUT/<shard>, written under the temporary directory) and tensor."""
+        try:
+            _pwrite_all(self.fds[shard], data, offset)
+        except OSError as exc:
+            raise OutputError(f"writing the output shard failed: {_os_reason(exc)}", file=self.out / shard, tensor=tensor) from exc
+
     def create_outputs(self) -> None:
         for name, f in self.ckpt.shards.items():
-            fd = os.open(self.tmp / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                fd = os.open(self.tmp / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            except OSError as exc:
+                raise OutputError(f"creating the output shard failed: {_os_reason(exc)}", file=self.out / name) from exc
             self.fds[name] = fd
-            _pwrite_all(fd, f.prefix, 0)  # the rest is written at its offsets (no ftruncate: slower on ext4)
+            self.write(name, f.prefix, 0, None)  # the rest is written at its offsets (no ftruncate: slower on ext4)
+
+    def flush_early(self, shard: str) -> None:
+        if self.abort.is_set():
+            return
+        try:
+            os.fdatasync(self.fds[shard])
+        except OSError:
+            pass  # reported by sync(), which fsyncs every shard at the end
+
+    def sync(self) -> None:
+        """fsync every output shard (before it is closed and the directory renamed)."""
+        for name, fd in self.fds.items():
+            try:
+                os.fsync(fd)
+            except OSError as exc:
+                raise OutputError(f"syncing the output shard failed: {_os_reason(exc)}", file=self.out / name) from exc
 
     def check_sizes(self) -> None:
         for name, fd in self.fds.items():
@@ -188,7 +246,7 @@ class _Job:
                 if self.source is None:
                     qb = np.frombuffer(view, dtype=np.int8).reshape(n, cols)
                     qb_new = rq.rows(qb, r0, outbuf[: n * cols].reshape(n, cols))
-                    _pwrite_all(self.fds[shard], qb_new, start + r0 * cols)
+                    self.write(shard, qb_new, start + r0 * cols, wname)
                     del qb, qb_new
                 view.release()
                 self.progress(n * cols)
@@ -202,13 +260,13 @@ class _Job:
                 if tuple(q_new.shape) != winfo.shape:
                     raise TensorError("internal: source arm changed the shape", file=f.path, tensor=wname)
                 if winfo.nbytes:
-                    _pwrite_all(self.fds[shard], q_new.contiguous().numpy(), start)
+                    self.write(shard, q_new.contiguous().numpy(), start, wname)
         except ValueError as exc:
             raise TensorError(str(exc), file=f.path, tensor=wname) from None
         if s_new.dtype != scale.dtype or tuple(s_new.shape) != sinfo.shape:  # an arm's contract, checked
             raise TensorError(f"internal: arm {self.arm} changed the scale's dtype or shape", file=sfile.path, tensor=sname)
         sshard = ckpt.weight_map[sname]
-        _pwrite_all(self.fds[sshard], tensor_to_bytes(s_new), ckpt.shards[sshard].data_start + sinfo.begin)
+        self.write(sshard, tensor_to_bytes(s_new), ckpt.shards[sshard].data_start + sinfo.begin, sname)
         with self.lock:
             self.stats[lin] = st
 
@@ -220,8 +278,10 @@ class _Job:
         and either written straight back (pass-through) or requantized."""
         f = self.ckpt.shards[name]
         h = hashlib.sha256()
-        fd_out = self.fds[name]
-        fd_in = os.open(f.path, os.O_RDONLY)
+        try:
+            fd_in = os.open(f.path, os.O_RDONLY)
+        except OSError as exc:
+            raise TensorError(f"opening the source shard failed: {_os_reason(exc)}", file=f.path) from exc
         try:
             for info in infos:
                 if self.abort.is_set():
@@ -237,12 +297,15 @@ class _Job:
                     _pread_exact(fd_in, view, start + pos, f.path, info.name)
                     h.update(view)
                     if info.name not in self.scales:  # scales are written with their weight
-                        _pwrite_all(fd_out, view, start + pos)
+                        self.write(name, view, start + pos, info.name)
                     view.release()
                     self.progress(n)
                     if self.abort.is_set():
                         raise _Aborted()
             return h.digest()
+        except BaseException:
+            self.abort.set()  # at once: units not yet started stop instead of failing too
+            raise
         finally:
             os.close(fd_in)
 
@@ -275,7 +338,10 @@ def shard_digest(prefix: bytes, segment_digests: list[bytes]) -> str:
 def _pread_exact(fd: int, view: memoryview, offset: int, path, tensor: str) -> None:
     got = 0
     while got < len(view):
-        n = os.preadv(fd, [view[got:]], offset + got)
+        try:
+            n = os.preadv(fd, [view[got:]], offset + got)
+        except OSError as exc:
+            raise TensorError(f"reading the source shard failed: {_os_reason(exc)}", file=path, tensor=tensor) from exc
         if n == 0:
             raise TensorError("file ended while reading (changed since it was validated?)", file=path, tensor=tensor)
         got += n
@@ -285,7 +351,7 @@ class _Aborted(Exception):
     pass
 
 
-def _copy_other_files(ckpt: Checkpoint, tmp: Path) -> dict[str, str]:
+def _copy_other_files(ckpt: Checkpoint, tmp: Path, out: Path) -> dict[str, str]:
     """Copy every file that is not a shard (config and index included) byte for byte.
     Returns {relative path: sha256} for config.json and the index (for the digest)."""
     skip = set(ckpt.shards)
@@ -298,8 +364,11 @@ def _copy_other_files(ckpt: Checkpoint, tmp: Path) -> dict[str, str]:
             if rel.parts == (fn,) and fn in skip:
                 continue
             dst = tmp / rel
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(Path(root) / fn, dst)  # follows symlinks (Hub snapshots)
+            try:
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(Path(root) / fn, dst)  # follows symlinks (Hub snapshots)
+            except OSError as exc:
+                raise OutputError(f"copying {Path(root) / fn} failed: {_os_reason(exc)}", file=out / rel) from exc
             if rel.parts == (fn,) and (fn == CONFIG or (ckpt.index_file is not None and fn == ckpt.index_file.name)):
                 digests[fn] = hashlib.sha256((Path(root) / fn).read_bytes()).hexdigest()
     return digests
@@ -335,7 +404,7 @@ def provenance_for(arm: str, src_label: str, digest: str, ckpt: Checkpoint, sour
         "version": requant.__version__,
         "source": {"checkpoint": src_label, "digest": digest},
     }
-    if str(ckpt.path) != src_label:  # a Hub id: record the snapshot it resolved to
+    if ckpt.from_hub:  # a Hub id that snapshot_download resolved: record the snapshot
         prov["source"]["resolved"] = str(ckpt.path)
     prior = ckpt.config.get(PROVENANCE_KEY)
     if prior is not None:
@@ -346,6 +415,82 @@ def provenance_for(arm: str, src_label: str, digest: str, ckpt: Checkpoint, sour
         prov["warning"] = ("ABLATION ONLY, NOT SERVABLE: scales rewritten to the nearest power of two "
                            "without requantizing the int8 weights (the flawed +157% perplexity construction)")
     return prov
+
+
+def _output_path(output: str | os.PathLike) -> Path:
+    """OUT as an absolute path whose parent is resolved but whose last component is not:
+    the temporary directory, the moved-aside old OUT and OUT itself then share one real
+    directory (renames never cross a device), and a symlink named OUT is replaced as a link."""
+    out = Path(output).absolute()
+    if out.name in ("", ".", ".."):
+        out = out.resolve()
+    return out.parent.resolve() / out.name
+
+
+def _shutdown(pool: cf.ThreadPoolExecutor, abort: threading.Event) -> None:
+    """Wait until every worker has stopped (the output fds must outlive them), even
+    through a Ctrl-C, which sets the abort flag (workers see it within one piece) and is
+    raised again once the workers are gone."""
+    interrupted = None
+    while True:
+        try:
+            pool.shutdown(wait=True, cancel_futures=True)
+            break
+        except KeyboardInterrupt as exc:
+            abort.set()
+            interrupted = exc
+    if interrupted is not None:
+        raise interrupted
+
+
+def _combined_error(errors: list[BaseException]) -> BaseException:
+    """One exception for the failed units, given in unit (file) order: the first as is,
+    or, when several CheckpointErrors failed, the first's type with every message."""
+    if len(errors) == 1 or not all(isinstance(e, CheckpointError) for e in errors):
+        return errors[0]
+    first = errors[0]
+    more = "; ".join(str(e) for e in errors[1:])
+    exc = type(first)(f"{first.detail} (and {len(errors) - 1} more: {more})", file=first.file, tensor=first.tensor)
+    exc.__cause__ = first.__cause__
+    return exc
+
+
+def _run_units(job: _Job, units: list, workers: int) -> list[bytes]:
+    """Run every unit (shard name, index, tensors) in a thread pool; return the segment
+    digests in unit order. On a failure the others are told to stop, every worker is
+    waited for, and the failures are raised in unit order (a deterministic message)."""
+    pool = cf.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="requant-convert")
+    # Write-back starts as units finish (one thread, fdatasync of that unit's shard), so the
+    # final fsync does not wait for the whole output at once. Its errors are left to the
+    # final fsync (_Job.sync), which reports them.
+    flusher = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="requant-flush")
+    flushing: dict[str, cf.Future] = {}
+    futures = []
+    failed = True
+    try:
+        futures = [pool.submit(job.segment, name, seg) for name, _, seg in units]
+        unit_shard = {f: name for f, (name, _, _) in zip(futures, units)}
+        pending = set(futures)
+        while pending:
+            done, pending = cf.wait(pending, timeout=0.2, return_when=cf.FIRST_EXCEPTION)
+            if any(f.exception() is not None for f in done):
+                break
+            for f in done:
+                name = unit_shard[f]
+                if name not in flushing or flushing[name].done():
+                    flushing[name] = flusher.submit(job.flush_early, name)
+        else:
+            failed = False
+    finally:
+        if failed:
+            job.abort.set()
+        _shutdown(pool, job.abort)
+        _shutdown(flusher, job.abort)
+    if failed:
+        errors = [f.exception() for f in futures if not f.cancelled() and f.exception() is not None]
+        errors = [e for e in errors if not isinstance(e, _Aborted)] or errors
+        raise _combined_error(errors)
+    return [f.result() for f in futures]
 
 
 def convert(src: str | os.PathLike, output: str | os.PathLike, arm: str = "nearest", *, force: bool = False,
@@ -361,67 +506,72 @@ def convert(src: str | os.PathLike, output: str | os.PathLike, arm: str = "neare
     ckpt = open_checkpoint(src, revision=revision)
     src_weights = open_source_weights(source, ckpt) if source is not None else None
     out = Path(output)
+    final = _output_path(out)  # every filesystem operation below uses this spelling
     check_output(ckpt.path, out, force)
     if src_weights is not None:
         check_output(Path(source), out, force)
 
     created_parents = []
-    p = out.resolve().parent
+    p = final.parent
     while not p.exists():
         created_parents.append(p)
         p = p.parent
     for d in reversed(created_parents):
         d.mkdir()
-    tmp = out.resolve().parent / f".{out.name}.requant-tmp-{uuid.uuid4().hex[:12]}"
+    tmp = final.parent / f".{final.name}.requant-tmp-{uuid.uuid4().hex[:12]}"
     tmp.mkdir()
     total = sum(f.file_size for f in ckpt.shards.values())
     if on_start:
         on_start(total)
-    job = _Job(ckpt, tmp, arm, src_weights, progress)
+    job = _Job(ckpt, tmp, out, arm, src_weights, progress)
     old = None
     try:
-        file_digests = _copy_other_files(ckpt, tmp)
+        file_digests = _copy_other_files(ckpt, tmp, out)
         job.create_outputs()
         units = [(name, i, seg) for name, f in ckpt.shards.items() for i, seg in enumerate(segments(f))]
-        seg_digests: dict[str, list] = {name: [None] * sum(1 for u in units if u[0] == name) for name in ckpt.shards}
         workers = max(1, min(jobs or os.cpu_count() or 1, len(units), 8))
         for f in ckpt.shards.values():
             job.progress(len(f.prefix))
-        with cf.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="requant-convert") as pool:
-            futures = {pool.submit(job.segment, name, seg): (name, i) for name, i, seg in units}
-            try:
-                pending = set(futures)
-                while pending:
-                    done, pending = cf.wait(pending, timeout=0.2, return_when=cf.FIRST_EXCEPTION)
-                    for fut in done:
-                        if fut.exception() is not None:
-                            raise fut.exception()
-                        name, i = futures[fut]
-                        seg_digests[name][i] = fut.result()
-            except BaseException:
-                job.abort.set()
-                for fut in futures:
-                    fut.cancel()
-                raise
+        digests = _run_units(job, units, workers)  # returns only once every worker has stopped
+        seg_digests: dict[str, list] = {name: [] for name in ckpt.shards}
+        for (name, _, _), d in zip(units, digests):
+            seg_digests[name].append(d)
         for name, f in ckpt.shards.items():
             file_digests[name] = shard_digest(f.prefix, seg_digests[name])
         job.check_sizes()
+        job.sync()
         job.close()
         digest = source_digest(file_digests)
         prov = None
         if arm != "unconstrained" or src_weights is not None:
             prov = provenance_for(arm, str(src), digest, ckpt, None if source is None else str(source))
             if arm != "unconstrained":
-                _write_config(ckpt, tmp, prov)
-        if out.exists() or out.is_symlink():
-            old = out.resolve().parent / f".{out.name}.requant-old-{uuid.uuid4().hex[:12]}"
-            os.rename(out, old)
-        os.rename(tmp, out)
+                try:
+                    _write_config(ckpt, tmp, prov)
+                except OSError as exc:
+                    raise OutputError(f"writing config.json failed: {_os_reason(exc)}", file=out / CONFIG) from exc
+        try:
+            _fsync_tree(tmp, skip=set(ckpt.shards))
+        except OSError as exc:
+            raise OutputError(f"syncing the output failed: {_os_reason(exc)}", file=out) from exc
+        if final.exists() or final.is_symlink():
+            if not force:  # it appeared while we were converting: never replace it silently
+                raise OutputError("appeared while converting; pass --force to replace it", file=out)
+            old = final.parent / f".{final.name}.requant-old-{uuid.uuid4().hex[:12]}"
+            try:
+                os.rename(final, old)
+            except OSError as exc:
+                old = None
+                raise OutputError(f"moving the existing output aside failed: {_os_reason(exc)}", file=out) from exc
+        try:
+            os.rename(tmp, final)
+        except OSError as exc:
+            raise OutputError(f"renaming the finished output into place failed: {_os_reason(exc)}", file=out) from exc
     except BaseException:
-        job.close()
+        job.close()  # safe: no worker is running any more (_run_units waited for them)
         shutil.rmtree(tmp, ignore_errors=True)
-        if old is not None and not out.exists():
-            os.rename(old, out)  # put the replaced output back
+        if old is not None and not (final.exists() or final.is_symlink()):
+            os.rename(old, final)  # put the replaced output back
             old = None
         for d in created_parents:
             try:
@@ -434,6 +584,11 @@ def convert(src: str | os.PathLike, output: str | os.PathLike, arm: str = "neare
             shutil.rmtree(old, ignore_errors=True)
         else:
             old.unlink()
+    try:
+        for d in [final.parent] + [c.parent for c in created_parents]:
+            _fsync_path(d)  # the renames (and any directories made for OUT) are durable
+    except OSError as exc:
+        raise OutputError(f"output written, but syncing its directory failed: {_os_reason(exc)}", file=out) from exc
     order = {lin: i for i, lin in enumerate(ckpt.quantized_linears)}
     layers = dict(sorted(job.stats.items(), key=lambda kv: order[kv[0]]))
     return ConvertResult(output=out, arm=arm, source=str(src), layers=layers, provenance=prov, source_digest=digest,

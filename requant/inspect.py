@@ -13,8 +13,8 @@ from __future__ import annotations
 import os
 
 import numpy as np
-import torch
 
+from kernels.bf16 import is_power_of_two
 from requant.arms import ceil_exponent
 from requant.checkpoint import Checkpoint, open_checkpoint
 from requant.convert import PROVENANCE_KEY
@@ -22,12 +22,6 @@ from requant.errors import CheckpointError
 
 CONFIG_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
                "head_dim", "vocab_size", "tie_word_embeddings", "torch_dtype")
-
-
-def is_power_of_two(s: torch.Tensor) -> torch.Tensor:
-    """Elementwise, exact (frexp mantissa 0.5); same rule as kernels.bf16.is_power_of_two."""
-    m, _ = torch.frexp(s.detach().to(torch.float64))
-    return torch.isfinite(s.to(torch.float64)) & (s.to(torch.float64) > 0) & (m == 0.5)
 
 
 def _int8_range(ckpt: Checkpoint, name: str, buf: bytearray) -> tuple[int, int, int]:

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-from requant.errors import SafetensorsFormatError
+from requant.errors import SafetensorsFormatError, TensorError
 
 # safetensors dtype string -> (torch dtype, item size in bytes)
 DTYPES: dict[str, tuple[torch.dtype, int]] = {
@@ -109,33 +109,34 @@ class SafetensorsFile:
         except KeyError:
             raise SafetensorsFormatError("no such tensor", file=self.path, tensor=name) from None
 
-    def read_bytes(self, name: str, fd: int | None = None) -> bytearray:
-        """The raw bytes of one tensor (a fresh, writable buffer)."""
+    def read_bytes(self, name: str) -> bytearray:
+        """The raw bytes of one tensor (a fresh, writable buffer). An OSError while
+        reading becomes a TensorError naming this file and the tensor."""
         info = self.info(name)
         buf = bytearray(info.nbytes)
         if info.nbytes:
-            self._pread_into(info, memoryview(buf), 0, fd)
+            try:
+                self._pread_into(info, memoryview(buf))
+            except OSError as exc:
+                raise TensorError(f"reading failed: {exc.strerror or exc}", file=self.path, tensor=name) from exc
         return buf
 
-    def _pread_into(self, info: TensorInfo, view: memoryview, rel: int, fd: int | None) -> None:
-        own = fd is None
-        if own:
-            fd = os.open(self.path, os.O_RDONLY)
+    def _pread_into(self, info: TensorInfo, view: memoryview) -> None:
+        fd = os.open(self.path, os.O_RDONLY)
         try:
             got = 0
             while got < len(view):
-                n = os.preadv(fd, [view[got:]], self.data_start + info.begin + rel + got)
+                n = os.preadv(fd, [view[got:]], self.data_start + info.begin + got)
                 if n == 0:
                     raise SafetensorsFormatError("file ended while reading (truncated since it was opened?)", file=self.path, tensor=info.name)
                 got += n
         finally:
-            if own:
-                os.close(fd)
+            os.close(fd)
 
-    def tensor(self, name: str, fd: int | None = None) -> torch.Tensor:
+    def tensor(self, name: str) -> torch.Tensor:
         """One tensor, read from disk into its own memory (not a view of the file)."""
         info = self.info(name)
-        return bytes_to_tensor(self.read_bytes(name, fd), info)
+        return bytes_to_tensor(self.read_bytes(name), info)
 
 
 def bytes_to_tensor(buf: bytearray | bytes, info: TensorInfo) -> torch.Tensor:

@@ -28,7 +28,6 @@ class Scheme:
     """What the rest of requant needs from a validated quantization_config."""
 
     ignore: tuple[str, ...]
-    targets: tuple[str, ...]
 
 
 def _quantization_args(file: str, where: str, args, want: dict, *, dynamic: bool) -> None:
@@ -69,7 +68,6 @@ def validate(config: dict, file: str = "config.json") -> Scheme:
     groups = qc.get("config_groups")
     if not isinstance(groups, dict) or not groups:
         raise SchemeError(f"{p}.config_groups must be a non-empty object", file=file)
-    targets: list[str] = []
     for gname, group in groups.items():
         g = f"{p}.config_groups.{gname}"
         if not isinstance(group, dict):
@@ -85,13 +83,12 @@ def validate(config: dict, file: str = "config.json") -> Scheme:
         t = group.get("targets")
         if not isinstance(t, list) or not t or not all(isinstance(x, str) for x in t):
             raise SchemeError(f"{g}.targets must be a non-empty list of strings, got {t!r}", file=file)
-        targets.extend(t)
     ignore = qc.get("ignore", [])
     if ignore is None:
         ignore = []
     if not isinstance(ignore, list) or not all(isinstance(x, str) for x in ignore):
         raise SchemeError(f"{p}.ignore must be a list of module names, got {ignore!r}", file=file)
-    return Scheme(ignore=tuple(ignore), targets=tuple(targets))
+    return Scheme(ignore=tuple(ignore))
 
 
 def quantization_config(*, ignore=("lm_head",), compression_ratio: float | None = None, version: str = "0.10.2") -> dict:

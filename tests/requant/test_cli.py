@@ -31,6 +31,7 @@ runner = CliRunner()
 
 def test_convert_default_with_json(tmp_path):
     out, report = tmp_path / "out", tmp_path / "report.json"
+    before = tree_bytes(DEFAULT_CHECKPOINT)
     res = runner.invoke(app, ["convert", "-o", str(out), "--json", str(report), "--plot", str(tmp_path / "p.png")])
     assert res.exit_code == 0, res.output
     rep = json.loads(report.read_text())
@@ -40,7 +41,7 @@ def test_convert_default_with_json(tmp_path):
         assert set(st) >= {"scales_changed", "exponent_shifts", "weights_clipped", "rel_weight_error"}
     assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "28 quantized Linears" in res.output
-    assert tree_bytes(DEFAULT_CHECKPOINT)  # the source is untouched (read only)
+    assert tree_bytes(DEFAULT_CHECKPOINT) == before  # the source is untouched
     res = runner.invoke(app, ["convert", "-o", str(out)])
     assert res.exit_code == 1 and "--force" in res.output
     res = runner.invoke(app, ["convert", "-o", str(out), "--force", "--arm", "ceiling", "-q"])

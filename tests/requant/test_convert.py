@@ -213,17 +213,37 @@ def test_source_unconstrained_reproduces_rtn_checkpoint(tmp_path):
     convert(src, tmp_path / "again", "unconstrained", source=tmp_path / "bf16")
     assert tree_bytes(tmp_path / "again") == tree_bytes(src)
     res = convert(src, tmp_path / "ceil", "ceiling", source=tmp_path / "bf16")
-    assert res.totals()["weights_clipped"] <= res.totals()["channels"]  # at most a channel maximum each
     prov = json.loads((tmp_path / "ceil" / "config.json").read_text())[PROVENANCE_KEY]
     assert prov["source"]["bf16_weights"] == str(tmp_path / "bf16")
     ck = open_checkpoint(tmp_path / "ceil")
+    orig = _all_tensors(tmp_path / "bf16")
     for lin in ck.quantized_linears:
-        assert bool(is_power_of_two(ck.weight_and_scale(lin)[1]).all())
+        q2, s2 = ck.weight_and_scale(lin)
+        assert bool(is_power_of_two(s2).all())
+        # w / s' is exact in float64 (s' a power of two). Ceiling from the originals: every
+        # |w / s'| <= 128, so a weight clips only from 127.5..128 (by less than one step),
+        # and the layer's count is exactly the weights whose rounding leaves [-128, 127]
+        x = orig[lin + ".weight"].double() / s2.double()
+        assert bool((x.abs() <= 128).all()), lin
+        r = torch.round(x)  # half to even, as the converter rounds
+        assert torch.equal(q2, r.clamp(-128, 127).to(torch.int8)), lin
+        assert res.layers[lin].weights_clipped == int(((r > 127) | (r < -128)).sum()), lin
 
 
 def test_mse_costs_less_than_nearest_and_ceiling(tmp_path, default_copy):
-    errs = {arm: convert(default_copy, tmp_path / arm, arm).totals()["rel_weight_error"] for arm in ("nearest", "ceiling", "mse")}
-    assert errs["mse"] <= errs["ceiling"] <= errs["nearest"]
+    """Per layer and per channel, mse's squared error is at most min(nearest, ceiling).
+    Reference: the errors recomputed from the output tensors in float64, exact here (bf16
+    scales: every q's' - qs and its square is exact, and the row sums stay within 53 bits)."""
+    src = _all_tensors(default_copy)
+    outs = {}
+    for arm in ("nearest", "ceiling", "mse"):
+        convert(default_copy, tmp_path / arm, arm)
+        outs[arm] = _all_tensors(tmp_path / arm)
+    for lin in open_checkpoint(default_copy).quantized_linears:
+        ref = src[lin + ".weight"].double() * src[lin + ".weight_scale"].double()
+        err = {arm: ((t[lin + ".weight"].double() * t[lin + ".weight_scale"].double() - ref) ** 2).sum(1) for arm, t in outs.items()}
+        assert bool((err["mse"] <= torch.minimum(err["nearest"], err["ceiling"])).all()), lin
+        assert float(err["mse"].sum()) <= min(float(err["nearest"].sum()), float(err["ceiling"].sum())), lin
 
 
 def test_fp32_scales(tmp_path, micro):
@@ -255,3 +275,191 @@ def test_source_sharded(tmp_path):
     res = convert(src, tmp_path / "mse", "mse", source=tmp_path / "bf16")
     res_ceil = convert(src, tmp_path / "ceil", "ceiling", source=tmp_path / "bf16")
     assert res.totals()["rel_weight_error"] <= res_ceil.totals()["rel_weight_error"]
+
+
+def test_local_path_spellings_record_no_hub_resolution(tmp_path, monkeypatch, micro):
+    """"resolved" is recorded only for a snapshot that snapshot_download produced
+    (test_hub_cache covers that case), never for a local directory spelled differently."""
+    monkeypatch.chdir(tmp_path)
+    for i, spelling in enumerate(["./micro/", "micro", str(micro) + "/", "./micro/../micro"]):
+        convert(spelling, f"out{i}", "nearest")
+        prov = json.loads((tmp_path / f"out{i}" / "config.json").read_text())[PROVENANCE_KEY]
+        assert prov["source"]["checkpoint"] == spelling
+        assert "resolved" not in prov["source"]
+    assert open_checkpoint("./micro/").from_hub is False
+
+
+def _record_fs_ops(monkeypatch):
+    """Record os.fsync (by path, via /proc/self/fd) and os.rename calls, in order."""
+    import os
+
+    events = []
+    real_fsync, real_rename = os.fsync, os.rename
+
+    def fsync(fd):
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        return real_fsync(fd)
+
+    def rename(a, b):
+        events.append(("rename", str(a), str(b)))
+        return real_rename(a, b)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "rename", rename)
+    return events
+
+
+def test_outputs_are_fsynced_before_and_after_the_rename(tmp_path, monkeypatch, micro_sharded):
+    events = _record_fs_ops(monkeypatch)
+    out = tmp_path / "outs" / "out"
+    convert(micro_sharded, out, "nearest", jobs=2)
+    renames = [i for i, e in enumerate(events) if e[0] == "rename"]
+    assert len(renames) == 1
+    _, tmp, final = events[renames[0]]
+    assert final == str(out) and tmp.startswith(str(out.parent / ".out.requant-tmp-"))
+    before = {e[1] for e in events[: renames[0]] if e[0] == "fsync"}
+    after = {e[1] for e in events[renames[0]:] if e[0] == "fsync"}
+    for p in sorted(micro_sharded.iterdir()):  # every file, shards and the rest
+        assert f"{tmp}/{p.name}" in before, p.name
+    assert tmp in before  # the directory's entries
+    assert str(out.parent) in after and str(tmp_path) in after  # the rename, and the created parent
+
+
+def test_symlinked_output_is_replaced_in_its_own_directory(tmp_path, monkeypatch, micro):
+    """OUT is a symlink to a directory elsewhere: the temp dir and the moved-aside link
+    live next to OUT (one directory, so no rename crosses a device), the link is replaced
+    by the new output and its target is left alone."""
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "target").mkdir(parents=True)
+    (elsewhere / "target" / "keep.txt").write_text("x")
+    here = tmp_path / "here"
+    here.mkdir()
+    out = here / "out"
+    out.symlink_to(elsewhere / "target", target_is_directory=True)
+    with pytest.raises(OutputError, match="--force"):
+        convert(micro, out, "nearest")
+    events = _record_fs_ops(monkeypatch)
+    convert(micro, out, "nearest", force=True)
+    renames = [e for e in events if e[0] == "rename"]
+    assert len(renames) == 2
+    for _, a, b in renames:
+        assert str(tmp_path / "here") == str(__import__("pathlib").Path(a).parent) == str(__import__("pathlib").Path(b).parent)
+    assert out.is_dir() and not out.is_symlink() and (out / "model.safetensors").exists()
+    assert sorted(p.name for p in elsewhere.iterdir()) == ["target"] and (elsewhere / "target" / "keep.txt").read_text() == "x"
+    assert leftovers(here, "out") == ["out"]
+
+
+@pytest.mark.parametrize("force", [False, True])
+def test_output_appearing_during_conversion(tmp_path, monkeypatch, micro, force):
+    """OUT created by someone else after the initial check: without force it is an error
+    and that OUT is left exactly as it is; with force it is replaced."""
+    import requant.convert as conv
+
+    out = tmp_path / "out"
+    real = conv._fsync_tree
+
+    def racing(root, skip):
+        out.mkdir()
+        (out / "theirs.txt").write_text("someone else's")
+        return real(root, skip)
+
+    monkeypatch.setattr(conv, "_fsync_tree", racing)
+    if not force:
+        with pytest.raises(OutputError, match="appeared while converting"):
+            convert(micro, out, "nearest")
+        assert tree_bytes(out) == {"theirs.txt": b"someone else's"}
+    else:
+        convert(micro, out, "nearest", force=True)
+        assert not (out / "theirs.txt").exists() and (out / "model.safetensors").exists()
+    assert leftovers(tmp_path, "out") == ["out"]
+
+
+@pytest.mark.parametrize("jobs", [1, 4])
+def test_write_error_names_the_output_shard(tmp_path, monkeypatch, micro_sharded, jobs):
+    """A disk-full pwrite: OutputError naming the output shard file and tensor, the failed
+    units listed in file order, and no output (nor temp dir) left."""
+    import errno
+    import re
+
+    import requant.convert as conv
+
+    real = conv._pwrite_all
+
+    def full(fd, data, offset):
+        if offset > 0:  # headers go through, tensor data does not
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fd, data, offset)
+
+    monkeypatch.setattr(conv, "_pwrite_all", full)
+    parent = tmp_path / "outs"
+    with pytest.raises(OutputError) as ei:
+        convert(micro_sharded, parent / "out", "nearest", jobs=jobs)
+    msg = str(ei.value)
+    shards = sorted(p.name for p in micro_sharded.glob("model-*.safetensors"))
+    assert ei.value.file == str(parent / "out" / shards[0]) and ei.value.tensor
+    assert "No space left on device" in msg and "writing the output shard failed" in msg
+    named = re.findall(r"model-\d+-of-\d+\.safetensors", msg)
+    assert named and named == sorted(named)  # unit (file) order
+    if jobs == 1:
+        assert named == [shards[0]]
+    assert not parent.exists() or leftovers(parent, "out") == []
+
+
+def test_read_error_names_the_source_shard(tmp_path, monkeypatch, micro_sharded):
+    import errno
+    import os
+    import threading
+
+    real = os.preadv
+
+    def failing(fd, bufs, offset):
+        if threading.current_thread().name.startswith("requant-convert"):
+            raise OSError(errno.EIO, "Input/output error")
+        return real(fd, bufs, offset)
+
+    monkeypatch.setattr(os, "preadv", failing)
+    from requant.errors import TensorError
+
+    with pytest.raises(TensorError) as ei:
+        convert(micro_sharded, tmp_path / "out", "nearest", jobs=1)
+    first = sorted(micro_sharded.glob("model-*.safetensors"))[0]
+    assert ei.value.file == str(first) and ei.value.tensor and "Input/output error" in str(ei.value)
+    assert leftovers(tmp_path, "out") == []
+
+
+@pytest.mark.parametrize("arm", ["unconstrained", "nearest", "mse"])
+def test_tiny_pieces_and_parallel_units_give_the_same_bytes(tmp_path, monkeypatch, micro_sharded, arm):
+    """The streaming and parallel paths with pieces far smaller than a tensor (blocks of a
+    few rows, 16-byte pass-through chunks, 256-byte segments: many units per shard and
+    many pieces per tensor), with 1 and 4 workers: the same bytes as each other and as the
+    run with the default sizes (reference). Only the provenance digest may differ from the
+    default run: it is a hash tree over segments, whose size is part of its definition."""
+    import requant.convert as conv
+
+    ref = tmp_path / "ref"
+    convert(micro_sharded, ref, arm)
+    assert len(conv.segments(open_checkpoint(micro_sharded).shards[sorted(open_checkpoint(micro_sharded).shards)[0]])) == 1
+    monkeypatch.setattr(conv, "BLOCK_BYTES", 64)
+    monkeypatch.setattr(conv, "CHUNK", 16)
+    monkeypatch.setattr(conv, "SEGMENT", 256)
+    ck = open_checkpoint(micro_sharded)
+    assert max(len(conv.segments(f)) for f in ck.shards.values()) > 4
+    assert any(info.nbytes > 16 for f in ck.shards.values() for info in f.by_offset if info.name.endswith("norm.weight"))
+    cols = min(ck.info(lin + ".weight").shape[1] for lin in ck.quantized_linears)
+    assert 64 // cols < min(ck.info(lin + ".weight").shape[0] for lin in ck.quantized_linears)  # several blocks per weight
+    r1 = convert(micro_sharded, tmp_path / "j1", arm, jobs=1)
+    r4 = convert(micro_sharded, tmp_path / "j4", arm, jobs=4)
+    t1, t4, tref = tree_bytes(tmp_path / "j1"), tree_bytes(tmp_path / "j4"), tree_bytes(ref)
+    assert t1 == t4 and r1.source_digest == r4.source_digest
+    for lin, st in r1.layers.items():
+        assert st.to_dict() == r4.layers[lin].to_dict()
+    assert set(t1) == set(tref)
+    for name in tref:
+        if name != "config.json" or arm == "unconstrained":
+            assert t1[name] == tref[name], name
+    if arm == "unconstrained":
+        assert tref == tree_bytes(micro_sharded)
+    else:
+        c1, cref = json.loads(t1["config.json"]), json.loads(tref["config.json"])
+        assert c1[PROVENANCE_KEY]["source"].pop("digest") != cref[PROVENANCE_KEY]["source"].pop("digest")
+        assert c1 == cref

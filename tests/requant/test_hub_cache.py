@@ -56,11 +56,12 @@ def test_repo_id_resolves_from_offline_cache(tmp_path, offline_cache, micro_shar
     local = open_checkpoint(micro_sharded)
     for name in local.tensor_names():
         assert ck.tensor(name).reshape(-1).view(torch.uint8).equal(local.tensor(name).reshape(-1).view(torch.uint8))
+    before = tree_bytes(snap)
     out = tmp_path / "out"
     convert("requant-test/micro-w8a8", out, "unconstrained")
     assert tree_bytes(out) == tree_bytes(micro_sharded)  # symlinks followed, bytes kept
     convert("requant-test/micro-w8a8", tmp_path / "pow2", "ceiling", revision=COMMIT)
-    assert tree_bytes(snap)  # cache untouched and still readable
+    assert tree_bytes(snap) == before  # the cache is untouched
     prov = json.loads((tmp_path / "pow2" / "config.json").read_text())["requant"]
     assert prov["source"]["checkpoint"] == "requant-test/micro-w8a8"
     assert prov["source"]["resolved"] == str(snap)

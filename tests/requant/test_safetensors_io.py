@@ -41,7 +41,7 @@ def tensor_dicts(draw):
     return out
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=40, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])  # no ./.hypothesis
 @given(tensors=tensor_dicts(), with_meta=st.booleans())
 def test_writer_matches_library_and_reader_matches_load_file(tmp_path, tensors, with_meta):
     """Reference: safetensors.torch.save_file bytes and load_file values."""

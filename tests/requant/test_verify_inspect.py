@@ -48,3 +48,33 @@ def test_inspect_sharded(micro_sharded):
     assert info["int8_min128_count"] == sum(int((q == -128).sum()) for q in qs)
     assert len(info["shards"]) > 2 and info["bytes"] == sum(p.stat().st_size for p in micro_sharded.glob("*.safetensors"))
     json.dumps(info)  # machine-readable as is
+
+
+def test_verify_reads_tensors_only_from_differing_files(tmp_path, monkeypatch, micro_sharded):
+    """One changed shard: only that shard's tensors are read; the byte-identical shards are
+    not read again, and the one changed element is still reported."""
+    import shutil
+
+    from requant.safetensors_io import SafetensorsFile, read_header
+
+    other = tmp_path / "other"
+    shutil.copytree(micro_sharded, other)
+    shards = sorted(p.name for p in other.glob("model-*.safetensors"))
+    changed = shards[1]
+    f = read_header(other / changed)
+    name = f.by_offset[0].name
+    raw = bytearray((other / changed).read_bytes())
+    raw[f.data_start + f.info(name).begin] ^= 0x01
+    (other / changed).write_bytes(bytes(raw))
+    reads = []
+    real = SafetensorsFile.read_bytes
+
+    def spy(self, n):
+        reads.append(self.path.name)
+        return real(self, n)
+
+    monkeypatch.setattr(SafetensorsFile, "read_bytes", spy)
+    rep = verify(micro_sharded, other)
+    assert rep["differing_files"] == [changed]
+    assert [d["tensor"] for d in rep["tensors"]] == [name] and rep["tensors"][0]["elements_differing"] == 1
+    assert reads and set(reads) == {changed} and len(reads) == 2 * len(f.tensors)
