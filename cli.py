@@ -7,7 +7,7 @@ into a single typer app so that `requant --help` lists everything.
 
 import typer
 
-from audit.command import audit
+from requant.audit.command import audit
 from requant.commands import convert, inspect, verify
 
 app = typer.Typer(

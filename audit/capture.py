@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from audit.records import Activations
+from requant.audit.records import Activations
 
 CALIBRATION_PROMPTS = (
     "The quick brown fox jumps over the lazy dog.",

@@ -32,8 +32,8 @@ from dataclasses import dataclass
 
 import torch
 
-from audit.records import KernelDesc, Run, output_distance, output_equal
-from kernels.bf16 import bitwise_equal
+from requant.audit.records import KernelDesc, Run, output_distance, output_equal
+from requant.kernels.bf16 import bitwise_equal
 
 FIRE = "fire"
 SILENT = "silent"

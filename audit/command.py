@@ -79,7 +79,7 @@ def _print_plan(plan: dict, where: str) -> None:
 
 
 def _print_summary(result: dict) -> None:
-    from audit.report import matrix_warning
+    from requant.audit.report import matrix_warning
 
     card = result["scorecard"]
     warn = matrix_warning(result)
@@ -128,7 +128,7 @@ def audit(
 
     try:
         if plan:
-            from audit.suite import plan_from_config
+            from requant.audit.suite import plan_from_config
 
             config, where = _load_config(ckpt)
             p = plan_from_config(config)
@@ -139,7 +139,7 @@ def audit(
             return
         import torch
 
-        from audit.suite import parse_backends
+        from requant.audit.suite import parse_backends
         from requant import DEFAULT_CHECKPOINT
         from requant.checkpoint import open_checkpoint
 
@@ -157,9 +157,9 @@ def audit(
             raise AuditUsageError("--threads must be >= 0")
         if n_threads:
             torch.set_num_threads(n_threads)
-        from audit.capture import prompts as prompt_list
-        from audit.runtime import check_layout
-        from audit.suite import CELLS_PER_LAYER
+        from requant.audit.capture import prompts as prompt_list
+        from requant.audit.runtime import check_layout
+        from requant.audit.suite import CELLS_PER_LAYER
 
         prompt_list(prompts)  # validate N before loading (or downloading) anything big
         src = DEFAULT_CHECKPOINT if ckpt is None else ckpt
@@ -169,8 +169,8 @@ def audit(
         console.print(f"[bold red]error:[/bold red] {exc}")
         raise typer.Exit(2) from None
 
-    from audit.report import write_json, write_report
-    from audit.suite import run_audit
+    from requant.audit.report import write_json, write_report
+    from requant.audit.suite import run_audit
 
     total = len(checkpoint.quantized_linears) * CELLS_PER_LAYER
     console.print(f"auditing {checkpoint.path} with {pair[0]} vs {pair[1]} on {dev}: {len(checkpoint.quantized_linears)} Linears, {total} cells")

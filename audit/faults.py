@@ -69,9 +69,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from audit.records import REFERENCE_KERNEL, Activations, KernelDesc, Run, Weights
-from kernels.bf16 import round_fp32_to_bf16, truncate_fp32_to_bf16
-from kernels.reference import accumulate, epilogue_cutlass_order, epilogue_triton_order
+from requant.audit.records import REFERENCE_KERNEL, Activations, KernelDesc, Run, Weights
+from requant.kernels.bf16 import round_fp32_to_bf16, truncate_fp32_to_bf16
+from requant.kernels.reference import accumulate, epilogue_cutlass_order, epilogue_triton_order
 
 F6_TILE = 64
 F9A_FACTOR = 1.25

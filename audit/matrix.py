@@ -19,7 +19,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from audit.checks import FIRE, NOT_APPLICABLE, SILENT
+from requant.audit.checks import FIRE, NOT_APPLICABLE, SILENT
 
 MATRIX_PATH = Path(__file__).with_name("prediction_matrix.json")
 PINNED_SHA256 = "d1c53158c789e7f4e81842650fe8c75a57e847c4a45f553f069a4f5fb7c2fc7d"
@@ -32,7 +32,7 @@ BASELINE_VARIANTS = ("B.cutlass-order", "B.triton-order")
 
 def baseline_variant(order_backend: str) -> str:
     """Baseline row of a backend, by the epilogue order it implements (kernels.EMULATION_OF)."""
-    from kernels import EMULATION_OF
+    from requant.kernels import EMULATION_OF
 
     emu = EMULATION_OF.get(order_backend)
     if emu == "reference-cutlass-order":

@@ -109,7 +109,7 @@ class Weights:
 
     def all_scales_power_of_two(self) -> bool:
         if self._all_pow2 is None:
-            from kernels.bf16 import is_power_of_two
+            from requant.kernels.bf16 import is_power_of_two
 
             self._all_pow2 = bool(is_power_of_two(self.s_w).all())
         return self._all_pow2
@@ -132,7 +132,7 @@ def output_equal(ref: Run, test: Run) -> bool:
     """Bitwise equality of the two outputs (kernels.bf16.bitwise_equal), memoized on `test`."""
     key = ("equal", id(ref.y))
     if key not in test.memo:
-        from kernels.bf16 import bitwise_equal
+        from requant.kernels.bf16 import bitwise_equal
 
         test.memo[key] = bitwise_equal(ref.y, test.y)
     return test.memo[key]
@@ -143,7 +143,7 @@ def output_distance(ref: Run, test: Run) -> torch.Tensor:
     cell's mismatch count and its histogram all read the same tensor."""
     key = ("dist", id(ref.y))
     if key not in test.memo:
-        from kernels.bf16 import ulp_distance
+        from requant.kernels.bf16 import ulp_distance
 
         test.memo[key] = ulp_distance(ref.y, test.y)
     return test.memo[key]

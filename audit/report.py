@@ -9,10 +9,10 @@ import json
 import math
 from pathlib import Path
 
-from audit.checks import CHECK_TITLES, LAYER_CHECK_IDS
-from audit.faults import FAMILY_TITLES, VARIANTS
-from audit.matrix import PINNED_SHA256, REGIMES
-from audit.scoring import HIST_BINS, bin_label
+from requant.audit.checks import CHECK_TITLES, LAYER_CHECK_IDS
+from requant.audit.faults import FAMILY_TITLES, VARIANTS
+from requant.audit.matrix import PINNED_SHA256, REGIMES
+from requant.audit.scoring import HIST_BINS, bin_label
 
 
 def matrix_warning(result: dict) -> str | None:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-import kernels
+from requant import kernels
 from requant.qwen3 import Qwen3Arch
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
-from audit.checks import CHECK_IDS, FIRE, LAYER_CHECK_IDS, NOT_APPLICABLE, SILENT
-from audit.matrix import PREDICTED_MISS, REGIMES, Matrix
+from requant.audit.checks import CHECK_IDS, FIRE, LAYER_CHECK_IDS, NOT_APPLICABLE, SILENT
+from requant.audit.matrix import PREDICTED_MISS, REGIMES, Matrix
 
 HIST_BINS = 33  # floor(log2(d)) for d in 1 .. 2**32
 

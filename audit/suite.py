@@ -18,15 +18,15 @@ from collections.abc import Callable
 
 import torch
 
-import kernels
-from audit.capture import Capture, prompts, run_prompts, tokenizer_for
-from audit.checks import c7_token_risk, run_checks, token_risk
-from audit.compare import compare_layer, summarize_layers
-from audit.faults import VARIANTS, LayerCase, inject, reference_case
-from audit.matrix import REGIMES, Matrix, baseline_variant, load_matrix
-from audit.records import BACKEND_KERNELS, REFERENCE_KERNEL, Activations, KernelDesc, Run, Weights, output_distance, output_equal
-from audit.runtime import Qwen3W8A8, load_dense, load_linears
-from audit.scoring import CellResult, Scorer, ulp_histogram
+from requant import kernels
+from requant.audit.capture import Capture, prompts, run_prompts, tokenizer_for
+from requant.audit.checks import c7_token_risk, run_checks, token_risk
+from requant.audit.compare import compare_layer, summarize_layers
+from requant.audit.faults import VARIANTS, LayerCase, inject, reference_case
+from requant.audit.matrix import REGIMES, Matrix, baseline_variant, load_matrix
+from requant.audit.records import BACKEND_KERNELS, REFERENCE_KERNEL, Activations, KernelDesc, Run, Weights, output_distance, output_equal
+from requant.audit.runtime import Qwen3W8A8, load_dense, load_linears
+from requant.audit.scoring import CellResult, Scorer, ulp_histogram
 from requant.qwen3 import Qwen3Arch
 
 CELLS_PER_LAYER = len(VARIANTS) * len(REGIMES)
@@ -169,7 +169,7 @@ def run_audit(ckpt, backends: tuple[str, str], n_prompts: int, device: str, adva
         timings[f"{regime}_cells_s"] = round(time.perf_counter() - t_c, 3)
         del model, linears, ops, cap
     summary = scorer.summary()
-    from audit.faults import FAULT_KERNELS
+    from requant.audit.faults import FAULT_KERNELS
     layers = len(ckpt.quantized_linears)
     result = {
         "tool": "requant audit",

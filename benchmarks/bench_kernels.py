@@ -37,9 +37,9 @@ from triton.testing import do_bench
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from kernels import cutlass as ck  # noqa: E402
-from kernels import triton as tk  # noqa: E402
-from kernels.triton.scaled_mm import CONFIGS as TRITON_CONFIGS  # noqa: E402
+from requant.kernels import cutlass as ck  # noqa: E402
+from requant.kernels import triton as tk  # noqa: E402
+from requant.kernels.triton.scaled_mm import CONFIGS as TRITON_CONFIGS  # noqa: E402
 
 # (N, K) and how many Linears of one decoder layer have that shape.
 QWEN3 = {

@@ -46,9 +46,10 @@ step() {  # step NAME CMD... : run, log wall time and exit status
 cat "$OUT/env.txt"
 
 if [ "$BACKENDS" != reference ]; then  # the real pair needs the GPU: build and warm up first
-    step cutlass_build python3 -c "import kernels.cutlass as c; c.build(); print('cutlass built')"
+    step cutlass_build python3 -c "import requant.kernels.cutlass as c; c.build(); print('cutlass built')"
     step triton_warmup python3 -c "
-import torch, kernels
+import torch
+from requant import kernels
 a = torch.randint(-128, 128, (64, 256), dtype=torch.int8, device='cuda'); w = torch.randint(-128, 128, (128, 256), dtype=torch.int8, device='cuda')
 s = torch.ones(64, 1, device='cuda'); t = torch.ones(128, 1, device='cuda')
 print('triton ok', kernels.scaled_mm(a, w, s, t, backend='triton').shape)"

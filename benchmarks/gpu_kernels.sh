@@ -19,7 +19,7 @@ export REQUANT_CUTLASS_CACHE=${REQUANT_CUTLASS_CACHE:-/tmp/requant_cutlass} MAX_
 # forever. Nothing else builds into this cache on the device machine, so remove it.
 rm -f "$REQUANT_CUTLASS_CACHE/lock"
 s=$SECONDS
-timeout 420 python3 -c "import kernels.cutlass as c; c.build(verbose=True)" > "$OUT/build.log" 2>&1
+timeout 420 python3 -c "import requant.kernels.cutlass as c; c.build(verbose=True)" > "$OUT/build.log" 2>&1
 echo "build rc=$? in $((SECONDS - s)) s" | tee -a "$OUT/build.log"
 s=$SECONDS
 timeout 240 python3 -m pytest -q -m gpu tests/kernels -p no:cacheprovider -s "$@" > "$OUT/gpu_tests.log" 2>&1

@@ -28,10 +28,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bench_kernels import GRAPH, QWEN3, _copies, _time, operands  # noqa: E402
-from kernels import reference as ref  # noqa: E402
-from kernels.bf16 import bitwise_equal  # noqa: E402
-from kernels.triton import scaled_mm as tsm  # noqa: E402
-from kernels.triton.scaled_mm import CONFIGS  # noqa: E402
+from requant.kernels import reference as ref  # noqa: E402
+from requant.kernels.bf16 import bitwise_equal  # noqa: E402
+from requant.kernels.triton import scaled_mm as tsm  # noqa: E402
+from requant.kernels.triton.scaled_mm import CONFIGS  # noqa: E402
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages, kind)
 CANDIDATES = {

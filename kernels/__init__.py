@@ -1,10 +1,10 @@
 """W8A8 GEMM backends behind one call signature, picked by name.
 
-    kernels.scaled_mm(a, w, s_a, s_w, backend=NAME) -> bf16 [M, N]
-    kernels.quantize_activations(x, backend=NAME)   -> (q int8 [M, K], s fp32 [M, 1])
+    requant.kernels.scaled_mm(a, w, s_a, s_w, backend=NAME) -> bf16 [M, N]
+    requant.kernels.quantize_activations(x, backend=NAME)   -> (q int8 [M, K], s fp32 [M, 1])
 
 See kernels/reference.py for the operand contract and the numerics every backend
-documents. Backends are imported on first use, so `import kernels` never pulls in
+documents. Backends are imported on first use, so `import requant.kernels` never pulls in
 Triton or compiles CUTLASS.
 
 scaled_mm backends:
@@ -20,15 +20,15 @@ import importlib
 import torch
 
 _SCALED_MM = {
-    "reference": "kernels.reference:scaled_mm_exact",
-    "reference-cutlass-order": "kernels.reference:scaled_mm_cutlass_order",
-    "reference-triton-order": "kernels.reference:scaled_mm_triton_order",
-    "triton": "kernels.triton:scaled_mm",
-    "cutlass": "kernels.cutlass:scaled_mm",
+    "reference": "requant.kernels.reference:scaled_mm_exact",
+    "reference-cutlass-order": "requant.kernels.reference:scaled_mm_cutlass_order",
+    "reference-triton-order": "requant.kernels.reference:scaled_mm_triton_order",
+    "triton": "requant.kernels.triton:scaled_mm",
+    "cutlass": "requant.kernels.cutlass:scaled_mm",
 }
 _QUANTIZE = {
-    "reference": "kernels.reference:quantize_activations",
-    "triton": "kernels.triton:quantize_activations",
+    "reference": "requant.kernels.reference:quantize_activations",
+    "triton": "requant.kernels.triton:quantize_activations",
 }
 # Which epilogue order each backend implements: the reference a real kernel must equal.
 EMULATION_OF = {

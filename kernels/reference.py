@@ -40,7 +40,7 @@ from fractions import Fraction
 
 import torch
 
-from kernels.bf16 import round_fp32_to_bf16
+from requant.kernels.bf16 import round_fp32_to_bf16
 
 # |acc| <= K * 128 * 128 must stay below 2**31.
 MAX_K = (2**31 - 1) // (128 * 128)

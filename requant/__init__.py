@@ -11,6 +11,17 @@ from pathlib import Path
 
 __version__ = "0.1.0"
 
+# Installed, requant.kernels and requant.audit are sub-packages of this one (pyproject.toml
+# maps the repository's top-level kernels/ and audit/ there). Run from a source checkout
+# (an editable install, a git worktree, or PYTHONPATH=. on the GPU machine) they are this
+# package's siblings: search the checkout's root too, so that requant.kernels always means
+# the kernels/ of the same tree as this file, never another checkout's.
+_root = Path(__file__).resolve().parent.parent
+if not (Path(__file__).resolve().parent / "kernels").is_dir() and (_root / "kernels" / "__init__.py").is_file() \
+        and (_root / "pyproject.toml").is_file():
+    __path__.append(str(_root))  # noqa: F821 (a package's __path__)
+del _root
+
 DEFAULT_CHECKPOINT = Path(__file__).resolve().parent / "data" / "default"
 
 

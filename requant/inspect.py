@@ -14,7 +14,7 @@ import os
 
 import numpy as np
 
-from kernels.bf16 import is_power_of_two
+from requant.kernels.bf16 import is_power_of_two
 from requant.arms import ceil_exponent
 from requant.checkpoint import Checkpoint, open_checkpoint
 from requant.convert import PROVENANCE_KEY

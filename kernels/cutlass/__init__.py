@@ -36,7 +36,7 @@ import time
 
 import torch
 
-from kernels.reference import check_operands, epilogue_cutlass_order
+from requant.kernels.reference import check_operands, epilogue_cutlass_order
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _TILES = ("decode", "small", "medium", "large", "large2", "medium_k256", "large3")

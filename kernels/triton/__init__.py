@@ -9,8 +9,8 @@ import os
 
 import torch
 
-from kernels.triton.quantize import quantize_activations as _quantize
-from kernels.triton.scaled_mm import scaled_mm as _scaled_mm
+from requant.kernels.triton.quantize import quantize_activations as _quantize
+from requant.kernels.triton.scaled_mm import scaled_mm as _scaled_mm
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 

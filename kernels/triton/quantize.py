@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.reference import TINY, _check_activations
+from requant.kernels.reference import TINY, _check_activations
 
 # One program per token; the row is read twice (absmax, then quantize) in blocks of
 # BLOCK_K elements. Qwen3 rows (K <= 17408) stay in L2 between the passes.

@@ -25,8 +25,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.reference import check_operands
-from kernels.triton._bf16 import bf16_rne_bits
+from requant.kernels.reference import check_operands
+from requant.kernels.triton._bf16 import bf16_rne_bits
 
 try:  # host-side TMA descriptors (Triton >= 3.4); without them every config uses pointers
     from triton.tools.tensor_descriptor import TensorDescriptor

@@ -7,8 +7,8 @@ hold -128), fp32 s_a [M, 1], fp32 s_w [N, 1] upcast from bf16 (as a checkpoint s
 import pytest
 import torch
 
-from audit.faults import reference_case
-from audit.records import Activations, Weights
+from requant.audit.faults import reference_case
+from requant.audit.records import Activations, Weights
 
 
 def make_operands(seed: int, m: int = 24, k: int = 96, n: int = 40, pow2: bool = False):
@@ -53,7 +53,7 @@ def default_audit():
     from requant import DEFAULT_CHECKPOINT
     from requant.checkpoint import open_checkpoint
 
-    from audit.suite import REFERENCE_PAIR, run_audit
+    from requant.audit.suite import REFERENCE_PAIR, run_audit
 
     with one_thread():
         return run_audit(open_checkpoint(DEFAULT_CHECKPOINT), REFERENCE_PAIR, 3, "cpu")

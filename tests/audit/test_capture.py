@@ -4,7 +4,7 @@ import builtins
 
 import pytest
 
-from audit.capture import CALIBRATION_PROMPTS, prompts, tokenizer_for
+from requant.audit.capture import CALIBRATION_PROMPTS, prompts, tokenizer_for
 
 
 def test_byte_level_is_utf8_clipped_to_vocab():

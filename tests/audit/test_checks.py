@@ -3,11 +3,11 @@ int32 accumulator bound), kernels.bf16.is_power_of_two and ulp_distance (the spa
 
 import torch
 
-from audit.checks import FIRE, NOT_APPLICABLE, SILENT, c3_accumulator_precondition, run_checks, token_risk
-from audit.faults import VARIANT_BY_ID, inject
-from audit.records import REFERENCE_KERNEL, Activations, KernelDesc, Run, Weights
-from kernels.bf16 import round_fp32_to_bf16
-from kernels.reference import MAX_K
+from requant.audit.checks import FIRE, NOT_APPLICABLE, SILENT, c3_accumulator_precondition, run_checks, token_risk
+from requant.audit.faults import VARIANT_BY_ID, inject
+from requant.audit.records import REFERENCE_KERNEL, Activations, KernelDesc, Run, Weights
+from requant.kernels.bf16 import round_fp32_to_bf16
+from requant.kernels.reference import MAX_K
 from tests.audit.conftest import make_case, make_operands
 
 

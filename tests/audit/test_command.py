@@ -7,7 +7,7 @@ import json
 import typer
 from typer.testing import CliRunner
 
-from audit.command import audit
+from requant.audit.command import audit
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
 app.command("audit")(audit)

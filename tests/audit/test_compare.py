@@ -4,9 +4,9 @@ and the per-layer comparison of the reference pair (kernels.reference orders).""
 import pytest
 import torch
 
-import kernels
-from audit.compare import compare_layer, summarize_layers
-from kernels.bf16 import round_fp32_to_bf16
+from requant import kernels
+from requant.audit.compare import compare_layer, summarize_layers
+from requant.kernels.bf16 import round_fp32_to_bf16
 from tests.audit.conftest import make_operands
 
 
@@ -49,10 +49,10 @@ def _sm90() -> bool:
 def test_real_pair_on_random_operands_gpu():
     """cutlass vs triton through audit.suite.audit_layer on random operands on the GPU,
     scored against the pinned matrix; the reference is kernels.reference (Triton order)."""
-    from audit.matrix import load_matrix
-    from audit.records import Activations, Weights
-    from audit.scoring import Scorer
-    from audit.suite import audit_layer
+    from requant.audit.matrix import load_matrix
+    from requant.audit.records import Activations, Weights
+    from requant.audit.scoring import Scorer
+    from requant.audit.suite import audit_layer
 
     scorer = Scorer(load_matrix())
     for regime in ("native", "pow2"):

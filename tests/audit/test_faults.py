@@ -9,10 +9,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from audit.faults import (F9A_FACTOR, VARIANT_BY_ID, VARIANTS, accumulate_bf16_tiles, inject, shift_int8_by_one,
+from requant.audit.faults import (F9A_FACTOR, VARIANT_BY_ID, VARIANTS, accumulate_bf16_tiles, inject, shift_int8_by_one,
                           wrap_int16)
-from kernels.bf16 import bitwise_equal, round_fp32_to_bf16, truncate_fp32_to_bf16, ulp_distance
-from kernels.reference import accumulate_int64, epilogue_cutlass_order, epilogue_triton_order
+from requant.kernels.bf16 import bitwise_equal, round_fp32_to_bf16, truncate_fp32_to_bf16, ulp_distance
+from requant.kernels.reference import accumulate_int64, epilogue_cutlass_order, epilogue_triton_order
 from tests.audit.conftest import make_case
 
 EPILOGUE = ("F1", "F2", "F3", "F4", "F5")
@@ -138,7 +138,7 @@ def test_shift_int8_by_one_saturates_at_the_top():
 def test_severity_masks():
     """one: exactly one element, drawn from those the fault changes; 1pct: at most
     ceil(1% of M*N) elements; all: None (every element); anything else is refused."""
-    from audit.faults import severity_mask
+    from requant.audit.faults import severity_mask
 
     y_ref = torch.zeros(20, 30, dtype=torch.bfloat16)
     y_fault = y_ref.clone()

@@ -3,9 +3,9 @@
 import hashlib
 import json
 
-from audit.checks import CHECK_IDS
-from audit.faults import VARIANTS
-from audit.matrix import (BASELINE_VARIANTS, MATRIX_PATH, PINNED_SHA256, REGIMES, baseline_variant, file_sha256,
+from requant.audit.checks import CHECK_IDS
+from requant.audit.faults import VARIANTS
+from requant.audit.matrix import (BASELINE_VARIANTS, MATRIX_PATH, PINNED_SHA256, REGIMES, baseline_variant, file_sha256,
                           load_matrix)
 
 

@@ -5,8 +5,8 @@ import hashlib
 
 import torch
 
-from audit.records import BACKEND_KERNELS, REFERENCE_KERNEL, Activations, KernelDesc, tensor_digest
-from kernels import EMULATION_OF
+from requant.audit.records import BACKEND_KERNELS, REFERENCE_KERNEL, Activations, KernelDesc, tensor_digest
+from requant.kernels import EMULATION_OF
 
 
 def test_digest_is_sha256_of_dtype_shape_and_bytes():

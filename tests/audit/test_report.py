@@ -4,8 +4,8 @@
 import copy
 import json
 
-from audit.matrix import PINNED_SHA256
-from audit.report import markdown, matrix_warning, write_report
+from requant.audit.matrix import PINNED_SHA256
+from requant.audit.report import markdown, matrix_warning, write_report
 
 
 def test_report_files(default_audit, tmp_path):

@@ -7,10 +7,10 @@ captured operands against kernels.quantize_activations."""
 import pytest
 import torch
 
-import kernels
-from audit.capture import CALIBRATION_PROMPTS, Capture, prompts, run_prompts, tokenizer_for
-from audit.runtime import Qwen3W8A8, dense_names, load_dense, load_linears, rms_norm, rope
-from kernels.bf16 import bitwise_equal, is_power_of_two
+from requant import kernels
+from requant.audit.capture import CALIBRATION_PROMPTS, Capture, prompts, run_prompts, tokenizer_for
+from requant.audit.runtime import Qwen3W8A8, dense_names, load_dense, load_linears, rms_norm, rope
+from requant.kernels.bf16 import bitwise_equal, is_power_of_two
 from requant import DEFAULT_CHECKPOINT
 from requant.arms import requantize
 from requant.checkpoint import open_checkpoint

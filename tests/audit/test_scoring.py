@@ -4,9 +4,9 @@ power-of-two ULP bins (reference: integer bit_length)."""
 import pytest
 import torch
 
-from audit.checks import FIRE, NOT_APPLICABLE, SILENT
-from audit.matrix import load_matrix
-from audit.scoring import CellResult, Scorer, bin_label, ulp_histogram
+from requant.audit.checks import FIRE, NOT_APPLICABLE, SILENT
+from requant.audit.matrix import load_matrix
+from requant.audit.scoring import CellResult, Scorer, bin_label, ulp_histogram
 
 
 def cell(variant, regime, observable, **over):

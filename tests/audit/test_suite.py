@@ -11,9 +11,9 @@ random outputs may have no element that a one-step activation shift moves by two
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from audit.matrix import load_matrix
-from audit.scoring import Scorer
-from audit.suite import CELLS_PER_LAYER, REFERENCE_PAIR, audit_layer, parse_backends
+from requant.audit.matrix import load_matrix
+from requant.audit.scoring import Scorer
+from requant.audit.suite import CELLS_PER_LAYER, REFERENCE_PAIR, audit_layer, parse_backends
 from tests.audit.conftest import make_operands
 
 MATRIX = load_matrix()
@@ -52,8 +52,8 @@ def test_matrix_v1_limit_single_tile_f6_moves_at_most_one_spacing():
     """K <= F6_TILE: one bf16 rounding of the exact sum (relative error <= 2**-9, under half
     a bf16 spacing), so F6 stays within one spacing and C6 cannot fire: the v1 matrix's C6
     'fire' for F6 assumes K > F6_TILE (true of every Qwen3 Linear)."""
-    from audit.faults import F6_TILE, VARIANT_BY_ID, inject, reference_case
-    from kernels.bf16 import ulp_distance
+    from requant.audit.faults import F6_TILE, VARIANT_BY_ID, inject, reference_case
+    from requant.kernels.bf16 import ulp_distance
 
     for seed in range(10):
         act, wt = make_operands(seed, m=16, k=F6_TILE, n=32)

@@ -4,7 +4,7 @@ Reference: none (error behaviour only)."""
 import pytest
 import torch
 
-import kernels
+from requant import kernels
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU error path")
 
@@ -17,7 +17,7 @@ def test_cutlass_refuses_without_gpu():
 
 
 def test_cutlass_build_refuses_without_gpu():
-    from kernels import cutlass
+    from requant.kernels import cutlass
 
     with pytest.raises(RuntimeError, match="sm90"):
         cutlass.build()
@@ -26,7 +26,7 @@ def test_cutlass_build_refuses_without_gpu():
 def test_cutlass_sources_ship():
     import os
 
-    from kernels import cutlass
+    from requant.kernels import cutlass
 
     for src in cutlass.SOURCES + ["w8a8_sm90.cuh", "w8a8_sm90.h"]:
         assert os.path.isfile(os.path.join(os.path.dirname(cutlass.__file__), src)), src
@@ -38,7 +38,7 @@ def test_stale_build_lock_is_named_not_waited_on(tmp_path):
     import os
     import time
 
-    from kernels import cutlass
+    from requant.kernels import cutlass
 
     cutlass.check_stale_lock(str(tmp_path))  # no lock: fine
     lock = tmp_path / "lock"

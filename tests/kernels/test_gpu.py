@@ -13,8 +13,8 @@ import torch
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU (the CUTLASS half needs sm90)", allow_module_level=True)
 
-from kernels import reference as ref  # noqa: E402
-from kernels.bf16 import bitwise_equal, is_power_of_two, ulp_distance  # noqa: E402
+from requant.kernels import reference as ref  # noqa: E402
+from requant.kernels.bf16 import bitwise_equal, is_power_of_two, ulp_distance  # noqa: E402
 from tests.kernels.operands import random_operands  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -69,7 +69,7 @@ def _operands(m, n, k, seed):
 @pytest.mark.parametrize("m", MS)
 @pytest.mark.parametrize("model,lin,n,k", CASES)
 def test_qwen3_shape(model, lin, n, k, m, order_mismatch):
-    from kernels import triton as tk
+    from requant.kernels import triton as tk
 
     x, w, s_w, s_w_pow2 = _operands(m, n, k, seed=m * 7919 + n + k)
     a, s_a = tk.quantize_activations(x)
@@ -82,7 +82,7 @@ def test_qwen3_shape(model, lin, n, k, m, order_mismatch):
         assert bitwise_equal(y_t[name], ref.epilogue_triton_order(acc, s_a, sw)), f"triton != emulated triton order ({name} s_w)"
     if not SM90:
         return
-    from kernels import cutlass as ck
+    from requant.kernels import cutlass as ck
 
     y_c = ck.scaled_mm(a, w, s_a, s_w)
     assert bitwise_equal(y_c, ref.epilogue_cutlass_order(acc, s_a, s_w)), "cutlass != emulated cutlass order"
@@ -101,8 +101,8 @@ def test_orders_differ_by_exactly_one_spacing_sometimes():
     differ at the measured ~4 per million): each equals its emulated order bit for bit, the
     orders differ somewhere (the two emulations are not secretly the same), and every
     difference is exactly one bf16 spacing."""
-    from kernels import cutlass as ck
-    from kernels import triton as tk
+    from requant.kernels import cutlass as ck
+    from requant.kernels import triton as tk
 
     m, n, k = 2048, 12288, 4096
     x, w, s_w, _ = _operands(m, n, k, seed=20240)
@@ -124,7 +124,7 @@ def test_orders_differ_by_exactly_one_spacing_sometimes():
 @pytest.mark.parametrize("tile", range(7))
 @pytest.mark.parametrize("m", [1, 7, 16, 37, 128, 300, 1500])
 def test_cutlass_every_tile_same_bits(tile, m):
-    from kernels import cutlass as ck
+    from requant.kernels import cutlass as ck
 
     n, k = 1024, 2048
     g = torch.Generator(device="cuda").manual_seed(m + 100 * tile)
@@ -141,7 +141,7 @@ def test_cutlass_every_tile_same_bits(tile, m):
 @needs_sm90
 @pytest.mark.parametrize("swizzle", [2, 4, 8])
 def test_cutlass_swizzle_same_bits(swizzle):
-    from kernels import cutlass as ck
+    from requant.kernels import cutlass as ck
 
     a, w, s_a, s_w = random_operands(1000, 3072, 4096, seed=swizzle, device="cuda")
     assert bitwise_equal(ck.scaled_mm(a, w, s_a, s_w, swizzle=swizzle), ref.scaled_mm_cutlass_order(a, w, s_a, s_w))
@@ -150,7 +150,7 @@ def test_cutlass_swizzle_same_bits(swizzle):
 @needs_sm90
 @pytest.mark.parametrize("shape", [(33, 100, 200), (1, 12, 40), (5, 8, 0), (0, 8, 16), (4, 0, 16)])
 def test_cutlass_unaligned_and_empty(shape):
-    from kernels import cutlass as ck
+    from requant.kernels import cutlass as ck
 
     m, n, k = shape
     a, w, s_a, s_w = random_operands(m, n, k, seed=m + 10 * n + 1000 * k, device="cuda")
@@ -160,7 +160,7 @@ def test_cutlass_unaligned_and_empty(shape):
 
 @needs_sm90
 def test_cutlass_strided_and_offset_operands():
-    from kernels import cutlass as ck
+    from requant.kernels import cutlass as ck
 
     big, w_big, s_a_big, s_w = random_operands(64, 256, 4096 + 16, seed=31, device="cuda")
     a = big[3:40, 5:4096 + 5]  # neither contiguous nor 16-byte aligned: copied

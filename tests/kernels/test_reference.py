@@ -6,8 +6,8 @@ from fractions import Fraction
 import pytest
 import torch
 
-from kernels import reference as ref
-from kernels.bf16 import bitwise_equal, round_fp32_to_bf16, ulp_distance
+from requant.kernels import reference as ref
+from requant.kernels.bf16 import bitwise_equal, round_fp32_to_bf16, ulp_distance
 from tests.kernels.operands import random_operands as _operands
 from tests.kernels.operands import tiny_rows
 
@@ -241,7 +241,7 @@ def test_quantize_refuses_like_the_contract():
 
 def test_bitwise_equal_every_element_size():
     """reference: torch.equal on integer views, and hand-made -0/+0 and NaN cases."""
-    from kernels.bf16 import bitwise_equal as beq
+    from requant.kernels.bf16 import bitwise_equal as beq
 
     i8 = torch.arange(15, dtype=torch.int8).reshape(3, 5)  # 1-byte elements, odd last dim
     assert beq(i8, i8.clone()) and not beq(i8, i8.flip(1))

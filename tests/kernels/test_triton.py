@@ -13,10 +13,10 @@ import torch
 
 pytest.importorskip("triton")
 
-from kernels import reference as ref  # noqa: E402
-from kernels.bf16 import bf16_bits, bitwise_equal, ulp_distance  # noqa: E402
-from kernels.triton import quantize_activations, scaled_mm  # noqa: E402
-from kernels.triton.scaled_mm import CONFIGS  # noqa: E402
+from requant.kernels import reference as ref  # noqa: E402
+from requant.kernels.bf16 import bf16_bits, bitwise_equal, ulp_distance  # noqa: E402
+from requant.kernels.triton import quantize_activations, scaled_mm  # noqa: E402
+from requant.kernels.triton.scaled_mm import CONFIGS  # noqa: E402
 from tests.kernels.operands import random_operands, tiny_rows  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

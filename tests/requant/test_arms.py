@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernels.bf16 import is_power_of_two
+from requant.kernels.bf16 import is_power_of_two
 from requant.arms import ARMS, MSE_OFFSETS, ceil_exponent, nearest_exponent, quantize_from_source, requantize, requantize_with_stats
 from requant.synthetic import rtn_quantize
 

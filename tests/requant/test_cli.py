@@ -17,7 +17,7 @@ from requant import DEFAULT_CHECKPOINT
 from .conftest import tree_bytes
 
 try:
-    from cli import app
+    from requant.cli import app
 except ImportError:  # audit/command.py not there yet: same commands, same assembly
     from requant.commands import convert, inspect, verify
 

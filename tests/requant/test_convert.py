@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import requant.arms
-from kernels.bf16 import is_power_of_two
+from requant.kernels.bf16 import is_power_of_two
 from requant.arms import requantize
 from requant.checkpoint import open_checkpoint
 from requant.convert import PROVENANCE_KEY, convert
