@@ -93,4 +93,5 @@ def test_project_environment_has_no_top_level_kernels(tmp_path):
     for n in ("kernels", "audit", "cli"):
         assert lines[n] == "None" or not lines[n].startswith(str(ROOT)), (n, lines[n])
     origin = Path(lines["requant.kernels"])
-    assert origin == ROOT / "kernels" / "__init__.py" or origin.parts[-3:] == ("requant", "kernels", "__init__.py")
+    # this checkout's kernels/ (editable install), or requant/kernels/ of an installed wheel
+    assert origin.parts[-2:] == ("kernels", "__init__.py")
