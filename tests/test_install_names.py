@@ -59,6 +59,19 @@ def test_wheel_holds_only_the_requant_name(wheel):
     assert "requant = requant.cli:app" in entry
 
 
+def test_wheel_holds_every_source_module(wheel):
+    """Every .py of requant/, kernels/ and audit/ reaches the wheel under its installed name (a new
+    sub-package missing from pyproject's explicit package list would be silently left out)."""
+    names = set(zipfile.ZipFile(wheel).namelist())
+    where = {"requant": "requant", "kernels": "requant/kernels", "audit": "requant/audit"}
+    for folder, installed in where.items():
+        for f in (ROOT / folder).rglob("*.py"):
+            if "__pycache__" in f.parts:
+                continue
+            rel = f.relative_to(ROOT / folder).as_posix()
+            assert f"{installed}/{rel}" in names, f"{folder}/{rel} is not in the wheel: add its package to pyproject.toml"
+
+
 def test_installed_wheel_imports_under_requant_only(wheel, tmp_path):
     site = tmp_path / "site"
     res = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-compile", "--target", str(site), str(wheel)],
