@@ -15,6 +15,7 @@ numpy Generator(seed). Validation: non-overlapping windows that cover every targ
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from pathlib import Path
 
@@ -59,11 +60,20 @@ def encode_documents(tok, docs: list[texts.Document]) -> np.ndarray:
     return np.asarray(ids, dtype=np.uint16)
 
 
-def token_streams(tokenizer_dir: Path = TOKENIZER_DIR) -> dict[str, np.ndarray]:
-    """{"train", "val"}: the two token streams."""
+@functools.lru_cache(maxsize=2)
+def _cached_streams(tokenizer_dir: Path) -> tuple[np.ndarray, np.ndarray]:
     tok = load_tokenizer(tokenizer_dir)
     train_docs, val_docs = texts.split(texts.training_documents())
-    return {"train": encode_documents(tok, train_docs), "val": encode_documents(tok, val_docs)}
+    out = (encode_documents(tok, train_docs), encode_documents(tok, val_docs))
+    for a in out:
+        a.setflags(write=False)  # shared between callers in one process (tests): read-only
+    return out
+
+
+def token_streams(tokenizer_dir: Path = TOKENIZER_DIR) -> dict[str, np.ndarray]:
+    """{"train", "val"}: the two token streams (read-only arrays, encoded once per process)."""
+    train, val = _cached_streams(Path(tokenizer_dir).resolve())
+    return {"train": train, "val": val}
 
 
 def stream_digest(a: np.ndarray) -> str:

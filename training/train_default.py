@@ -183,6 +183,19 @@ def resolve_device(name: str | None) -> torch.device:
 
 
 def run(a) -> int:
+    """Train as `a` says (parsed arguments). The process-wide torch settings it changes (CPU
+    threads, deterministic algorithms) are restored on return, so callers in the same
+    process (tests) are not affected."""
+    saved = (torch.get_num_threads(), torch.are_deterministic_algorithms_enabled(),
+             torch.is_deterministic_algorithms_warn_only_enabled())
+    try:
+        return _run(a)
+    finally:
+        torch.set_num_threads(saved[0])
+        torch.use_deterministic_algorithms(saved[1], warn_only=saved[2])
+
+
+def _run(a) -> int:
     t_process = time.perf_counter()
     device = resolve_device(a.device)
     out = Path(a.out)
