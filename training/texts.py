@@ -11,11 +11,12 @@ Documents (the unit of the validation split and of the evaluation elsewhere):
     SENSE AND SENSIBILITY) and runs to the next title line (S&S to the end of the file).
     Inside a novel a document starts at every `CHAPTER ...` / `Chapter ...` line; the front
     matter (title, author, "VOLUME I") belongs to the first chapter's document, and a volume
-    heading or an afterword to the chapter before it. 219 training chapters.
+    heading or an afterword to the chapter before it. 219 chapters in the five novels.
   * KJV: one document per chapter, starting at its heading line (`Genesis 1`, `Song of
     Solomon 3`, ...): 1,189 chapters of 66 books.
-Text is kept verbatim (line wrapping, verse numbers, `_italics_`): the held-out novel is
-evaluated verbatim too, so the model should learn the files' conventions.
+  1,408 documents in all: 1,380 for training (215 Austen, 1,165 KJV), 28 for validation (4, 24).
+Text is kept verbatim (line wrapping, verse numbers, `_italics_`): the held-out novel comes
+from the same file in the same format, so the model learns the conventions it is evaluated on.
 
 Split: documents in corpus order (five novels in file order, then the KJV), every 50th
 (index % 50 == 49) is validation (used only for early stopping), the rest is training.

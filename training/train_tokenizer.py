@@ -35,8 +35,6 @@ import tempfile
 import time
 from pathlib import Path
 
-os.environ.setdefault("RAYON_NUM_THREADS", "1")
-
 if __package__ in (None, ""):  # run as a script: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -128,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=TOKENIZER_DIR)
     ap.add_argument("--check", action="store_true", help="exit 1 unless tokenizer.json has the pinned sha256")
     a = ap.parse_args(argv)
+    # one rayon thread unless set (takes effect if tokenizers has not started its pool yet)
+    os.environ.setdefault("RAYON_NUM_THREADS", "1")
     t0 = time.perf_counter()
     try:
         train_docs, _ = texts.split(texts.training_documents())

@@ -28,12 +28,13 @@ def test_tiny_run_writes_its_outputs(tiny_run):
     assert summary["tokens_seen"] == 3 * 2 * 64 and summary["seed"] == 0
     assert summary["deterministic"] == "strict" and summary["data"]["stream_sha256_pinned"] is True
     assert summary["weights_sha256"] == hashlib.sha256((tiny_run / "model.safetensors").read_bytes()).hexdigest()
-    assert 0 < summary["best_val_loss"] < math.log(8192) + 0.5 and summary["best_step"] in (2, 3)
+    assert 0 < summary["best_val_loss"] < math.log(8192) + 0.5 and summary["best_step"] in (0, 2, 3)
     assert summary["files"] == ["model.safetensors", "config.json", "train_log.jsonl", "summary.json", "loss.png"]
     rows = [json.loads(line) for line in (tiny_run / "train_log.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [1, 2, 3]
-    assert all({"step", "lr", "train_loss", "tokens_per_s", "elapsed_s", "tokens_seen", "epoch"} <= set(r) for r in rows)
-    assert [("val_loss" in r) for r in rows] == [False, True, True]  # every 2 steps and at the end
+    assert [r["step"] for r in rows] == [0, 1, 2, 3]
+    assert all({"step", "lr", "train_loss", "tokens_per_s", "elapsed_s", "tokens_seen", "epoch"} <= set(r) for r in rows[1:])
+    assert [("val_loss" in r) for r in rows] == [True, False, True, True]  # initial, every 2 steps and at the end
+    assert abs(rows[0]["val_loss"] - math.log(8192)) < 0.1  # the initial model is close to uniform
     assert min(r["val_loss"] for r in rows if "val_loss" in r) == summary["best_val_loss"]
     assert (tiny_run / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
