@@ -281,50 +281,52 @@ def _run(a) -> int:
         row.update(val_loss=v, best_step=best["step"])
 
     t_loop = time.perf_counter()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("default")
-        row = {"step": 0, "epoch": 0.0, "tokens_seen": 0, "elapsed_s": 0.0}
-        validate(row)  # the initial weights: a baseline (about ln 8192 = 9.01) and a first run of the eval ops
-        record(row)
-        t_mark, tok_mark = time.perf_counter(), 0
-        while step < horizon:
-            if time.perf_counter() - t_loop >= a.max_seconds:
-                stop = "max_seconds"
-                break
-            lr = lr_at(step, a.lr, a.warmup_steps, horizon, a.min_lr_ratio)
-            for g in opt.param_groups:
-                g["lr"] = lr
-            batch = batches.next()
-            nll, n = guarded(lambda: train_step(batch))
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            step += 1
-            tokens_seen += n
-            evaluate_now = step % a.eval_every == 0 or step == horizon
-            if step % a.log_every == 0 or evaluate_now:
-                now = time.perf_counter()
-                row = {"step": step, "epoch": round(tokens_seen / len(train), 4), "lr": lr,
-                       "train_loss": nll.item() / n, "tokens_seen": tokens_seen,
-                       "tokens_per_s": round((tokens_seen - tok_mark) / max(now - t_mark, 1e-9)),
-                       "elapsed_s": round(now - t_loop, 3)}
-                if evaluate_now:
-                    validate(row)
-                record(row)
-                t_mark, tok_mark = time.perf_counter(), tokens_seen
-                if prog:
-                    prog.update(task, completed=step, info=f"loss {row['train_loss']:.3f} best val {best['val_loss']:.3f}")
-                if evaluate_now and state["since_best"] >= a.patience:
-                    stop = "early_stopping"
-                    break
-        if state["last_eval"] != step:  # stopped between evaluations: the last weights get a say too
-            row = {"step": step, "epoch": round(tokens_seen / len(train), 4), "tokens_seen": tokens_seen}
-            validate(row)
-            row["elapsed_s"] = round(time.perf_counter() - t_loop, 3)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("default")
+            row = {"step": 0, "epoch": 0.0, "tokens_seen": 0, "elapsed_s": 0.0}
+            validate(row)  # the initial weights: a baseline (about ln 8192 = 9.01) and a first run of the eval ops
             record(row)
+            t_mark, tok_mark = time.perf_counter(), 0
+            while step < horizon:
+                if time.perf_counter() - t_loop >= a.max_seconds:
+                    stop = "max_seconds"
+                    break
+                lr = lr_at(step, a.lr, a.warmup_steps, horizon, a.min_lr_ratio)
+                for g in opt.param_groups:
+                    g["lr"] = lr
+                batch = batches.next()
+                nll, n = guarded(lambda: train_step(batch))
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                opt.step()
+                step += 1
+                tokens_seen += n
+                evaluate_now = step % a.eval_every == 0 or step == horizon
+                if step % a.log_every == 0 or evaluate_now:
+                    now = time.perf_counter()
+                    row = {"step": step, "epoch": round(tokens_seen / len(train), 4), "lr": lr,
+                           "train_loss": nll.item() / n, "tokens_seen": tokens_seen,
+                           "tokens_per_s": round((tokens_seen - tok_mark) / max(now - t_mark, 1e-9)),
+                           "elapsed_s": round(now - t_loop, 3)}
+                    if evaluate_now:
+                        validate(row)
+                    record(row)
+                    t_mark, tok_mark = time.perf_counter(), tokens_seen
+                    if prog:
+                        prog.update(task, completed=step, info=f"loss {row['train_loss']:.3f} best val {best['val_loss']:.3f}")
+                    if evaluate_now and state["since_best"] >= a.patience:
+                        stop = "early_stopping"
+                        break
+            if state["last_eval"] != step:  # stopped between evaluations: the last weights get a say too
+                row = {"step": step, "epoch": round(tokens_seen / len(train), 4), "tokens_seen": tokens_seen}
+                validate(row)
+                row["elapsed_s"] = round(time.perf_counter() - t_loop, 3)
+                record(row)
+    finally:
+        if prog:
+            prog.update(task, completed=step)
+            prog.stop()
     train_seconds = time.perf_counter() - t_loop
-    if prog:
-        prog.update(task, completed=step)
-        prog.stop()
     nondet = sorted({str(w.message)[:300] for w in caught if "determinis" in str(w.message)})
     for w in caught:
         if "determinis" not in str(w.message):
