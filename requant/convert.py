@@ -2,7 +2,8 @@
 
 How, and why this way (each step in its own module):
   * Validate everything first (requant.checkpoint.open_checkpoint: config, every shard
-    header, every scale) so that a bad input fails before a byte is written.
+    header, every scale; with --source, requant.origin proves the source weights are the
+    checkpoint's origin) so that a bad input fails before a byte is written.
   * Stream (requant.streaming): requantizing never changes a tensor's dtype or shape, so
     every output shard keeps its input's header bytes and offsets and is filled with pwrite;
     pass-through tensors are copied in 1 MB pieces, quantized Linears requantized one at a
@@ -98,7 +99,8 @@ def convert(src: str | os.PathLike, output: str | os.PathLike, arm: str = "neare
     """Convert SRC into OUTPUT under `arm`. Raises CheckpointError on bad input or output.
 
     progress(n) is called with each batch of bytes processed (from worker threads);
-    on_start(total_bytes) once before work begins."""
+    on_start(total_bytes) once before work begins (with --source, the total includes the
+    bytes that the origin proof reads)."""
     if arm not in ARMS:
         raise CheckpointError(f"unknown arm {arm!r}; known: {', '.join(ARMS)}")
     t0 = time.perf_counter()
@@ -108,11 +110,14 @@ def convert(src: str | os.PathLike, output: str | os.PathLike, arm: str = "neare
     src_weights = None
     total = sum(f.file_size for f in ckpt.shards.values())
     if source is not None:
-        from requant.origin import open_source_weights
+        from requant.origin import open_source_weights, proof_bytes, prove_origin
 
         src_weights = open_source_weights(source, ckpt)
         check_output(Path(source), out, force)
-    if on_start:
+        if on_start:
+            on_start(total + proof_bytes(src_weights, ckpt))
+        prove_origin(src_weights, ckpt, progress=progress)  # before anything is written
+    elif on_start:
         on_start(total)
 
     with AtomicOutput(out, force) as dest:
