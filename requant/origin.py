@@ -145,9 +145,10 @@ def _check_passthrough(files: _Files, ckpt: Checkpoint, sw: SourceWeights, name:
         files.read(cf, ci, pos, va)
         files.read(sf, si, pos, vb)
         progress(2 * n)
-        if va != vb:
+        na, nb = np.frombuffer(va, np.uint8), np.frombuffer(vb, np.uint8)
+        if not np.array_equal(na, nb):  # (a memoryview comparison goes element by element: ~10x slower)
             item = DTYPES[ci.dtype][1]
-            first = pos + int(np.flatnonzero(np.frombuffer(va, np.uint8) != np.frombuffer(vb, np.uint8))[0])
+            first = pos + int(np.flatnonzero(na != nb)[0])
             k = first // item  # pieces start at multiples of CHUNK, which every item size divides
             off = k * item - pos
             here, there = _value(va[off:off + item], ci.dtype), _value(vb[off:off + item], ci.dtype)
@@ -189,6 +190,8 @@ def _check_linear(files: _Files, ckpt: Checkpoint, sw: SourceWeights, lin: str, 
                               f"checkpoint was not made from these weights by RTN (smoothed, or another observer?); {INSTEAD}",
                               file=scale_file.path, tensor=sname)
         q_rtn = rtn_at_scale(w, s_ck.to(wdt))
+        if torch.equal(q_rtn, q):  # the common case, and far cheaper than counting
+            continue
         diff = q_rtn != q
         k = int(diff.sum())
         if k:
@@ -196,7 +199,6 @@ def _check_linear(files: _Files, ckpt: Checkpoint, sw: SourceWeights, lin: str, 
                 r, c = divmod(int(diff.reshape(-1).nonzero()[0, 0]), cols)
                 first_diff = (r0 + r, c, int(q[r, c]), int(q_rtn[r, c]))
             n_diff += k
-        del q, w  # views of the reused buffers
     if first_diff is not None:
         r, c, here, rtn = first_diff
         raise TensorError(f"int8 weights are not RTN of the source at the checkpoint's scale (GPTQ?): first difference "
