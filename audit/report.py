@@ -23,6 +23,18 @@ def matrix_warning(result: dict) -> str | None:
             "this run was scored against an unpinned matrix.")
 
 
+def scope_note(result: dict) -> str:
+    """What the scorecard is evidence of, and what it is not (said in every report)."""
+    pair = " and ".join(f"`{b}`" for b in result["backends"])
+    return ("**What the scorecard proves.** The faults are injected into emulations of the W8A8 pipeline (the exact "
+            "reference with one step changed), not into CUTLASS or Triton; the real pair (" + pair + ") is compared per "
+            "layer and end to end. C1 to C4 cannot fire on a real kernel run: C1 and C2 hash the very operands the suite "
+            "hands to both sides, C3 reads a declared accumulator descriptor, and C4 needs an accumulator the kernel "
+            "exposes (the real backends expose none). So 0 false positives and 0 false negatives mean that the checks "
+            "behave as the prediction matrix says on the emulated faults; they are not a claim about CUTLASS or Triton "
+            "themselves.")
+
+
 def write_json(result: dict, path: Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -70,7 +82,7 @@ def markdown(result: dict, command: str | None = None) -> str:
     lines += ["", "## Scorecard against the prediction matrix", "",
               f"- false positives: **{card['false_positives']}**",
               f"- false negatives: **{card['false_negatives']}**",
-              f"- applicability mismatches: {card['applicability_mismatches']}", ""]
+              f"- applicability mismatches: {card['applicability_mismatches']}", "", scope_note(result), ""]
     if card["contradictions"]:
         lines += ["Contradictions:", ""]
         lines += _table(["kind", "check", "variant", "regime", "expected", "got", "cells", "example layers"],
