@@ -96,8 +96,11 @@ def work_units(n_prompts: int, regimes: int = 2) -> int:
 
 
 def run_determinism(ckpt, backends: tuple[str, str], n_prompts: int = 8, new_tokens: int = 64, device: str = "cpu",
-                    act_backend: str = "reference", reduction: str = "auto", advance=None, on_phase=None) -> dict:
-    """The whole measurement on an opened checkpoint (requant.checkpoint.Checkpoint)."""
+                    act_backend: str = "reference", reduction: str = "auto", advance=None, on_phase=None,
+                    models: dict | None = None) -> dict:
+    """The whole measurement on an opened checkpoint (requant.checkpoint.Checkpoint).
+    models: already loaded {"native": Model, "pow2": Model} of this checkpoint (the
+    benchmark's), used with backends set by name instead of loading the weights again."""
     from requant.audit.suite import environment
     from requant.runtime import check_layout, load_model
 
@@ -109,8 +112,11 @@ def run_determinism(ckpt, backends: tuple[str, str], n_prompts: int = 8, new_tok
     check_layout(ckpt)
     arm = converted_arm(ckpt.config)
     pow2_native = all_scales_pow2(ckpt)
-    say(f"native: loading to {device}")
-    native = load_model(ckpt, regime="native", backend=backends[0], act_backend=act_backend, device=device, reduction=reduction)
+    models = dict(models or {})
+    if "native" not in models:
+        say(f"native: loading to {device}")
+        models["native"] = load_model(ckpt, regime="native", backend=backends[0], act_backend=act_backend, device=device, reduction=reduction)
+    native = models["native"].with_backends(backends[0], act_backend)
     tok = native.tokenizer
     token_lists = [tok.encode(t) for t in texts]
     regimes, invariance = {}, {}
@@ -119,8 +125,10 @@ def run_determinism(ckpt, backends: tuple[str, str], n_prompts: int = 8, new_tok
             regimes["pow2"] = dict(regimes["native"], same_as="native")
             invariance["pow2"] = dict(invariance["native"])
             continue
-        model = native if regime == "native" else load_model(ckpt, regime="pow2", backend=backends[0], act_backend=act_backend,
-                                                             device=device, share=native, reduction=reduction)
+        if regime not in models:
+            models[regime] = load_model(ckpt, regime=regime, backend=backends[0], act_backend=act_backend, device=device,
+                                        share=native, reduction=reduction)
+        model = models[regime].with_backends(backends[0], act_backend)
         say(f"{regime}: greedy decoding, {len(texts)} prompts x {new_tokens} tokens, {backends[0]} and {backends[1]}, batch and alone")
         regimes[regime], invariance[regime] = run_regime(model, backends, texts, token_lists, new_tokens, advance)
     batch_ok = all(v["identical"] == v["total"] for r in invariance.values() for v in r.values())
