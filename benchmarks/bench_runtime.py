@@ -235,9 +235,10 @@ def bench_checkpoint(path: str, args, record: dict, flush) -> None:
                                 "regimes": {r: {"identical": v["identical"], "total": v["total"],
                                                 "first_divergence": [p["first_divergence"] for p in v["prompts"]]}
                                             for r, v in det["regimes"].items()},
-                                "batch_invariance": det["batch_invariance"], "new_tokens": args.det_new_tokens}
+                                "batch_invariance": det["batch_invariance"], "batch_invariant": det["batch_invariant"],
+                                "new_tokens": args.det_new_tokens}
         entry["timings"]["determinism_s"] = round(time.perf_counter() - t, 2)
-        log(f"{entry['name']}: {det['summary']}; batch-invariant: {det['batch_invariance']['all_identical']}")
+        log(f"{entry['name']}: {det['summary']}; batch-invariant: {det['batch_invariant']}")
         flush()
 
 
@@ -265,9 +266,8 @@ def markdown(record: dict) -> str:
             lines.append("")
         if e.get("determinism"):
             d = e["determinism"]
-            bi = d["batch_invariance"]
             lines += [f"Determinism ({d['new_tokens']} new tokens): **{d['summary']}**; batch-invariant (each prompt alone "
-                      f"vs in the batch, every regime and backend): **{'yes' if bi['all_identical'] else 'NO'}**", ""]
+                      f"vs in the batch, every regime and backend): **{'yes' if d['batch_invariant'] else 'NO'}**", ""]
     return "\n".join(lines) + "\n"
 
 

@@ -245,7 +245,7 @@ class Model:
         longest = max(len(t) for t in tensors) + max_new_tokens
         if longest > self.max_length:
             raise ValueError(f"prompt + new tokens = {longest} positions, more than max_length {self.max_length}")
-        eos = set() if eos_id is None else ({int(eos_id)} if isinstance(eos_id, int) else {int(e) for e in eos_id})
+        eos = set() if eos_id is None else {int(e) for e in (eos_id if isinstance(eos_id, (list, tuple, set, frozenset)) else [eos_id])}
         gen = Generation([[] for _ in tensors])
         if max_new_tokens == 0:
             return gen
@@ -295,7 +295,7 @@ def load_model(src, regime: str = "native", backend: str = "reference-triton-ord
                 cfg = json.loads(cfg_path.read_text())
             except ValueError as exc:
                 raise ValueError(f"{cfg_path}: not valid JSON: {exc}") from None
-            if isinstance(cfg, dict) and "quantization_config" not in cfg:
+            if isinstance(cfg, dict) and cfg.get("quantization_config") is None:
                 if regime not in ("native", DENSE_LINEAR, "bf16"):
                     raise ValueError(f"{cfg_path}: a bf16 checkpoint (no quantization_config) has no scales for regime {regime!r}")
                 bdir = Bf16Dir(p, cfg)

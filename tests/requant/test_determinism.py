@@ -145,7 +145,7 @@ def test_a_pair_that_must_differ_is_found_at_the_known_position(tmp_path):
         assert p["tokens"][cut] == [1, 2, 3, 4, U1, 12, 0] and p["tokens"][tri] == [1, 2, 3, 4, U2, 13, 0]
     assert native[4]["identical"] and native[4]["first_divergence"] is None and native[4]["tokens"][cut] == [0] * 7
     assert all(p["identical"] for p in data["regimes"]["pow2"]["prompts"])
-    assert data["batch_invariance"]["all_identical"]
+    assert data["batch_invariant"]
     assert "| 0 | **no** | 4 |" in res.stdout
 
 

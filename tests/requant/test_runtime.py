@@ -314,6 +314,7 @@ def test_greedy_stops_at_eos(native, toks):
     assert stopped[1] == (free[1][: free[1].index(first) + 1] if first in free[1] else free[1])
     assert native.greedy(toks[:1], max_new_tokens=0) == [[]]
     assert native.greedy(toks[:1], max_new_tokens=3, eos_id=[first, 7])[0] == [first]
+    assert native.greedy(toks[:1], max_new_tokens=3, eos_id=np.int64(first))[0] == [first]
 
 
 def test_backends_share_weights_and_pow2_orders_agree(ckpt, toks):
@@ -332,6 +333,8 @@ def test_bf16_directory_runs_every_linear_dense(tmp_path):
     of the bf16 weights (reference: the first layer's q projection recomputed in float64)."""
     src = tmp_path / "bf16"
     generate(MICRO, tmp_path / "q", seed=3, keep_source=src)
+    cfg = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps(dict(cfg, quantization_config=None)))  # null counts as absent
     m = load_model(src)
     assert m.regime == "bf16" and m.linears == {} and m.tokenizer.kind == "byte-level"
     seen = []
