@@ -14,7 +14,8 @@ What is measured (every time CUDA-synchronised before and after, perf_counter):
   * decode tokens/s: B prompts of --prompt-len random ids, prefilled (not timed), then
     --new-tokens - 1 greedy decode steps with the KV cache timed: B * (new_tokens - 1) /
     seconds, B in --batches (transformers: its DynamicCache, the same loop);
-  * each configuration warmed up once (Triton compiles a kernel per shape on first use),
+  * each configuration warmed up once (Triton compiles a kernel per shape on first use;
+    decode warms up with two steps),
     then --reps repetitions; the variants of one configuration are interleaved rep by rep
     (cutlass native, cutlass pow2, triton native, triton pow2, transformers), so a clock
     drift hits all of them alike; reported: median and [min, max];
@@ -98,7 +99,10 @@ def hf_model(ckpt, device):
     cfg = {k: v for k, v in ckpt.config.items() if k not in ("quantization_config", "requant")}
     config = transformers.Qwen3Config(**cfg)
     with torch.device(device):
-        model = transformers.Qwen3ForCausalLM._from_config(config, dtype=torch.bfloat16).eval()
+        try:
+            model = transformers.Qwen3ForCausalLM._from_config(config, dtype=torch.bfloat16).eval()
+        except TypeError:  # a transformers that still calls it torch_dtype
+            model = transformers.Qwen3ForCausalLM._from_config(config, torch_dtype=torch.bfloat16).eval()
     params = dict(model.named_parameters())
     with torch.no_grad():
         for name in ckpt.tensor_names():
@@ -137,7 +141,10 @@ def hf_decode(model, prompts: list[torch.Tensor], new_tokens: int) -> float:
 
     ids = torch.stack(prompts)  # equal lengths: no padding
     with torch.no_grad():
-        cache = DynamicCache(config=model.config)
+        try:
+            cache = DynamicCache(config=model.config)
+        except TypeError:  # older signature
+            cache = DynamicCache()
         out = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
         nxt = out.logits[:, -1].argmax(-1, keepdim=True)
         sync(ids.device)
@@ -196,16 +203,19 @@ def bench_checkpoint(path: str, args, record: dict, flush) -> None:
                 continue
             ids = torch.randint(0, vocab, (n,), generator=gen).to(dev)
             run = {"requant": lambda m: requant_prefill(m, ids), "transformers": lambda m: hf_prefill(m, ids)}
+            warm = run
             work = n
         else:
             prompts = [torch.randint(0, vocab, (args.prompt_len,), generator=gen).to(dev) for _ in range(n)]
             run = {"requant": lambda m: requant_decode(m, prompts, args.new_tokens),
                    "transformers": lambda m: hf_decode(m, prompts, args.new_tokens)}
+            # warm-up: two decode steps compile/load every kernel a step uses (same shapes)
+            warm = {"requant": lambda m: requant_decode(m, prompts, 3), "transformers": lambda m: hf_decode(m, prompts, 3)}
             work = n * (args.new_tokens - 1)
         key = f"{kind} {n}"
         log(f"{entry['name']}: {key}: warm-up")
         for name, (engine, m) in variants.items():
-            run[engine](m)
+            warm[engine](m)
         times = {name: [] for name in variants}
         for rep in range(args.reps):
             for name, (engine, m) in variants.items():
