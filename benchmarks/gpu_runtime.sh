@@ -11,9 +11,9 @@
 # The synthetic checkpoints are generated first when absent (CKPT_ROOT, default /tmp):
 # that takes minutes for 8B and is not part of the benchmark's budget; run the script once
 # with STEPS=generate to make them in a separate call if the device time is short.
-# STEPS (default "generate determinism bench") picks the steps. Each step has a timeout,
+# STEPS (default "generate tests determinism bench") picks the steps. Each step has a timeout,
 # logs its wall time and exit status to timings.txt and the script goes on after a failure.
-# Files in $OUT (at most 7): env.txt, timings.txt, determinism_default.json/.log,
+# Files in $OUT (8): env.txt, timings.txt, gpu_tests.log, determinism_default.json/.log,
 # bench_runtime.json/.md, bench.log.
 set -uo pipefail
 : "${OUT:?set OUT to the results directory}"
@@ -21,7 +21,7 @@ mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
 cd "$(dirname "$0")/.."
 CKPT_ROOT="${CKPT_ROOT:-/tmp}"
 SIZES="${SIZES-qwen3-1.7b qwen3-8b}"    # unset: both; empty: none
-STEPS="${STEPS-generate determinism bench}"
+STEPS="${STEPS-generate tests determinism bench}"
 BENCH_ARGS="${BENCH_ARGS:-}"            # e.g. "--reps 5" or "--det-new-tokens 64"
 TIMINGS="$OUT/timings.txt"
 touch "$TIMINGS"
@@ -57,9 +57,14 @@ for size in $SIZES; do
     [ -f "$dir/config.json" ] && CKPTS+=("$dir")
 done
 
-if has determinism || has bench; then
+if has tests || has determinism || has bench; then
     rm -f "${REQUANT_CUTLASS_CACHE:-$HOME/.cache/requant/cutlass}/lock"   # a stale lock from a killed build
     step cutlass_build 400 python3 -c "import requant.kernels.cutlass as c; c.build(); print('cutlass built')"
+fi
+
+if has tests; then  # the runtime with the real kernels == the emulated orders, batch invariance on CUDA
+    step gpu_tests 300 bash -c "python3 -m pytest -q -m gpu -p no:cacheprovider tests/requant/test_runtime_gpu.py > '$OUT/gpu_tests.log' 2>&1; \
+        rc=\$?; tail -n 5 '$OUT/gpu_tests.log'; exit \$rc"
 fi
 
 if has determinism; then
