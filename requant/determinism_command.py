@@ -121,7 +121,8 @@ def determinism(
                                      advance=lambda n=1: progress.advance(task, n),
                                      on_phase=lambda msg: progress.console.log(msg))
     except (CheckpointError, ValueError, KeyError) as exc:  # e.g. a tokenizer the model cannot embed, an unknown act backend
-        console.print(f"[bold red]error:[/bold red] {escape(str(exc))}")
+        msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
+        console.print(f"[bold red]error:[/bold red] {escape(str(msg))}")
         raise typer.Exit(2) from None
     args = [] if ckpt is None else [ckpt]
     args += ["--backends", spec, "--prompts", str(prompts), "--new-tokens", str(new_tokens)]

@@ -70,3 +70,22 @@ def test_audit_uses_and_records_a_tokenizer_json(tmp_path):
     assert result["tokenizer"]["kind"] == "tokenizer.json" and result["tokenizer"]["sha256"] == digest
     assert result["tokens"] == len(Tokenizer.from_file(str(path)).encode(prompts(1)[0]).ids)
     assert f"tokenizer.json (sha256 {digest}" in markdown(result)
+
+
+def test_a_broken_tokenizer_is_a_usage_error(tmp_path):
+    """A tokenizer.json the `tokenizers` library cannot load: exit 2 with the file named."""
+    import shutil
+
+    import typer
+    from typer.testing import CliRunner
+
+    from requant.audit.command import audit
+
+    ck = tmp_path / "ck"
+    shutil.copytree(DEFAULT_CHECKPOINT, ck)
+    (ck / "tokenizer.json").write_text('{"model": 3}')
+    app = typer.Typer(add_completion=False)
+    app.command("audit")(audit)
+    app.command("noop")(lambda: None)
+    res = CliRunner().invoke(app, ["audit", str(ck), "--prompts", "1"])
+    assert res.exit_code == 2 and "tokenizer.json" in res.output and "Traceback" not in res.output

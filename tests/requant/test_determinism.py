@@ -189,6 +189,7 @@ def test_exit_status_one_when_pow2_is_not_identical(monkeypatch):
     (["--prompts", "17"], "--prompts"),
     (["--new-tokens", "0"], "--new-tokens"),
     (["/nonexistent/checkpoint"], "nonexistent"),
+    (["--backends", "reference", "--prompts", "1", "--new-tokens", "1", "--act-backend", "nope"], "unknown quantize_activations backend 'nope'"),
 ])
 def test_usage_errors_are_one_line(args, word):
     if "cuda:0" in args and torch.cuda.is_available():
