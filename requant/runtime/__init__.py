@@ -26,6 +26,10 @@ between ops. Computed in fp32 and rounded to bf16 once: RMSNorm (then the weight
 rounded again, as transformers does), RoPE (tables and rotation in fp32), the attention
 scores, softmax (the probabilities are rounded to bf16 before P @ V, as in transformers'
 bf16 model), P @ V, and SiLU(gate) * up. Residual adds are bf16 + bf16 (rounded once).
+Why: bf16 storage is what a served W8A8 model holds between kernels (and what the GEMMs
+consume and produce); doing each op's arithmetic in fp32 with a single rounding keeps the
+runtime's own error below transformers' bf16 model's (measured by the parity test), so
+that what differs between two GEMM backends is the GEMM, not the glue around it.
 Every quantized Linear is
     (q, s) = kernels.quantize_activations(x, backend=act_backend)   # per token, int8
     y      = kernels.scaled_mm(q, w, s, s_w, backend=backend)        # exact int32, bf16 out
@@ -62,6 +66,9 @@ is serial per row at these sizes (kept on the CPU so that the audit's CPU result
 bit-identical with what it reported before this runtime existed). The tests check, on the
 CPU, that prefill and decode of a prompt alone equal its part of a batch, bit for bit, with
 both reductions; `requant determinism` measures it on any device.
+
+load_model(..., reduction="auto" | "torch" | "tree") picks the RMSNorm reduction ("auto":
+tree on CUDA, torch on the CPU).
 
 Package layout: ops.py (norms, RoPE, attention, dense rows), weights.py (loading and
 checks), model.py (Model, KVCache, load_model).

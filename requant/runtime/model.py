@@ -280,7 +280,8 @@ def load_model(src, regime: str = "native", backend: str = "reference-triton-ord
     in one regime, or from a plain bf16 Qwen3 directory (no quantization_config: every
     Linear dense, regime "bf16"). share: a Model of the same checkpoint whose dense tensors
     (embeddings, norms, dense lm_head and its fp32 copy) this one reuses instead of reading
-    them again (e.g. pow2 next to native)."""
+    them again (e.g. pow2 next to native). reduction: the RMSNorm reduction, "auto" (tree
+    sums on CUDA, torch's reduction on the CPU), "torch" or "tree" (see the package docstring)."""
     if backend not in kernels.scaled_mm_backends():
         raise ValueError(f"unknown scaled_mm backend {backend!r}; known: {', '.join(kernels.scaled_mm_backends())}")
     dev = torch.device(device)
