@@ -28,7 +28,7 @@ scores, softmax (the probabilities are rounded to bf16 before P @ V, as in trans
 bf16 model), P @ V, and SiLU(gate) * up. Residual adds are bf16 + bf16 (rounded once).
 Why: bf16 storage is what a served W8A8 model holds between kernels (and what the GEMMs
 consume and produce); doing each op's arithmetic in fp32 with a single rounding keeps the
-runtime's own error below transformers' bf16 model's (measured by the parity test), so
+runtime's own error at the level of transformers' bf16 model's (measured by the parity test), so
 that what differs between two GEMM backends is the GEMM, not the glue around it.
 Every quantized Linear is
     (q, s) = kernels.quantize_activations(x, backend=act_backend)   # per token, int8
