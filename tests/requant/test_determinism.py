@@ -17,9 +17,11 @@ import torch
 import typer
 from typer.testing import CliRunner
 
+from requant import DEFAULT_CHECKPOINT
 from requant.determinism import first_divergence, ids_sha256
 from requant.determinism_command import determinism
 from requant.prompts import prompts
+from requant.tokenizer import load_tokenizer
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
 app.command("determinism")(determinism)
@@ -44,7 +46,9 @@ def test_default_with_the_emulated_orders(tmp_path):
     data = json.loads(out.read_text())
     assert set(data) >= {"regimes", "batch_invariance", "tokenizer", "backends", "new_tokens", "device", "tool_version", "summary"}
     assert data["backends"] == ["reference-cutlass-order", "reference-triton-order"] and data["new_tokens"] == 5
-    assert data["tokenizer"]["kind"] == "byte-level" and data["device"] == "cpu"
+    vocab = json.loads((DEFAULT_CHECKPOINT / "config.json").read_text())["vocab_size"]
+    assert data["tokenizer"] == load_tokenizer(DEFAULT_CHECKPOINT, vocab).describe()
+    assert data["device"] == "cpu"
     for regime in ("native", "pow2"):
         r = data["regimes"][regime]
         assert set(r) >= {"identical", "total", "prompts"} and r["total"] == 3 == len(r["prompts"])

@@ -34,7 +34,9 @@ def model(request):
 def toks():
     from requant.tokenizer import load_tokenizer
 
-    tok = load_tokenizer(DEFAULT_CHECKPOINT, 512)  # the default's config: vocab 512
+    from requant.checkpoint import open_checkpoint
+
+    tok = load_tokenizer(DEFAULT_CHECKPOINT, open_checkpoint(DEFAULT_CHECKPOINT).config["vocab_size"])
     return [tok.encode(p) for p in prompts(8)]
 
 
