@@ -13,6 +13,7 @@ from requant.audit.checks import CHECK_TITLES, LAYER_CHECK_IDS
 from requant.audit.faults import FAMILY_TITLES, VARIANTS
 from requant.audit.matrix import PINNED_SHA256, REGIMES
 from requant.audit.scoring import HIST_BINS, bin_label
+from requant.tokenizer import summary as tokenizer_summary
 
 
 def matrix_warning(result: dict) -> str | None:
@@ -59,7 +60,7 @@ def markdown(result: dict, command: str | None = None) -> str:
     lines += [
         f"- checkpoint: `{result['checkpoint']}`",
         f"- backends: `{result['backends'][0]}` vs `{result['backends'][1]}` on `{result['device']}`",
-        f"- prompts: {result['prompts']} ({result['tokens']} tokens, {result['tokenizer']} tokenizer)",
+        f"- prompts: {result['prompts']} ({result['tokens']} tokens); tokenizer: {tokenizer_summary(result['tokenizer'])}",
         f"- quantized Linears: {result['layers']}; cells: {result['cells']} ({result['variants']} variants x {len(result['regimes'])} regimes)",
         f"- prediction matrix sha256: `{card['matrix_sha256']}` ({'pinned' if card['matrix_pinned'] else 'NOT PINNED'}, version {card['matrix_version']})",
         f"- wall time: {result['wall_seconds']} s",
