@@ -43,6 +43,7 @@ class Docs:
     ll: np.ndarray  # float64 [n]
     words: np.ndarray  # int64 [n]
     nbytes: np.ndarray  # int64 [n]
+    doc_ids: np.ndarray | None = None  # int64 [n]: which documents (lm-eval doc_id), in order
 
 
 def corpus_metrics(d: Docs) -> dict:
@@ -81,7 +82,8 @@ def paired_bootstrap(arms: dict[str, Docs], baseline: str = "native", replicates
     base = arms[baseline]
     n = len(base.ll)
     for name, d in arms.items():
-        if len(d.ll) != n or not np.array_equal(d.words, base.words) or not np.array_equal(d.nbytes, base.nbytes):
+        same_ids = d.doc_ids is None or base.doc_ids is None or np.array_equal(d.doc_ids, base.doc_ids)
+        if len(d.ll) != n or not same_ids or not np.array_equal(d.words, base.words) or not np.array_equal(d.nbytes, base.nbytes):
             raise ValueError(f"arm {name!r} was scored on other documents than {baseline!r}")
     idx = resample_indices(n, replicates, seed)
     w_rep = base.words[idx].sum(axis=1).astype(np.float64)

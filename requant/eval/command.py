@@ -24,7 +24,7 @@ from rich.table import Table
 from requant.eval.report import fmt_number
 from requant.eval.run import EvalUsageError
 
-console = Console(stderr=True)
+console = Console(stderr=True, soft_wrap=True)  # an error stays one line at any width
 DEFAULT_ARMS = "native,nearest,ceiling,mse,probe"
 
 

@@ -164,10 +164,11 @@ def _samples_docs(samples: list[dict]) -> Docs | None:
     if not samples or not all(k in samples[0] for k in PPL_KEYS):
         return None
     rows = sorted(samples, key=lambda s: s["doc_id"])
+    ids = np.array([int(s["doc_id"]) for s in rows], dtype=np.int64)
     ll = np.array([float(s["word_perplexity"][0]) for s in rows], dtype=np.float64)
     if not np.array_equal(ll, np.array([float(s["byte_perplexity"][0]) for s in rows])):
         raise RuntimeError("word and byte perplexity samples disagree on a log-likelihood")
-    return Docs(ll=ll, words=np.array([int(s["word_perplexity"][1]) for s in rows], dtype=np.int64),
+    return Docs(ll=ll, doc_ids=ids, words=np.array([int(s["word_perplexity"][1]) for s in rows], dtype=np.int64),
                 nbytes=np.array([int(s["byte_perplexity"][1]) for s in rows], dtype=np.int64))
 
 
@@ -286,6 +287,10 @@ def run_eval(ckpt: str | None, arms: list[str], *, source: str | None = None, ta
         entry: dict = {"metrics": {name: results[name]["tasks"][t]["metrics"] for name in rows}}
         if all(d is not None for d in docs.values()):
             entry.update(paired_bootstrap(docs, NATIVE, replicates, seed))
+            base = docs[NATIVE]
+            entry["per_document"] = [{"doc_id": int(i), "words": int(base.words[k]), "bytes": int(base.nbytes[k]),
+                                      "loglikelihood": {name: float(docs[name].ll[k]) for name in rows}}
+                                     for k, i in enumerate(base.doc_ids)]
         per_task[t] = entry
     primary = next((t for t in tasks if "arms" in per_task[t]), None)
     cfg = results[NATIVE]["config"]
