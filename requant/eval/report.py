@@ -96,6 +96,8 @@ def plot(result: dict, path: Path) -> None:
         d, (lo, hi) = a["delta_pct"], a["ci90"]
         ax.errorbar([i], [d], yerr=[[d - lo], [hi - d]], fmt="o", capsize=6,
                     color="#4477aa" if result["servable"].get(n, True) else "#cc6677")
+    if not names:
+        ax.text(0.5, 0.5, "only native was evaluated: nothing to compare", ha="center", va="center", transform=ax.transAxes)
     ax.axhline(0.0, color="black", linewidth=0.8)
     ax.set_xticks(range(len(names)))
     ax.set_xticklabels(names)

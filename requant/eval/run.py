@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import json
 import logging
+import math
+import os
 import shutil
 import tempfile
 import time
@@ -61,11 +63,15 @@ def parse_arms(text: str) -> list[str]:
     return arms
 
 
-def check_backend(name: str) -> None:
+def check_backend(name: str, act_name: str = "reference") -> None:
     from requant import kernels
 
     if name not in kernels.scaled_mm_backends():
         raise EvalUsageError(f"unknown backend {name!r}; known: {', '.join(kernels.scaled_mm_backends())}")
+    # the kernels registry has no public list of activation quantizers (yet): its table
+    acts = kernels.quantize_backends() if hasattr(kernels, "quantize_backends") else list(kernels._QUANTIZE)
+    if act_name not in acts:
+        raise EvalUsageError(f"unknown act backend {act_name!r}; known: {', '.join(acts)}")
 
 
 def _bf16_tensors(path: Path) -> dict[str, str]:
@@ -172,6 +178,18 @@ def _samples_docs(samples: list[dict]) -> Docs | None:
                 nbytes=np.array([int(s["byte_perplexity"][1]) for s in rows], dtype=np.int64))
 
 
+def _lm_eval_values(row: dict, metrics: dict, task: str, arm: str) -> None:
+    """Report lm-eval's own aggregates, after checking that the samples the bootstrap used
+    reproduce them (the same sums in another order: 1e-9 relative is rounding only)."""
+    for key in ("word_perplexity", "byte_perplexity", "bits_per_byte"):
+        theirs = next((v for k, v in metrics.items() if k.split(",")[0] == key and isinstance(v, (int, float))), None)
+        if theirs is None:
+            continue
+        if not math.isclose(theirs, row[key], rel_tol=1e-9):
+            raise RuntimeError(f"{task}/{arm}: lm-eval's {key} {theirs!r} disagrees with its own samples ({row[key]!r})")
+        row[key] = float(theirs)
+
+
 def evaluate_row(path: str, tm, tasks: list[str], *, backend: str, act_backend: str, device: str, limit: int | None,
                  batch_size: int, max_length: int | None, progress: Callable[[int, int], None] | None,
                  passthrough_bootstrap: int) -> dict:
@@ -233,7 +251,13 @@ def run_eval(ckpt: str | None, arms: list[str], *, source: str | None = None, ta
         if not torch.cuda.is_available():
             raise EvalUsageError(f"--device {dev}: no CUDA device here")
     be = backend or default_backend(dev)
-    check_backend(be)
+    check_backend(be, act_backend)
+    if not dev.startswith("cuda"):
+        if be == "cutlass":
+            raise EvalUsageError("the cutlass backend needs a CUDA GPU (sm90); on CPU use reference-triton-order or reference-cutlass-order")
+        if "triton" in (be, act_backend) and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+            raise EvalUsageError("the triton backend on CPU needs TRITON_INTERPRET=1 (Triton's interpreter, slow); "
+                                 "the CPU default is reference-triton-order, the same bits")
     # On CPU one torch thread by default, as the audit: the runtime's tensors are small and,
     # measured on a loaded 2-core machine, intra-op threads spinning against other work made
     # a micro-model evaluation 3x slower (24 s vs 7 s of model time).
@@ -246,8 +270,9 @@ def run_eval(ckpt: str | None, arms: list[str], *, source: str | None = None, ta
         check_source(Path(source), checkpoint.config)
         if tokenizer_files(Path(source)) != tokenizer_files(checkpoint.path):
             raise EvalUsageError(f"--source {source}: its tokenizer.json differs from the checkpoint's (perplexities would not be comparable)")
-    if max_length is not None and max_length < 1:
-        raise EvalUsageError("--max-length must be at least 1")
+    positions = int(checkpoint.config.get("max_position_embeddings") or 2048)
+    if max_length is not None and not 1 <= max_length <= positions:
+        raise EvalUsageError(f"--max-length must be between 1 and the model's {positions} positions")
     say("resolving tasks " + ",".join(tasks))
     tm = load_tasks(tasks)
     if n_threads:
@@ -287,6 +312,8 @@ def run_eval(ckpt: str | None, arms: list[str], *, source: str | None = None, ta
         entry: dict = {"metrics": {name: results[name]["tasks"][t]["metrics"] for name in rows}}
         if all(d is not None for d in docs.values()):
             entry.update(paired_bootstrap(docs, NATIVE, replicates, seed))
+            for name in rows:
+                _lm_eval_values(entry["arms"][name], entry["metrics"][name], t, name)
             base = docs[NATIVE]
             entry["per_document"] = [{"doc_id": int(i), "words": int(base.words[k]), "bytes": int(base.nbytes[k]),
                                       "loglikelihood": {name: float(docs[name].ll[k]) for name in rows}}

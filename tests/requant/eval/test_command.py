@@ -100,6 +100,9 @@ def test_eval_all_rows_report_and_decomposition(micro_with_source, tmp_path):
     (["--backend", "warp-drive"], "unknown backend 'warp-drive'"),
     (["--limit", "0"], "--limit"),
     (["--device", "cuda:7"], "no CUDA device"),
+    (["--backend", "cutlass", "--device", "cpu"], "needs a CUDA GPU"),
+    (["--act-backend", "nope"], "unknown act backend 'nope'"),
+    (["--max-length", "4096"], "2048 positions"),
 ])
 def test_usage_errors_exit_2_with_one_line(args, message):
     res = _invoke(["--limit", 1] + args if "--limit" not in args else args)
