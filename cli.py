@@ -1,7 +1,7 @@
 """The one `requant` command line.
 
 Each sub-command lives next to the code it drives (requant/commands.py for the
-checkpoint tools, audit/command.py for the audit,
+checkpoint tools, audit/command.py for the audit, requant/eval/command.py for the evaluation,
 requant/determinism_command.py for determinism); this file only assembles them
 into a single typer app so that `requant --help` lists everything.
 """
@@ -11,6 +11,7 @@ import typer
 from requant.audit.command import audit
 from requant.commands import convert, inspect, verify
 from requant.determinism_command import determinism
+from requant.eval.command import eval_command
 
 app = typer.Typer(
     name="requant",
@@ -24,6 +25,7 @@ app.command("inspect")(inspect)
 app.command("verify")(verify)
 app.command("audit")(audit)
 app.command("determinism")(determinism)
+app.command("eval")(eval_command)
 
 
 if __name__ == "__main__":
