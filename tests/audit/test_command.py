@@ -35,7 +35,7 @@ def test_plan_from_a_qwen3_1_7b_config(tmp_path):
 
 def test_plan_of_the_default_and_a_quantized_lm_head(tmp_path):
     res = runner.invoke(app, ["audit", "--plan"])
-    assert res.exit_code == 0 and "cells: 1176" in res.output
+    assert res.exit_code == 0 and "cells: 1764" in res.output
     cfg = dict(QWEN3_1_7B, quantization_config={"ignore": []})
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     res = runner.invoke(app, ["audit", str(tmp_path / "config.json"), "--plan"])
@@ -59,10 +59,10 @@ def test_full_run_writes_the_report(tmp_path):
     assert res.exit_code == 0, res.output
     assert {p.name for p in out.iterdir()} == {"audit.json", "audit.md", "detection_heatmap.png", "ulp_histograms.png"}
     data = json.loads((tmp_path / "a.json").read_text())
-    assert data["cells"] == 1176 and data["scorecard"]["false_positives"] == 0 and data["scorecard"]["false_negatives"] == 0
+    assert data["cells"] == 1764 and data["scorecard"]["false_positives"] == 0 and data["scorecard"]["false_negatives"] == 0
     assert (out / "detection_heatmap.png").read_bytes()[:4] == b"\x89PNG"
     md = (out / "audit.md").read_text()
-    assert data["scorecard"]["matrix_sha256"] in md and "pow2: 28/28 layers bitwise equal" in md
+    assert data["scorecard"]["matrix_sha256"] in md and "pow2: 42/42 layers bitwise equal" in md
 
 
 def test_a_checkpoint_the_runtime_cannot_run_is_refused(tmp_path):

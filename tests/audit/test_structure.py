@@ -16,8 +16,8 @@ def test_scorecard_is_clean(default_audit):
 
 
 def test_cell_count(default_audit):
-    assert default_audit["layers"] == 28
-    assert default_audit["cells"] == 28 * 21 * 2 == len([r for r in default_audit["cell_results"] if not r["variant"].startswith("B.")])
+    assert default_audit["layers"] == 42  # the trained default: 6 layers x 7 Linears
+    assert default_audit["cells"] == 42 * 21 * 2 == len([r for r in default_audit["cell_results"] if not r["variant"].startswith("B.")])
     assert len(default_audit["detection"]) == 42
 
 
@@ -27,7 +27,7 @@ def det(result, fam=None, regime=None):
 
 def test_null_fault_never_fires(default_audit):
     rows = [r for r in default_audit["cell_results"] if r["variant"] == "F8.all"]
-    assert len(rows) == 56
+    assert len(rows) == 84
     assert all(o != "fire" for r in rows for o in r["outcomes"].values())
     assert all(not r["observable"] for r in rows)
 
@@ -35,7 +35,7 @@ def test_null_fault_never_fires(default_audit):
 def test_precondition_faults_detected_in_every_observable_cell(default_audit):
     for fam in ("F6", "F7"):
         for d in det(default_audit, fam):
-            assert d["observable"] == d["cells"] == 28
+            assert d["observable"] == d["cells"] == 42
             assert d["detected"] == d["observable"] == d["by_check"]["C3"] == d["by_check"]["C4"] == d["by_check"]["C6"]
 
 
@@ -61,9 +61,9 @@ def test_epilogue_faults_move_at_most_one_spacing_and_commute(default_audit):
 
 def test_operand_faults_are_detected_and_large(default_audit):
     for d in det(default_audit, "F9"):
-        assert d["detected"] == d["observable"] == 28
-        assert d["by_check"]["C1"] == 28
-        assert d["by_check"]["C4"] == (0 if d["severity"] == "one" else 28)
+        assert d["detected"] == d["observable"] == 42
+        assert d["by_check"]["C1"] == 42
+        assert d["by_check"]["C4"] == (0 if d["severity"] == "one" else 42)
     assert default_audit["max_ulp_by_fault"]["F9"] > 16 and default_audit["max_ulp_by_fault"]["F6"] > 16
 
 
@@ -72,8 +72,8 @@ def test_baseline_rows(default_audit):
     assert set(rows) == {(v, r) for v in ("B.cutlass-order", "B.triton-order") for r in ("native", "pow2")}
     for (v, r), b in rows.items():
         assert all(o["fire"] == 0 for o in b["outcomes"].values()), (v, r)
-        assert b["outcomes"]["C4"]["not_applicable"] == 28
-        assert b["outcomes"]["C5"]["not_applicable"] == (28 if r == "native" else 0)
+        assert b["outcomes"]["C4"]["not_applicable"] == 42
+        assert b["outcomes"]["C5"]["not_applicable"] == (42 if r == "native" else 0)
         assert b["max_ulp"] <= 1
     assert rows[("B.triton-order", "native")]["differing_cells"] == 0
     assert rows[("B.cutlass-order", "pow2")]["differing_cells"] == 0
@@ -81,10 +81,10 @@ def test_baseline_rows(default_audit):
 
 def test_per_layer_pair_comparison(default_audit):
     s = default_audit["per_layer_summary"]
-    assert s["pow2"]["bitwise_equal"] == s["pow2"]["layers"] == 28
+    assert s["pow2"]["bitwise_equal"] == s["pow2"]["layers"] == 42
     assert s["native"]["max_ulp"] <= 1
     rows = default_audit["per_layer"]
-    assert len(rows) == 56 and set(rows[0]) >= {"name", "regime", "bitwise_equal", "mismatches", "max_ulp"}
+    assert len(rows) == 84 and set(rows[0]) >= {"name", "regime", "bitwise_equal", "mismatches", "max_ulp"}
     assert default_audit["end_to_end"]["pow2"]["bitwise_equal"] and default_audit["end_to_end"]["pow2"]["flagged"] == 0
 
 

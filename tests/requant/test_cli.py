@@ -36,11 +36,11 @@ def test_convert_default_with_json(tmp_path):
     assert res.exit_code == 0, res.output
     rep = json.loads(report.read_text())
     assert rep["arm"] == "nearest" and rep["servable"] is True
-    assert len(rep["layers"]) == 28 and rep["totals"]["linears"] == 28
+    assert len(rep["layers"]) == 42 and rep["totals"]["linears"] == 42
     for st in rep["layers"].values():
         assert set(st) >= {"scales_changed", "exponent_shifts", "weights_clipped", "rel_weight_error"}
     assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "28 quantized Linears" in res.output
+    assert "42 quantized Linears" in res.output
     assert tree_bytes(DEFAULT_CHECKPOINT) == before  # the source is untouched
     res = runner.invoke(app, ["convert", "-o", str(out)])
     assert res.exit_code == 1 and "--force" in res.output
@@ -52,8 +52,8 @@ def test_inspect_json(tmp_path):
     res = runner.invoke(app, ["inspect", str(DEFAULT_CHECKPOINT), "--json"])
     assert res.exit_code == 0, res.output
     info = json.loads(res.output)
-    assert info["architecture"] == "Qwen3ForCausalLM" and info["quantized_linears"] == 28
-    assert info["scale_dtypes"] == {"BF16": 28} and info["all_scales_power_of_two"] is False
+    assert info["architecture"] == "Qwen3ForCausalLM" and info["quantized_linears"] == 42
+    assert info["scale_dtypes"] == {"BF16": 42} and info["all_scales_power_of_two"] is False
     assert info["int8_range"] == [-128, 127] and info["int8_min128_count"] > 0
     runner.invoke(app, ["convert", "-o", str(tmp_path / "p2"), "--arm", "ceiling"])
     info = json.loads(runner.invoke(app, ["inspect", str(tmp_path / "p2"), "--json"]).output)

@@ -1,4 +1,4 @@
-"""requant.synthetic: the embedded default is reproducible, the presets are the real Qwen3
+"""requant.synthetic and the embedded default: the default is the packaged trained model, the presets are the real Qwen3
 configs, and the files look like llm-compressor's. References: the committed files in
 requant/data/default (byte for byte), and an independent float32 re-statement of the RTN
 arithmetic (torch's bf16 ops compute in fp32 and round once to bf16)."""
@@ -18,19 +18,38 @@ from requant.synthetic import PRESETS, generate, plan, rtn_quantize
 from .conftest import tree_bytes
 
 
-def test_default_regenerates_byte_identical(tmp_path):
-    out = generate("tiny", tmp_path / "tiny")
-    assert tree_bytes(out) == tree_bytes(DEFAULT_CHECKPOINT)
+def test_default_is_the_packaged_trained_model(tmp_path):
+    """The embedded default is exactly what training/package_default.py makes of the shipped
+    bf16 weights, and those weights are the ones the H200 training run reported. References:
+    the committed bytes of requant/data/{default,default-bf16}, and the weights sha256 recorded
+    in benchmarks/results/train_default/summary.json by the GPU run (two runs, identical)."""
+    import hashlib
+    from pathlib import Path
+
+    from training import package_default
+
+    bf16 = DEFAULT_CHECKPOINT.parent / "default-bf16"
+    out = tmp_path / "data"
+    assert package_default.main([str(bf16), "--out-dir", str(out)]) == 0
+    assert tree_bytes(out / "default") == tree_bytes(DEFAULT_CHECKPOINT)
+    assert tree_bytes(out / "default-bf16") == tree_bytes(bf16)
+    summary = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "train_default" / "summary.json"
+    for run in (summary, summary.with_name("summary_run2.json")):
+        trained = json.loads(run.read_text())["weights_sha256"]
+        assert hashlib.sha256((bf16 / "model.safetensors").read_bytes()).hexdigest() == trained
     assert data_path() == DEFAULT_CHECKPOINT
 
 
-def test_generator_runs_as_module(tmp_path):
+def test_generator_module_equals_the_api(tmp_path):
+    """`python -m requant.synthetic tiny` writes what generate('tiny') writes (reference: the
+    API's files, byte for byte)."""
     subprocess.run([sys.executable, "-m", "requant.synthetic", "tiny", str(tmp_path / "m"), "--seed", "0"], check=True, capture_output=True)
-    assert tree_bytes(tmp_path / "m") == tree_bytes(DEFAULT_CHECKPOINT)
+    assert tree_bytes(tmp_path / "m") == tree_bytes(generate("tiny", tmp_path / "api"))
 
 
-def test_default_is_a_sensible_tiny_qwen3():
-    ck = open_checkpoint(DEFAULT_CHECKPOINT)
+def test_tiny_preset_is_a_sensible_qwen3(tmp_path):
+    """The random tiny preset (the old embedded default, kept for fast scale tests)."""
+    ck = open_checkpoint(generate("tiny", tmp_path / "tiny"))
     cfg = ck.config
     assert cfg["architectures"] == ["Qwen3ForCausalLM"] and cfg["model_type"] == "qwen3"
     assert (cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"], cfg["num_attention_heads"],
@@ -39,9 +58,8 @@ def test_default_is_a_sensible_tiny_qwen3():
     assert qc["quant_method"] == "compressed-tensors" and qc["format"] == "int-quantized" and qc["ignore"] == ["lm_head"]
     assert qc["config_groups"]["group_0"]["targets"] == ["Linear"]
     assert len(ck.quantized_linears) == 28
-    f = read_header(DEFAULT_CHECKPOINT / "model.safetensors")
+    f = read_header(ck.path / "model.safetensors")
     assert f.metadata == {"format": "pt"}
-    assert (DEFAULT_CHECKPOINT / "model.safetensors").stat().st_size < 8_000_000
     for lin in ck.quantized_linears:
         q, s = ck.weight_and_scale(lin)
         assert all(d % 16 == 0 for d in q.shape)
@@ -55,6 +73,19 @@ def test_default_is_a_sensible_tiny_qwen3():
     # outlier channels: a wide spread of scales within a layer
     s = ck.weight_and_scale("model.layers.0.mlp.gate_proj")[1].float()
     assert float(s.max() / s.median()) > 3
+
+
+def test_default_is_the_trained_qwen3():
+    """The embedded default: the trained 6-layer Qwen3 (training/arch.py), W8A8 by RTN, tied
+    embeddings, with its tokenizer."""
+    ck = open_checkpoint(DEFAULT_CHECKPOINT)
+    cfg = ck.config
+    assert (cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"], cfg["num_attention_heads"],
+            cfg["num_key_value_heads"], cfg["head_dim"], cfg["vocab_size"], cfg["tie_word_embeddings"]) == (256, 768, 6, 4, 2, 64, 8192, True)
+    assert len(ck.quantized_linears) == 42 and "lm_head.weight" not in ck.tensor_names()
+    assert (DEFAULT_CHECKPOINT / "tokenizer.json").is_file()
+    assert any(bool((ck.weight_and_scale(lin)[0] == -128).any()) for lin in ck.quantized_linears)
+    assert not bool((ck.tensor("model.norm.weight") == 1).all())  # trained, not initialised
 
 
 @pytest.mark.parametrize("preset,linears,tied", [("qwen3-1.7b", 196, True), ("qwen3-8b", 252, False), ("qwen3-14b", 280, False)])

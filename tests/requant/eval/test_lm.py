@@ -58,9 +58,9 @@ def lm():
 
 
 def test_rolling_loglikelihood_equals_direct_log_softmax_over_several_windows(lm):
-    text = heldout_docs()[0]["text"][:300]
+    text = heldout_docs()[0]["text"][:1150]
     tokens = lm.tok_encode(text)
-    assert len(tokens) == 300 and len(tokens) > 4 * lm.max_length  # five windows, the last one partial
+    assert 4 * lm.max_length < len(tokens) < 5 * lm.max_length  # five windows, the last one partial
     want = _rolling_reference(lm.model, tokens, lm.prefix_token_id, lm.max_length)
     short = "Elinor"
     got = lm.loglikelihood_rolling([Req(text), Req(short), Req("")])
@@ -68,7 +68,7 @@ def test_rolling_loglikelihood_equals_direct_log_softmax_over_several_windows(lm
     short_tokens = lm.tok_encode(short)
     assert abs(got[1] - _logprob_sum(lm.model, [lm.prefix_token_id] + short_tokens[:-1], short_tokens)) <= 6 * TOL_PER_TOKEN
     assert got[2] == 0.0  # nothing to predict
-    assert lm.prefix_token_id == 256  # the default's config bos_token_id
+    assert lm.prefix_token_id == 0  # the default's config bos_token_id (<|endoftext|>)
 
 
 def test_loglikelihood_and_is_greedy(lm):
@@ -139,6 +139,6 @@ def test_simple_evaluate_heldout_offline_metrics_from_samples():
     assert metrics["bits_per_byte,none"] == pytest.approx(-total / sum(nbytes) / math.log(2), rel=1e-12)
     assert all(s["word_perplexity"] == (s["resps"][0][0], w) for s, w in zip(samples, words))
     info = res["config"]["requant"]
-    assert info["tokenizer"]["kind"] == "byte-level" and info["max_length"] == 128
+    assert info["tokenizer"]["kind"] == "tokenizer.json" and info["max_length"] == 128
     assert info["backend"] == "reference-triton-order"  # the CPU default
     assert all(v < 0 for v in ll)
