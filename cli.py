@@ -1,7 +1,8 @@
 """The one `requant` command line.
 
 Each sub-command lives next to the code it drives (requant/commands.py for the
-checkpoint tools, audit/command.py for the audit); this file only assembles them
+checkpoint tools, audit/command.py for the audit, requant/publish/commands.py for
+manifest, card and push); this file only assembles them
 into a single typer app so that `requant --help` lists everything.
 """
 
@@ -9,6 +10,7 @@ import typer
 
 from requant.audit.command import audit
 from requant.commands import convert, inspect, verify
+from requant.publish.commands import card, manifest, push
 
 app = typer.Typer(
     name="requant",
@@ -21,6 +23,9 @@ app.command("convert")(convert)
 app.command("inspect")(inspect)
 app.command("verify")(verify)
 app.command("audit")(audit)
+app.command("manifest")(manifest)
+app.command("card")(card)
+app.command("push")(push)
 
 
 if __name__ == "__main__":

@@ -9,9 +9,16 @@ pair reference-cutlass-order,reference-triton-order, the default where no CUDA G
 present; with one, the default pair is cutlass,triton. `--plan` prints the cell count and
 the GEMM shapes from config.json alone (CKPT may be the directory or the config.json file).
 
-Exit status: 0 when the audit ran, the scorecard has no false positive or negative and every
-layer is bitwise equal under pow2; 1 when it ran but one of those fails; 2 on a usage or
-checkpoint error (a message, no traceback).
+Exit status: 0 when the audit ran against the pinned prediction matrix, the scorecard has no
+false positive or negative and every layer is bitwise equal under pow2; 1 when it ran but one
+of those fails; 2 on a usage or checkpoint error (a message, no traceback), including a
+SHA256SUMS that does not match the checkpoint's files.
+
+The JSON ties itself to the bytes audited and the code that ran: `manifest_digest` (the
+checkpoint's SHA256SUMS digest, or the digest of the manifest computed now when it has none;
+`manifest` says which), `tool_version`, `git_commit`, and the matrix digest (`scorecard`).
+A checkpoint made by `requant convert` is audited as stored (`converted`: its arm; native =
+pow2 = the stored power-of-two scales).
 """
 
 from __future__ import annotations
@@ -68,6 +75,17 @@ def _load_config(ckpt: Optional[str]) -> tuple[dict, str]:
         raise AuditUsageError(f"{p}: not valid JSON: {exc}") from None
 
 
+def _identity(checkpoint) -> dict:
+    """checkpoint_identity with a progress bar over the bytes hashed (a few seconds per GB)."""
+    from requant.audit.suite import checkpoint_identity
+
+    total = sum(p.stat().st_size for p in Path(checkpoint.path).rglob("*") if p.is_file())
+    with Progress(TextColumn("manifest digest (sha256 of every file)"), BarColumn(), TimeElapsedColumn(),
+                  console=console, transient=True, disable=not console.is_terminal) as progress:
+        task = progress.add_task("sha256", total=total)
+        return checkpoint_identity(checkpoint, progress=lambda n: progress.advance(task, n))
+
+
 def _print_plan(plan: dict, where: str) -> None:
     t = Table(title=f"audit plan for {where}")
     for col in ("GEMM [out, in]", "Linears", "cells"):
@@ -109,6 +127,11 @@ def _print_summary(result: dict) -> None:
     e2e = result["end_to_end"]
     print("end to end (C7 tokens flagged): " + ", ".join(f"{r}: {e['flagged']}/{e['tokens']}" for r, e in e2e.items()))
     print(f"matrix sha256: {card['matrix_sha256']} ({'pinned' if card['matrix_pinned'] else 'NOT PINNED'})  wall: {result['wall_seconds']} s")
+    print(f"manifest digest: {result.get('manifest_digest')} ({result.get('manifest') or 'computed; no SHA256SUMS'})  "
+          f"requant {result.get('tool_version')} ({result.get('git_commit') or 'no git checkout'})")
+    conv = result.get("converted")
+    if conv:
+        print(f"converted checkpoint, arm {conv['arm']}{'' if conv.get('servable', True) else ' (NOT servable)'}: {conv['regimes']}")
 
 
 def audit(
@@ -165,6 +188,7 @@ def audit(
         src = DEFAULT_CHECKPOINT if ckpt is None else ckpt
         checkpoint = open_checkpoint(src, revision=revision)
         check_layout(checkpoint)
+        identity = _identity(checkpoint)  # before the long run: a SHA256SUMS that does not match fails here
     except (CheckpointError, AuditUsageError, ValueError) as exc:
         console.print(f"[bold red]error:[/bold red] {exc}")
         raise typer.Exit(2) from None
@@ -178,7 +202,7 @@ def audit(
         with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), TimeRemainingColumn(), console=console, transient=False) as progress:
             task = progress.add_task("cells", total=total)
-            result = run_audit(checkpoint, pair, prompts, dev,
+            result = run_audit(checkpoint, pair, prompts, dev, identity=identity,
                                advance=lambda n: progress.advance(task, n),
                                on_phase=lambda msg: progress.console.log(msg))
     except CheckpointError as exc:  # a tensor that turned out unreadable while running
@@ -198,7 +222,7 @@ def audit(
             console.print(f"wrote {f}")
     _print_summary(result)
     card = result["scorecard"]
-    ok = card["false_positives"] == 0 and card["false_negatives"] == 0 and \
+    ok = card["matrix_pinned"] and card["false_positives"] == 0 and card["false_negatives"] == 0 and \
         result["per_layer_summary"]["pow2"]["bitwise_equal"] == result["per_layer_summary"]["pow2"]["layers"]
     if not ok:
         raise typer.Exit(1)

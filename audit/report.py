@@ -50,8 +50,18 @@ def markdown(result: dict, command: str | None = None) -> str:
         f"- prompts: {result['prompts']} ({result['tokens']} tokens, {result['tokenizer']} tokenizer)",
         f"- quantized Linears: {result['layers']}; cells: {result['cells']} ({result['variants']} variants x {len(result['regimes'])} regimes)",
         f"- prediction matrix sha256: `{card['matrix_sha256']}` ({'pinned' if card['matrix_pinned'] else 'NOT PINNED'}, version {card['matrix_version']})",
+        f"- checkpoint manifest digest: `{result.get('manifest_digest')}` "
+        f"({'its ' + result['manifest'] if result.get('manifest') else 'computed; the checkpoint has no SHA256SUMS'})",
+        f"- requant {result.get('tool_version')}, git commit `{result.get('git_commit') or 'none (not a git checkout)'}`",
         f"- wall time: {result['wall_seconds']} s",
         "",
+    ]
+    conv = result.get("converted")
+    if conv:
+        lines += [f"**Converted checkpoint, arm `{conv['arm']}`**{'' if conv.get('servable', True) else ' (NOT servable: an ablation)'}: "
+                  f"{conv['regimes']}." + ("" if conv.get("scales_all_power_of_two", True)
+                                           else " **Warning: some stored scales are not powers of two, although the provenance names a converted arm.**"), ""]
+    lines += [
         "## Per-layer comparison of the pair",
         "",
         f"**{result['per_layer_summary']['line']}**",
