@@ -82,10 +82,10 @@ def covered_files(root: str | os.PathLike) -> dict[str, Path]:
     out: dict[str, Path] = {}
     for dirpath, dirs, files in os.walk(root):
         d = Path(dirpath)
-        for name in list(dirs):
-            if (d / name).is_symlink():
-                raise ManifestError("a symlinked directory inside a checkpoint is not supported", file=d / name)
         dirs[:] = sorted(x for x in dirs if x not in SKIP_DIRS)
+        for name in dirs:
+            if (d / name).is_symlink():  # os.walk would skip it silently: never leave files out unsaid
+                raise ManifestError("a symlinked directory inside a checkpoint is not supported", file=d / name)
         for fn in files:
             p = d / fn
             rel = p.relative_to(root).as_posix()

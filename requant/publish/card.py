@@ -26,7 +26,8 @@ Body: what was done (requant-convert.json), the audit, determinism, perplexity, 
 and re-check it, every file's sha256, license and provenance. A section without its report
 says "Not measured" and why. The card holds no date or path of this machine, so the same
 inputs render the same bytes. A marker comment records the manifest digest the card was
-rendered for: `requant push` re-renders a requant card whose marker names other bytes.
+rendered for, and the repo id it was rendered for: `requant push` re-renders a requant card
+whose marker names other bytes or another repo (hand edits to a current card are kept).
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from requant.publish.reports import DEFAULT_NAMES, Reports, collect
 LIBRARY_NAME = "transformers"
 PIPELINE_TAG = "text-generation"
 BASE_TAGS = ["int8", "w8a8", "compressed-tensors", "requant"]
-MARKER = re.compile(r"<!-- requant-card v1: manifest (sha256:[0-9a-f]{64})")
+MARKER = re.compile(r"<!-- requant-card v1: manifest (sha256:[0-9a-f]{64}), repo (\S+)\.")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
@@ -83,11 +84,12 @@ class Facts:
 def _front_matter(readme: Path) -> dict:
     if not readme.is_file():
         return {}
+    import yaml
     from huggingface_hub import ModelCard
 
     try:
         return ModelCard.load(readme).data.to_dict()
-    except (ValueError, TypeError, UnicodeDecodeError, OSError) as exc:  # YAML the hub library rejects
+    except (yaml.YAMLError, ValueError, TypeError, UnicodeDecodeError, OSError) as exc:  # YAML the hub library rejects
         print(f"warning: {readme}: front matter unreadable ({type(exc).__name__}); license and base model not taken from it",
               file=sys.stderr)
         return {}
@@ -410,7 +412,8 @@ def render(ckpt_dir: str | Path, *, audit: Path | None = None, eval: Path | None
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(template_path().parent)), undefined=jinja2.StrictUndefined,
                              trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True, autoescape=False)
     text = env.get_template(template_path().name).render(
-        front_matter=data.to_yaml(), manifest_digest=facts.manifest_digest, manifest_name=mf.MANIFEST, title=title,
+        front_matter=data.to_yaml(), manifest_digest=facts.manifest_digest, card_repo=repo_id or "-",
+        manifest_name=mf.MANIFEST, title=title,
         intro=intro, facts=facts_rows, conversion=conversion, conversion_missing=conversion_missing, audit=audit_ctx,
         audit_missing=audit_missing, determinism=det_ctx, determinism_missing=det_missing, eval=eval_ctx,
         eval_missing=eval_missing, target=target, check_commands=check, files=files, license_text=license_text,
@@ -423,10 +426,10 @@ def render(ckpt_dir: str | Path, *, audit: Path | None = None, eval: Path | None
     return RenderedCard(text, metadata, warnings, reports)
 
 
-def card_digest(text: str) -> str | None:
-    """The manifest digest a requant card was rendered for (None: not a requant card)."""
+def card_marker(text: str) -> tuple[str, str | None] | None:
+    """(manifest digest, repo id or None) a requant card was rendered for; None: not a requant card."""
     m = MARKER.search(text)
-    return m.group(1) if m else None
+    return (m.group(1), None if m.group(2) == "-" else m.group(2)) if m else None
 
 
 def write_card(ckpt_dir: str | Path, card: RenderedCard) -> Path:
@@ -437,4 +440,4 @@ def write_card(ckpt_dir: str | Path, card: RenderedCard) -> Path:
         raise PublishError(f"writing the card failed: {exc.strerror or exc}", file=Path(ckpt_dir) / mf.CARD) from None
 
 
-__all__ = ["render", "write_card", "checkpoint_facts", "card_digest", "audit_ok", "DEFAULT_NAMES"]
+__all__ = ["render", "write_card", "checkpoint_facts", "card_marker", "audit_ok", "DEFAULT_NAMES"]

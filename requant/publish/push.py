@@ -15,7 +15,8 @@ What is uploaded, in one commit (HfApi.create_commit; large files go to LFS as u
 every file SHA256SUMS covers, SHA256SUMS, README.md (the card), and the reports beside the
 checkpoint that are tied to these bytes (requant-*.json). The card is rendered when README.md
 is missing, is not a requant card (convert copies the source's README), or is a requant card
-for other bytes; SHA256SUMS is computed when missing. Both are written into CKPT only after
+for other bytes or another repo id (a current card, hand edits included, is uploaded as is);
+SHA256SUMS is computed when missing. Both are written into CKPT only after
 the commit succeeded, so a failed push changes nothing local. Before the commit, each file's
 sha256 as huggingface_hub computed it for the upload is compared with the manifest: a file
 changed while pushing is an error, not a silently different upload.
@@ -37,7 +38,7 @@ from pathlib import Path
 
 from requant import manifest as mf
 from requant.publish import PublishError
-from requant.publish.card import audit_ok, card_digest, checkpoint_facts, render
+from requant.publish.card import audit_ok, card_marker, checkpoint_facts, render
 from requant.publish.reports import DEFAULT_NAMES, collect
 
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
@@ -127,12 +128,14 @@ def plan(ckpt_dir: str | Path, repo_id: str, *, revision: str | None = None, for
         out.write_back[mf.MANIFEST] = data
     readme = ckpt / mf.CARD
     existing = readme.read_text(encoding="utf-8", errors="replace") if readme.is_file() else None
-    if existing is not None and card_digest(existing) == facts.manifest_digest:
+    marker = card_marker(existing) if existing is not None else None
+    if marker == (facts.manifest_digest, repo_id):
         data = readme.read_bytes()
         out.files.append(Upload(mf.CARD, len(data), hashlib.sha256(data).hexdigest(), readme))
     else:
-        why = ("missing" if existing is None else "a requant card for other bytes" if card_digest(existing)
-               else "not a requant card (the source's README?)")
+        why = ("missing" if existing is None else "not a requant card (the source's README?)" if marker is None
+               else "a requant card for other bytes" if marker[0] != facts.manifest_digest
+               else f"a requant card rendered for {marker[1] or 'no repo id'}")
         card = render(ckpt, repo_id=repo_id, facts=facts)
         out.notes += card.warnings
         out.notes.append(f"README.md {why}: the card was rendered now")

@@ -56,7 +56,7 @@ def test_card_with_every_report_round_trips(pow2_copy):
     assert "Not measured" not in text
     # the files and the manifest: SHA256SUMS was written (the card quotes its digest), and listed in the card
     assert mf.verify(ck).ok and mf.verify(ck).digest == digest
-    assert re.search(r"<!-- requant-card v1: manifest (sha256:[0-9a-f]{64})", text).group(1) == digest
+    assert re.search(r"<!-- requant-card v1: manifest (sha256:[0-9a-f]{64}), repo someone/tiny-pow2\.", text).group(1) == digest
     for line in (ck / "SHA256SUMS").read_text().splitlines():
         sha, rel = line.split("  ")
         assert f"| `{rel}` | {(ck / rel).stat().st_size:,} | `{sha}` |" in text

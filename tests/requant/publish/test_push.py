@@ -141,9 +141,9 @@ def test_refusals_without_force(hub, pow2_copy, case, expect):
         assert "deterministic" not in ModelCard(hub.files(REPO)["README.md"].decode()).data.tags  # no claim without evidence
 
 
-def test_unconverted_checkpoint_refused(hub, tmp_path):
-    """The native default with an audit of its own bytes: refused because its scales are not
-    powers of two (the audit's pow2 regime is a conversion that is not in it)."""
+def test_broken_audit_report_is_never_overridden(hub, tmp_path):
+    """An audit report with this checkpoint's digest but none of an audit's keys: an error
+    naming the file and the key, with or without --force."""
     import shutil
 
     ck = tmp_path / "native"
@@ -264,3 +264,22 @@ def test_push_from_a_shell(pow2_copy, tmp_path):
         assert not (tmp_path / "home").joinpath("token").exists()  # nothing stored
     finally:
         hub.stop()
+
+
+def test_card_policy(hub, pow2_copy):
+    """The source's README (copied by convert) is replaced by a card that carries its license; a
+    current card, hand edits included, goes up as is; a card for another repo is re-rendered."""
+    ck = pow2_copy
+    (ck / "README.md").write_text("---\nlicense: mit\n---\n# The source model\n")
+    assert _push(ck).exit_code == 0
+    up = hub.files(REPO)["README.md"]
+    assert ModelCard(up.decode()).data.license == "mit" and b"The source model" not in up
+    assert (ck / "README.md").read_bytes() == up
+    (ck / "README.md").write_bytes(up + b"\nA note by hand.\n")
+    res = _push(ck)
+    assert res.exit_code == 0 and "rendered now" not in res.stderr
+    assert hub.files(REPO)["README.md"].endswith(b"A note by hand.\n")
+    res = _push(ck, repo="requant-test/other")
+    assert res.exit_code == 0 and "rendered for requant-test/tiny-pow2" in res.stderr
+    other = hub.files("requant-test/other")["README.md"]
+    assert b"A note by hand." not in other and b"vllm serve requant-test/other" in other
