@@ -12,8 +12,13 @@ How, and why this way:
   * The work is cut into segments of ~64 MB of consecutive tensors (fixed by the headers),
     run in a bounded thread pool (numpy, hashing and file I/O release the GIL), so the
     cores stay busy even when shards are unevenly sized.
-  * Every source byte is read once and hashed on the way (sha256 per segment, combined
-    into a hash tree per shard), so the provenance digest costs no extra pass.
+  * Provenance anyone can check (requant.manifest): while the segments are converted,
+    background threads compute the plain sha256 of every source file (one sequential pass
+    per file: sha256 cannot be split across parallel segments, and the source's pages are
+    in the page cache anyway); after the shards are written and synced, every output file
+    is hashed once more, read back. A constrained arm writes SHA256SUMS.source (the source's
+    files) and SHA256SUMS (the output's, covering SHA256SUMS.source and config.json), and its
+    statistics as requant-convert.json (deterministic: no times, no output path).
   * Atomic: everything is written into a temporary directory in OUT's own parent
     directory (`.OUT.requant-tmp-*`; OUT's last component is not resolved, so a symlinked
     OUT is replaced as a link, never followed) that is renamed to OUT at the end; on any
@@ -26,9 +31,12 @@ How, and why this way:
     a failed write the output shard and tensor (OutputError); when several pieces of work
     fail, all are reported, in file order.
   * unconstrained reproduces every file byte for byte (config.json and the index are
-    copied, not re-serialised). A constrained arm adds a "requant" key (provenance) to
-    config.json, leaving quantization_config as it was, so compressed-tensors and vLLM
-    load the result unchanged.
+    copied, not re-serialised) and adds nothing: no manifest, no report, so that
+    `requant verify SRC OUT` stays a byte-exact proof of the reader and writer (the output's
+    manifest is the source's; `requant manifest OUT --write` adds one). A constrained arm
+    adds a short "requant" key (provenance) to config.json: arm, servable, tool version,
+    source (Hub id and resolved commit, or path), the manifests' names; quantization_config
+    is left as it was, so compressed-tensors and vLLM load the result unchanged.
   * With `source` (a directory of the original bf16 weights), quantized Linears are made
     from those instead of the int8 ones (requant.arms.quantize_from_source); with the
     unconstrained arm this is llm-compressor's RTN and reproduces an RTN-made SRC.
@@ -37,7 +45,6 @@ How, and why this way:
 from __future__ import annotations
 
 import concurrent.futures as cf
-import hashlib
 import json
 import os
 import shutil
@@ -52,11 +59,13 @@ import numpy as np
 
 import requant
 from requant import arms as arms_mod
+from requant import manifest as mf
 from requant.checkpoint import CONFIG, Checkpoint, open_checkpoint, open_source_weights
 from requant.errors import CheckpointError, OutputError, TensorError
 from requant.safetensors_io import tensor_to_bytes
 
 PROVENANCE_KEY = "requant"
+CONVERT_REPORT = "requant-convert.json"
 # Pieces small enough to stay in the CPU cache between read, hash, requantize and write
 # (measured here: 16 MB pieces made the kernel's copies ~2x slower than 1 MB ones).
 CHUNK = 1 << 20
@@ -72,7 +81,8 @@ class ConvertResult:
     source: str
     layers: dict[str, arms_mod.LinearStats] = field(default_factory=dict)  # in model order
     provenance: dict | None = None
-    source_digest: str = ""
+    source_digest: str = ""  # the manifest digest of the source (sha256 of its SHA256SUMS.source)
+    manifest_digest: str | None = None  # of the output's SHA256SUMS (None: unconstrained writes none)
     elapsed_s: float = 0.0
     bytes_total: int = 0
 
@@ -102,6 +112,7 @@ class ConvertResult:
             "servable": arms_mod.SERVABLE[self.arm],
             "source": self.source,
             "source_digest": self.source_digest,
+            "manifest_digest": self.manifest_digest,
             "output": str(self.output),
             "elapsed_s": round(self.elapsed_s, 3),
             "bytes": self.bytes_total,
@@ -221,9 +232,9 @@ class _Job:
             loc.outbuf = np.empty(max(n_out, 1), dtype=np.int8)
         return loc.inbuf, loc.outbuf
 
-    def linear(self, shard: str, lin: str, fd_in: int, h) -> None:
+    def linear(self, shard: str, lin: str, fd_in: int) -> None:
         """Requantize one Linear, its weight streamed in blocks of rows: each block is
-        read, hashed, requantized and written while it is still in the CPU cache."""
+        read, requantized and written while it is still in the CPU cache."""
         ckpt = self.ckpt
         wname, sname = lin + ".weight", lin + ".weight_scale"
         f = ckpt.shards[shard]
@@ -242,7 +253,6 @@ class _Job:
                 n = min(step, rows - r0)
                 view = memoryview(inbuf)[: n * cols]
                 _pread_exact(fd_in, view, start + r0 * cols, f.path, wname)
-                h.update(view)
                 if self.source is None:
                     qb = np.frombuffer(view, dtype=np.int8).reshape(n, cols)
                     qb_new = rq.rows(qb, r0, outbuf[: n * cols].reshape(n, cols))
@@ -270,14 +280,12 @@ class _Job:
         with self.lock:
             self.stats[lin] = st
 
-    def segment(self, name: str, infos: list) -> bytes:
-        """Convert one segment of a shard (consecutive tensors in file order); returns the
-        sha256 of its source bytes.
+    def segment(self, name: str, infos: list) -> None:
+        """Convert one segment of a shard (consecutive tensors in file order).
 
-        Tensors are handled in cache-sized pieces read into reused buffers (pread), hashed,
-        and either written straight back (pass-through) or requantized."""
+        Tensors are handled in cache-sized pieces read into reused buffers (pread), and
+        either written straight back (pass-through) or requantized."""
         f = self.ckpt.shards[name]
-        h = hashlib.sha256()
         try:
             fd_in = os.open(f.path, os.O_RDONLY)
         except OSError as exc:
@@ -287,7 +295,7 @@ class _Job:
                 if self.abort.is_set():
                     raise _Aborted()
                 if info.name in self.weight_to_linear:
-                    self.linear(name, self.weight_to_linear[info.name], fd_in, h)
+                    self.linear(name, self.weight_to_linear[info.name], fd_in)
                     continue
                 start = f.data_start + info.begin
                 inbuf, _ = self._buffers(CHUNK, 0)
@@ -295,14 +303,12 @@ class _Job:
                     n = min(CHUNK, info.nbytes - pos)
                     view = memoryview(inbuf)[:n]
                     _pread_exact(fd_in, view, start + pos, f.path, info.name)
-                    h.update(view)
                     if info.name not in self.scales:  # scales are written with their weight
                         self.write(name, view, start + pos, info.name)
                     view.release()
                     self.progress(n)
                     if self.abort.is_set():
                         raise _Aborted()
-            return h.digest()
         except BaseException:
             self.abort.set()  # at once: units not yet started stop instead of failing too
             raise
@@ -313,7 +319,7 @@ class _Job:
 def segments(f) -> list[list]:
     """Split a shard's tensors (in file order) into segments of about SEGMENT bytes, the
     units of parallel work. The split depends only on the header, never on the number of
-    workers, so the digest built from segment hashes is the same however the work runs."""
+    workers."""
     out, cur, size = [], [], 0
     for info in f.by_offset:
         cur.append(info)
@@ -324,15 +330,6 @@ def segments(f) -> list[list]:
     if cur or not out:
         out.append(cur)
     return out
-
-
-def shard_digest(prefix: bytes, segment_digests: list[bytes]) -> str:
-    """sha256 over sha256(header bytes) followed by the sha256 of every segment, in order:
-    a hash tree over every byte of the shard, computed while the segments are converted."""
-    h = hashlib.sha256(hashlib.sha256(prefix).digest())
-    for d in segment_digests:
-        h.update(d)
-    return h.hexdigest()
 
 
 def _pread_exact(fd: int, view: memoryview, offset: int, path, tensor: str) -> None:
@@ -351,11 +348,9 @@ class _Aborted(Exception):
     pass
 
 
-def _copy_other_files(ckpt: Checkpoint, tmp: Path, out: Path) -> dict[str, str]:
-    """Copy every file that is not a shard (config and index included) byte for byte.
-    Returns {relative path: sha256} for config.json and the index (for the digest)."""
+def _copy_other_files(ckpt: Checkpoint, tmp: Path, out: Path) -> None:
+    """Copy every file that is not a shard (config and index included) byte for byte."""
     skip = set(ckpt.shards)
-    digests = {}
     for root, dirs, files in os.walk(ckpt.path, followlinks=False):
         dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS)
         rel_root = Path(root).relative_to(ckpt.path)
@@ -369,17 +364,6 @@ def _copy_other_files(ckpt: Checkpoint, tmp: Path, out: Path) -> dict[str, str]:
                 shutil.copyfile(Path(root) / fn, dst)  # follows symlinks (Hub snapshots)
             except OSError as exc:
                 raise OutputError(f"copying {Path(root) / fn} failed: {_os_reason(exc)}", file=out / rel) from exc
-            if rel.parts == (fn,) and (fn == CONFIG or (ckpt.index_file is not None and fn == ckpt.index_file.name)):
-                digests[fn] = hashlib.sha256((Path(root) / fn).read_bytes()).hexdigest()
-    return digests
-
-
-def source_digest(file_digests: dict[str, str]) -> str:
-    """sha256 over `sha256sum`-style lines ("<hex>  <file>\\n", sorted by file): config.json
-    and the index by their sha256, every shard by its hash tree (shard_digest). One number
-    for the source checkpoint, covering every byte of it."""
-    lines = "".join(f"{d}  {n}\n" for n, d in sorted(file_digests.items()))
-    return "sha256:" + hashlib.sha256(lines.encode()).hexdigest()
 
 
 def _write_config(ckpt: Checkpoint, tmp: Path, provenance: dict) -> None:
@@ -394,27 +378,43 @@ def _write_config(ckpt: Checkpoint, tmp: Path, provenance: dict) -> None:
     (tmp / CONFIG).write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
-def provenance_for(arm: str, src_label: str, digest: str, ckpt: Checkpoint, source_dir: str | None) -> dict:
+def provenance_for(arm: str, src_label: str, ckpt: Checkpoint, source_dir: str | None) -> dict:
+    """config.json's "requant" key: short; the evidence lives in the manifests it names."""
+    if ckpt.from_hub:  # a Hub id that snapshot_download resolved: the snapshot's folder is the commit
+        commit = ckpt.path.name
+        source = {"id": src_label, "revision": commit if len(commit) == 40 and all(c in "0123456789abcdef" for c in commit) else None}
+    else:
+        source = {"path": src_label}
     prov = {
         "arm": arm,
         "servable": arms_mod.SERVABLE[arm],
-        "scales": "power of two" if arm != "unconstrained" else "unchanged",
-        "weights": "requantized" if arm not in ("probe", "unconstrained") else "unchanged",
-        "tool": "requant",
         "version": requant.__version__,
-        "source": {"checkpoint": src_label, "digest": digest},
+        "source": source,
+        "manifest": mf.MANIFEST,
+        "source_manifest": mf.SOURCE_MANIFEST,
     }
-    if ckpt.from_hub:  # a Hub id that snapshot_download resolved: record the snapshot
-        prov["source"]["resolved"] = str(ckpt.path)
-    prior = ckpt.config.get(PROVENANCE_KEY)
-    if prior is not None:
-        prov["source"]["requant"] = prior
     if source_dir is not None:
-        prov["source"]["bf16_weights"] = source_dir
+        prov["bf16_source"] = source_dir
     if arm == "probe":
         prov["warning"] = ("ABLATION ONLY, NOT SERVABLE: scales rewritten to the nearest power of two "
                            "without requantizing the int8 weights (the flawed +157% perplexity construction)")
     return prov
+
+
+def _write_evidence(tmp: Path, out: Path, source_entries: dict, result: "ConvertResult") -> str:
+    """SHA256SUMS.source, then SHA256SUMS of everything in tmp (read back), then the
+    statistics (requant-convert.json, not covered). Returns the output's manifest digest."""
+    try:
+        mf.write_atomic(tmp / mf.SOURCE_MANIFEST, mf.render(source_entries))
+        entries = mf.compute(tmp)
+        data = mf.render(entries)
+        mf.write_atomic(tmp / mf.MANIFEST, data)
+        result.manifest_digest = mf.digest_of(data)
+        report = {k: v for k, v in result.to_dict().items() if k not in ("output", "elapsed_s")}  # deterministic
+        (tmp / CONVERT_REPORT).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    except OSError as exc:
+        raise OutputError(f"writing the manifests failed: {_os_reason(exc)}", file=out) from exc
+    return result.manifest_digest
 
 
 def _output_path(output: str | os.PathLike) -> Path:
@@ -455,10 +455,10 @@ def _combined_error(errors: list[BaseException]) -> BaseException:
     return exc
 
 
-def _run_units(job: _Job, units: list, workers: int) -> list[bytes]:
-    """Run every unit (shard name, index, tensors) in a thread pool; return the segment
-    digests in unit order. On a failure the others are told to stop, every worker is
-    waited for, and the failures are raised in unit order (a deterministic message)."""
+def _run_units(job: _Job, units: list, workers: int) -> None:
+    """Run every unit (shard name, index, tensors) in a thread pool. On a failure the others
+    are told to stop, every worker is waited for, and the failures are raised in unit order
+    (a deterministic message)."""
     pool = cf.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="requant-convert")
     # Write-back starts as units finish (one thread, fdatasync of that unit's shard), so the
     # final fsync does not wait for the whole output at once. Its errors are left to the
@@ -490,7 +490,6 @@ def _run_units(job: _Job, units: list, workers: int) -> list[bytes]:
         errors = [f.exception() for f in futures if not f.cancelled() and f.exception() is not None]
         errors = [e for e in errors if not isinstance(e, _Aborted)] or errors
         raise _combined_error(errors)
-    return [f.result() for f in futures]
 
 
 def convert(src: str | os.PathLike, output: str | os.PathLike, arm: str = "nearest", *, force: bool = False,
@@ -525,31 +524,34 @@ def convert(src: str | os.PathLike, output: str | os.PathLike, arm: str = "neare
         on_start(total)
     job = _Job(ckpt, tmp, out, arm, src_weights, progress)
     old = None
+    source_hashes = None
     try:
-        file_digests = _copy_other_files(ckpt, tmp, out)
+        source_hashes = mf.BackgroundHashes(ckpt.path)  # plain sha256 of every source file, beside the conversion
+        _copy_other_files(ckpt, tmp, out)
         job.create_outputs()
         units = [(name, i, seg) for name, f in ckpt.shards.items() for i, seg in enumerate(segments(f))]
         workers = max(1, min(jobs or os.cpu_count() or 1, len(units), 8))
         for f in ckpt.shards.values():
             job.progress(len(f.prefix))
-        digests = _run_units(job, units, workers)  # returns only once every worker has stopped
-        seg_digests: dict[str, list] = {name: [] for name in ckpt.shards}
-        for (name, _, _), d in zip(units, digests):
-            seg_digests[name].append(d)
-        for name, f in ckpt.shards.items():
-            file_digests[name] = shard_digest(f.prefix, seg_digests[name])
+        _run_units(job, units, workers)  # returns only once every worker has stopped
         job.check_sizes()
         job.sync()
         job.close()
-        digest = source_digest(file_digests)
+        source_entries = source_hashes.result()
+        digest = mf.digest_of(mf.render(source_entries))
         prov = None
+        order = {lin: i for i, lin in enumerate(ckpt.quantized_linears)}
+        result = ConvertResult(output=out, arm=arm, source=str(src), source_digest=digest,
+                               layers=dict(sorted(job.stats.items(), key=lambda kv: order[kv[0]])), bytes_total=total)
         if arm != "unconstrained" or src_weights is not None:
-            prov = provenance_for(arm, str(src), digest, ckpt, None if source is None else str(source))
+            prov = provenance_for(arm, str(src), ckpt, None if source is None else str(source))
+            result.provenance = prov
             if arm != "unconstrained":
                 try:
                     _write_config(ckpt, tmp, prov)
                 except OSError as exc:
                     raise OutputError(f"writing config.json failed: {_os_reason(exc)}", file=out / CONFIG) from exc
+                _write_evidence(tmp, out, source_entries, result)
         try:
             _fsync_tree(tmp, skip=set(ckpt.shards))
         except OSError as exc:
@@ -568,6 +570,8 @@ def convert(src: str | os.PathLike, output: str | os.PathLike, arm: str = "neare
         except OSError as exc:
             raise OutputError(f"renaming the finished output into place failed: {_os_reason(exc)}", file=out) from exc
     except BaseException:
+        if source_hashes is not None:
+            source_hashes.cancel()
         job.close()  # safe: no worker is running any more (_run_units waited for them)
         shutil.rmtree(tmp, ignore_errors=True)
         if old is not None and not (final.exists() or final.is_symlink()):
@@ -589,7 +593,5 @@ def convert(src: str | os.PathLike, output: str | os.PathLike, arm: str = "neare
             _fsync_path(d)  # the renames (and any directories made for OUT) are durable
     except OSError as exc:
         raise OutputError(f"output written, but syncing its directory failed: {_os_reason(exc)}", file=out) from exc
-    order = {lin: i for i, lin in enumerate(ckpt.quantized_linears)}
-    layers = dict(sorted(job.stats.items(), key=lambda kv: order[kv[0]]))
-    return ConvertResult(output=out, arm=arm, source=str(src), layers=layers, provenance=prov, source_digest=digest,
-                         elapsed_s=time.perf_counter() - t0, bytes_total=total)
+    result.elapsed_s = time.perf_counter() - t0
+    return result

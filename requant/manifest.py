@@ -41,6 +41,7 @@ import hashlib
 import os
 import re
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -98,8 +99,9 @@ def covered_files(root: str | os.PathLike) -> dict[str, Path]:
     return dict(sorted(out.items(), key=lambda kv: kv[0].encode("utf-8")))
 
 
-def file_sha256(path: str | os.PathLike, progress: Callable[[int], None] | None = None) -> tuple[str, int]:
-    """(sha256 hex, size) of one file, read once in 8 MB pieces."""
+def file_sha256(path: str | os.PathLike, progress: Callable[[int], None] | None = None,
+                stop: threading.Event | None = None) -> tuple[str, int]:
+    """(sha256 hex, size) of one file, read once in 8 MB pieces (ManifestError when `stop` is set meanwhile)."""
     h = hashlib.sha256()
     buf = bytearray(READ_BYTES)
     view = memoryview(buf)
@@ -112,6 +114,8 @@ def file_sha256(path: str | os.PathLike, progress: Callable[[int], None] | None 
                     break
                 h.update(view[:n])
                 size += n
+                if stop is not None and stop.is_set():
+                    raise ManifestError("hashing stopped", file=path)
                 if progress is not None:
                     progress(n)
     except OSError as exc:
@@ -136,6 +140,30 @@ def compute(root: str | os.PathLike, *, jobs: int | None = None,
             progress: Callable[[int], None] | None = None) -> dict[str, Entry]:
     """The manifest entries of a directory as it is now: {path: Entry}, sorted by path."""
     return _hash_all(covered_files(root), jobs, progress)
+
+
+class BackgroundHashes:
+    """The manifest entries of a directory, hashed in background threads from construction on
+    (one sequential pass per file, several files at once), so that a caller can do other work
+    on the same files meanwhile (`requant convert` hashes its source while converting it)."""
+
+    def __init__(self, root: str | os.PathLike, jobs: int | None = None):
+        files = covered_files(root)
+        workers = max(1, min(jobs or min(4, os.cpu_count() or 1), len(files) or 1))
+        self._stop = threading.Event()
+        self._pool = cf.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="requant-sha256")
+        self._futures = {rel: self._pool.submit(file_sha256, p, None, self._stop) for rel, p in files.items()}
+
+    def result(self) -> dict[str, Entry]:
+        try:
+            return {rel: Entry(rel, *fut.result()) for rel, fut in self._futures.items()}
+        finally:
+            self._pool.shutdown(wait=True)
+
+    def cancel(self) -> None:
+        """Stop within one 8 MB read: files not started are skipped, the ones being hashed abandoned."""
+        self._stop.set()
+        self._pool.shutdown(wait=True, cancel_futures=True)
 
 
 def render(entries) -> bytes:

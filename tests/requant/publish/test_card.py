@@ -54,8 +54,10 @@ def test_card_with_every_report_round_trips(pow2_copy):
     assert "99.6% of the probe arm's damage" in text
     assert "**pow2: 8/8 identical; native: 5/8 identical**" in text and "| native | 5/8 | 3, 17, 40 |" in text
     assert "Not measured" not in text
-    # the files and the manifest: SHA256SUMS was written (the card quotes its digest), and listed in the card
+    # the files and the manifest (written by convert), listed in the card with the conversion's statistics
     assert mf.verify(ck).ok and mf.verify(ck).digest == digest
+    stats = json.loads((ck / "requant-convert.json").read_text())["totals"]
+    assert f"| scales changed | {stats['scales_changed']:,} of {stats['channels']:,} |" in text
     assert re.search(r"<!-- requant-card v1: manifest (sha256:[0-9a-f]{64}), repo someone/tiny-pow2\.", text).group(1) == digest
     for line in (ck / "SHA256SUMS").read_text().splitlines():
         sha, rel = line.split("  ")
@@ -85,15 +87,19 @@ def test_missing_reports_are_named_not_measured(pow2_copy):
 def test_license_file_travels(pow2_copy):
     ck = pow2_copy
     (ck / "LICENSE").write_text(APACHE + "\nTERMS AND CONDITIONS FOR USE ...\n")
+    res, _ = _card(ck)  # LICENSE is not in SHA256SUMS: refused, naming it
+    assert res.exit_code == 1 and "LICENSE not listed" in res.stderr
+    mf.write(ck)  # what `requant manifest CKPT --write` does
     res, _ = _card(ck)
     assert res.exit_code == 0 and ModelCard.load(ck / "README.md").data.license == "apache-2.0"
     assert "no license found" not in res.stderr
     (ck / "LICENSE").write_text("The Qwen Research License\n...")
     (ck / "README.md").unlink()
-    res, _ = _card(ck)  # the first card wrote SHA256SUMS, which LICENSE no longer matches
-    assert res.exit_code == 1 and "LICENSE differs" in res.stderr and not (ck / "README.md").exists()
-    (ck / "SHA256SUMS").unlink()
     res, _ = _card(ck)
+    assert res.exit_code == 1 and "LICENSE differs" in res.stderr and not (ck / "README.md").exists()
+    (ck / "SHA256SUMS").unlink()  # no manifest: the card computes one and writes it
+    res, _ = _card(ck)
+    assert res.exit_code == 0 and mf.verify(ck).ok
     data = ModelCard.load(ck / "README.md").data.to_dict()
     assert (data["license"], data["license_name"], data["license_link"]) == ("other", "license-file", "LICENSE")
 
@@ -103,6 +109,7 @@ def test_base_model_from_the_provenance(pow2_copy):
     cfg = json.loads((ck / "config.json").read_text())
     cfg["requant"]["source"] = {"id": "org/Qwen3-1.7B-W8A8", "revision": "0123456789abcdef0123456789abcdef01234567"}
     (ck / "config.json").write_text(json.dumps(cfg, indent=2))
+    mf.write(ck)
     res, text = _card(ck)
     assert res.exit_code == 0, res.output
     data = ModelCard.load(ck / "README.md").data.to_dict()
@@ -118,8 +125,7 @@ def test_source_and_untied_reports(pow2_copy):
     """An eval of the source checkpoint (digest of SHA256SUMS.source) is quoted as such; a
     report with no digest is quoted and marked as not tied to these bytes."""
     ck = pow2_copy
-    (ck / mf.SOURCE_MANIFEST).write_bytes(b"a" * 64 + b"  config.json\n")
-    source_digest = mf.digest_of((ck / mf.SOURCE_MANIFEST).read_bytes())
+    source_digest = mf.digest_of((ck / mf.SOURCE_MANIFEST).read_bytes())  # written by convert
     write(ck / "requant-eval.json", eval_report(source_digest))
     write(ck / "requant-determinism.json", determinism_report(None))
     res, text = _card(ck)

@@ -52,10 +52,12 @@ def test_push_uploads_exactly_these_bytes(hub, pow2_copy):
     assert res.stdout.strip() == f"{hub.url}/{REPO}/commit/{commit}"
     got = hub.files(REPO)
     local = tree_bytes(pow2_copy)
-    # every local file went up byte for byte; the card and the manifest were written locally only now
-    assert set(local) - set(before) == {"README.md", "SHA256SUMS"}
+    # every local file went up byte for byte; the card was written locally only now
+    assert set(local) - set(before) == {"README.md"}
+    assert {"SHA256SUMS", "SHA256SUMS.source", "requant-convert.json", "requant-audit.json"} <= set(got)
     assert {k: v for k, v in got.items() if k != ".gitattributes"} == local
-    assert mf.parse(got["SHA256SUMS"]) == {rel: hashlib.sha256(local[rel]).hexdigest() for rel in ("config.json", "model.safetensors")}
+    assert mf.parse(got["SHA256SUMS"]) == {rel: hashlib.sha256(local[rel]).hexdigest()
+                                           for rel in ("SHA256SUMS.source", "config.json", "model.safetensors")}
     card = ModelCard(got["README.md"].decode())
     assert card.data.to_dict() == {"license": "other", "license_name": "unknown", "library_name": "transformers",
                                    "pipeline_tag": "text-generation",
@@ -73,6 +75,7 @@ def test_close_the_loop(hub, pow2_copy, tmp_path):
     manifest included: open_checkpoint keeps them; .gitattributes is the Hub's own)."""
     (pow2_copy / "LICENSE").write_text("Apache License\nVersion 2.0\n")
     (pow2_copy / "generation_config.json").write_text('{"do_sample": false}\n')
+    mf.write(pow2_copy)
     assert _push(pow2_copy, "--force").exit_code == 0  # --force: LICENSE is new, so the audit is of other bytes
     pushed = {k: v for k, v in hub.files(REPO).items() if k != ".gitattributes"}
     assert {"LICENSE", "README.md", "SHA256SUMS", "generation_config.json"} <= set(pushed)
@@ -93,8 +96,7 @@ def test_dry_run_contacts_nothing_and_writes_nothing(hub, pow2_copy):
     assert hub.requests == [] and tree_bytes(pow2_copy) == before
     for rel, data in before.items():
         assert rel in res.stdout and f"{len(data):,}" in res.stdout and hashlib.sha256(data).hexdigest() in res.stdout
-    for generated in ("README.md", "SHA256SUMS"):
-        assert generated in res.stdout
+    assert "README.md" in res.stdout and "card rendered now" in res.stdout
     assert "nothing was contacted" in res.stdout
 
 
@@ -164,7 +166,10 @@ def test_non_pow2_scales_refused(hub, pow2_copy):
     name = next(k for k in t if k.endswith("weight_scale"))
     t[name] = t[name] * 1.5
     save_file(t, str(ck / "model.safetensors"), metadata={"format": "pt"})
-    _tamper_audit(ck, manifest_digest=mf.identity(ck)["manifest_digest"])  # isolate the scale rule
+    res = _push(ck)
+    assert res.exit_code == 1 and "model.safetensors differs" in res.stderr  # first, the manifest
+    _, digest = mf.write(ck)
+    _tamper_audit(ck, manifest_digest=digest)  # isolate the scale rule
     res = _push(ck)
     assert res.exit_code == 1 and "weight scales are powers of two" in res.stderr and hub.requests == []
 
@@ -181,7 +186,6 @@ def test_probe_is_never_pushed(hub, tmp_path):
 
 
 def test_manifest_mismatch_refused(hub, pow2_copy):
-    mf.write(pow2_copy)
     (pow2_copy / "config.json").write_bytes((pow2_copy / "config.json").read_bytes() + b" ")
     res = _push(pow2_copy, "--force")
     assert res.exit_code == 1 and "config.json differs" in res.stderr and hub.requests == []
@@ -283,3 +287,14 @@ def test_card_policy(hub, pow2_copy):
     assert res.exit_code == 0 and "rendered for requant-test/tiny-pow2" in res.stderr
     other = hub.files("requant-test/other")["README.md"]
     assert b"A note by hand." not in other and b"vllm serve requant-test/other" in other
+
+
+def test_missing_manifest_is_computed_and_written_after_the_push(hub, pow2_copy):
+    """Without SHA256SUMS the digest is the same (it is defined by the files), so the audit still
+    matches; the manifest goes up and is written locally only after the commit. Reference: the
+    SHA256SUMS that convert wrote."""
+    written = (pow2_copy / "SHA256SUMS").read_bytes()
+    (pow2_copy / "SHA256SUMS").unlink()
+    res = _push(pow2_copy)
+    assert res.exit_code == 0, res.output
+    assert hub.files(REPO)["SHA256SUMS"] == written == (pow2_copy / "SHA256SUMS").read_bytes()
