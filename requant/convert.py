@@ -401,12 +401,13 @@ def provenance_for(arm: str, src_label: str, ckpt: Checkpoint, source_dir: str |
     return prov
 
 
-def _write_evidence(tmp: Path, out: Path, source_entries: dict, result: "ConvertResult") -> str:
-    """SHA256SUMS.source, then SHA256SUMS of everything in tmp (read back), then the
-    statistics (requant-convert.json, not covered). Returns the output's manifest digest."""
+def _write_evidence(tmp: Path, out: Path, source_entries: dict, shard_entries: dict, result: "ConvertResult") -> str:
+    """SHA256SUMS.source, then SHA256SUMS of everything in tmp (the shards hashed already,
+    read back while they were being synced; the rest now), then the statistics
+    (requant-convert.json, not covered). Returns the output's manifest digest."""
     try:
         mf.write_atomic(tmp / mf.SOURCE_MANIFEST, mf.render(source_entries))
-        entries = mf.compute(tmp)
+        entries = mf.compute(tmp, known=shard_entries)
         data = mf.render(entries)
         mf.write_atomic(tmp / mf.MANIFEST, data)
         result.manifest_digest = mf.digest_of(data)
@@ -524,7 +525,7 @@ def convert(src: str | os.PathLike, output: str | os.PathLike, arm: str = "neare
         on_start(total)
     job = _Job(ckpt, tmp, out, arm, src_weights, progress)
     old = None
-    source_hashes = None
+    source_hashes = out_hashes = None
     try:
         source_hashes = mf.BackgroundHashes(ckpt.path)  # plain sha256 of every source file, beside the conversion
         _copy_other_files(ckpt, tmp, out)
@@ -535,6 +536,8 @@ def convert(src: str | os.PathLike, output: str | os.PathLike, arm: str = "neare
             job.progress(len(f.prefix))
         _run_units(job, units, workers)  # returns only once every worker has stopped
         job.check_sizes()
+        if arm != "unconstrained":  # read the finished shards back while fsync waits for the disk
+            out_hashes = mf.BackgroundHashes(tmp, only=set(ckpt.shards))
         job.sync()
         job.close()
         source_entries = source_hashes.result()
@@ -551,7 +554,7 @@ def convert(src: str | os.PathLike, output: str | os.PathLike, arm: str = "neare
                     _write_config(ckpt, tmp, prov)
                 except OSError as exc:
                     raise OutputError(f"writing config.json failed: {_os_reason(exc)}", file=out / CONFIG) from exc
-                _write_evidence(tmp, out, source_entries, result)
+                _write_evidence(tmp, out, source_entries, out_hashes.result(), result)
         try:
             _fsync_tree(tmp, skip=set(ckpt.shards))
         except OSError as exc:
@@ -570,8 +573,9 @@ def convert(src: str | os.PathLike, output: str | os.PathLike, arm: str = "neare
         except OSError as exc:
             raise OutputError(f"renaming the finished output into place failed: {_os_reason(exc)}", file=out) from exc
     except BaseException:
-        if source_hashes is not None:
-            source_hashes.cancel()
+        for hashes in (source_hashes, out_hashes):
+            if hashes is not None:
+                hashes.cancel()
         job.close()  # safe: no worker is running any more (_run_units waited for them)
         shutil.rmtree(tmp, ignore_errors=True)
         if old is not None and not (final.exists() or final.is_symlink()):

@@ -136,10 +136,14 @@ def _hash_all(files: dict[str, Path], jobs: int | None, progress) -> dict[str, E
     return {rel: Entry(rel, h, n) for rel, (h, n) in hashed.items()}
 
 
-def compute(root: str | os.PathLike, *, jobs: int | None = None,
-            progress: Callable[[int], None] | None = None) -> dict[str, Entry]:
-    """The manifest entries of a directory as it is now: {path: Entry}, sorted by path."""
-    return _hash_all(covered_files(root), jobs, progress)
+def compute(root: str | os.PathLike, *, jobs: int | None = None, progress: Callable[[int], None] | None = None,
+            known: dict[str, Entry] | None = None) -> dict[str, Entry]:
+    """The manifest entries of a directory as it is now: {path: Entry}, sorted by path.
+    `known` entries (hashed already, e.g. by BackgroundHashes) are taken as they are."""
+    known = known or {}
+    files = covered_files(root)
+    hashed = _hash_all({rel: p for rel, p in files.items() if rel not in known}, jobs, progress)
+    return {rel: known[rel] if rel in known else hashed[rel] for rel in files}
 
 
 class BackgroundHashes:
@@ -147,8 +151,8 @@ class BackgroundHashes:
     (one sequential pass per file, several files at once), so that a caller can do other work
     on the same files meanwhile (`requant convert` hashes its source while converting it)."""
 
-    def __init__(self, root: str | os.PathLike, jobs: int | None = None):
-        files = covered_files(root)
+    def __init__(self, root: str | os.PathLike, jobs: int | None = None, only: set[str] | None = None):
+        files = {rel: p for rel, p in covered_files(root).items() if only is None or rel in only}
         workers = max(1, min(jobs or min(4, os.cpu_count() or 1), len(files) or 1))
         self._stop = threading.Event()
         self._pool = cf.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="requant-sha256")
