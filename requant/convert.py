@@ -15,10 +15,14 @@ How, and why this way:
   * Provenance anyone can check (requant.manifest): while the segments are converted,
     background threads compute the plain sha256 of every source file (one sequential pass
     per file: sha256 cannot be split across parallel segments, and the source's pages are
-    in the page cache anyway); after the shards are written and synced, every output file
-    is hashed once more, read back. A constrained arm writes SHA256SUMS.source (the source's
-    files) and SHA256SUMS (the output's, covering SHA256SUMS.source and config.json), and its
-    statistics as requant-convert.json (deterministic: no times, no output path).
+    in the page cache anyway); once the shards are written, they are read back and hashed
+    while fsync waits for the disk, and the small files after them. A constrained arm writes
+    SHA256SUMS.source (the source's files) and SHA256SUMS (the output's, covering
+    SHA256SUMS.source and config.json), and its statistics as requant-convert.json
+    (deterministic: no times, no output path). Files a source converted earlier carries
+    (its manifests, its card, its reports) are copied like any other file; the manifests
+    and the statistics are then replaced, and a report of the source's bytes no longer
+    matches the output's digest (requant card sets it aside, saying so).
   * Atomic: everything is written into a temporary directory in OUT's own parent
     directory (`.OUT.requant-tmp-*`; OUT's last component is not resolved, so a symlinked
     OUT is replaced as a link, never followed) that is renamed to OUT at the end; on any

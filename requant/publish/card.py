@@ -42,7 +42,7 @@ import torch
 
 from requant import manifest as mf
 from requant.publish import PublishError
-from requant.publish.reports import DEFAULT_NAMES, Reports, collect
+from requant.publish.reports import Reports, collect
 
 LIBRARY_NAME = "transformers"
 PIPELINE_TAG = "text-generation"
@@ -440,4 +440,4 @@ def write_card(ckpt_dir: str | Path, card: RenderedCard) -> Path:
         raise PublishError(f"writing the card failed: {exc.strerror or exc}", file=Path(ckpt_dir) / mf.CARD) from None
 
 
-__all__ = ["render", "write_card", "checkpoint_facts", "card_marker", "audit_ok", "DEFAULT_NAMES"]
+__all__ = ["render", "write_card", "checkpoint_facts", "card_marker", "audit_ok"]
