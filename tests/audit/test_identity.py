@@ -29,8 +29,11 @@ runner = CliRunner()
 
 
 def _digest_by_hand(root) -> str:
-    files = sorted(p for p in root.iterdir() if p.is_file() and p.name not in ("SHA256SUMS", "README.md") and not p.name.startswith("requant-"))
-    lines = "".join(f"{hashlib.sha256(p.read_bytes()).hexdigest()}  {p.name}\n" for p in files)
+    """sha256 of the sha256sum lines of every file but the evidence (top-level SHA256SUMS,
+    README.md, .gitattributes, requant-*.json), sorted by relative path."""
+    rels = sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
+    rels = [r for r in rels if r not in ("SHA256SUMS", "README.md", ".gitattributes") and not (r.startswith("requant-") and "/" not in r)]
+    lines = "".join(f"{hashlib.sha256((root / r).read_bytes()).hexdigest()}  {r}\n" for r in sorted(rels, key=str.encode))
     return "sha256:" + hashlib.sha256(lines.encode()).hexdigest()
 
 
