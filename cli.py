@@ -1,8 +1,9 @@
 """The one `requant` command line.
 
 Each sub-command lives next to the code it drives (requant/commands.py for the
-checkpoint tools, audit/command.py for the audit, requant/publish/commands.py for
-manifest, card and push); this file only assembles them
+checkpoint tools, audit/command.py for the audit, requant/eval/command.py for the evaluation,
+requant/determinism_command.py for determinism, requant/publish/commands.py for manifest,
+card and push); this file only assembles them
 into a single typer app so that `requant --help` lists everything.
 """
 
@@ -10,6 +11,8 @@ import typer
 
 from requant.audit.command import audit
 from requant.commands import convert, inspect, verify
+from requant.determinism_command import determinism
+from requant.eval.command import eval_command
 from requant.publish.commands import card, manifest, push
 
 app = typer.Typer(
@@ -23,6 +26,8 @@ app.command("convert")(convert)
 app.command("inspect")(inspect)
 app.command("verify")(verify)
 app.command("audit")(audit)
+app.command("determinism")(determinism)
+app.command("eval")(eval_command)
 app.command("manifest")(manifest)
 app.command("card")(card)
 app.command("push")(push)

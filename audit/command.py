@@ -188,6 +188,10 @@ def audit(
         src = DEFAULT_CHECKPOINT if ckpt is None else ckpt
         checkpoint = open_checkpoint(src, revision=revision)
         check_layout(checkpoint)
+        from requant.tokenizer import load_tokenizer  # a tokenizer that cannot encode the prompts: a usage error, before the run
+
+        tok = load_tokenizer(checkpoint.path, int(checkpoint.config["vocab_size"]))
+        [tok.encode(t) for t in prompt_list(prompts)]
         identity = _identity(checkpoint)  # before the long run: a SHA256SUMS that does not match fails here
     except (CheckpointError, AuditUsageError, ValueError) as exc:
         console.print(f"[bold red]error:[/bold red] {exc}")

@@ -13,6 +13,7 @@ from requant.audit.checks import CHECK_TITLES, LAYER_CHECK_IDS
 from requant.audit.faults import FAMILY_TITLES, VARIANTS
 from requant.audit.matrix import PINNED_SHA256, REGIMES
 from requant.audit.scoring import HIST_BINS, bin_label
+from requant.tokenizer import summary as tokenizer_summary
 
 
 def matrix_warning(result: dict) -> str | None:
@@ -21,6 +22,18 @@ def matrix_warning(result: dict) -> str | None:
         return None
     return (f"WARNING: the prediction matrix digest {card['matrix_sha256']} is NOT the pinned {PINNED_SHA256}; "
             "this run was scored against an unpinned matrix.")
+
+
+def scope_note(result: dict) -> str:
+    """What the scorecard is evidence of, and what it is not (said in every report)."""
+    pair = " and ".join(f"`{b}`" for b in result["backends"])
+    return ("**What the scorecard proves.** The faults are injected into emulations of the W8A8 pipeline (the exact "
+            "reference with one step changed), not into CUTLASS or Triton; the real pair (" + pair + ") is compared per "
+            "layer and end to end. C1 to C4 cannot fire on a real kernel run: C1 and C2 hash the very operands the suite "
+            "hands to both sides, C3 reads a declared accumulator descriptor, and C4 needs an accumulator the kernel "
+            "exposes (the real backends expose none). So 0 false positives and 0 false negatives mean that the checks "
+            "behave as the prediction matrix says on the emulated faults; they are not a claim about CUTLASS or Triton "
+            "themselves.")
 
 
 def write_json(result: dict, path: Path) -> Path:
@@ -47,7 +60,7 @@ def markdown(result: dict, command: str | None = None) -> str:
     lines += [
         f"- checkpoint: `{result['checkpoint']}`",
         f"- backends: `{result['backends'][0]}` vs `{result['backends'][1]}` on `{result['device']}`",
-        f"- prompts: {result['prompts']} ({result['tokens']} tokens, {result['tokenizer']} tokenizer)",
+        f"- prompts: {result['prompts']} ({result['tokens']} tokens); tokenizer: {tokenizer_summary(result['tokenizer'])}",
         f"- quantized Linears: {result['layers']}; cells: {result['cells']} ({result['variants']} variants x {len(result['regimes'])} regimes)",
         f"- prediction matrix sha256: `{card['matrix_sha256']}` ({'pinned' if card['matrix_pinned'] else 'NOT PINNED'}, version {card['matrix_version']})",
         f"- checkpoint manifest digest: `{result.get('manifest_digest')}` "
@@ -80,7 +93,7 @@ def markdown(result: dict, command: str | None = None) -> str:
     lines += ["", "## Scorecard against the prediction matrix", "",
               f"- false positives: **{card['false_positives']}**",
               f"- false negatives: **{card['false_negatives']}**",
-              f"- applicability mismatches: {card['applicability_mismatches']}", ""]
+              f"- applicability mismatches: {card['applicability_mismatches']}", "", scope_note(result), ""]
     if card["contradictions"]:
         lines += ["Contradictions:", ""]
         lines += _table(["kind", "check", "variant", "regime", "expected", "got", "cells", "example layers"],

@@ -19,15 +19,16 @@ from collections.abc import Callable
 import torch
 
 from requant import kernels
-from requant.audit.capture import Capture, prompts, run_prompts, tokenizer_for
+from requant.audit.capture import Capture, prompts, run_prompts
 from requant.audit.checks import c7_token_risk, run_checks, token_risk
 from requant.audit.compare import compare_layer, summarize_layers
 from requant.audit.faults import VARIANTS, LayerCase, inject, reference_case
 from requant.audit.matrix import REGIMES, Matrix, baseline_variant, load_matrix
 from requant.audit.records import BACKEND_KERNELS, REFERENCE_KERNEL, Activations, KernelDesc, Run, Weights, output_distance, output_equal
-from requant.audit.runtime import Qwen3W8A8, load_dense, load_linears
 from requant.audit.scoring import CellResult, Scorer, ulp_histogram
 from requant.qwen3 import Qwen3Arch
+from requant.runtime import Model, load_dense, load_linears
+from requant.tokenizer import load_tokenizer
 
 CELLS_PER_LAYER = len(VARIANTS) * len(REGIMES)
 REFERENCE_PAIR = ("reference-cutlass-order", "reference-triton-order")
@@ -157,9 +158,9 @@ def run_audit(ckpt, backends: tuple[str, str], n_prompts: int, device: str, adva
     scorer = Scorer(matrix)
     config = ckpt.config
     shape = Qwen3Arch.from_config(config)
-    encode, tok_kind = tokenizer_for(getattr(ckpt, "path", None), shape.vocab)
+    tok = load_tokenizer(getattr(ckpt, "path", None), shape.vocab)
     texts = prompts(n_prompts)
-    token_lists = [encode(t) for t in texts]
+    token_lists = [tok.encode(t) for t in texts]
     say = on_phase or (lambda msg: None)
     say(f"loading dense tensors to {device}")
     dense = load_dense(ckpt, device)
@@ -170,11 +171,11 @@ def run_audit(ckpt, backends: tuple[str, str], n_prompts: int, device: str, adva
         t_r = time.perf_counter()
         say(f"{regime}: loading quantized Linears")
         linears = load_linears(ckpt, regime, device)
-        model = Qwen3W8A8(config, dense, linears)
+        model = Model(config, dense, linears, regime=regime, path=getattr(ckpt, "path", None), tokenizer=tok)
         say(f"{regime}: prefill of {len(token_lists)} prompts with {backends[0]} (capture) and {backends[1]}")
         cap = Capture()
-        logits_a = run_prompts(model, token_lists, backends[0], cap, device)
-        logits_b = run_prompts(model, token_lists, backends[1], None, device)
+        logits_a = run_prompts(model, token_lists, backends[0], cap)
+        logits_b = run_prompts(model, token_lists, backends[1], None)
         risk = token_risk(logits_a, logits_b)
         # C7 decides from the same logits (it recomputes token_risk: [tokens, vocab], cheap).
         outcome = c7_token_risk(Run(None, None, None, None, backend_kernel(backends[0]), logits=logits_a),
@@ -211,7 +212,7 @@ def run_audit(ckpt, backends: tuple[str, str], n_prompts: int, device: str, adva
         "device": str(device),
         "prompts": len(texts),
         "tokens": sum(len(t) for t in token_lists),
-        "tokenizer": tok_kind,
+        "tokenizer": tok.describe(),
         "layers": layers,
         "cells": scorer.cells,
         "variants": len(VARIANTS),

@@ -6,6 +6,9 @@
 #
 #     OUT=/some/dir bash benchmarks/gpu_audit.sh
 #
+# The device machine gets the working tree without .git: pass the commit along, e.g.
+#     REQUANT_COMMIT=$(bash benchmarks/commit_id.sh) OUT=/some/dir bash benchmarks/gpu_audit.sh
+# (env.txt records it; benchmarks/commit_id.sh says how).
 # Writes into $OUT: env.txt, timings.txt, and per checkpoint audit_<name>.json,
 # audit_<name>/ (JSON, Markdown, PNG plots) and audit_<name>.log. Expected total time:
 # CUTLASS JIT build (a few minutes on a cold cache; $REQUANT_CUTLASS_CACHE, default
@@ -41,7 +44,7 @@ step() {  # step NAME CMD... : run, log wall time and exit status
     date -u
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
     python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
-    git rev-parse HEAD 2>/dev/null || true
+    echo "commit $(bash benchmarks/commit_id.sh)"   # git, else $REQUANT_COMMIT, else unknown
 } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 

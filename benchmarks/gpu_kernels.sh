@@ -3,7 +3,8 @@
 #   bash benchmarks/gpu_kernels.sh [pytest-args...]
 # Installs the nvidia-cutlass wheel from .whl/ (filled by ../shared/tools/gpu-wheels.sh),
 # builds the CUTLASS extension once, runs the GPU tests, the benchmark, then the Triton
-# tests of the CPU suite with real GPU compilation. Everything
+# tests of the CPU suite with real GPU compilation. The machine gets no .git: set
+# REQUANT_COMMIT=$(bash benchmarks/commit_id.sh) when launching (env.txt records it). Everything
 # lands in $OUT: env.txt, build.log, gpu_tests.log, bench.log, kernels_bench.{json,md}.
 set -uo pipefail
 OUT=${OUT:-/tmp/requant_gpu_out}
@@ -14,7 +15,8 @@ export PYTHONPATH=/tmp/site:$PWD:${PYTHONPATH:-}
 export REQUANT_CUTLASS_CACHE=${REQUANT_CUTLASS_CACHE:-/tmp/requant_cutlass} MAX_JOBS=${MAX_JOBS:-16}
 { date -u; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.draw,temperature.gpu --format=csv
   python3 -c "import torch,triton;print('torch',torch.__version__,'cuda',torch.version.cuda,'triton',triton.__version__)"
-  nvcc --version | tail -2; } > "$OUT/env.txt" 2>&1
+  nvcc --version | tail -2
+  echo "commit $(bash benchmarks/commit_id.sh)"; } > "$OUT/env.txt" 2>&1   # git, else $REQUANT_COMMIT, else unknown
 # A killed build leaves torch's FileBaton lock behind; every later build would wait on it
 # forever. Nothing else builds into this cache on the device machine, so remove it.
 rm -f "$REQUANT_CUTLASS_CACHE/lock"

@@ -40,6 +40,9 @@ CONFIG = "config.json"
 SINGLE = "model.safetensors"
 INDEX = "model.safetensors.index.json"
 SCALE_DTYPES = ("BF16", "F16", "F32")
+# Directories that are never part of a checkpoint (git metadata, huggingface_hub's local
+# download cache): not copied by convert, not compared by verify.
+SKIP_DIRS = frozenset({".cache", ".git"})
 # Per-module tensors that mean a scheme requant does not handle.
 FORBIDDEN_SUFFIXES = {
     ".weight_zero_point": "a weight zero point (asymmetric weights)",
@@ -175,6 +178,49 @@ def _safe_shard_name(index: Path, name) -> str:
     return name
 
 
+def read_weight_files(path: Path, what: str = "") -> tuple[dict[str, SafetensorsFile], dict[str, str], Path | None]:
+    """(shards, weight_map, index path or None) of a directory of weights: the one
+    parser of `model.safetensors` / `model.safetensors.index.json`, for checkpoints and
+    for --source directories alike (`what` prefixes its messages, e.g. "source weights: ").
+
+    Checked: exactly one of the two layouts; the index is a JSON object with a non-empty
+    weight_map of plain shard file names (no path traversal); every shard it names exists
+    and has a valid header; the index and the shards agree tensor for tensor (each tensor
+    in the shard the index names, and no shard holding a tensor the index places elsewhere)."""
+    index_path = path / INDEX
+    single_path = path / SINGLE
+    weight_map: dict[str, str] = {}
+    shards: dict[str, SafetensorsFile] = {}
+    if index_path.exists():
+        if single_path.exists():
+            raise LayoutError(f"{what}both {SINGLE} and {INDEX} present: ambiguous weights", file=path)
+        index = _load_json(index_path, "the shard index")
+        wm = index.get("weight_map") if isinstance(index, dict) else None
+        if not isinstance(wm, dict) or not wm:
+            raise LayoutError(f"{what}index has no weight_map object", file=index_path)
+        for tname, shard in wm.items():
+            weight_map[tname] = _safe_shard_name(index_path, shard)
+        for shard in sorted(set(weight_map.values())):
+            sp = path / shard
+            if not sp.is_file():
+                first = next(t for t, s in weight_map.items() if s == shard)
+                raise LayoutError(f"{what}index names shard {shard!r}, which does not exist", file=index_path, tensor=first)
+            shards[shard] = read_header(sp)
+        for tname, shard in weight_map.items():
+            if tname not in shards[shard].tensors:
+                raise LayoutError(f"{what}index places the tensor in {shard!r}, which does not hold it", file=index_path, tensor=tname)
+        for shard, f in shards.items():
+            for tname in f.tensors:
+                if weight_map.get(tname) != shard:
+                    where = f"in {weight_map[tname]!r}" if tname in weight_map else "nowhere"
+                    raise LayoutError(f"{what}tensor stored in this shard but the index places it {where}", file=f.path, tensor=tname)
+        return shards, weight_map, index_path
+    if single_path.exists():
+        f = read_header(single_path)
+        return {SINGLE: f}, {t: SINGLE for t in f.tensors}, None
+    raise LayoutError(f"{what or 'no weights: '}neither {SINGLE} nor {INDEX}", file=path)
+
+
 def open_checkpoint(src: str | os.PathLike, *, revision: str | None = None) -> Checkpoint:
     """Resolve, validate (config, every shard header, tensor layout, scale values) and
     return a Checkpoint. Raises CheckpointError (naming file and tensor) on any fault."""
@@ -185,41 +231,7 @@ def open_checkpoint(src: str | os.PathLike, *, revision: str | None = None) -> C
         raise LayoutError("config.json is not a JSON object", file=config_path)
     scheme = scheme_mod.validate(config, file=str(config_path))
 
-    index_path = path / INDEX
-    single_path = path / SINGLE
-    weight_map: dict[str, str] = {}
-    shards: dict[str, SafetensorsFile] = {}
-    if index_path.exists():
-        if single_path.exists():
-            raise LayoutError(f"both {SINGLE} and {INDEX} present: ambiguous weights", file=path)
-        index = _load_json(index_path, "the shard index")
-        wm = index.get("weight_map") if isinstance(index, dict) else None
-        if not isinstance(wm, dict) or not wm:
-            raise LayoutError("index has no weight_map object", file=index_path)
-        for tname, shard in wm.items():
-            weight_map[tname] = _safe_shard_name(index_path, shard)
-        for shard in sorted(set(weight_map.values())):
-            sp = path / shard
-            if not sp.is_file():
-                first = next(t for t, s in weight_map.items() if s == shard)
-                raise LayoutError(f"index names shard {shard!r}, which does not exist", file=index_path, tensor=first)
-            shards[shard] = read_header(sp)
-        for tname, shard in weight_map.items():
-            if tname not in shards[shard].tensors:
-                raise LayoutError(f"index places the tensor in {shard!r}, which does not hold it", file=index_path, tensor=tname)
-        for shard, f in shards.items():
-            for tname in f.tensors:
-                if weight_map.get(tname) != shard:
-                    where = f"in {weight_map[tname]!r}" if tname in weight_map else "nowhere"
-                    raise LayoutError(f"tensor stored in this shard but the index places it {where}", file=f.path, tensor=tname)
-    elif single_path.exists():
-        f = read_header(single_path)
-        shards[SINGLE] = f
-        weight_map = {t: SINGLE for t in f.tensors}
-        index_path = None
-    else:
-        raise LayoutError(f"no weights: neither {SINGLE} nor {INDEX}", file=path)
-
+    shards, weight_map, index_path = read_weight_files(path)
     ckpt = Checkpoint(path, config, scheme, shards, weight_map, index_path, [])
     ckpt.from_hub = from_hub
     ckpt.quantized_linears = _find_linears(ckpt)
@@ -284,52 +296,3 @@ def check_scale_values(file, name: str, scale: torch.Tensor) -> None:
 
 
 __all__ = ["Checkpoint", "open_checkpoint", "CheckpointError", "SafetensorsFormatError", "model_order_key", "is_ignored", "check_scale_values"]
-
-
-class SourceWeights:
-    """The original float weights of a checkpoint's quantized Linears (for --source)."""
-
-    def __init__(self, path: Path, shards: dict[str, SafetensorsFile], weight_map: dict[str, str]):
-        self.path, self.shards, self.weight_map = path, shards, weight_map
-
-    def tensor(self, name: str) -> torch.Tensor:
-        return self.shards[self.weight_map[name]].tensor(name)
-
-
-def open_source_weights(src: str | os.PathLike, ckpt: Checkpoint) -> SourceWeights:
-    """Open a directory of original (bf16/fp16/fp32) weights and check that it holds a
-    float `X.weight` of the right shape for every quantized Linear X of ckpt."""
-    path = Path(src)
-    if not path.is_dir():
-        raise LayoutError("source weights: not a directory", file=path)
-    index_path, single_path = path / INDEX, path / SINGLE
-    shards: dict[str, SafetensorsFile] = {}
-    weight_map: dict[str, str] = {}
-    if index_path.exists():
-        index = _load_json(index_path, "the shard index")
-        wm = index.get("weight_map") if isinstance(index, dict) else None
-        if not isinstance(wm, dict):
-            raise LayoutError("index has no weight_map object", file=index_path)
-        for tname, shard in wm.items():
-            weight_map[tname] = _safe_shard_name(index_path, shard)
-        for shard in sorted(set(weight_map.values())):
-            if not (path / shard).is_file():
-                raise LayoutError(f"index names shard {shard!r}, which does not exist", file=index_path)
-            shards[shard] = read_header(path / shard)
-    elif single_path.exists():
-        shards[SINGLE] = read_header(single_path)
-        weight_map = {t: SINGLE for t in shards[SINGLE].tensors}
-    else:
-        raise LayoutError(f"source weights: neither {SINGLE} nor {INDEX}", file=path)
-    for lin in ckpt.quantized_linears:
-        wname = lin + ".weight"
-        if wname not in weight_map:
-            raise TensorError("source weights lack this Linear's weight", file=path, tensor=wname)
-        f = shards[weight_map[wname]]
-        info = f.info(wname)
-        want = ckpt.info(wname).shape
-        if info.dtype not in ("BF16", "F16", "F32"):
-            raise TensorError(f"source weight stored as {info.dtype}, expected a float dtype", file=f.path, tensor=wname)
-        if info.shape != want:
-            raise TensorError(f"source weight shape {list(info.shape)} does not match the checkpoint's {list(want)}", file=f.path, tensor=wname)
-    return SourceWeights(path, shards, weight_map)

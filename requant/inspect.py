@@ -18,7 +18,7 @@ from requant.kernels.bf16 import is_power_of_two
 from requant.arms import ceil_exponent
 from requant.checkpoint import Checkpoint, open_checkpoint
 from requant.convert import PROVENANCE_KEY
-from requant.errors import CheckpointError
+from requant.safetensors_io import pread_exact
 
 CONFIG_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
                "head_dim", "vocab_size", "tie_word_embeddings", "torch_dtype")
@@ -34,12 +34,7 @@ def _int8_range(ckpt: Checkpoint, name: str, buf: bytearray) -> tuple[int, int, 
         for pos in range(0, info.nbytes, len(buf)):
             n = min(len(buf), info.nbytes - pos)
             view = memoryview(buf)[:n]
-            got = 0
-            while got < n:
-                k = os.preadv(fd, [view[got:]], f.data_start + info.begin + pos + got)
-                if k == 0:
-                    raise CheckpointError("file ended while reading", file=f.path, tensor=name)
-                got += k
+            pread_exact(fd, view, f.data_start + info.begin + pos, file=f.path, tensor=name)
             a = np.frombuffer(view, dtype=np.int8)
             lo, hi = min(lo, int(a.min())), max(hi, int(a.max()))
             n128 += int(np.count_nonzero(a == -128))

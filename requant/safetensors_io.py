@@ -116,27 +116,40 @@ class SafetensorsFile:
         buf = bytearray(info.nbytes)
         if info.nbytes:
             try:
-                self._pread_into(info, memoryview(buf))
+                fd = os.open(self.path, os.O_RDONLY)
             except OSError as exc:
-                raise TensorError(f"reading failed: {exc.strerror or exc}", file=self.path, tensor=name) from exc
+                raise TensorError(f"opening failed: {os_reason(exc)}", file=self.path, tensor=name) from exc
+            try:
+                pread_exact(fd, memoryview(buf), self.data_start + info.begin, file=self.path, tensor=name)
+            finally:
+                os.close(fd)
         return buf
-
-    def _pread_into(self, info: TensorInfo, view: memoryview) -> None:
-        fd = os.open(self.path, os.O_RDONLY)
-        try:
-            got = 0
-            while got < len(view):
-                n = os.preadv(fd, [view[got:]], self.data_start + info.begin + got)
-                if n == 0:
-                    raise SafetensorsFormatError("file ended while reading (truncated since it was opened?)", file=self.path, tensor=info.name)
-                got += n
-        finally:
-            os.close(fd)
 
     def tensor(self, name: str) -> torch.Tensor:
         """One tensor, read from disk into its own memory (not a view of the file)."""
         info = self.info(name)
         return bytes_to_tensor(self.read_bytes(name), info)
+
+
+def os_reason(exc: OSError) -> str:
+    """The operating system's words for a failed call ("No space left on device")."""
+    return exc.strerror or str(exc) or type(exc).__name__
+
+
+def pread_exact(fd: int, view: memoryview, offset: int, *, file, tensor: str | None) -> None:
+    """Fill `view` with the bytes of fd at `offset`: requant's one preadv loop (a short read
+    goes on where it stopped). An OSError, or the file ending before the view is full (it
+    was truncated or rewritten after its header was validated), is a TensorError naming
+    the file and the tensor."""
+    got = 0
+    while got < len(view):
+        try:
+            n = os.preadv(fd, [view[got:]], offset + got)
+        except OSError as exc:
+            raise TensorError(f"reading failed: {os_reason(exc)}", file=file, tensor=tensor) from exc
+        if n == 0:
+            raise TensorError("file ended while reading (truncated or changed since it was validated?)", file=file, tensor=tensor)
+        got += n
 
 
 def bytes_to_tensor(buf: bytearray | bytes, info: TensorInfo) -> torch.Tensor:

@@ -6,8 +6,9 @@ weights that contain -128, bf16 per-channel scales [out, 1], `__metadata__`
 {"format": "pt"}, the safetensors library's layout (it writes the files), shards with a
 transformers-style index, and a real compressed-tensors quantization_config.
 
-The arithmetic (`rtn_quantize`) is llm-compressor's minmax observer + compressed-tensors'
-quantize for symmetric int8 per-channel weights, in the weight's own dtype (bf16):
+The arithmetic (`rtn_quantize`, defined in requant.from_source and re-exported here) is
+llm-compressor's minmax observer + compressed-tensors' quantize for symmetric int8
+per-channel weights, in the weight's own dtype (bf16):
     absmax = max(|min(w, 0)|, |max(w, 0)|) per output channel  (= max |w|, exact in bf16)
     scale  = bf16(absmax / 127.5)
     q      = int8(round_half_even(clamp(bf16(w / scale), -128, 127)))
@@ -36,6 +37,7 @@ from pathlib import Path
 
 import torch
 
+from requant.from_source import rtn_quantize  # noqa: F401 (re-exported: requant.synthetic.rtn_quantize)
 from requant.qwen3 import Qwen3Arch
 from requant.scheme import quantization_config
 
@@ -58,27 +60,6 @@ PRESETS: dict[str, Preset] = {
     "qwen3-8b": Preset(4096, 12288, 36, 32, 8, 128, 151936, False, 40960, 151643, 151645),
     "qwen3-14b": Preset(5120, 17408, 40, 40, 8, 128, 151936, False, 40960, 151643, 151645),
 }
-
-
-def rtn_quantize(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """llm-compressor's RTN for symmetric int8 per-channel weights.
-
-    Assumptions: w is a 2-D float tensor [out, in] in the checkpoint dtype (bf16); every
-    row has a non-zero element. All arithmetic happens in w's dtype, as in
-    compressed-tensors (each op rounds to that dtype).
-    Returns (q int8 [out, in], scale [out, 1] in w's dtype).
-    """
-    if w.dim() != 2 or not w.is_floating_point():
-        raise ValueError(f"expected a 2-D float weight, got {w.dtype} {tuple(w.shape)}")
-    zero = torch.zeros((), dtype=w.dtype)
-    min_val = torch.minimum(w.amin(dim=1, keepdim=True), zero)
-    max_val = torch.maximum(w.amax(dim=1, keepdim=True), zero)
-    absmax = torch.maximum(min_val.abs(), max_val.abs())
-    scale = absmax / 127.5
-    if bool((scale == 0).any()):
-        raise ValueError("a row of zeros has no RTN scale")
-    q = torch.round(torch.clamp(w / scale, -128, 127)).to(torch.int8)
-    return q, scale
 
 
 def plan(p: Preset) -> list[tuple[str, str, tuple[int, ...]]]:

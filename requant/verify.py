@@ -18,10 +18,9 @@ from pathlib import Path
 
 import torch
 
+from requant.checkpoint import SKIP_DIRS
 from requant.errors import CheckpointError, LayoutError
 from requant.safetensors_io import SafetensorsFile, read_header
-
-SKIP_DIRS = {".cache", ".git"}
 
 
 def _files(root: Path) -> dict[str, Path]:

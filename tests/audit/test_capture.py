@@ -1,49 +1,30 @@
-"""audit/capture.py: prompts and tokenization (reference: Python's str.encode('utf-8'))."""
-
-import builtins
+"""audit/capture.py: the prompts it re-exports and the capture hook.
+References: the literal prompt tuple of requant/prompts.py; concatenation by hand."""
 
 import pytest
+import torch
 
-from requant.audit.capture import CALIBRATION_PROMPTS, prompts, tokenizer_for
-
-
-def test_byte_level_is_utf8_clipped_to_vocab():
-    enc, kind = tokenizer_for(None, 512)
-    assert kind == "byte-level"
-    for p in CALIBRATION_PROMPTS:
-        assert enc(p) == list(p.encode("utf-8"))
-    small, _ = tokenizer_for(None, 100)
-    assert small("é") == [99, 99]
-
-
-def test_tokenizer_json_without_the_library_falls_back(tmp_path, monkeypatch):
-    (tmp_path / "tokenizer.json").write_text("{}")
-    real_import = builtins.__import__
-
-    def no_tokenizers(name, *args, **kwargs):
-        if name == "tokenizers":
-            raise ImportError("no tokenizers")
-        return real_import(name, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "__import__", no_tokenizers)
-    enc, kind = tokenizer_for(tmp_path, 512)
-    assert kind == "byte-level" and enc("A") == [65]
+from requant.audit.capture import CALIBRATION_PROMPTS, Capture, prompts
+from requant.prompts import CALIBRATION_PROMPTS as SHARED
 
 
 def test_prompts_are_a_prefix_of_the_fixed_set():
+    assert CALIBRATION_PROMPTS is SHARED
     assert prompts(3) == list(CALIBRATION_PROMPTS[:3])
     assert len(set(CALIBRATION_PROMPTS)) == len(CALIBRATION_PROMPTS) == 16
+    assert prompts(len(CALIBRATION_PROMPTS)) == list(CALIBRATION_PROMPTS)
+    for bad in (0, len(CALIBRATION_PROMPTS) + 1):
+        with pytest.raises(ValueError, match="--prompts"):
+            prompts(bad)
 
 
-def test_tokenizer_json_is_used_when_the_library_is_present(tmp_path):
-    # Reference: the `tokenizers` library's own encode() of a tokenizer.json written here
-    # (a word-level vocabulary, so the expected ids are known in advance).
-    tokenizers = pytest.importorskip("tokenizers")
-    vocab = {"[UNK]": 0, "the": 1, "cat": 2, "sat": 3, "mat": 4}
-    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="[UNK]"))
-    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
-    tok.save(str(tmp_path / "tokenizer.json"))
-    encode, kind = tokenizer_for(tmp_path, vocab=512)
-    assert kind == "tokenizer.json"
-    assert encode("the cat sat on the mat") == [1, 2, 3, 0, 1, 4]
-    assert encode("the cat sat on the mat") == tok.encode("the cat sat on the mat").ids
+def test_capture_concatenates_parts_per_shared_input():
+    cap = Capture()
+    a1, a2 = torch.ones(2, 3, dtype=torch.int8), torch.full((1, 3), -2, dtype=torch.int8)
+    s1, s2 = torch.full((2, 1), 0.5), torch.full((1, 1), 0.25)
+    cap.record(("q", "k"), a1, s1)
+    cap.record(("q", "k"), a2, s2)
+    ops = cap.operands()
+    assert ops["q"] is ops["k"]
+    assert ops["q"].a.tolist() == [[1, 1, 1], [1, 1, 1], [-2, -2, -2]]
+    assert ops["q"].s_a.reshape(-1).tolist() == [0.5, 0.5, 0.25]

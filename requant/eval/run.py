@@ -1,0 +1,351 @@
+"""Evaluate a checkpoint's scale arms through lm-eval and compare them (what `requant eval` runs).
+
+For each arm the model is a real checkpoint directory: `native` is CKPT as it is; every
+other arm is written by the converter (`requant.convert.convert(CKPT, tmp/ARM, ARM)`, the
+same bytes `requant convert --arm ARM` writes) into a private temporary directory that is
+removed as soon as that arm is scored (one converted copy on disk at a time); `bf16`
+(with a source) is the unquantized original with dense Linears. Each is scored by
+`lm_eval.simple_evaluate(model="requant", ..., log_samples=True)` on the same tasks, and
+the per-document samples of every perplexity task (loglikelihood_rolling: word and byte
+counts) go to the paired bootstrap (requant.eval.bootstrap) against native. Other lm-eval
+tasks pass through: their aggregate metrics are recorded per arm, without intervals.
+
+Everything that can be refused is checked before any model is loaded: arm names, the
+backend, CKPT (opened and validated by requant.checkpoint), the source directory (a bf16
+Qwen3: config.json without quantization_config, Qwen3 fields, bf16 Linear weights, the
+same vocabulary and tokenizer as CKPT) and the task names. Refusals are EvalUsageError
+(or CheckpointError), one line each.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import shutil
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from requant.eval.bootstrap import Docs, paired_bootstrap
+from requant.eval.task import HELDOUT_TASK
+
+NATIVE, BF16 = "native", "bf16"
+PPL_KEYS = ("word_perplexity", "byte_perplexity")
+
+
+class EvalUsageError(Exception):
+    """A request `requant eval` refuses, reported as one line."""
+
+
+def known_arms() -> list[str]:
+    from requant.arms import ARMS
+
+    return [NATIVE] + [a for a in ARMS]
+
+
+def parse_arms(text: str) -> list[str]:
+    arms = [a.strip() for a in text.split(",") if a.strip()]
+    if not arms:
+        raise EvalUsageError("--arms is empty")
+    for a in arms:
+        if a not in known_arms():
+            raise EvalUsageError(f"unknown arm {a!r}; known: {', '.join(known_arms())}")
+    if len(set(arms)) != len(arms):
+        raise EvalUsageError(f"--arms names an arm twice: {text}")
+    if NATIVE not in arms:
+        arms = [NATIVE] + arms  # every delta is against native
+    return arms
+
+
+def check_backend(name: str, act_name: str = "reference") -> None:
+    from requant import kernels
+
+    if name not in kernels.scaled_mm_backends():
+        raise EvalUsageError(f"unknown backend {name!r}; known: {', '.join(kernels.scaled_mm_backends())}")
+    # the kernels registry has no public list of activation quantizers (yet): its table
+    acts = kernels.quantize_backends() if hasattr(kernels, "quantize_backends") else list(kernels._QUANTIZE)
+    if act_name not in acts:
+        raise EvalUsageError(f"unknown act backend {act_name!r}; known: {', '.join(acts)}")
+
+
+def _bf16_tensors(path: Path) -> dict[str, str]:
+    """{tensor name: safetensors dtype} of a plain checkpoint directory (headers only)."""
+    from requant.safetensors_io import read_header
+
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            raise EvalUsageError(f"{index}: not a shard index with a weight_map") from None
+    elif (path / "model.safetensors").is_file():
+        files = ["model.safetensors"]
+    else:
+        raise EvalUsageError(f"--source {path}: no model.safetensors or model.safetensors.index.json")
+    out = {}
+    for f in files:
+        if "/" in f or not f.endswith(".safetensors") or not (path / f).is_file():
+            raise EvalUsageError(f"--source {path}: shard {f!r} is missing or not a plain file name")
+        for name, info in read_header(path / f).tensors.items():
+            out[name] = info.dtype
+    return out
+
+
+def check_source(source: Path, ckpt_config: dict) -> None:
+    """Refuse a --source that is not a bf16 Qwen3 with CKPT's vocabulary."""
+    from requant.qwen3 import Qwen3Arch
+
+    source = Path(source)
+    cfg_path = source / "config.json"
+    if not source.is_dir():
+        raise EvalUsageError(f"--source {source}: not a directory")
+    if not cfg_path.is_file():
+        raise EvalUsageError(f"--source {source}: no config.json")
+    try:
+        cfg = json.loads(cfg_path.read_text())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise EvalUsageError(f"{cfg_path}: not valid JSON: {exc}") from None
+    if not isinstance(cfg, dict):
+        raise EvalUsageError(f"{cfg_path}: not a JSON object")
+    if "quantization_config" in cfg:
+        raise EvalUsageError(f"{cfg_path}: has a quantization_config; --source is the unquantized bf16 original")
+    if cfg.get("model_type") not in (None, "qwen3"):
+        raise EvalUsageError(f"{cfg_path}: model_type {cfg.get('model_type')!r} is not qwen3")
+    try:
+        arch = Qwen3Arch.from_config(cfg)
+    except ValueError as exc:
+        raise EvalUsageError(f"{cfg_path}: {exc}") from None
+    if int(cfg["vocab_size"]) != int(ckpt_config.get("vocab_size", -1)):
+        raise EvalUsageError(f"{cfg_path}: vocab_size {cfg['vocab_size']} differs from the checkpoint's {ckpt_config.get('vocab_size')}")
+    tensors = _bf16_tensors(source)
+    for name in arch.linear_shapes():
+        dt = tensors.get(name + ".weight")
+        if dt is None:
+            raise EvalUsageError(f"--source {source}: no tensor {name + '.weight'!r}")
+        if dt != "BF16":
+            raise EvalUsageError(f"--source {source}: tensor {name + '.weight'!r} is {dt}, not BF16")
+
+
+def tokenizer_files(path: Path) -> dict[str, bytes]:
+    return {n: (Path(path) / n).read_bytes() for n in ("tokenizer.json",) if (Path(path) / n).is_file()}
+
+
+@contextmanager
+def quiet_lm_eval():
+    """lm-eval logs at INFO/WARNING (e.g. a note on every custom_dataset task); the command
+    shows its own progress and messages. Errors still get through."""
+    logger = logging.getLogger("lm_eval")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def load_tasks(tasks: list[str]):
+    """A TaskManager for these names; unknown names and tasks lm-eval cannot load are refused."""
+    from requant.eval.task import task_manager
+
+    tm = task_manager(tasks)
+    unknown = [t for t in tasks if t not in tm.all_tasks]
+    if unknown:
+        raise EvalUsageError(f"unknown task {unknown[0]!r} (neither {HELDOUT_TASK} nor an lm-eval task)")
+    try:
+        with quiet_lm_eval():
+            tm.load(list(tasks))  # downloads / caches a Hub dataset now, before any model is loaded
+    except Exception as exc:  # lm-eval and datasets raise many types; all mean "cannot load it"
+        raise EvalUsageError(f"task {','.join(tasks)} could not be loaded: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from None
+    return tm
+
+
+def _samples_docs(samples: list[dict]) -> Docs | None:
+    """Per-document (ll, words, bytes) of a perplexity task's logged samples, by doc_id."""
+    if not samples or not all(k in samples[0] for k in PPL_KEYS):
+        return None
+    rows = sorted(samples, key=lambda s: s["doc_id"])
+    ids = np.array([int(s["doc_id"]) for s in rows], dtype=np.int64)
+    ll = np.array([float(s["word_perplexity"][0]) for s in rows], dtype=np.float64)
+    if not np.array_equal(ll, np.array([float(s["byte_perplexity"][0]) for s in rows])):
+        raise RuntimeError("word and byte perplexity samples disagree on a log-likelihood")
+    return Docs(ll=ll, doc_ids=ids, words=np.array([int(s["word_perplexity"][1]) for s in rows], dtype=np.int64),
+                nbytes=np.array([int(s["byte_perplexity"][1]) for s in rows], dtype=np.int64))
+
+
+def _lm_eval_values(row: dict, metrics: dict, task: str, arm: str) -> None:
+    """Report lm-eval's own aggregates, after checking that the samples the bootstrap used
+    reproduce them (the same sums in another order: 1e-9 relative is rounding only)."""
+    for key in ("word_perplexity", "byte_perplexity", "bits_per_byte"):
+        theirs = next((v for k, v in metrics.items() if k.split(",")[0] == key and isinstance(v, (int, float))), None)
+        if theirs is None:
+            continue
+        if not math.isclose(theirs, row[key], rel_tol=1e-9):
+            raise RuntimeError(f"{task}/{arm}: lm-eval's {key} {theirs!r} disagrees with its own samples ({row[key]!r})")
+        row[key] = float(theirs)
+
+
+def evaluate_row(path: str, tm, tasks: list[str], *, backend: str, act_backend: str, device: str, limit: int | None,
+                 batch_size: int, max_length: int | None, progress: Callable[[int, int], None] | None,
+                 passthrough_bootstrap: int) -> dict:
+    """One simple_evaluate run: per task, aggregate metrics and (perplexity tasks) per-document samples."""
+    import lm_eval
+
+    import requant.eval.lm  # noqa: F401  (registers the "requant" model)
+
+    model_args = {"pretrained": path, "backend": backend, "act_backend": act_backend, "device": device,
+                  "batch_size": batch_size, "progress": progress}
+    if max_length is not None:
+        model_args["max_length"] = max_length
+    ours = all(t == HELDOUT_TASK for t in tasks)
+    with quiet_lm_eval():
+        res = lm_eval.simple_evaluate(model="requant", model_args=model_args, tasks=list(tasks), task_manager=tm,
+                                      limit=limit, log_samples=True, bootstrap_iters=0 if ours else passthrough_bootstrap)
+    out = {"config": res["config"].get("requant", {}), "tasks": {}}
+    for t in tasks:
+        metrics = {k: v for k, v in res["results"].get(t, {}).items() if k not in ("name", "alias")}
+        out["tasks"][t] = {"metrics": metrics, "docs": _samples_docs(res["samples"].get(t, []))}
+    return out
+
+
+def run_eval(ckpt: str | None, arms: list[str], *, source: str | None = None, tasks: list[str] = (HELDOUT_TASK,),
+             backend: str | None = None, act_backend: str = "reference", device: str | None = None,
+             limit: int | None = None, replicates: int = 2000, seed: int = 0, batch_size: int = 4,
+             max_length: int | None = None, progress_for: Callable[[str], Callable[[int, int], None]] | None = None,
+             on_phase: Callable[[str], None] | None = None, passthrough_bootstrap: int = 100000,
+             threads: int | None = None) -> dict:
+    """Validate, evaluate every arm (and bf16), bootstrap; return the result dict (see the command)."""
+    import importlib.metadata
+
+    import requant
+    from requant import DEFAULT_CHECKPOINT
+    from requant.checkpoint import open_checkpoint
+    from requant.convert import convert
+    from requant.eval.lm import default_backend, default_device
+
+    say = on_phase or (lambda msg: None)
+    arms = list(arms)
+    for a in arms:
+        if a not in known_arms():
+            raise EvalUsageError(f"unknown arm {a!r}; known: {', '.join(known_arms())}")
+    if NATIVE not in arms:
+        arms = [NATIVE] + arms
+    tasks = list(tasks)
+    if not tasks:
+        raise EvalUsageError("--tasks is empty")
+    if limit is not None and limit < 1:
+        raise EvalUsageError("--limit must be at least 1")
+    if replicates < 1:
+        raise EvalUsageError("--bootstrap must be at least 1")
+    if batch_size < 1:
+        raise EvalUsageError("--batch-size must be at least 1")
+    dev = device or default_device()
+    if dev.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise EvalUsageError(f"--device {dev}: no CUDA device here")
+    be = backend or default_backend(dev)
+    check_backend(be, act_backend)
+    if not dev.startswith("cuda"):
+        if be == "cutlass":
+            raise EvalUsageError("the cutlass backend needs a CUDA GPU (sm90); on CPU use reference-triton-order or reference-cutlass-order")
+        if "triton" in (be, act_backend) and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+            raise EvalUsageError("the triton backend on CPU needs TRITON_INTERPRET=1 (Triton's interpreter, slow); "
+                                 "the CPU default is reference-triton-order, the same bits")
+    # On CPU one torch thread by default, as the audit: the runtime's tensors are small and,
+    # measured on a loaded 2-core machine, intra-op threads spinning against other work made
+    # a micro-model evaluation 3x slower (24 s vs 7 s of model time).
+    n_threads = threads if threads is not None else (1 if dev == "cpu" else 0)
+    if n_threads < 0:
+        raise EvalUsageError("--threads must be >= 0")
+    src = str(DEFAULT_CHECKPOINT if ckpt is None else ckpt)
+    checkpoint = open_checkpoint(src)  # CheckpointError: missing or invalid
+    if source is not None:
+        check_source(Path(source), checkpoint.config)
+        if tokenizer_files(Path(source)) != tokenizer_files(checkpoint.path):
+            raise EvalUsageError(f"--source {source}: its tokenizer.json differs from the checkpoint's (perplexities would not be comparable)")
+    positions = int(checkpoint.config.get("max_position_embeddings") or 2048)
+    if max_length is not None and not 1 <= max_length <= positions:
+        raise EvalUsageError(f"--max-length must be between 1 and the model's {positions} positions")
+    say("resolving tasks " + ",".join(tasks))
+    tm = load_tasks(tasks)
+    if n_threads:
+        import torch
+
+        torch.set_num_threads(n_threads)
+
+    rows = arms + ([BF16] if source is not None else [])
+    results: dict[str, dict] = {}
+    walls: dict[str, float] = {}
+    tmp_root = Path(tempfile.mkdtemp(prefix="requant-eval-"))
+    try:
+        for name in rows:
+            t0 = time.perf_counter()
+            if name == NATIVE:
+                path = str(checkpoint.path)
+            elif name == BF16:
+                path = str(source)
+            else:
+                say(f"converting {name}")
+                path = str(tmp_root / name)
+                convert(str(checkpoint.path), path, name)
+            say(f"evaluating {name}")
+            results[name] = evaluate_row(path, tm, tasks, backend=be, act_backend=act_backend, device=dev, limit=limit,
+                                         batch_size=batch_size, max_length=max_length,
+                                         progress=progress_for(name) if progress_for else None,
+                                         passthrough_bootstrap=passthrough_bootstrap)
+            if name not in (NATIVE, BF16):
+                shutil.rmtree(path, ignore_errors=True)
+            walls[name] = round(time.perf_counter() - t0, 3)
+    finally:
+        shutil.rmtree(tmp_root, ignore_errors=True)
+
+    per_task = {}
+    for t in tasks:
+        docs = {name: results[name]["tasks"][t]["docs"] for name in rows}
+        entry: dict = {"metrics": {name: results[name]["tasks"][t]["metrics"] for name in rows}}
+        if all(d is not None for d in docs.values()):
+            entry.update(paired_bootstrap(docs, NATIVE, replicates, seed))
+            for name in rows:
+                _lm_eval_values(entry["arms"][name], entry["metrics"][name], t, name)
+            base = docs[NATIVE]
+            entry["per_document"] = [{"doc_id": int(i), "words": int(base.words[k]), "bytes": int(base.nbytes[k]),
+                                      "loglikelihood": {name: float(docs[name].ll[k]) for name in rows}}
+                                     for k, i in enumerate(base.doc_ids)]
+        per_task[t] = entry
+    primary = next((t for t in tasks if "arms" in per_task[t]), None)
+    cfg = results[NATIVE]["config"]
+    from requant.arms import SERVABLE
+
+    result = {
+        "tool_version": requant.__version__,
+        "lm_eval_version": importlib.metadata.version("lm_eval"),
+        "checkpoint": str(checkpoint.path),
+        "source": None if source is None else str(source),
+        "tasks": tasks,
+        "primary_task": primary,
+        "limit": limit,
+        "backend": be,
+        "act_backend": act_backend,
+        "device": dev,
+        "max_length": cfg.get("max_length"),
+        "prefix_token_id": cfg.get("prefix_token_id"),
+        "batch_size": batch_size,
+        "threads": n_threads or None,
+        "tokenizer": cfg.get("tokenizer"),
+        "arm_order": rows,
+        "servable": {name: (True if name in (NATIVE, BF16) else bool(SERVABLE.get(name, False))) for name in rows},
+        "wall_seconds": walls,
+        "bootstrap": {"replicates": replicates, "seed": seed, "level": 0.9, "unit": "document"},
+        "arms": per_task[primary]["arms"] if primary else {},
+        "documents": per_task[primary]["documents"] if primary else None,
+        "decomposition": per_task[primary]["decomposition"] if primary else {"probe_mismatch_share": None},
+        "per_task": per_task,
+    }
+    return result

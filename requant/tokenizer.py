@@ -1,0 +1,153 @@
+"""The checkpoint's tokenizer, and a record of which one was used.
+
+    tok = load_tokenizer(checkpoint_dir, vocab_size)
+    tok.encode(text) -> list[int];  tok.decode(ids) -> str;  tok.eos_id -> int | None
+    tok.describe() -> {"kind", "sha256", "vocab_size", "model_vocab_size"}
+
+Two kinds, and every report says which one it used (describe()):
+  * "tokenizer.json": the checkpoint directory holds a tokenizer.json; it is loaded with the
+    `tokenizers` library (a core dependency). sha256 is the digest of that file's bytes, so a
+    report names the exact tokenizer. An id the model cannot embed (>= the config's
+    vocab_size) is an error naming the file, never silently clipped.
+  * "byte-level": only for a checkpoint with no tokenizer.json (the old random embedded
+    default is one): token id = UTF-8 byte value, clipped to vocab_size - 1 for a model with
+    fewer than 256 ids (a lossy fallback that is then recorded as such); sha256 is None.
+    decode() turns ids >= 256 (the default's specials: 256 bos, 257 eos) into "<|N|>".
+
+eos: generation_config.json's eos_token_id (an int or a list: all are kept in `eos_ids`,
+the first is `eos_id`), else tokenizer_config.json's eos_token looked up in tokenizer.json,
+else config.json's eos_token_id, else None.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+
+class TokenizerError(ValueError):
+    """A tokenizer that cannot be used, with a message naming the file."""
+
+
+def _read_json(path: Path):
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise TokenizerError(f"{path}: not valid JSON: {exc}") from None
+
+
+def _eos_ids(directory: Path | None, lookup) -> tuple[int, ...]:
+    if directory is None:
+        return ()
+    gen = directory / "generation_config.json"
+    if gen.is_file():
+        eos = _read_json(gen).get("eos_token_id")
+        if isinstance(eos, int):
+            return (eos,)
+        if isinstance(eos, list) and eos and all(isinstance(e, int) for e in eos):
+            return tuple(eos)
+    tc = directory / "tokenizer_config.json"
+    if tc.is_file() and lookup is not None:
+        tok = _read_json(tc).get("eos_token")
+        if isinstance(tok, dict):
+            tok = tok.get("content")
+        if isinstance(tok, str):
+            i = lookup(tok)
+            if i is not None:
+                return (int(i),)
+    cfg = directory / "config.json"
+    if cfg.is_file():
+        eos = _read_json(cfg).get("eos_token_id")
+        if isinstance(eos, int):
+            return (eos,)
+        if isinstance(eos, list) and eos and all(isinstance(e, int) for e in eos):
+            return tuple(eos)
+    return ()
+
+
+class Tokenizer:
+    """Text <-> token ids for one model (see the module docstring)."""
+
+    def __init__(self, kind: str, vocab_size: int, *, backend=None, sha256: str | None = None, path: Path | None = None,
+                 eos_ids: tuple[int, ...] = ()):
+        self.kind = kind
+        self.model_vocab_size = int(vocab_size)
+        self.sha256 = sha256
+        self.path = path
+        self.eos_ids = tuple(eos_ids)
+        self._tok = backend
+
+    @property
+    def eos_id(self) -> int | None:
+        return self.eos_ids[0] if self.eos_ids else None
+
+    @property
+    def vocab_size(self) -> int:
+        """The tokenizer's own vocabulary (tokenizer.json with added tokens; 256 bytes)."""
+        if self._tok is not None:
+            return int(self._tok.get_vocab_size(with_added_tokens=True))
+        return 256
+
+    def encode(self, text: str) -> list[int]:
+        if self._tok is None:
+            top = self.model_vocab_size - 1
+            return [min(b, top) for b in text.encode("utf-8")]
+        ids = self._tok.encode(text, add_special_tokens=False).ids
+        bad = [i for i in ids if i >= self.model_vocab_size]
+        if bad:
+            raise TokenizerError(f"{self.path}: token id {bad[0]} is outside the model's vocabulary "
+                                 f"(config.json vocab_size {self.model_vocab_size})")
+        return list(ids)
+
+    def decode(self, ids) -> str:
+        ids = [int(i) for i in ids]
+        if self._tok is not None:
+            return self._tok.decode(ids, skip_special_tokens=False)
+        out, run = [], bytearray()
+        for i in ids:
+            if 0 <= i < 256:
+                run.append(i)
+                continue
+            out.append(run.decode("utf-8", errors="replace"))
+            run = bytearray()
+            out.append(f"<|{i}|>")
+        out.append(run.decode("utf-8", errors="replace"))
+        return "".join(out)
+
+    def describe(self) -> dict:
+        return {"kind": self.kind, "sha256": self.sha256, "vocab_size": self.vocab_size,
+                "model_vocab_size": self.model_vocab_size}
+
+    def __repr__(self) -> str:
+        return f"Tokenizer({self.kind}, vocab {self.vocab_size}, model vocab {self.model_vocab_size})"
+
+
+def load_tokenizer(checkpoint_dir, vocab_size: int) -> Tokenizer:
+    """tokenizer.json from checkpoint_dir when it has one, else byte-level ids (see the
+    module docstring). checkpoint_dir may be None (byte-level)."""
+    directory = Path(checkpoint_dir) if checkpoint_dir is not None else None
+    path = directory / "tokenizer.json" if directory is not None else None
+    if path is None or not path.is_file():
+        return Tokenizer("byte-level", vocab_size, eos_ids=_eos_ids(directory, None))
+    try:
+        from tokenizers import Tokenizer as HFTokenizer
+    except ImportError:
+        raise TokenizerError(f"{path}: the `tokenizers` library is not installed (pip install tokenizers)") from None
+    raw = path.read_bytes()
+    try:
+        backend = HFTokenizer.from_str(raw.decode("utf-8"))
+    except Exception as exc:  # the library raises its own Exception subclasses for bad files
+        raise TokenizerError(f"{path}: not a tokenizer the `tokenizers` library can load: {exc}") from None
+    return Tokenizer("tokenizer.json", vocab_size, backend=backend, sha256=hashlib.sha256(raw).hexdigest(), path=path,
+                     eos_ids=_eos_ids(directory, backend.token_to_id))
+
+
+def summary(desc: dict | str) -> str:
+    """One line for a report from describe()'s dict (an older report's plain kind string too)."""
+    if isinstance(desc, str):
+        return f"{desc} tokenizer"
+    if desc.get("kind") == "tokenizer.json":
+        return f"tokenizer.json (sha256 {desc.get('sha256')}, {desc.get('vocab_size')} ids)"
+    return (f"byte-level ids (the checkpoint has no tokenizer.json: token id = UTF-8 byte"
+            f"{', clipped to ' + str(desc['model_vocab_size'] - 1) if desc.get('model_vocab_size', 256) < 256 else ''})")

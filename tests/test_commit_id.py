@@ -1,0 +1,64 @@
+"""benchmarks/commit_id.sh: the commit a GPU run records in env.txt. Reference: git itself
+(rev-parse HEAD and status --porcelain) on a repository made here, and the environment
+variable for a copy without .git (the GPU machine's case). Never the word HEAD."""
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "commit_id.sh"
+GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@example.invalid", "-c", "commit.gpgsign=false"]
+
+
+def _tree(root: Path) -> Path:
+    """A copy of the script where a working tree would have it: root/benchmarks/."""
+    (root / "benchmarks").mkdir(parents=True)
+    shutil.copy(SCRIPT, root / "benchmarks" / "commit_id.sh")
+    return root
+
+
+def _run(root: Path, **env) -> str:
+    e = {k: v for k, v in os.environ.items() if not k.startswith("GIT_") and k != "REQUANT_COMMIT"}
+    e.update(env)
+    out = subprocess.run(["bash", str(root / "benchmarks" / "commit_id.sh")], cwd="/", env=e, capture_output=True, text=True,
+                         check=True)
+    return out.stdout.strip()
+
+
+def test_copy_without_git(tmp_path):
+    root = _tree(tmp_path / "copy")
+    assert _run(root) == "unknown"
+    assert _run(root, REQUANT_COMMIT="0123abc-dirty") == "0123abc-dirty"
+
+
+def test_git_checkout_clean_and_dirty(tmp_path):
+    root = _tree(tmp_path / "repo")
+    subprocess.run(GIT + ["init", "-q"], cwd=root, check=True)
+    subprocess.run(GIT + ["add", "-A"], cwd=root, check=True)
+    subprocess.run(GIT + ["commit", "-q", "-m", "x"], cwd=root, check=True)
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
+    assert len(head) == 40
+    assert _run(root, REQUANT_COMMIT="ignored when git works") == head
+    (root / "new.txt").write_text("untracked")
+    assert _run(root) == head + "-dirty"
+
+
+def test_a_repository_around_the_copy_is_not_ours(tmp_path):
+    """A copy inside some other git repository: that repository's HEAD is not the commit
+    of the copy, so the environment variable (or unknown) is used."""
+    outer = tmp_path / "outer"
+    outer.mkdir()
+    subprocess.run(GIT + ["init", "-q"], cwd=outer, check=True)
+    (outer / "f").write_text("x")
+    subprocess.run(GIT + ["add", "-A"], cwd=outer, check=True)
+    subprocess.run(GIT + ["commit", "-q", "-m", "x"], cwd=outer, check=True)
+    root = _tree(outer / "copy")
+    assert _run(root) == "unknown"
+    assert _run(root, REQUANT_COMMIT="abc") == "abc"
+
+
+def test_gpu_scripts_record_it():
+    for name in ("gpu_audit.sh", "gpu_kernels.sh"):
+        text = (SCRIPT.parent / name).read_text()
+        assert 'echo "commit $(bash benchmarks/commit_id.sh)"' in text and "rev-parse HEAD" not in text, name

@@ -1,0 +1,1 @@
+"""Rebuilding the embedded default model: corpus, tokenizer, training and packaging (not installed)."""
