@@ -75,17 +75,6 @@ def _load_config(ckpt: Optional[str]) -> tuple[dict, str]:
         raise AuditUsageError(f"{p}: not valid JSON: {exc}") from None
 
 
-def _identity(checkpoint) -> dict:
-    """checkpoint_identity with a progress bar over the bytes hashed (a few seconds per GB)."""
-    from requant.audit.suite import checkpoint_identity
-
-    total = sum(p.stat().st_size for p in Path(checkpoint.path).rglob("*") if p.is_file())
-    with Progress(TextColumn("manifest digest (sha256 of every file)"), BarColumn(), TimeElapsedColumn(),
-                  console=console, transient=True, disable=not console.is_terminal) as progress:
-        task = progress.add_task("sha256", total=total)
-        return checkpoint_identity(checkpoint, progress=lambda n: progress.advance(task, n))
-
-
 def _print_plan(plan: dict, where: str) -> None:
     t = Table(title=f"audit plan for {where}")
     for col in ("GEMM [out, in]", "Linears", "cells"):
@@ -188,11 +177,12 @@ def audit(
         src = DEFAULT_CHECKPOINT if ckpt is None else ckpt
         checkpoint = open_checkpoint(src, revision=revision)
         check_layout(checkpoint)
+        from requant.identity import with_progress
         from requant.tokenizer import load_tokenizer  # a tokenizer that cannot encode the prompts: a usage error, before the run
 
         tok = load_tokenizer(checkpoint.path, int(checkpoint.config["vocab_size"]))
         [tok.encode(t) for t in prompt_list(prompts)]
-        identity = _identity(checkpoint)  # before the long run: a SHA256SUMS that does not match fails here
+        identity = with_progress(checkpoint, console)  # before the long run: a SHA256SUMS that does not match fails here
     except (CheckpointError, AuditUsageError, ValueError) as exc:
         console.print(f"[bold red]error:[/bold red] {exc}")
         raise typer.Exit(2) from None

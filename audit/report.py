@@ -13,6 +13,7 @@ from requant.audit.checks import CHECK_TITLES, LAYER_CHECK_IDS
 from requant.audit.faults import FAMILY_TITLES, VARIANTS
 from requant.audit.matrix import PINNED_SHA256, REGIMES
 from requant.audit.scoring import HIST_BINS, bin_label
+from requant.identity import markdown_lines as identity_lines
 from requant.tokenizer import summary as tokenizer_summary
 
 
@@ -63,9 +64,7 @@ def markdown(result: dict, command: str | None = None) -> str:
         f"- prompts: {result['prompts']} ({result['tokens']} tokens); tokenizer: {tokenizer_summary(result['tokenizer'])}",
         f"- quantized Linears: {result['layers']}; cells: {result['cells']} ({result['variants']} variants x {len(result['regimes'])} regimes)",
         f"- prediction matrix sha256: `{card['matrix_sha256']}` ({'pinned' if card['matrix_pinned'] else 'NOT PINNED'}, version {card['matrix_version']})",
-        f"- checkpoint manifest digest: `{result.get('manifest_digest')}` "
-        f"({'its ' + result['manifest'] if result.get('manifest') else 'computed; the checkpoint has no SHA256SUMS'})",
-        f"- requant {result.get('tool_version')}, git commit `{result.get('git_commit') or 'none (not a git checkout)'}`",
+        *identity_lines(result),
         f"- wall time: {result['wall_seconds']} s",
         "",
     ]

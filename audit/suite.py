@@ -26,6 +26,7 @@ from requant.audit.faults import VARIANTS, LayerCase, inject, reference_case
 from requant.audit.matrix import REGIMES, Matrix, baseline_variant, load_matrix
 from requant.audit.records import BACKEND_KERNELS, REFERENCE_KERNEL, Activations, KernelDesc, Run, Weights, output_distance, output_equal
 from requant.audit.scoring import CellResult, Scorer, ulp_histogram
+from requant.identity import checkpoint_identity
 from requant.qwen3 import Qwen3Arch
 from requant.runtime import Model, load_dense, load_linears
 from requant.tokenizer import load_tokenizer
@@ -120,18 +121,6 @@ def audit_layer(name: str, regime: str, act: Activations, wt: Weights, backends:
         if advance is not None:
             advance(1)
     return row
-
-
-def checkpoint_identity(ckpt, progress: Callable[[int], None] | None = None) -> dict:
-    """What ties a report to the bytes it audited and to the code that ran: the checkpoint's
-    manifest digest (requant.manifest.identity: its SHA256SUMS, checked against the files,
-    or computed now when it has none), the tool version and the git commit (requant.buildinfo)."""
-    from requant.buildinfo import build_info
-    from requant.manifest import identity
-
-    path = getattr(ckpt, "path", None)
-    ident = identity(path, progress=progress) if path is not None else {"manifest": None, "manifest_digest": None}
-    return {**ident, **build_info()}
 
 
 def converted_info(config: dict) -> dict | None:

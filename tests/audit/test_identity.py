@@ -1,15 +1,14 @@
 """The audit ties its report to the bytes it read and the code that ran, audits a converted
 checkpoint as stored, and exits non-zero on an unpinned matrix.
 
-Independent references: a manifest digest computed here from hashlib over the files and the
-sha256sum line format written by hand; for "no second requantization", the stored scales
+Independent references: a manifest digest computed by hand (tests/digests.py: hashlib over
+the files and the sha256sum line format); for "no second requantization", the stored scales
 checked as powers of two with torch.frexp and requant.arms.requantize(nearest) returning the
 stored int8 weights and scales bit for bit."""
 
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 
 import torch
@@ -21,6 +20,7 @@ from requant.arms import requantize
 from requant.audit.command import audit
 from requant.audit.report import markdown
 from requant.checkpoint import open_checkpoint
+from tests.digests import manifest_digest_by_hand
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
 app.command("audit")(audit)
@@ -28,19 +28,10 @@ app.command("noop")(lambda: None)
 runner = CliRunner()
 
 
-def _digest_by_hand(root) -> str:
-    """sha256 of the sha256sum lines of every file but the evidence (top-level SHA256SUMS,
-    README.md, .gitattributes, requant-*.json), sorted by relative path."""
-    rels = sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
-    rels = [r for r in rels if r not in ("SHA256SUMS", "README.md", ".gitattributes") and not (r.startswith("requant-") and "/" not in r)]
-    lines = "".join(f"{hashlib.sha256((root / r).read_bytes()).hexdigest()}  {r}\n" for r in sorted(rels, key=str.encode))
-    return "sha256:" + hashlib.sha256(lines.encode()).hexdigest()
-
-
 def test_report_carries_digest_version_commit(default_audit):
     from requant.buildinfo import build_info
 
-    assert default_audit["manifest_digest"] == _digest_by_hand(DEFAULT_CHECKPOINT)
+    assert default_audit["manifest_digest"] == manifest_digest_by_hand(DEFAULT_CHECKPOINT)
     assert default_audit["manifest"] is None  # the embedded default has no SHA256SUMS: computed
     assert {k: default_audit[k] for k in ("tool_version", "git_commit")} == build_info()
     assert default_audit["converted"] is None
@@ -49,7 +40,7 @@ def test_report_carries_digest_version_commit(default_audit):
 
 def test_converted_checkpoint_is_audited_as_stored(audited_pow2):
     result = json.loads((audited_pow2 / "requant-audit.json").read_text())
-    assert result["manifest_digest"] == _digest_by_hand(audited_pow2)
+    assert result["manifest_digest"] == manifest_digest_by_hand(audited_pow2)
     conv = result["converted"]
     assert conv["arm"] == "nearest" and conv["servable"] is True and conv["scales_all_power_of_two"] is True
     ck = open_checkpoint(audited_pow2)
