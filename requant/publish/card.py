@@ -180,6 +180,13 @@ def _n(x) -> str:
     return f"{x:,}" if isinstance(x, int) else str(x)
 
 
+def _made_by(d: dict) -> str:
+    """' Made by requant V at `commit`.' from a report's build keys (requant.identity), or ''."""
+    if not d.get("tool_version"):
+        return ""
+    return f" Made by requant {d['tool_version']}" + (f" at `{d['git_commit']}`" if d.get("git_commit") else "") + "."
+
+
 def _tie_note(rep, what: str) -> str:
     if rep.tie == "this":
         return f"Measured on these bytes ({what} `{rep.path.name}`, manifest digest `{rep.data['manifest_digest']}`)."
@@ -266,7 +273,8 @@ def _determinism(reports: Reports) -> tuple[dict | None, str | None]:
     d = rep.data
     backends = d.get("backends")
     pair = " and ".join(f"`{b}`" for b in backends) if isinstance(backends, list) and backends else "the two kernels"
-    intro = (f"Greedy decoding of the same prompts with {pair}, token ids compared. {_tie_note(rep, 'determinism report')}")
+    intro = (f"Greedy decoding of the same prompts with {pair}, token ids compared. {_tie_note(rep, 'determinism report')}"
+             + _made_by(d))
     rows, parts = [], []
     for regime in sorted(d["regimes"], key=lambda r: (r != "pow2", r)):
         r = d["regimes"][regime]
@@ -304,7 +312,7 @@ def _eval(reports: Reports, arm: str | None) -> tuple[dict | None, str | None]:
              + (f", backend `{d['backend']}`" if "backend" in d else "")
              + ". Changes are against native, with a 90% interval from a paired bootstrap over documents"
              + (f" ({boot.get('replicates')} replicates, seed {boot.get('seed')})" if boot else "")
-             + f". {_tie_note(rep, 'eval report')}")
+             + f". {_tie_note(rep, 'eval report')}" + _made_by(d))
     share = (d.get("decomposition") or {}).get("probe_mismatch_share")
     decomposition = ("Decomposition: the weight/scale mismatch explains "
                      f"{share * 100:.1f}% of the probe arm's damage ((ppl_probe - ppl_nearest) / (ppl_probe - ppl_native))."

@@ -1,12 +1,18 @@
-"""Reports written by hand from the key lists of issue 8 (sections 3 and 4), for the card.
+"""Reports for the card and push tests.
 
-`requant eval` and `requant determinism` are built elsewhere; these fixtures hold exactly the
-keys the issue names (plus manifest_digest, which issue 9 adds to every report)."""
+`micro_reported`: real reports, made by the real `requant eval` and `requant determinism`
+commands (the typer app, as a user runs them) on the micro Qwen3 and its nearest conversion.
+`eval_report` / `determinism_report`: hand-written reports with fixed, round numbers (for
+exact formatting checks), holding a subset of the real reports' keys (test_card checks that
+they stay a subset)."""
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
+
+import pytest
 
 
 def eval_report(digest: str | None) -> dict:
@@ -43,3 +49,43 @@ def determinism_report(digest: str | None) -> dict:
 def write(path: Path, obj) -> Path:
     path.write_text(json.dumps(obj, indent=1))
     return path
+
+
+@pytest.fixture(scope="session")
+def micro_reported(tmp_path_factory) -> Path:
+    """The micro Qwen3 W8A8 (tests/requant/conftest.py's MICRO, seed 1) converted with
+    --arm nearest, and beside the conversion the reports of the real commands:
+    requant-eval.json from `requant eval MICRO --arms native,nearest,probe --limit 1` (of the
+    source: tied by SHA256SUMS.source) and requant-determinism.json from `requant
+    determinism POW2 --backends reference --prompts 1 --new-tokens 3` (of these bytes).
+    Offline, one torch thread (as the commands default to on a CPU). Read-only: copy it."""
+    import torch
+    from typer.testing import CliRunner
+
+    from requant.cli import app
+    from requant.convert import convert
+    from requant.synthetic import generate
+
+    from ..conftest import MICRO
+
+    root = tmp_path_factory.mktemp("reported")
+    micro = generate(MICRO, root / "micro", seed=1)
+    pow2 = root / "pow2"
+    convert(micro, pow2, "nearest")
+    runner = CliRunner()
+    n = torch.get_num_threads()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HF_DATASETS_OFFLINE", "1")
+        mp.setenv("HF_HUB_OFFLINE", "1")
+        mp.setenv("HF_DATASETS_CACHE", str(root / "hf-datasets-cache"))
+        try:
+            for args in (["eval", micro, "--arms", "native,nearest,probe", "--limit", 1, "--bootstrap", 100,
+                          "--json", pow2 / "requant-eval.json"],
+                         ["determinism", pow2, "--backends", "reference", "--prompts", 1, "--new-tokens", 3,
+                          "--json", pow2 / "requant-determinism.json"]):
+                res = runner.invoke(app, [str(a) for a in args])
+                assert res.exit_code == 0, res.output
+        finally:
+            torch.set_num_threads(n)
+    shutil.rmtree(root / "hf-datasets-cache", ignore_errors=True)
+    return pow2

@@ -4,18 +4,22 @@ report is quoted or named as not measured, and the license travels.
 Independent references: huggingface_hub.ModelCard / ModelCardData (the Hub library's own
 parser) for the front matter, the metadata written literally here, the numbers of the
 hand-written eval/determinism reports (tests/requant/publish/conftest.py) and of the real
-audit JSON read back with json."""
+audit, eval and determinism JSON read back with json and formatted here, and manifest
+digests by hand (tests/digests.py, hashlib)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
+import shutil
 
 from huggingface_hub import ModelCard, ModelCardData
 from typer.testing import CliRunner
 
 from requant import manifest as mf
 from requant.cli import app
+from tests.digests import manifest_digest_by_hand
 
 from .conftest import determinism_report, eval_report, write
 
@@ -151,3 +155,43 @@ def test_report_missing_a_key_is_an_error(pow2_copy):
     res, text = _card(ck)
     assert res.exit_code == 1 and text is None
     assert "requant-eval.json" in res.stderr and "'arms.ceiling.bits_per_byte'" in res.stderr
+
+
+def _section(text: str, title: str) -> str:
+    return text.split(title, 1)[1].split("\n## ", 1)[0]
+
+
+def test_card_quotes_the_real_eval_and_determinism_reports(micro_reported, tmp_path):
+    """Reports made by `requant eval` (of the source) and `requant determinism` (of these
+    bytes) themselves (conftest.micro_reported): each is tied by its manifest digest and
+    its numbers are quoted, with the version and commit that made them."""
+    ck = tmp_path / "pow2"
+    shutil.copytree(micro_reported, ck)
+    ev = json.loads((ck / "requant-eval.json").read_text())
+    det = json.loads((ck / "requant-determinism.json").read_text())
+    # the hand-written fixtures use the real reports' keys
+    assert set(eval_report("sha256:x")) <= set(ev) and set(determinism_report("sha256:x")) <= set(det)
+    # eval measured the source (no SHA256SUMS there: computed), determinism these bytes (their SHA256SUMS)
+    assert ev["manifest"] is None
+    assert ev["manifest_digest"] == manifest_digest_by_hand(micro_reported.parent / "micro") \
+        == "sha256:" + hashlib.sha256((ck / "SHA256SUMS.source").read_bytes()).hexdigest()
+    assert det["manifest"] == "SHA256SUMS"
+    assert det["manifest_digest"] == "sha256:" + hashlib.sha256((ck / "SHA256SUMS").read_bytes()).hexdigest()
+    res, text = _card(ck)
+    assert res.exit_code == 0, res.output
+    made_by = f"Made by requant {ev['tool_version']}" + (f" at `{ev['git_commit']}`" if ev["git_commit"] else "") + "."
+    perp = _section(text, "## Perplexity")
+    assert "Measured on the checkpoint this one was converted from" in perp and ev["manifest_digest"] in perp
+    assert made_by in perp and f"{ev['documents']} documents" in perp
+    assert list(ev["arms"]) == ["native", "nearest", "probe"]
+    for name, a in ev["arms"].items():
+        label = "**nearest** (this checkpoint)" if name == "nearest" else name
+        delta = "-" if a.get("delta_pct") is None else f"{a['delta_pct']:+.3f}%"
+        ci = "-" if a.get("ci90") is None else f"[{a['ci90'][0]:+.3f}%, {a['ci90'][1]:+.3f}%]"
+        assert f"| {label} | {a['word_perplexity']:.4f} | {a['byte_perplexity']:.4f} | {a['bits_per_byte']:.4f} | {delta} | {ci} |" in perp
+    assert f"{ev['decomposition']['probe_mismatch_share'] * 100:.1f}% of the probe arm's damage" in perp
+    dsec = _section(text, "## Determinism")
+    assert "Measured on these bytes" in dsec and det["manifest_digest"] in dsec and made_by in dsec
+    line = "; ".join(f"{r}: {det['regimes'][r]['identical']}/{det['regimes'][r]['total']} identical" for r in ("pow2", "native"))
+    assert f"**{line}**" in dsec and f"{det['new_tokens']} new tokens per prompt." in dsec
+    assert "Not measured" not in perp + dsec

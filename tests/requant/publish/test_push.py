@@ -304,3 +304,21 @@ def test_missing_manifest_is_computed_and_written_after_the_push(hub, pow2_copy)
     res = _push(pow2_copy)
     assert res.exit_code == 0, res.output
     assert hub.files(REPO)["SHA256SUMS"] == written == (pow2_copy / "SHA256SUMS").read_bytes()
+
+
+def test_push_uploads_the_real_reports(hub, micro_reported, tmp_path):
+    """The reports of `requant eval` and `requant determinism` (conftest.micro_reported) go up
+    byte for byte beside the card that quotes them (--force: the micro conversion has no
+    audit). Reference: the bytes the server received against the local files."""
+    import shutil
+
+    ck = tmp_path / "pow2"
+    shutil.copytree(micro_reported, ck)
+    res = _push(ck, "--force")
+    assert res.exit_code == 0, res.output
+    got = hub.files(REPO)
+    for name in ("requant-eval.json", "requant-determinism.json"):
+        assert got[name] == (ck / name).read_bytes()
+        assert json.loads(got[name])["manifest_digest"] in got["README.md"].decode()
+    assert "requant-audit.json" not in got
+    _no_leak(res)
