@@ -9,9 +9,16 @@ pair reference-cutlass-order,reference-triton-order, the default where no CUDA G
 present; with one, the default pair is cutlass,triton. `--plan` prints the cell count and
 the GEMM shapes from config.json alone (CKPT may be the directory or the config.json file).
 
-Exit status: 0 when the audit ran, the scorecard has no false positive or negative and every
-layer is bitwise equal under pow2; 1 when it ran but one of those fails; 2 on a usage or
-checkpoint error (a message, no traceback).
+Exit status: 0 when the audit ran against the pinned prediction matrix, the scorecard has no
+false positive or negative and every layer is bitwise equal under pow2; 1 when it ran but one
+of those fails; 2 on a usage or checkpoint error (a message, no traceback), including a
+SHA256SUMS that does not match the checkpoint's files.
+
+The JSON ties itself to the bytes audited and the code that ran: `manifest_digest` (the
+checkpoint's SHA256SUMS digest, or the digest of the manifest computed now when it has none;
+`manifest` says which), `tool_version`, `git_commit`, and the matrix digest (`scorecard`).
+A checkpoint made by `requant convert` is audited as stored (`converted`: its arm; native =
+pow2 = the stored power-of-two scales).
 """
 
 from __future__ import annotations
@@ -109,6 +116,11 @@ def _print_summary(result: dict) -> None:
     e2e = result["end_to_end"]
     print("end to end (C7 tokens flagged): " + ", ".join(f"{r}: {e['flagged']}/{e['tokens']}" for r, e in e2e.items()))
     print(f"matrix sha256: {card['matrix_sha256']} ({'pinned' if card['matrix_pinned'] else 'NOT PINNED'})  wall: {result['wall_seconds']} s")
+    print(f"manifest digest: {result.get('manifest_digest')} ({result.get('manifest') or 'computed; no SHA256SUMS'})  "
+          f"requant {result.get('tool_version')} ({result.get('git_commit') or 'no git checkout'})")
+    conv = result.get("converted")
+    if conv:
+        print(f"converted checkpoint, arm {conv['arm']}{'' if conv.get('servable', True) else ' (NOT servable)'}: {conv['regimes']}")
 
 
 def audit(
@@ -165,10 +177,12 @@ def audit(
         src = DEFAULT_CHECKPOINT if ckpt is None else ckpt
         checkpoint = open_checkpoint(src, revision=revision)
         check_layout(checkpoint)
+        from requant.identity import with_progress
         from requant.tokenizer import load_tokenizer  # a tokenizer that cannot encode the prompts: a usage error, before the run
 
         tok = load_tokenizer(checkpoint.path, int(checkpoint.config["vocab_size"]))
         [tok.encode(t) for t in prompt_list(prompts)]
+        identity = with_progress(checkpoint, console)  # before the long run: a SHA256SUMS that does not match fails here
     except (CheckpointError, AuditUsageError, ValueError) as exc:
         console.print(f"[bold red]error:[/bold red] {exc}")
         raise typer.Exit(2) from None
@@ -182,7 +196,7 @@ def audit(
         with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), TimeRemainingColumn(), console=console, transient=False) as progress:
             task = progress.add_task("cells", total=total)
-            result = run_audit(checkpoint, pair, prompts, dev,
+            result = run_audit(checkpoint, pair, prompts, dev, identity=identity,
                                advance=lambda n: progress.advance(task, n),
                                on_phase=lambda msg: progress.console.log(msg))
     except CheckpointError as exc:  # a tensor that turned out unreadable while running
@@ -202,7 +216,7 @@ def audit(
             console.print(f"wrote {f}")
     _print_summary(result)
     card = result["scorecard"]
-    ok = card["false_positives"] == 0 and card["false_negatives"] == 0 and \
+    ok = card["matrix_pinned"] and card["false_positives"] == 0 and card["false_negatives"] == 0 and \
         result["per_layer_summary"]["pow2"]["bitwise_equal"] == result["per_layer_summary"]["pow2"]["layers"]
     if not ok:
         raise typer.Exit(1)

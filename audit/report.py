@@ -13,6 +13,7 @@ from requant.audit.checks import CHECK_TITLES, LAYER_CHECK_IDS
 from requant.audit.faults import FAMILY_TITLES, VARIANTS
 from requant.audit.matrix import PINNED_SHA256, REGIMES
 from requant.audit.scoring import HIST_BINS, bin_label
+from requant.identity import markdown_lines as identity_lines
 from requant.tokenizer import summary as tokenizer_summary
 
 
@@ -63,8 +64,16 @@ def markdown(result: dict, command: str | None = None) -> str:
         f"- prompts: {result['prompts']} ({result['tokens']} tokens); tokenizer: {tokenizer_summary(result['tokenizer'])}",
         f"- quantized Linears: {result['layers']}; cells: {result['cells']} ({result['variants']} variants x {len(result['regimes'])} regimes)",
         f"- prediction matrix sha256: `{card['matrix_sha256']}` ({'pinned' if card['matrix_pinned'] else 'NOT PINNED'}, version {card['matrix_version']})",
+        *identity_lines(result),
         f"- wall time: {result['wall_seconds']} s",
         "",
+    ]
+    conv = result.get("converted")
+    if conv:
+        lines += [f"**Converted checkpoint, arm `{conv['arm']}`**{'' if conv.get('servable', True) else ' (NOT servable: an ablation)'}: "
+                  f"{conv['regimes']}." + ("" if conv.get("scales_all_power_of_two", True)
+                                           else " **Warning: some stored scales are not powers of two, although the provenance names a converted arm.**"), ""]
+    lines += [
         "## Per-layer comparison of the pair",
         "",
         f"**{result['per_layer_summary']['line']}**",

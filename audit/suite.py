@@ -26,6 +26,7 @@ from requant.audit.faults import VARIANTS, LayerCase, inject, reference_case
 from requant.audit.matrix import REGIMES, Matrix, baseline_variant, load_matrix
 from requant.audit.records import BACKEND_KERNELS, REFERENCE_KERNEL, Activations, KernelDesc, Run, Weights, output_distance, output_equal
 from requant.audit.scoring import CellResult, Scorer, ulp_histogram
+from requant.identity import checkpoint_identity
 from requant.qwen3 import Qwen3Arch
 from requant.runtime import Model, load_dense, load_linears
 from requant.tokenizer import load_tokenizer
@@ -122,10 +123,26 @@ def audit_layer(name: str, regime: str, act: Activations, wt: Weights, backends:
     return row
 
 
+def converted_info(config: dict) -> dict | None:
+    """The provenance of a checkpoint that `requant convert` made (config.json "requant"), or None.
+
+    Auditing a converted checkpoint audits the arm that was converted: its scales are already
+    powers of two, so the native regime (the stored scales) and the pow2 regime (the nearest
+    arm applied to them, which leaves a power of two unchanged) are the same operands. Nothing
+    is requantized a second time; both regimes report the checkpoint as stored."""
+    prov = config.get("requant")
+    if not isinstance(prov, dict) or "arm" not in prov:
+        return None
+    return {"arm": prov.get("arm"), "servable": prov.get("servable"), "source": prov.get("source"),
+            "regimes": "native = pow2 = the stored scales (converted checkpoint: no second requantization)"}
+
+
 def run_audit(ckpt, backends: tuple[str, str], n_prompts: int, device: str, advance=None, on_phase=None,
-              matrix: Matrix | None = None, keep_cells: bool = True) -> dict:
-    """The whole audit on an opened checkpoint (requant.checkpoint.Checkpoint or alike)."""
+              matrix: Matrix | None = None, keep_cells: bool = True, identity: dict | None = None) -> dict:
+    """The whole audit on an opened checkpoint (requant.checkpoint.Checkpoint or alike).
+    `identity` is checkpoint_identity(ckpt) when the caller computed it already."""
     t0 = time.perf_counter()
+    identity = identity if identity is not None else checkpoint_identity(ckpt)
     matrix = matrix or load_matrix()
     scorer = Scorer(matrix)
     config = ckpt.config
@@ -172,9 +189,14 @@ def run_audit(ckpt, backends: tuple[str, str], n_prompts: int, device: str, adva
     summary = scorer.summary()
     from requant.audit.faults import FAULT_KERNELS
     layers = len(ckpt.quantized_linears)
+    converted = converted_info(config)
+    if converted is not None:
+        converted["scales_all_power_of_two"] = native_pow2_layers == layers
     result = {
         "tool": "requant audit",
         "checkpoint": str(getattr(ckpt, "path", "")),
+        **identity,
+        "converted": converted,
         "backends": list(backends),
         "device": str(device),
         "prompts": len(texts),

@@ -150,7 +150,12 @@ def resolve_source(src: str | os.PathLike, *, revision: str | None = None) -> tu
     try:
         from huggingface_hub import snapshot_download
 
-        local = snapshot_download(repo_id=s, revision=revision, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja"])
+        # Weights, configs (generation_config.json too), tokenizer files, and what must travel
+        # with a derived checkpoint: the card (license in its front matter), license files,
+        # and requant's manifests. Not .gitattributes, nor other formats' weights.
+        local = snapshot_download(repo_id=s, revision=revision, allow_patterns=[
+            "*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "*.tiktoken",
+            "README.md", "LICENSE*", "LICENCE*", "NOTICE*", "USE_POLICY*", "SHA256SUMS", "SHA256SUMS.source"])
     except Exception as exc:  # the hub raises many types; all mean "could not resolve"
         raise LayoutError(f"could not resolve Hub repo id{' at revision ' + revision if revision else ''}: {type(exc).__name__}: {exc}", file=s) from None
     return Path(local), True

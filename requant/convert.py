@@ -13,14 +13,28 @@ How, and why this way (each step in its own module):
     tensors (fixed by the headers) run in a bounded thread pool. A failure is reported
     deterministically: the first failing segment in file order, once every worker has
     stopped.
-  * Provenance (requant.provenance): every source byte is hashed while it is read, so the
-    source digest costs no extra pass; a constrained arm records it, with the arm, in a
-    "requant" key of config.json, leaving quantization_config as it was.
+  * Provenance anyone can check (requant.provenance, requant.manifest): while the units
+    run, background threads compute the plain sha256 of every source file (one sequential
+    pass per file: sha256 cannot be split across parallel segments). Once the shards are
+    written and their sizes checked, they are read back and hashed in background threads
+    while fsync waits for the disk, and the small files after them. A constrained arm
+    writes SHA256SUMS.source (the source's files; its digest is the source digest),
+    config.json with a short "requant" key (arm, version, source, the manifests' names;
+    quantization_config as it was), SHA256SUMS (the output's files, covering config.json
+    and SHA256SUMS.source; its digest is ConvertResult.manifest_digest) and its statistics
+    as requant-convert.json (deterministic: no times, no output path; not covered, it
+    quotes the digest). Files a source converted earlier carries (its manifests, card,
+    reports) are copied like any other file; the manifests and the statistics are then
+    replaced, and a report about the source's bytes no longer matches the output's digest
+    (requant card sets it aside, saying so). On any failure both hashers are cancelled
+    (they stop within one 8 MB read) before the temporary output is removed.
   * Atomically (requant.output): written into `.OUT.requant-tmp-*` next to OUT, fsynced,
     renamed; an error or interrupt leaves nothing, and an existing OUT is only replaced
     with force=True.
   * unconstrained reproduces every file byte for byte (config.json and the index are
-    copied, not re-serialised).
+    copied, not re-serialised) and adds nothing: no manifest, no report, so that
+    `requant verify SRC OUT` stays a byte-exact proof of the reader and writer (the
+    output's manifest is the source's; `requant manifest OUT --write` adds one).
   * With `source` (a directory of the original bf16 weights), quantized Linears are made
     from those instead of the int8 ones (requant.arms.quantize_from_source); with the
     unconstrained arm this is llm-compressor's RTN and reproduces an RTN-made SRC.
@@ -28,6 +42,7 @@ How, and why this way (each step in its own module):
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from dataclasses import dataclass, field
@@ -35,16 +50,19 @@ from pathlib import Path
 from typing import Callable
 
 import requant
+from requant import manifest as mf
 from requant import provenance, streaming
 from requant.checkpoint import open_checkpoint
-from requant.errors import CheckpointError
+from requant.errors import CheckpointError, OutputError
 from requant.output import AtomicOutput, check_output
 from requant.provenance import PROVENANCE_KEY
 from requant.requantizer import ARMS, SERVABLE, LinearStats
+from requant.safetensors_io import os_reason
 
-__all__ = ["convert", "ConvertResult", "PROVENANCE_KEY"]
+__all__ = ["convert", "ConvertResult", "PROVENANCE_KEY", "CONVERT_REPORT"]
 
 MAX_WORKERS = 8
+CONVERT_REPORT = "requant-convert.json"
 
 
 @dataclass
@@ -54,7 +72,8 @@ class ConvertResult:
     source: str
     layers: dict[str, LinearStats] = field(default_factory=dict)  # in model order
     provenance: dict | None = None
-    source_digest: str = ""
+    source_digest: str = ""  # the source's manifest digest (sha256 of SHA256SUMS.source's bytes)
+    manifest_digest: str | None = None  # of the output's SHA256SUMS (None: unconstrained writes none)
     elapsed_s: float = 0.0
     bytes_total: int = 0
 
@@ -84,6 +103,7 @@ class ConvertResult:
             "servable": SERVABLE[self.arm],
             "source": self.source,
             "source_digest": self.source_digest,
+            "manifest_digest": self.manifest_digest,
             "output": str(self.output),
             "elapsed_s": round(self.elapsed_s, 3),
             "bytes": self.bytes_total,
@@ -91,6 +111,21 @@ class ConvertResult:
             "layers": {name: s.to_dict() for name, s in self.layers.items()},
             "provenance": self.provenance,
         }
+
+
+def _write_evidence(tmp: Path, out: Path, shard_entries: dict[str, mf.Entry], result: ConvertResult) -> None:
+    """SHA256SUMS of everything in tmp (the shards hashed already, read back while they
+    were being synced; config.json, SHA256SUMS.source and the rest now), then the
+    statistics (requant-convert.json, not covered: it quotes the digest). Sets
+    result.manifest_digest."""
+    try:
+        data = mf.render(mf.compute(tmp, known=shard_entries))
+        mf.write_atomic(tmp / mf.MANIFEST, data)
+        result.manifest_digest = mf.digest_of(data)
+        report = {k: v for k, v in result.to_dict().items() if k not in ("output", "elapsed_s")}  # deterministic
+        (tmp / CONVERT_REPORT).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    except OSError as exc:
+        raise OutputError(f"writing the manifests failed: {os_reason(exc)}", file=out) from exc
 
 
 def convert(src: str | os.PathLike, output: str | os.PathLike, arm: str = "nearest", *, force: bool = False,
@@ -120,27 +155,39 @@ def convert(src: str | os.PathLike, output: str | os.PathLike, arm: str = "neare
     elif on_start:
         on_start(total)
 
+    constrained = arm != "unconstrained"
     with AtomicOutput(out, force) as dest:
-        job = streaming.Job(ckpt, dest.tmp, out, arm, src_weights, progress)
+        source_hashes = shard_hashes = None
         try:
-            streaming.copy_other_files(ckpt, dest.tmp, out)
-            job.create_outputs()
-            units = [(name, seg) for name, f in ckpt.shards.items() for seg in streaming.segments(f)]
-            workers = max(1, min(jobs or os.cpu_count() or 1, len(units), MAX_WORKERS))
-            for f in ckpt.shards.values():
-                job.progress(len(f.prefix))
-            digests = streaming.run(job, units, workers)  # returns only once every worker has stopped
-            job.check_sizes()
-            job.sync()
-        finally:
-            job.close()  # safe: no worker is running any more
-        seg_digests: dict[str, list[bytes]] = {name: [] for name in ckpt.shards}
-        for (name, _), d in zip(units, digests):
-            seg_digests[name].append(d)
-        digest, prov = provenance.record(ckpt, dest.tmp, out, arm=arm, src_label=str(src),
-                                         source_dir=None if source is None else str(source), segment_digests=seg_digests)
+            source_hashes = mf.BackgroundHashes(ckpt.path)  # plain sha256 of every source file, beside the units
+            job = streaming.Job(ckpt, dest.tmp, out, arm, src_weights, progress)
+            try:
+                streaming.copy_other_files(ckpt, dest.tmp, out)
+                job.create_outputs()
+                units = [(name, seg) for name, f in ckpt.shards.items() for seg in streaming.segments(f)]
+                workers = max(1, min(jobs or os.cpu_count() or 1, len(units), MAX_WORKERS))
+                for f in ckpt.shards.values():
+                    job.progress(len(f.prefix))
+                streaming.run(job, units, workers)  # returns only once every worker has stopped
+                job.check_sizes()
+                if constrained:  # read the finished shards back while fsync waits for the disk
+                    shard_hashes = mf.BackgroundHashes(dest.tmp, only=set(ckpt.shards))
+                job.sync()
+            finally:
+                job.close()  # safe: no worker is running any more
+            digest, prov = provenance.record(ckpt, dest.tmp, out, arm=arm, src_label=str(src),
+                                             source_dir=None if source is None else str(source),
+                                             source_entries=source_hashes.result())
+            order = {lin: i for i, lin in enumerate(ckpt.quantized_linears)}
+            result = ConvertResult(output=out, arm=arm, source=str(src), provenance=prov, source_digest=digest,
+                                   layers=dict(sorted(job.stats.items(), key=lambda kv: order[kv[0]])), bytes_total=total)
+            if constrained:
+                _write_evidence(dest.tmp, out, shard_hashes.result(), result)
+        except BaseException:
+            for hashes in (source_hashes, shard_hashes):  # before the temporary output is removed
+                if hashes is not None:
+                    hashes.cancel()
+            raise
         dest.commit(synced=set(ckpt.shards))
-    order = {lin: i for i, lin in enumerate(ckpt.quantized_linears)}
-    layers = dict(sorted(job.stats.items(), key=lambda kv: order[kv[0]]))
-    return ConvertResult(output=out, arm=arm, source=str(src), layers=layers, provenance=prov, source_digest=digest,
-                         elapsed_s=time.perf_counter() - t0, bytes_total=total)
+    result.elapsed_s = time.perf_counter() - t0
+    return result

@@ -28,7 +28,6 @@ import time
 
 import numpy as np
 
-import requant
 from requant.kernels.bf16 import is_power_of_two
 from requant.prompts import prompts as calibration_prompts
 
@@ -97,17 +96,21 @@ def work_units(n_prompts: int, regimes: int = 2) -> int:
 
 def run_determinism(ckpt, backends: tuple[str, str], n_prompts: int = 8, new_tokens: int = 64, device: str = "cpu",
                     act_backend: str = "reference", reduction: str = "auto", advance=None, on_phase=None,
-                    models: dict | None = None) -> dict:
+                    models: dict | None = None, identity: dict | None = None) -> dict:
     """The whole measurement on an opened checkpoint (requant.checkpoint.Checkpoint).
     models: already loaded {"native": Model, "pow2": Model} of this checkpoint (the
-    benchmark's), used with backends set by name instead of loading the weights again."""
+    benchmark's), used with backends set by name instead of loading the weights again.
+    identity: requant.identity.checkpoint_identity(ckpt) when the caller computed it
+    already (the command does, before the run); computed here otherwise."""
     from requant.audit.suite import environment
+    from requant.identity import checkpoint_identity
     from requant.runtime import check_layout, load_model
 
     t0 = time.perf_counter()
     say = on_phase or (lambda msg: None)
     if new_tokens < 1:
         raise ValueError("--new-tokens must be at least 1")
+    identity = identity if identity is not None else checkpoint_identity(ckpt)
     texts = calibration_prompts(n_prompts)
     check_layout(ckpt)
     arm = converted_arm(ckpt.config)
@@ -135,8 +138,8 @@ def run_determinism(ckpt, backends: tuple[str, str], n_prompts: int = 8, new_tok
     summary = f"pow2: {regimes['pow2']['identical']}/{regimes['pow2']['total']} identical; native: {regimes['native']['identical']}/{regimes['native']['total']}"
     return {
         "tool": "requant determinism",
-        "tool_version": requant.__version__,
         "checkpoint": str(getattr(ckpt, "path", "")),
+        **identity,  # manifest, manifest_digest, tool_version, git_commit
         "backends": list(backends),
         "act_backend": act_backend,
         "device": str(device),
@@ -166,6 +169,7 @@ def _cell(text: str, width: int = 60) -> str:
 
 def markdown(result: dict, command: str | None = None) -> str:
     """A Markdown summary for people (the JSON is the record)."""
+    from requant.identity import markdown_lines as identity_lines
     from requant.tokenizer import summary as tokenizer_summary
 
     a, b = result["backends"]
@@ -179,7 +183,8 @@ def markdown(result: dict, command: str | None = None) -> str:
               f"- prompts: {result['prompts']} ({result['prompt_tokens']} tokens), {result['new_tokens']} new tokens each, greedy, KV cache, no stop at eos",
               f"- tokenizer: {tokenizer_summary(result['tokenizer'])}",
               f"- token digests: {result['sha256_encoding']}",
-              f"- requant {result['tool_version']}; wall time {result['wall_seconds']} s"]
+              *identity_lines(result),
+              f"- wall time {result['wall_seconds']} s"]
     if conv["all_scales_pow2"]:
         lines.append(f"- converted checkpoint (arm: {conv['arm'] or 'unknown'}): {conv['note']}")
     lines.append("")

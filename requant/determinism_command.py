@@ -10,7 +10,10 @@ the default pair is cutlass,triton. Markdown on stdout, ending with the summary 
 ("pow2: 8/8 identical; native: k/8"); progress on stderr; `--json` writes the record
 atomically. Exit status: 0 when pow2 is identical across the pair for every prompt and
 every prompt decodes the same alone as inside the batch (both regimes, both backends);
-1 when it ran but one of those failed; 2 on a usage or checkpoint error (one line).
+1 when it ran but one of those failed; 2 on a usage or checkpoint error (one line), a
+SHA256SUMS that does not match the checkpoint's files included (checked before the run).
+The JSON ties the generations to the checkpoint's bytes and to the code
+(requant.identity: manifest, manifest_digest, tool_version, git_commit), as the audit's does.
 """
 
 from __future__ import annotations
@@ -108,6 +111,9 @@ def determinism(
 
         check_layout(checkpoint)
         units = work_units(prompts, 1 if all_scales_pow2(checkpoint) else 2)
+        from requant.identity import with_progress
+
+        identity = with_progress(checkpoint, console)  # before the long run: a SHA256SUMS that does not match fails here
     except (CheckpointError, UsageError, ValueError) as exc:
         console.print(f"[bold red]error:[/bold red] {escape(str(exc))}")
         raise typer.Exit(2) from None
@@ -117,7 +123,7 @@ def determinism(
         with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), TimeRemainingColumn(), console=console) as progress:
             task = progress.add_task("greedy runs", total=units)
-            result = run_determinism(checkpoint, pair, prompts, new_tokens, dev, act_backend=act_backend,
+            result = run_determinism(checkpoint, pair, prompts, new_tokens, dev, act_backend=act_backend, identity=identity,
                                      advance=lambda n=1: progress.advance(task, n),
                                      on_phase=lambda msg: progress.console.log(msg))
     except (CheckpointError, ValueError, KeyError) as exc:  # e.g. a tokenizer the model cannot embed, an unknown act backend

@@ -1,68 +1,66 @@
 """Provenance of a converted checkpoint: what it was made from, and how.
 
-One entry point, `record`, called by requant.convert once every shard is written: it
-computes the source digest, builds the provenance dict, and (for a constrained arm) writes
-config.json into the output with that dict under the "requant" key, leaving
-quantization_config as it was, so compressed-tensors and vLLM load the result unchanged.
-The unconstrained arm writes nothing here: its config.json is the input's, copied byte for
-byte.
+One entry point, `record`, called by requant.convert once every shard is written and the
+source's files are hashed. For a constrained arm it writes, into the output:
 
-The source digest ("sha256:<hex>") covers every byte of the source checkpoint and costs no
-extra pass over the shards: sha256 over `sha256sum`-style lines ("<hex>  <file>\\n", sorted
-by file) for config.json and the index (their plain sha256) and every shard (its hash
-tree, shard_digest: sha256 of the header's sha256 followed by the sha256 of each segment,
-the units requant.streaming hashes while it converts them).
+  * SHA256SUMS.source: the plain sha256 of every file of the source checkpoint, in the
+    format and under the coverage rules of requant.manifest (`sha256sum -c` checks it
+    against a copy of the source, `requant manifest SRC --against OUT/SHA256SUMS.source`
+    too). Its digest (sha256 of its bytes, "sha256:<hex>") is the source digest: one
+    number for every byte of the source, the same number the source's own SHA256SUMS
+    has when it carries one, so a chain of conversions links up by digest.
+  * config.json with a short "requant" key: arm, servable, tool version, where the source
+    came from (a Hub id and its resolved commit, or the path given), with --source the
+    bf16 weights' path, and the names of the two manifests, where the evidence lives.
+    quantization_config is left as it was, so compressed-tensors and vLLM load the result
+    unchanged.
+
+Why plain sha256 of whole files and not a hash tree built while converting: a stranger
+can check plain sha256 with coreutils, and for a large file it is exactly the object id
+the Hub shows. It cannot be split across parallel segments, so requant.convert computes it
+in background threads (requant.manifest.BackgroundHashes) beside the conversion; the
+source's pages are in the page cache by then, or read once more from a disk that the
+conversion's own CPU work leaves idle.
+
+The unconstrained arm writes nothing here: its output is the input byte for byte, so that
+`requant verify SRC OUT` stays a byte-exact proof of the reader and writer (the output's
+manifest is the source's; `requant manifest OUT --write` adds one). With --source its
+provenance dict is still returned, for the report.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
 import requant
+from requant import manifest as mf
 from requant.checkpoint import CONFIG, Checkpoint
 from requant.errors import OutputError
 from requant.requantizer import SERVABLE
 from requant.safetensors_io import os_reason
 
 PROVENANCE_KEY = "requant"
+_HEX = frozenset("0123456789abcdef")
 
 
-def shard_digest(prefix: bytes, segment_digests: list[bytes]) -> str:
-    """sha256 over sha256(header bytes) followed by the sha256 of every segment, in order:
-    a hash tree over every byte of the shard, computed while the segments are converted."""
-    h = hashlib.sha256(hashlib.sha256(prefix).digest())
-    for d in segment_digests:
-        h.update(d)
-    return h.hexdigest()
-
-
-def source_digest(file_digests: dict[str, str]) -> str:
-    """sha256 over `sha256sum`-style lines ("<hex>  <file>\\n", sorted by file): config.json
-    and the index by their sha256, every shard by its hash tree (shard_digest). One number
-    for the source checkpoint, covering every byte of it."""
-    lines = "".join(f"{d}  {n}\n" for n, d in sorted(file_digests.items()))
-    return "sha256:" + hashlib.sha256(lines.encode()).hexdigest()
-
-
-def provenance_for(arm: str, src_label: str, digest: str, ckpt: Checkpoint, source_dir: str | None) -> dict:
+def provenance_for(arm: str, src_label: str, ckpt: Checkpoint, source_dir: str | None) -> dict:
+    """config.json's "requant" key: short; the evidence lives in the manifests it names."""
+    if ckpt.from_hub:  # a Hub id that snapshot_download resolved: the snapshot's folder is the commit
+        commit = ckpt.path.name
+        source = {"id": src_label, "revision": commit if len(commit) == 40 and set(commit) <= _HEX else None}
+    else:
+        source = {"path": src_label}
     prov = {
         "arm": arm,
         "servable": SERVABLE[arm],
-        "scales": "power of two" if arm != "unconstrained" else "unchanged",
-        "weights": "requantized" if arm not in ("probe", "unconstrained") else "unchanged",
-        "tool": "requant",
         "version": requant.__version__,
-        "source": {"checkpoint": src_label, "digest": digest},
+        "source": source,
+        "manifest": mf.MANIFEST,
+        "source_manifest": mf.SOURCE_MANIFEST,
     }
-    if ckpt.from_hub:  # a Hub id that snapshot_download resolved: record the snapshot
-        prov["source"]["resolved"] = str(ckpt.path)
-    prior = ckpt.config.get(PROVENANCE_KEY)
-    if prior is not None:
-        prov["source"]["requant"] = prior
     if source_dir is not None:
-        prov["source"]["bf16_weights"] = source_dir
+        prov["bf16_source"] = source_dir
     if arm == "probe":
         prov["warning"] = ("ABLATION ONLY, NOT SERVABLE: scales rewritten to the nearest power of two "
                            "without requantizing the int8 weights (the flawed +157% perplexity construction)")
@@ -74,36 +72,33 @@ def _write_config(ckpt: Checkpoint, tmp: Path, provenance: dict) -> None:
     cfg = json.loads(raw.decode("utf-8"))
     keys = list(cfg)
     was_sorted = keys == sorted(keys)
-    cfg.pop(PROVENANCE_KEY, None)  # re-converting a converted checkpoint: the new one wins
+    cfg.pop(PROVENANCE_KEY, None)  # re-converting a converted checkpoint: the new one wins (the old is in SHA256SUMS.source)
     cfg[PROVENANCE_KEY] = provenance
     if was_sorted:
         cfg = dict(sorted(cfg.items()))
     (tmp / CONFIG).write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
-def _file_sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def record(ckpt: Checkpoint, tmp: Path, out: Path, *, arm: str, src_label: str, source_dir: str | None,
-           segment_digests: dict[str, list[bytes]]) -> tuple[str, dict | None]:
+           source_entries: dict[str, mf.Entry]) -> tuple[str, dict | None]:
     """(source digest, provenance dict or None) of one conversion of `ckpt` into the
-    temporary output directory `tmp` (to become `out`). segment_digests: per shard, the
-    sha256 of each of its segments in order (requant.streaming). For a constrained arm the
-    provenance is written into tmp/config.json; a plain unconstrained conversion has none
-    (with --source it is returned, for the report, but config.json stays the input's)."""
-    files = {CONFIG: _file_sha256(ckpt.path / CONFIG)}
-    if ckpt.index_file is not None:
-        files[ckpt.index_file.name] = _file_sha256(ckpt.index_file)
-    for name, f in ckpt.shards.items():
-        files[name] = shard_digest(f.prefix, segment_digests[name])
-    digest = source_digest(files)
+    temporary output directory `tmp` (to become `out`). source_entries: the manifest
+    entries of the source's files (requant.manifest.BackgroundHashes over ckpt.path).
+    For a constrained arm, SHA256SUMS.source and config.json (with the provenance) are
+    written into tmp; a plain unconstrained conversion has no provenance (with --source it
+    is returned, for the report, but nothing is written)."""
+    source_manifest = mf.render(source_entries)
+    digest = mf.digest_of(source_manifest)
     if arm == "unconstrained" and source_dir is None:
         return digest, None
-    prov = provenance_for(arm, src_label, digest, ckpt, source_dir)
+    prov = provenance_for(arm, src_label, ckpt, source_dir)
     if arm != "unconstrained":
         try:
             _write_config(ckpt, tmp, prov)
         except OSError as exc:
             raise OutputError(f"writing config.json failed: {os_reason(exc)}", file=out / CONFIG) from exc
+        try:
+            mf.write_atomic(tmp / mf.SOURCE_MANIFEST, source_manifest)
+        except OSError as exc:
+            raise OutputError(f"writing {mf.SOURCE_MANIFEST} failed: {os_reason(exc)}", file=out / mf.SOURCE_MANIFEST) from exc
     return digest, prov

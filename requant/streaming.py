@@ -9,11 +9,12 @@
     per worker (the --source path holds one float weight) plus small buffers, not by the
     model.
   * A unit is a segment: ~64 MB (SEGMENT) of consecutive tensors of one shard, fixed by
-    the header alone, so the units (and the digest built from them) do not depend on the
-    number of workers. requant.workers runs them in a bounded thread pool.
-  * Every source byte is read once (requant.safetensors_io.pread_exact into reused
-    buffers) and hashed on the way: each unit returns the sha256 of its source bytes,
-    which requant.provenance combines into a hash tree per shard.
+    the header alone, so the units do not depend on the number of workers.
+    requant.workers runs them in a bounded thread pool.
+  * Every source byte is read once here (requant.safetensors_io.pread_exact into reused
+    buffers). Nothing is hashed on the way: the provenance is the plain sha256 of whole
+    files (requant.manifest), which cannot be split across parallel segments, so
+    requant.convert hashes the source files in background threads beside these units.
   * Errors name the file: a failed read names the source shard and tensor (TensorError),
     a failed write the output shard (as OUT/<shard>) and tensor (OutputError).
 """
@@ -21,7 +22,6 @@
 from __future__ import annotations
 
 import concurrent.futures as cf
-import hashlib
 import os
 import shutil
 import threading
@@ -37,7 +37,7 @@ from requant.requantizer import LinearStats, Requantizer
 from requant.safetensors_io import os_reason, pread_exact, tensor_to_bytes
 from requant.workers import Aborted, run_units, shutdown
 
-# Pieces small enough to stay in the CPU cache between read, hash, requantize and write
+# Pieces small enough to stay in the CPU cache between read, requantize and write
 # (measured here: 16 MB pieces made the kernel's copies ~2x slower than 1 MB ones).
 CHUNK = 1 << 20
 BLOCK_BYTES = 1 << 20
@@ -47,7 +47,7 @@ SEGMENT = 64 << 20  # bytes of tensor data per unit of parallel work
 def segments(f) -> list[list]:
     """Split a shard's tensors (in file order) into segments of about SEGMENT bytes, the
     units of parallel work. The split depends only on the header, never on the number of
-    workers, so the digest built from segment hashes is the same however the work runs."""
+    workers."""
     out, cur, size = [], [], 0
     for info in f.by_offset:
         cur.append(info)
@@ -156,9 +156,9 @@ class Job:
             loc.outbuf = np.empty(max(n_out, 1), dtype=np.int8)
         return loc.inbuf, loc.outbuf
 
-    def linear(self, shard: str, lin: str, fd_in: int, h, should_stop: Callable[[], bool]) -> None:
+    def linear(self, shard: str, lin: str, fd_in: int, should_stop: Callable[[], bool]) -> None:
         """Requantize one Linear, its weight streamed in blocks of rows: each block is
-        read, hashed, requantized and written while it is still in the CPU cache."""
+        read, requantized and written while it is still in the CPU cache."""
         ckpt = self.ckpt
         wname, sname = lin + ".weight", lin + ".weight_scale"
         f = ckpt.shards[shard]
@@ -177,7 +177,6 @@ class Job:
                 n = min(step, rows - r0)
                 view = memoryview(inbuf)[: n * cols]
                 pread_exact(fd_in, view, start + r0 * cols, file=f.path, tensor=wname)
-                h.update(view)
                 if self.source is None:
                     qb = np.frombuffer(view, dtype=np.int8).reshape(n, cols)
                     qb_new = rq.rows(qb, r0, outbuf[: n * cols].reshape(n, cols))
@@ -205,16 +204,14 @@ class Job:
         with self.lock:
             self.stats[lin] = st
 
-    def segment(self, unit: tuple[str, list], should_stop: Callable[[], bool]) -> bytes:
-        """Convert one unit (shard name, consecutive tensors in file order); returns the
-        sha256 of its source bytes.
+    def segment(self, unit: tuple[str, list], should_stop: Callable[[], bool]) -> None:
+        """Convert one unit (shard name, consecutive tensors in file order).
 
-        Tensors are handled in cache-sized pieces read into reused buffers, hashed, and
-        either written straight back (pass-through) or requantized. should_stop() is
+        Tensors are handled in cache-sized pieces read into reused buffers, and either
+        written straight back (pass-through) or requantized. should_stop() is
         polled after every piece (requant.workers decides who stops)."""
         name, infos = unit
         f = self.ckpt.shards[name]
-        h = hashlib.sha256()
         try:
             fd_in = os.open(f.path, os.O_RDONLY)
         except OSError as exc:
@@ -224,7 +221,7 @@ class Job:
                 if should_stop():
                     raise Aborted()
                 if info.name in self.weight_to_linear:
-                    self.linear(name, self.weight_to_linear[info.name], fd_in, h, should_stop)
+                    self.linear(name, self.weight_to_linear[info.name], fd_in, should_stop)
                     continue
                 start = f.data_start + info.begin
                 inbuf, _ = self._buffers(CHUNK, 0)
@@ -232,21 +229,18 @@ class Job:
                     n = min(CHUNK, info.nbytes - pos)
                     view = memoryview(inbuf)[:n]
                     pread_exact(fd_in, view, start + pos, file=f.path, tensor=info.name)
-                    h.update(view)
                     if info.name not in self.scales:  # scales are written with their weight
                         self.write(name, view, start + pos, info.name)
                     view.release()
                     self.progress(n)
                     if should_stop():
                         raise Aborted()
-            return h.digest()
         finally:
             os.close(fd_in)
 
 
-def run(job: Job, units: list[tuple[str, list]], workers: int) -> list[bytes]:
-    """Run every unit (shard name, tensors) of `job`; return the segment digests in unit
-    order. Returns or raises (the first failing unit's error, requant.workers) only once
+def run(job: Job, units: list[tuple[str, list]], workers: int) -> None:
+    """Run every unit (shard name, tensors) of `job`. Returns or raises (the first failing unit's error, requant.workers) only once
     every worker has stopped, so the output fds may then be closed.
 
     Write-back starts as units finish (one thread, fdatasync of that unit's shard), so the
@@ -260,6 +254,6 @@ def run(job: Job, units: list[tuple[str, list]], workers: int) -> list[bytes]:
             flushing[name] = flusher.submit(job.flush_early, name)
 
     try:
-        return run_units(job.segment, units, workers, on_done)
+        run_units(job.segment, units, workers, on_done)
     finally:
         shutdown(flusher)

@@ -51,7 +51,8 @@ def test_wheel_holds_only_the_requant_name(wheel):
     assert top == {"requant", f"{wheel.name.split('-')[0]}-{wheel.name.split('-')[1]}.dist-info"}
     # The sibling folders really are inside, under their new names, with their data files.
     for must in ("requant/cli.py", "requant/kernels/__init__.py", "requant/kernels/triton/scaled_mm.py",
-                 "requant/kernels/cutlass/w8a8_sm90.cu", "requant/audit/prediction_matrix.json", "requant/data/default/config.json"):
+                 "requant/kernels/cutlass/w8a8_sm90.cu", "requant/audit/prediction_matrix.json", "requant/data/default/config.json",
+                 "requant/model_cards/requant_w8a8.md.j2", "requant/publish/card.py"):
         assert must in names, must
     cli = zipfile.ZipFile(wheel).read("requant/cli.py")
     assert cli == (ROOT / "cli.py").read_bytes()  # a copy of the top-level file, not a link
@@ -63,7 +64,7 @@ def test_wheel_holds_every_source_module(wheel):
     """Every .py of requant/, kernels/ and audit/ reaches the wheel under its installed name (a new
     sub-package missing from pyproject's explicit package list would be silently left out)."""
     names = set(zipfile.ZipFile(wheel).namelist())
-    where = {"requant": "requant", "kernels": "requant/kernels", "audit": "requant/audit"}
+    where = {"requant": "requant", "kernels": "requant/kernels", "audit": "requant/audit", "model_cards": "requant/model_cards"}
     for folder, installed in where.items():
         for f in (ROOT / folder).rglob("*.py"):
             if "__pycache__" in f.parts:
@@ -85,6 +86,7 @@ def test_installed_wheel_imports_under_requant_only(wheel, tmp_path):
         "print(requant.__file__); print(k.__file__); print(c.app.info.name)\n"
         "y = k.scaled_mm(torch.ones(1, 4, dtype=torch.int8), torch.ones(2, 4, dtype=torch.int8), torch.ones(1, 1), torch.ones(2, 1))\n"
         "print(y.tolist()); print(m.load_matrix().sha256 == m.PINNED_SHA256)\n"
+        "import requant.model_cards as mc; print(mc.template_path().is_file() and mc.template_path().is_relative_to(requant.__path__[0]))\n"
         "for n in ('kernels', 'audit', 'cli'):\n"
         "    s = u.find_spec(n); print(n, None if s is None else s.origin)\n",
         cwd=tmp_path, pythonpath=str(site))
@@ -92,7 +94,8 @@ def test_installed_wheel_imports_under_requant_only(wheel, tmp_path):
     assert lines[0].startswith(str(site)) and lines[1].startswith(str(site / "requant" / "kernels"))
     assert lines[2] == "requant"
     assert lines[3] == "[[4.0, 4.0]]" and lines[4] == "True"
-    for line in lines[5:]:
+    assert lines[5] == "True"  # the card template is package data inside the installed requant
+    for line in lines[6:]:
         name, origin = line.split(" ", 1)
         assert origin == "None" or not origin.startswith((str(site), str(ROOT))), line
 

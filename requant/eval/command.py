@@ -6,7 +6,10 @@
                  [--json OUT] [--report DIR] [--device DEV] [--threads N]
 
 No CKPT: the embedded default. Exit status 0 when the evaluation ran; 2 on a usage or
-checkpoint error (one line on stderr, no traceback). Progress (a bar over documents per
+checkpoint error (one line on stderr, no traceback), a SHA256SUMS that does not match the
+checkpoint's files included (checked before any arm runs). The JSON ties the numbers to
+the checkpoint's bytes and to the code (requant.identity: manifest, manifest_digest,
+tool_version, git_commit), as the audit's does. Progress (a bar over documents per
 arm) and messages go to stderr; the table to stdout.
 """
 
@@ -76,13 +79,13 @@ def eval_command(
 
     task_list = [t.strip() for t in tasks.split(",") if t.strip()]
     progress = Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                        TextColumn("documents"), TimeElapsedColumn(), TimeRemainingColumn(), console=console)
+                        TextColumn("{task.fields[unit]}"), TimeElapsedColumn(), TimeRemainingColumn(), console=console)
     bars: dict[str, int] = {}
 
-    def progress_for(arm: str):
+    def progress_for(arm: str, unit: str = "documents"):
         def update(done: int, total: int) -> None:
             if arm not in bars:
-                bars[arm] = progress.add_task(arm, total=total)
+                bars[arm] = progress.add_task(arm, total=total, unit=unit)
             progress.update(bars[arm], completed=done, total=total)
         return update
 
@@ -92,7 +95,8 @@ def eval_command(
             result = run_eval(ckpt, arm_list, source=None if source is None else str(source), tasks=task_list, backend=backend,
                               act_backend=act_backend, device=device, limit=limit, replicates=bootstrap, seed=seed,
                               batch_size=batch_size, max_length=max_length, progress_for=progress_for,
-                              threads=threads, on_phase=lambda msg: progress.console.print(escape(msg)))
+                              threads=threads, on_phase=lambda msg: progress.console.print(escape(msg)),
+                              hash_progress=progress_for("manifest digest (sha256 of every file)", "bytes"))
     except (EvalUsageError, CheckpointError) as exc:
         console.print(f"[bold red]error:[/bold red] {escape(str(exc))}")
         raise typer.Exit(2) from None

@@ -46,6 +46,8 @@ def _ci(ci) -> str:
 
 
 def markdown(result: dict) -> str:
+    from requant.identity import markdown_lines as identity_lines
+
     lines = [f"# requant eval: {result['checkpoint']}", ""]
     task = result.get("primary_task")
     if task:
@@ -76,7 +78,7 @@ def markdown(result: dict) -> str:
     lines += ["", f"Backend `{result['backend']}` (activations `{result['act_backend']}`) on {result['device']}; "
               f"windows of {result['max_length']} tokens; tokenizer {tok.get('kind')} (vocab {tok.get('vocab_size')}"
               + (f", sha256 {tok['sha256']}" if tok.get("sha256") else "") + f"); limit {result['limit']}; "
-              f"lm-eval {result['lm_eval_version']}; requant {result['tool_version']}.",
+              f"lm-eval {result['lm_eval_version']}.", "", *identity_lines(result),
               "", "Wall time per arm (s): " + ", ".join(f"{k} {v}" for k, v in result["wall_seconds"].items()) + "."]
     if result.get("command"):
         lines += ["", f"Command: `{result['command']}`"]

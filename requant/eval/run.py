@@ -213,16 +213,37 @@ def evaluate_row(path: str, tm, tasks: list[str], *, backend: str, act_backend: 
     return out
 
 
+def _identity(checkpoint, hash_progress: Callable[[int, int], None] | None) -> dict:
+    """requant.identity.checkpoint_identity, reporting (bytes done, bytes total)."""
+    from requant.identity import bytes_to_hash, checkpoint_identity
+
+    if hash_progress is None:
+        return checkpoint_identity(checkpoint)
+    total = bytes_to_hash(checkpoint)
+    done = 0
+
+    def advance(n: int) -> None:
+        nonlocal done
+        done += n
+        hash_progress(done, total)
+
+    hash_progress(0, total)
+    return checkpoint_identity(checkpoint, progress=advance)
+
+
 def run_eval(ckpt: str | None, arms: list[str], *, source: str | None = None, tasks: list[str] = (HELDOUT_TASK,),
              backend: str | None = None, act_backend: str = "reference", device: str | None = None,
              limit: int | None = None, replicates: int = 2000, seed: int = 0, batch_size: int = 4,
              max_length: int | None = None, progress_for: Callable[[str], Callable[[int, int], None]] | None = None,
              on_phase: Callable[[str], None] | None = None, passthrough_bootstrap: int = 100000,
-             threads: int | None = None) -> dict:
-    """Validate, evaluate every arm (and bf16), bootstrap; return the result dict (see the command)."""
+             threads: int | None = None, hash_progress: Callable[[int, int], None] | None = None) -> dict:
+    """Validate, evaluate every arm (and bf16), bootstrap; return the result dict (see the command).
+
+    After validation and before any arm runs, the checkpoint's identity (requant.identity:
+    manifest digest, tool version, git commit) is computed: a SHA256SUMS that does not match
+    the files stops the run there. hash_progress(done, total) follows those bytes."""
     import importlib.metadata
 
-    import requant
     from requant import DEFAULT_CHECKPOINT
     from requant.checkpoint import open_checkpoint
     from requant.convert import convert
@@ -275,6 +296,7 @@ def run_eval(ckpt: str | None, arms: list[str], *, source: str | None = None, ta
         raise EvalUsageError(f"--max-length must be between 1 and the model's {positions} positions")
     say("resolving tasks " + ",".join(tasks))
     tm = load_tasks(tasks)
+    identity = _identity(checkpoint, hash_progress)
     if n_threads:
         import torch
 
@@ -324,9 +346,10 @@ def run_eval(ckpt: str | None, arms: list[str], *, source: str | None = None, ta
     from requant.arms import SERVABLE
 
     result = {
-        "tool_version": requant.__version__,
-        "lm_eval_version": importlib.metadata.version("lm_eval"),
+        "tool": "requant eval",
         "checkpoint": str(checkpoint.path),
+        **identity,  # manifest, manifest_digest (of the native checkpoint), tool_version, git_commit
+        "lm_eval_version": importlib.metadata.version("lm_eval"),
         "source": None if source is None else str(source),
         "tasks": tasks,
         "primary_task": primary,

@@ -5,6 +5,7 @@ safetensors.torch.load_file for reading values independently of our reader, and
 requant.arms.requantize (property-tested against Fractions in test_arms.py) for the
 expected requantized tensors."""
 
+import hashlib
 import json
 import shutil
 
@@ -75,8 +76,19 @@ def test_constrained_arms(request, tmp_path, fixture, arm):
     prov = cfg_out.pop(PROVENANCE_KEY)
     assert cfg_out == cfg_in  # quantization_config untouched
     assert prov["arm"] == arm and prov["servable"] == (arm != "probe")
-    assert prov["source"]["digest"].startswith("sha256:") and prov["version"]
+    assert prov["source"] == {"path": str(src)} and prov["version"]
+    assert (prov["manifest"], prov["source_manifest"]) == ("SHA256SUMS", "SHA256SUMS.source")
     assert ("warning" in prov) == (arm == "probe")
+    # the manifests: plain sha256 of every file (reference: hashlib over the bytes), the output's
+    # covering config.json and the source's list; the statistics beside them, tied by the digest
+    sums = lambda d, names: "".join(f"{hashlib.sha256((d / n).read_bytes()).hexdigest()}  {n}\n" for n in sorted(names))
+    src_files = [p.name for p in src.iterdir()]
+    assert (out / "SHA256SUMS.source").read_text() == sums(src, src_files)
+    out_files = [p.name for p in out.iterdir() if p.name not in ("SHA256SUMS", "requant-convert.json")]
+    assert (out / "SHA256SUMS").read_text() == sums(out, out_files)
+    digest = "sha256:" + hashlib.sha256((out / "SHA256SUMS").read_bytes()).hexdigest()
+    assert res.manifest_digest == digest == json.loads((out / "requant-convert.json").read_text())["manifest_digest"]
+    assert res.source_digest == "sha256:" + hashlib.sha256((out / "SHA256SUMS.source").read_bytes()).hexdigest()
     assert list(res.layers) == ck.quantized_linears
     if arm == "ceiling":
         assert res.totals()["weights_clipped"] == 0
@@ -140,14 +152,18 @@ def test_converting_twice_is_stable(tmp_path, micro):
     ta, tb = _all_tensors(tmp_path / "a"), _all_tensors(tmp_path / "b")
     assert all(_same_bits(ta[n], tb[n]) for n in ta)
     prov = json.loads((tmp_path / "b" / "config.json").read_text())[PROVENANCE_KEY]
-    assert prov["source"]["requant"]["arm"] == "nearest"  # the chain is recorded
+    assert prov["source"] == {"path": str(tmp_path / "a")}
+    # the chain: b's source list holds a's config.json (with a's provenance) and a's own manifests
+    listed = dict(reversed(line.split("  ")) for line in (tmp_path / "b" / "SHA256SUMS.source").read_text().splitlines())
+    assert listed["config.json"] == hashlib.sha256((tmp_path / "a" / "config.json").read_bytes()).hexdigest()
+    assert "SHA256SUMS.source" in listed and "SHA256SUMS" not in listed and "requant-convert.json" not in listed
 
 
 def test_deterministic_digest_and_bytes(tmp_path, micro):
     r1 = convert(micro, tmp_path / "a", "mse")
     r2 = convert(micro, tmp_path / "b", "mse")
-    assert r1.source_digest == r2.source_digest
-    assert tree_bytes(tmp_path / "a") == tree_bytes(tmp_path / "b")
+    assert r1.source_digest == r2.source_digest and r1.manifest_digest == r2.manifest_digest
+    assert tree_bytes(tmp_path / "a") == tree_bytes(tmp_path / "b")  # requant-convert.json included: no times, no paths of OUT
 
 
 def test_existing_output_needs_force(tmp_path, micro):
@@ -214,7 +230,7 @@ def test_source_unconstrained_reproduces_rtn_checkpoint(tmp_path):
     assert tree_bytes(tmp_path / "again") == tree_bytes(src)
     res = convert(src, tmp_path / "ceil", "ceiling", source=tmp_path / "bf16")
     prov = json.loads((tmp_path / "ceil" / "config.json").read_text())[PROVENANCE_KEY]
-    assert prov["source"]["bf16_weights"] == str(tmp_path / "bf16")
+    assert prov["bf16_source"] == str(tmp_path / "bf16")
     ck = open_checkpoint(tmp_path / "ceil")
     orig = _all_tensors(tmp_path / "bf16")
     for lin in ck.quantized_linears:
@@ -278,14 +294,13 @@ def test_source_sharded(tmp_path):
 
 
 def test_local_path_spellings_record_no_hub_resolution(tmp_path, monkeypatch, micro):
-    """"resolved" is recorded only for a snapshot that snapshot_download produced
+    """A Hub id and revision are recorded only for a snapshot that snapshot_download produced
     (test_hub_cache covers that case), never for a local directory spelled differently."""
     monkeypatch.chdir(tmp_path)
     for i, spelling in enumerate(["./micro/", "micro", str(micro) + "/", "./micro/../micro"]):
         convert(spelling, f"out{i}", "nearest")
         prov = json.loads((tmp_path / f"out{i}" / "config.json").read_text())[PROVENANCE_KEY]
-        assert prov["source"]["checkpoint"] == spelling
-        assert "resolved" not in prov["source"]
+        assert prov["source"] == {"path": spelling}
     assert open_checkpoint("./micro/").from_hub is False
 
 
@@ -434,8 +449,8 @@ def test_tiny_pieces_and_parallel_units_give_the_same_bytes(tmp_path, monkeypatc
     """The streaming and parallel paths with pieces far smaller than a tensor (blocks of a
     few rows, 16-byte pass-through chunks, 256-byte segments: many units per shard and
     many pieces per tensor), with 1 and 4 workers: the same bytes as each other and as the
-    run with the default sizes (reference). Only the provenance digest may differ from the
-    default run: it is a hash tree over segments, whose size is part of its definition."""
+    run with the default sizes (reference), the manifests and statistics included (plain
+    sha256 of whole files: nothing depends on how the work was cut)."""
     import requant.streaming as conv
 
     ref = tmp_path / "ref"
@@ -455,13 +470,6 @@ def test_tiny_pieces_and_parallel_units_give_the_same_bytes(tmp_path, monkeypatc
     assert t1 == t4 and r1.source_digest == r4.source_digest
     for lin, st in r1.layers.items():
         assert st.to_dict() == r4.layers[lin].to_dict()
-    assert set(t1) == set(tref)
-    for name in tref:
-        if name != "config.json" or arm == "unconstrained":
-            assert t1[name] == tref[name], name
+    assert t1 == tref and r1.manifest_digest == r4.manifest_digest
     if arm == "unconstrained":
         assert tref == tree_bytes(micro_sharded)
-    else:
-        c1, cref = json.loads(t1["config.json"]), json.loads(tref["config.json"])
-        assert c1[PROVENANCE_KEY]["source"].pop("digest") != cref[PROVENANCE_KEY]["source"].pop("digest")
-        assert c1 == cref

@@ -200,3 +200,32 @@ def test_usage_errors_are_one_line(args, word):
         pytest.skip("a CUDA device is present")
     res = runner.invoke(app, ["determinism"] + args)
     assert res.exit_code == 2 and word in res.output and "Traceback" not in res.output
+
+
+def test_json_ties_the_generations_to_the_bytes_and_the_code(tmp_path):
+    """manifest_digest, tool_version and git_commit, as the audit records them. References:
+    the manifest digest by hand (tests/digests.py: hashlib over the files), the sha256 of the
+    stored SHA256SUMS by hashlib, requant.buildinfo.build_info() for the code. A SHA256SUMS
+    that does not match the files is a checkpoint error before any decoding (exit 2)."""
+    from requant import manifest as mf
+    from requant.buildinfo import build_info
+    from tests.digests import manifest_digest_by_hand
+
+    src = write_walk_checkpoint(tmp_path / "walk")
+    args = ["--backends", "reference", "--prompts", "1", "--new-tokens", "2", "--json", str(tmp_path / "det.json")]
+    res = runner.invoke(app, ["determinism", str(src), *args])
+    assert res.exit_code == 0, res.output
+    data = json.loads((tmp_path / "det.json").read_text())
+    assert data["manifest"] is None and data["manifest_digest"] == manifest_digest_by_hand(src)  # no SHA256SUMS: computed
+    assert {k: data[k] for k in ("tool_version", "git_commit")} == build_info()
+    assert f"checkpoint manifest digest: `{data['manifest_digest']}`" in res.stdout
+    mf.write(src)
+    res = runner.invoke(app, ["determinism", str(src), *args])
+    assert res.exit_code == 0, res.output
+    data = json.loads((tmp_path / "det.json").read_text())
+    assert data["manifest"] == "SHA256SUMS"
+    assert data["manifest_digest"] == "sha256:" + hashlib.sha256((src / "SHA256SUMS").read_bytes()).hexdigest()
+    (src / "config.json").write_bytes((src / "config.json").read_bytes() + b"\n")
+    res = runner.invoke(app, ["determinism", str(src), *args])
+    assert res.exit_code == 2 and "config.json differs" in res.output and "Traceback" not in res.output
+    assert "determinism of" not in res.output  # nothing ran

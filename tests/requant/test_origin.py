@@ -201,7 +201,7 @@ def test_rtn_checkpoint_is_accepted_and_reproduced(tmp_path):
     assert res.exit_code == 0, res.output
     assert tree_bytes(tmp_path / "again") == tree_bytes(ckpt)
     convert(ckpt, tmp_path / "near", "nearest", source=tmp_path / "bf16", jobs=2)
-    assert json.loads((tmp_path / "near" / "config.json").read_text())["requant"]["source"]["bf16_weights"] == str(tmp_path / "bf16")
+    assert json.loads((tmp_path / "near" / "config.json").read_text())["requant"]["bf16_source"] == str(tmp_path / "bf16")
 
 
 def test_fp32_scales_made_from_bf16_rtn_are_accepted(tmp_path, origin):

@@ -145,3 +145,29 @@ def test_unknown_task_exit_2(monkeypatch):
     monkeypatch.setattr(lm_eval.tasks, "TaskManager", lambda include_path=None, include_defaults=True: real(include_path=include_path, include_defaults=False))
     res = _invoke(["--tasks", "requant-heldout,no-such-task", "--limit", 1])
     assert res.exit_code == 2 and "unknown task 'no-such-task'" in res.output
+
+
+def test_json_ties_the_numbers_to_the_bytes_and_the_code(micro_with_source, tmp_path):
+    """manifest_digest, tool_version and git_commit, as the audit records them. References:
+    the manifest digest by hand (tests/digests.py: hashlib over the files),
+    requant.buildinfo.build_info() for the code (the stored-SHA256SUMS case is shared code,
+    requant.identity, tested through determinism and the audit). A SHA256SUMS that does not
+    match the files is a checkpoint error before any arm runs (exit 2)."""
+    from requant import manifest as mf
+    from requant.buildinfo import build_info
+    from tests.digests import manifest_digest_by_hand
+
+    ckpt, _ = micro_with_source
+    out = tmp_path / "eval.json"
+    res = _invoke([ckpt, "--arms", "native", "--limit", 1, "--bootstrap", 10, "--json", out, "--report", tmp_path / "rep"])
+    assert res.exit_code == 0, res.output
+    r = json.loads(out.read_text())
+    assert r["tool"] == "requant eval" and r["manifest"] is None and r["manifest_digest"] == manifest_digest_by_hand(ckpt)
+    assert {k: r[k] for k in ("tool_version", "git_commit")} == build_info()
+    assert f"checkpoint manifest digest: `{r['manifest_digest']}`" in (tmp_path / "rep" / "eval.md").read_text()
+    mf.write(ckpt)
+    (ckpt / "config.json").write_bytes((ckpt / "config.json").read_bytes() + b"\n")
+    before = out.read_bytes()
+    res = _invoke([ckpt, "--arms", "native", "--limit", 1, "--bootstrap", 10, "--json", out])
+    assert res.exit_code == 2 and "config.json differs" in res.output
+    assert "evaluating" not in res.output and out.read_bytes() == before  # nothing ran, nothing written

@@ -1,0 +1,335 @@
+"""Provenance a stranger can check: a plain sha256 of every file of a checkpoint.
+
+The manifest is a file named `SHA256SUMS` beside config.json, in the format of GNU
+coreutils' `sha256sum` (one line per file, `<64 lowercase hex>  <relative path>\\n`, sorted
+by the path's UTF-8 bytes, no other content). Why this format and not a JSON manifest:
+
+  * anyone can check a download with no requant at all: `sha256sum -c SHA256SUMS`
+    (macOS: `shasum -a 256 -c SHA256SUMS`);
+  * each line is the file's plain sha256, which for a large (LFS) file is exactly the
+    object id the Hub shows on the file's page and returns in its API (`lfs.sha256`);
+  * the manifest's digest, `sha256:` + sha256 of its bytes, is what `sha256sum SHA256SUMS`
+    prints: one number for every byte of the checkpoint, with nothing to canonicalise
+    first. The writer only ever produces the canonical form (sorted, LF, two spaces) and
+    the reader refuses anything else, so "the manifest's canonical bytes" and "the file's
+    bytes" are the same thing.
+  (The JSON alternative would carry sizes, but sizes add nothing to a sha256 and no stock
+  tool checks a JSON manifest.)
+
+What it covers: every file under the checkpoint directory (recursively; symlinks to files
+are followed, as in a Hub snapshot) except the evidence written *about* those bytes, which
+is made after them and would otherwise make the digest circular:
+  the manifest itself, README.md (the model card, which quotes the digest), .gitattributes
+  (the Hub writes its own), and requant's reports (REPORTS: requant-audit.json,
+  requant-eval.json, requant-determinism.json, requant-convert.json), all at the top level;
+  and the directories .git, .cache (huggingface_hub's local-dir metadata) and .huggingface.
+The same rule describes a converted checkpoint's source (SOURCE_MANIFEST, written by
+`requant convert`), so a source that is itself a requant output has the same digest either way.
+
+File names that the sha256sum format cannot hold plainly (a newline, a carriage return or a
+backslash: GNU would escape them) are refused, naming the file.
+
+Hashing reads each file once in 8 MB pieces into a reused buffer; several files are hashed at
+once (hashlib releases the GIL on large updates), so a sharded checkpoint hashes at the
+speed of the disk or of the cores, whichever is slower.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import hashlib
+import os
+import re
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from requant.errors import CheckpointError
+
+MANIFEST = "SHA256SUMS"
+SOURCE_MANIFEST = "SHA256SUMS.source"
+CARD = "README.md"
+REPORTS = ("requant-audit.json", "requant-eval.json", "requant-determinism.json", "requant-convert.json")
+# Top-level names that are evidence about the checkpoint, not part of it.
+NOT_COVERED = frozenset({MANIFEST, CARD, ".gitattributes", *REPORTS})
+SKIP_DIRS = frozenset({".git", ".cache", ".huggingface"})
+READ_BYTES = 8 << 20
+_LINE = re.compile(r"^([0-9a-f]{64})  (.+)$")
+
+
+class ManifestError(CheckpointError):
+    """A manifest that is missing, malformed, or does not match the files."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    path: str  # relative, POSIX separators
+    sha256: str  # 64 lowercase hex
+    size: int
+
+
+def _check_name(rel: str, where) -> None:
+    if any(c in rel for c in "\n\r\\"):
+        raise ManifestError(f"file name {rel!r} holds a newline, carriage return or backslash, which a SHA256SUMS line cannot hold plainly", file=where)
+
+
+def covered_files(root: str | os.PathLike) -> dict[str, Path]:
+    """{relative path: path} of every file the manifest covers, sorted by path."""
+    root = Path(root)
+    if not root.is_dir():
+        raise ManifestError("not a directory", file=root)
+    out: dict[str, Path] = {}
+    for dirpath, dirs, files in os.walk(root):
+        d = Path(dirpath)
+        dirs[:] = sorted(x for x in dirs if x not in SKIP_DIRS)
+        for name in dirs:
+            if (d / name).is_symlink():  # os.walk would skip it silently: never leave files out unsaid
+                raise ManifestError("a symlinked directory inside a checkpoint is not supported", file=d / name)
+        for fn in files:
+            p = d / fn
+            rel = p.relative_to(root).as_posix()
+            if d == root and fn in NOT_COVERED:
+                continue
+            if not p.is_file():
+                raise ManifestError("not a regular file (a dangling symlink?)", file=p)
+            _check_name(rel, p)
+            out[rel] = p
+    return dict(sorted(out.items(), key=lambda kv: kv[0].encode("utf-8")))
+
+
+def file_sha256(path: str | os.PathLike, progress: Callable[[int], None] | None = None,
+                stop: threading.Event | None = None) -> tuple[str, int]:
+    """(sha256 hex, size) of one file, read once in 8 MB pieces (ManifestError when `stop` is set meanwhile)."""
+    h = hashlib.sha256()
+    buf = bytearray(READ_BYTES)
+    view = memoryview(buf)
+    size = 0
+    try:
+        with open(path, "rb", buffering=0) as f:
+            while True:
+                n = f.readinto(buf)
+                if not n:
+                    break
+                h.update(view[:n])
+                size += n
+                if stop is not None and stop.is_set():
+                    raise ManifestError("hashing stopped", file=path)
+                if progress is not None:
+                    progress(n)
+    except OSError as exc:
+        raise ManifestError(f"reading failed: {exc.strerror or exc}", file=path) from None
+    return h.hexdigest(), size
+
+
+def _hash_all(files: dict[str, Path], jobs: int | None, progress) -> dict[str, Entry]:
+    if not files:
+        return {}
+    workers = max(1, min(jobs or min(4, os.cpu_count() or 1), len(files)))
+    if workers == 1:
+        hashed = {rel: file_sha256(p, progress) for rel, p in files.items()}
+    else:
+        with cf.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="requant-sha256") as pool:
+            futures = {rel: pool.submit(file_sha256, p, progress) for rel, p in files.items()}
+            hashed = {rel: fut.result() for rel, fut in futures.items()}
+    return {rel: Entry(rel, h, n) for rel, (h, n) in hashed.items()}
+
+
+def compute(root: str | os.PathLike, *, jobs: int | None = None, progress: Callable[[int], None] | None = None,
+            known: dict[str, Entry] | None = None) -> dict[str, Entry]:
+    """The manifest entries of a directory as it is now: {path: Entry}, sorted by path.
+    `known` entries (hashed already, e.g. by BackgroundHashes) are taken as they are."""
+    known = known or {}
+    files = covered_files(root)
+    hashed = _hash_all({rel: p for rel, p in files.items() if rel not in known}, jobs, progress)
+    return {rel: known[rel] if rel in known else hashed[rel] for rel in files}
+
+
+class BackgroundHashes:
+    """The manifest entries of a directory, hashed in background threads from construction on
+    (one sequential pass per file, several files at once), so that a caller can do other work
+    on the same files meanwhile (`requant convert` hashes its source while converting it)."""
+
+    def __init__(self, root: str | os.PathLike, jobs: int | None = None, only: set[str] | None = None):
+        files = {rel: p for rel, p in covered_files(root).items() if only is None or rel in only}
+        workers = max(1, min(jobs or min(4, os.cpu_count() or 1), len(files) or 1))
+        self._stop = threading.Event()
+        self._pool = cf.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="requant-sha256")
+        self._futures = {rel: self._pool.submit(file_sha256, p, None, self._stop) for rel, p in files.items()}
+
+    def result(self) -> dict[str, Entry]:
+        try:
+            return {rel: Entry(rel, *fut.result()) for rel, fut in self._futures.items()}
+        finally:
+            self._pool.shutdown(wait=True)
+
+    def cancel(self) -> None:
+        """Stop within one 8 MB read: files not started are skipped, the ones being hashed abandoned."""
+        self._stop.set()
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def render(entries) -> bytes:
+    """The canonical manifest bytes for entries ({path: Entry} or Entry objects or
+    {path: sha256 hex})."""
+    if isinstance(entries, dict):
+        pairs = [(k, v.sha256 if isinstance(v, Entry) else v) for k, v in entries.items()]
+    else:
+        pairs = [(e.path, e.sha256) for e in entries]
+    pairs.sort(key=lambda kv: kv[0].encode("utf-8"))
+    lines = []
+    for i, (rel, h) in enumerate(pairs):
+        _check_name(rel, rel)
+        if not re.fullmatch(r"[0-9a-f]{64}", h):
+            raise ManifestError(f"not a sha256 hex digest: {h!r}", file=rel)
+        if i and pairs[i - 1][0] == rel:
+            raise ManifestError("listed twice", file=rel)
+        lines.append(f"{h}  {rel}\n")
+    return "".join(lines).encode("utf-8")
+
+
+def digest_of(manifest_bytes: bytes) -> str:
+    """The manifest digest: 'sha256:' + sha256 of the manifest's (canonical) bytes."""
+    return "sha256:" + hashlib.sha256(manifest_bytes).hexdigest()
+
+
+def parse(data: bytes, *, file: str | os.PathLike = MANIFEST) -> dict[str, str]:
+    """{path: sha256 hex} from manifest bytes; anything but the canonical form is refused
+    (naming the line), so that the file's own sha256 is the manifest digest."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ManifestError("not UTF-8 text", file=file) from None
+    if text and not text.endswith("\n"):
+        raise ManifestError("the last line has no newline (not canonical)", file=file)
+    out: dict[str, str] = {}
+    for no, line in enumerate(text.split("\n")[:-1], 1):
+        m = _LINE.match(line)
+        if m is None:
+            raise ManifestError(f"line {no} is not '<64 lowercase hex>  <file>'", file=file)
+        rel = m.group(2)
+        if rel.startswith("/") or any(part in ("", ".", "..") for part in rel.split("/")):
+            raise ManifestError(f"line {no}: {rel!r} is not a plain relative path", file=file)
+        if rel in out:
+            raise ManifestError(f"line {no}: {rel!r} is listed twice", file=file)
+        out[rel] = m.group(1)
+    if render(out) != data:
+        raise ManifestError("not in canonical form (lines sorted by file name, LF endings, two spaces)", file=file)
+    return out
+
+
+def read(root: str | os.PathLike, name: str = MANIFEST) -> tuple[dict[str, str], bytes] | None:
+    """({path: sha256}, bytes) of the manifest root/name (name may also be a path of its
+    own, e.g. another checkpoint's SHA256SUMS.source), or None when there is none."""
+    p = Path(root) / name
+    if not p.exists():
+        return None
+    try:
+        data = p.read_bytes()
+    except OSError as exc:
+        raise ManifestError(f"reading failed: {exc.strerror or exc}", file=p) from None
+    return parse(data, file=p), data
+
+
+def write_atomic(path: str | os.PathLike, data: bytes) -> Path:
+    """Write bytes to path atomically (a temporary file in the same directory, fsynced,
+    renamed over path, then the directory fsynced)."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".requant-tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    dfd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+    return path
+
+
+def write(root: str | os.PathLike, entries: dict[str, Entry] | None = None, name: str = MANIFEST) -> tuple[Path, str]:
+    """Write the manifest of root (computed now unless entries are given). Returns (path, digest)."""
+    data = render(entries if entries is not None else compute(root))
+    return write_atomic(Path(root) / name, data), digest_of(data)
+
+
+@dataclass
+class Check:
+    """The result of checking a directory against its manifest."""
+
+    manifest: str
+    digest: str  # of the stored manifest
+    missing: list[str]  # listed, not present
+    extra: list[str]  # present (and covered), not listed
+    differing: list[str]  # present, different bytes
+    entries: dict[str, Entry]  # what was found (present and listed)
+
+    @property
+    def ok(self) -> bool:
+        return not (self.missing or self.extra or self.differing)
+
+    @property
+    def first_problem(self) -> str | None:
+        """'<kind>: <file>' for the first problem in file-name order, or None."""
+        problems = [(p, "missing") for p in self.missing] + [(p, "not listed") for p in self.extra] + \
+                   [(p, "differs") for p in self.differing]
+        if not problems:
+            return None
+        rel, kind = min(problems, key=lambda pk: pk[0].encode("utf-8"))
+        return f"{rel} {kind}"
+
+    def describe(self) -> str:
+        if self.ok:
+            return f"{len(self.entries)} files match {self.manifest} ({self.digest})"
+        n = len(self.missing) + len(self.extra) + len(self.differing)
+        return (f"{self.manifest} does not match the files: {self.first_problem}"
+                + (f" (and {n - 1} more problem{'s' if n > 2 else ''})" if n > 1 else ""))
+
+
+def verify(root: str | os.PathLike, name: str | os.PathLike = MANIFEST, *, jobs: int | None = None,
+           progress: Callable[[int], None] | None = None) -> Check:
+    """Check root against a manifest: root/SHA256SUMS by default, or `name` (a file name in
+    root, or any path: `verify(SRC, OUT / "SHA256SUMS.source")` checks a converted
+    checkpoint's source). ManifestError if there is none."""
+    root = Path(root)
+    mpath = root / name
+    stored = read(root, name)
+    if stored is None:
+        raise ManifestError("no manifest here (write one with `requant manifest DIR --write`)", file=mpath)
+    listed, data = stored
+    files = covered_files(root)
+    for rel, p in list(files.items()):
+        if p.resolve() == mpath.resolve():  # a manifest never lists itself
+            del files[rel]
+    missing = [p for p in listed if p not in files]
+    extra = [p for p in files if p not in listed]
+    found = _hash_all({p: files[p] for p in listed if p in files}, jobs, progress)
+    differing = [p for p, e in found.items() if e.sha256 != listed[p]]
+    return Check(str(name), digest_of(data), missing, extra, differing, found)
+
+
+def identity(root: str | os.PathLike, *, jobs: int | None = None, progress: Callable[[int], None] | None = None) -> dict:
+    """The fields a report records to tie itself to a checkpoint's bytes:
+    {"manifest": "SHA256SUMS" or None, "manifest_digest": "sha256:..."}.
+
+    With a stored manifest, the directory is checked against it first (a mismatch is a
+    ManifestError naming the first differing, missing or unlisted file: a report must never
+    claim a digest for bytes it did not read); without one, the digest of the manifest
+    computed now (what `requant manifest --write` would write) and "manifest": None."""
+    if (Path(root) / MANIFEST).exists():
+        check = verify(root, jobs=jobs, progress=progress)
+        if not check.ok:
+            raise ManifestError(check.describe(), file=root)
+        return {"manifest": MANIFEST, "manifest_digest": check.digest}
+    return {"manifest": None, "manifest_digest": digest_of(render(compute(root, jobs=jobs, progress=progress)))}

@@ -1,0 +1,192 @@
+"""The publishing sub-commands of the `requant` CLI: manifest, card, push.
+
+Thin typer wrappers over requant.manifest, requant.publish.card and requant.publish.push:
+progress (rich, stderr) while hashing, tables for people on stdout, JSON with --json, and
+every refusal or failure as one red line on stderr with exit status 1 (typer's own usage
+errors exit 2). Nothing here ever prints a token.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+from rich.table import Table
+
+from requant.errors import CheckpointError
+
+
+def _out() -> Console:
+    return Console(file=sys.stdout, highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 200)
+
+
+def _err() -> Console:
+    return Console(file=sys.stderr, highlight=False, soft_wrap=True)
+
+
+def _fail(msg: str, code: int = 1):
+    _err().print(f"[bold red]error:[/] {escape(msg)}")
+    raise typer.Exit(code)
+
+
+def _run(fn):
+    try:
+        return fn()
+    except CheckpointError as exc:
+        _fail(str(exc))
+    except OSError as exc:
+        _fail(f"{exc.filename}: {exc.strerror or exc}" if exc.filename else str(exc))
+    except KeyboardInterrupt:
+        _fail("interrupted; nothing was written", 130)
+
+
+@contextmanager
+def _hashing(root: Path, what: str):
+    """A byte progress bar (stderr, only on a terminal) for hashing the files under root."""
+    err = _err()
+    total = sum(p.stat().st_size for p in Path(root).rglob("*") if p.is_file()) if Path(root).is_dir() else 0
+    with Progress(TextColumn(what), BarColumn(), DownloadColumn(), TransferSpeedColumn(), console=err,
+                  transient=True, disable=not err.is_terminal) as progress:
+        task = progress.add_task(what, total=total)
+        yield lambda n: progress.advance(task, n)
+
+
+def _warn(lines) -> None:
+    for line in lines:
+        _err().print(f"[bold yellow]warning:[/] {escape(line)}")
+
+
+def manifest(
+    ckpt: Annotated[Path, typer.Argument(help="Checkpoint directory.")],
+    write: Annotated[bool, typer.Option("--write", help="Compute and write CKPT/SHA256SUMS (atomically; replaces an existing one).")] = False,
+    against: Annotated[Optional[Path], typer.Option("--against", help="Check CKPT against this manifest file instead (e.g. OUT/SHA256SUMS.source to check a converted checkpoint's source).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+):
+    """Check a checkpoint against its SHA256SUMS (sha256sum -c compatible), or write one.
+
+    Exit 0 when every file matches (or after --write); 1 naming the first missing, unlisted
+    or differing file. Without SHA256SUMS (and without --write) it prints the manifest that
+    would be written and its digest. README.md, .gitattributes and the requant-*.json reports
+    are not covered (they are written about the checkpoint, after it)."""
+    from requant import manifest as mf
+
+    out = _out()
+    if write:
+        with _hashing(ckpt, "sha256") as cb:
+            entries = _run(lambda: mf.compute(ckpt, progress=cb))
+        path, digest = _run(lambda: mf.write(ckpt, entries))
+        if as_json:
+            out.file.write(json.dumps({"written": str(path), "manifest_digest": digest, "files": len(entries)}, indent=2) + "\n")
+        else:
+            out.print(f"wrote {escape(str(path))}: {len(entries)} files, manifest digest {digest}")
+        return
+    if against is None and not (ckpt / mf.MANIFEST).exists():
+        with _hashing(ckpt, "sha256") as cb:
+            entries = _run(lambda: mf.compute(ckpt, progress=cb))
+        digest = mf.digest_of(mf.render(entries))
+        if as_json:
+            out.file.write(json.dumps({"manifest": None, "manifest_digest": digest,
+                                       "files": {e.path: {"sha256": e.sha256, "size": e.size} for e in entries.values()}}, indent=2) + "\n")
+            return
+        out.file.write(mf.render(entries).decode("utf-8"))
+        out.print(f"no {mf.MANIFEST} in {escape(str(ckpt))}; the one above has digest {digest} (--write writes it)")
+        return
+    name = against.resolve() if against is not None else mf.MANIFEST
+    with _hashing(ckpt, "sha256") as cb:
+        check = _run(lambda: mf.verify(ckpt, name, progress=cb))
+    if as_json:
+        out.file.write(json.dumps({"manifest": str(check.manifest), "manifest_digest": check.digest, "ok": check.ok,
+                                   "first_problem": check.first_problem, "missing": check.missing, "not_listed": check.extra,
+                                   "differing": check.differing}, indent=2) + "\n")
+    elif check.ok:
+        out.print(f"[green]ok[/]: {escape(check.describe())}")
+    else:
+        out.print(f"[red]mismatch[/]: {escape(check.describe())}")
+        for kind, rels in (("missing", check.missing), ("not listed", check.extra), ("differs", check.differing)):
+            for rel in rels:
+                out.print(f"  {kind}: {escape(rel)}")
+    if not check.ok:
+        raise typer.Exit(1)
+
+
+def card(
+    ckpt: Annotated[Path, typer.Argument(help="Checkpoint directory.")],
+    audit: Annotated[Optional[Path], typer.Option("--audit", help="Audit JSON (default: CKPT/requant-audit.json if present; must be of these bytes).")] = None,
+    eval_report: Annotated[Optional[Path], typer.Option("--eval", help="Eval JSON (default: CKPT/requant-eval.json if present; these bytes or their source).")] = None,
+    determinism: Annotated[Optional[Path], typer.Option("--determinism", help="Determinism JSON (default: CKPT/requant-determinism.json if present).")] = None,
+    convert_report: Annotated[Optional[Path], typer.Option("--convert", help="Conversion statistics JSON (default: CKPT/requant-convert.json, which `requant convert` writes).")] = None,
+    repo_id: Annotated[Optional[str], typer.Option("--repo-id", help="The Hub repo the card will live in (for its usage lines).")] = None,
+    stdout: Annotated[bool, typer.Option("--stdout", help="Print the card instead of writing CKPT/README.md.")] = False,
+):
+    """Render the model card CKPT/README.md (atomically) from the checkpoint and its reports.
+
+    Reports are found beside the checkpoint by default: requant-audit.json,
+    requant-eval.json, requant-determinism.json, requant-convert.json. A missing report is
+    named in the card as not measured. Also writes CKPT/SHA256SUMS when there is none (the
+    card quotes its digest)."""
+    from requant import manifest as mf
+    from requant.publish.card import checkpoint_facts, render, write_card
+
+    with _hashing(ckpt, "sha256") as cb:
+        facts = _run(lambda: checkpoint_facts(ckpt, progress=cb))
+    rendered = _run(lambda: render(ckpt, audit=audit, eval=eval_report, determinism=determinism, convert=convert_report,
+                                   repo_id=repo_id, facts=facts))
+    _warn(rendered.warnings)
+    if stdout:
+        sys.stdout.write(rendered.text)
+        return
+    if not facts.manifest_stored:
+        path, digest = _run(lambda: mf.write(ckpt, facts.entries))
+        _out().print(f"wrote {escape(str(path))} (manifest digest {digest})")
+    path = _run(lambda: write_card(ckpt, rendered))
+    measured = ", ".join(f"{k} {'measured' if k in rendered.reports.found else 'not measured'}" for k in ("audit", "determinism", "eval"))
+    _out().print(f"wrote {escape(str(path))} ({measured}; license {rendered.metadata.get('license')})")
+
+
+def push(
+    ckpt: Annotated[Path, typer.Argument(help="Checkpoint directory.")],
+    repo_id: Annotated[str, typer.Argument(help="Hub model repo, owner/name (created if missing).")],
+    private: Annotated[bool, typer.Option("--private", help="Create the repo private (an existing repo keeps its visibility).")] = False,
+    revision: Annotated[Optional[str], typer.Option("--revision", help="Branch to commit to (created if missing; default main).")] = None,
+    commit_message: Annotated[Optional[str], typer.Option("--commit-message", help="Commit message (default names the arm and the manifest digest).")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="List what would be uploaded (size, sha256); contact nothing, write nothing.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Push without a clean audit of these bytes or with non-power-of-two scales (never the probe arm).")] = False,
+):
+    """Upload an audited checkpoint with its card, manifest and reports, in one commit.
+
+    Refuses, saying why, unless CKPT/requant-audit.json audits exactly these bytes (its
+    manifest digest) with the pinned matrix, no false positive or negative and every pow2
+    layer bitwise equal, and every weight scale is a power of two (--force overrides these,
+    never the probe arm). The token comes from HF_TOKEN or the stored login; HF_ENDPOINT
+    selects the Hub. Prints the commit URL."""
+    from requant.publish import push as push_mod
+
+    with _hashing(ckpt, "sha256") as cb:
+        p = _run(lambda: push_mod.plan(ckpt, repo_id, revision=revision, force=force, progress=cb))
+    if p.overridden:
+        _warn([f"--force: pushing although {r}" for r in p.overridden])
+    for note in p.notes:
+        _err().print(f"note: {escape(note)}")
+    out = _out()
+    if dry_run:
+        table = Table(title=f"would upload to {escape(repo_id)}" + (f" (branch {escape(revision)})" if revision else ""))
+        for col, just in (("file", "left"), ("bytes", "right"), ("sha256", "left"), ("", "left")):
+            table.add_column(col, justify=just)
+        for u in p.files:
+            table.add_row(escape(u.path_in_repo), f"{u.size:,}", u.sha256, escape(u.note))
+        out.print(table)
+        out.print(f"{len(p.files)} files, {p.total_bytes:,} bytes; manifest digest {p.manifest_digest}. "
+                  "Dry run: nothing was contacted or written.")
+        return
+    url = _run(lambda: push_mod.upload(p, private=private, commit_message=commit_message))
+    written = _run(lambda: push_mod.write_back(p))
+    for path in written:
+        _err().print(f"wrote {escape(str(path))} (as pushed)")
+    out.print(url)
