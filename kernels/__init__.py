@@ -64,7 +64,10 @@ def scaled_mm_backends() -> list[str]:
 
 
 def scaled_mm(a: torch.Tensor, w: torch.Tensor, s_a: torch.Tensor, s_w: torch.Tensor, backend: str = "reference-cutlass-order") -> torch.Tensor:
-    return _resolve(_SCALED_MM, "scaled_mm", backend)(a, w, s_a, s_w)
+    fn = _RESOLVED.get(("scaled_mm", backend))
+    if fn is None:
+        fn = _resolve(_SCALED_MM, "scaled_mm", backend)
+    return fn(a, w, s_a, s_w)
 
 
 def quantize_activations(x: torch.Tensor, backend: str = "reference", check: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -19,9 +19,11 @@ other argument properties would run. Triton specializes (specialize.cc, Triton 3
   * an integer on: == 1 (then a compile-time constant), % 16 == 0, int32 / int64 / uint64;
   * a tensor on: its dtype and data_ptr % 16 == 0;
   * a host tensor descriptor on: its base's dtype and its block shape;
-and compiles with the options (num_warps, num_stages, enable_fp_fusion, debug, ...). The
-callers put into the key: the kernel, the config name (block shapes, warps, stages: fixed
-per config), the device, and int_key / ptr_key of every integer and tensor argument.
+and compiles with the options (num_warps, num_stages, enable_fp_fusion, debug, ...).
+launch_key puts into the key: the kernel, the config name (block shapes, warps, stages:
+fixed per config), the device, the constexpr values, and for every runtime argument its
+class: int_key of an integer, (dtype, data_ptr % 16 == 0) of a tensor, a marker for a
+descriptor (its int8 dtype and block shape are fixed by the config).
 tests/kernels/test_triton_launch.py checks, against Triton's own binder, that equal keys
 never cover different specializations. Changing Triton's debug knobs after the first call
 is not tracked (those kernels keep their options).
@@ -67,6 +69,19 @@ except AttributeError:  # pragma: no cover - depends on the torch build
         return torch.cuda.current_device()
 
 
+def device_index(t: torch.Tensor):
+    """The CUDA device index of `t`; None for a CPU tensor under TRITON_INTERPRET=1 (the
+    interpreter's plain path). Any other tensor is refused with a RuntimeError."""
+    if t.is_cuda:
+        return t.device.index
+    if INTERPRET and t.device.type == "cpu":
+        return None
+    raise RuntimeError(
+        f"the Triton backend needs CUDA tensors (got {t.device}); for CPU tensors set "
+        "TRITON_INTERPRET=1 before importing triton (CI does)"
+    )
+
+
 def int_key(v: int) -> int:
     """Triton's specialization class of an integer argument, as one small int."""
     if v == 1:
@@ -82,9 +97,16 @@ def int_key(v: int) -> int:
     return width + (2 if v % 16 == 0 else 0)
 
 
-def ptr_key(t: torch.Tensor) -> bool:
-    """Triton's alignment specialization of a tensor argument (its dtype is keyed apart)."""
-    return t.data_ptr() % 16 == 0
+def launch_key(kernel_name: str, config: str, index, args, consts: tuple):
+    """The launch key of a call: `args` are the kernel's runtime arguments, except that each
+    tensor descriptor is replaced by a marker naming it (its int8 dtype and block shape are
+    fixed by the config); `consts` the values of its constexpr parameters. Per argument:
+    int_key of an integer (inlined for int32), (dtype, data_ptr % 16 == 0) of a tensor."""
+    return (kernel_name, config, index, consts, *[
+        ((1 if v == 1 else 0 if v & 15 else 2) if _INT32[0] <= v <= _INT32[1] else int_key(v)) if type(v) is int
+        else (v.dtype, not v.data_ptr() & 15) if isinstance(v, torch.Tensor)
+        else v
+        for v in args])
 
 
 class _DevicePtr:
@@ -101,45 +123,52 @@ class _DevicePtr:
         return self.ptr
 
 
-def descriptor(t: torch.Tensor, block: list) -> "TensorDescriptor":
+def descriptor(t: torch.Tensor, block) -> "TensorDescriptor":
     """A host TMA descriptor of the 2-D int8 tensor `t` (unit column stride, 16-byte aligned
     base and row stride: the callers check), cached by value."""
-    ptr = t.data_ptr()
     rows, cols = t.shape
-    stride = t.stride(0)
-    key = (ptr, rows, cols, stride, block[0], block[1])
+    return descriptor_of(t.data_ptr(), rows, cols, t.stride(0), block[0], block[1])
+
+
+def descriptor_of(ptr: int, rows: int, cols: int, stride: int, block_rows: int, block_cols: int):
+    """descriptor() from the tensor's address, shape and row stride."""
+    key = (ptr, rows, cols, stride, block_rows, block_cols)
     d = _DESCRIPTORS.get(key)
     if d is None:
         if len(_DESCRIPTORS) >= _MAX_DESCRIPTORS:
             _DESCRIPTORS.clear()
-        d = _DESCRIPTORS[key] = TensorDescriptor(_DevicePtr(ptr), [rows, cols], [stride, 1], list(block))
+        d = _DESCRIPTORS[key] = TensorDescriptor(_DevicePtr(ptr), [rows, cols], [stride, 1], [block_rows, block_cols])
     return d
 
 
-def launch(kernel, grid, args, consts, options, key, device_index, descriptors=None):
-    """Launch `kernel` on `grid` with the runtime arguments `args` (in the kernel's order,
-    after which come its constexpr parameters `consts`, a dict in declaration order) and the
-    compile options `options`.
+def compiled(key):
+    """The CompiledKernel a previous call with this launch key used, or None."""
+    return _PLANS.get(key) if key is not None else None
 
-    key: the launch key (see the module docstring), or None for the plain JITFunction path.
-    descriptors: for the cached path, a function returning `args` with cached descriptors
-    (the plain path uses `args` as given, with descriptors made from the real tensors).
+
+def launch(kernel, grid, args, consts, options, key, index, ck=None):
+    """Launch `kernel` on `grid` (3 ints) with the runtime arguments `args` (in the kernel's
+    order; its constexpr parameters `consts`, a dict in declaration order, follow them) and
+    the compile options `options` (num_warps, ...).
+
+    key: the launch key (launch_key), or None for the plain JITFunction path every time.
+    ck: compiled(key), when the caller has looked it up already. With a key seen before, the
+    CompiledKernel of that key's first call is launched directly.
     """
-    ck = _PLANS.get(key) if key is not None else None
+    if ck is None and key is not None:
+        ck = _PLANS.get(key)
     if ck is not None:
-        if descriptors is not None:
-            args = descriptors()
         run = ck[grid]
-        if device_index == _get_device():
-            run(*args, *consts.values(), stream=_raw_stream(device_index))
+        if index == _get_device():
+            run(*args, *consts.values(), stream=_raw_stream(index))
         else:  # the kernel was loaded on that device; launch there, on its current stream
-            with torch.cuda.device(device_index):
-                run(*args, *consts.values(), stream=_raw_stream(device_index))
+            with torch.cuda.device(index):
+                run(*args, *consts.values(), stream=_raw_stream(index))
         return
-    if device_index is None or device_index == _get_device():
+    if index is None or index == _get_device():
         ck = kernel[grid](*args, **consts, **options)
     else:
-        with torch.cuda.device(device_index):
+        with torch.cuda.device(index):
             ck = kernel[grid](*args, **consts, **options)
     if key is not None and ck is not None and hasattr(ck, "function"):
         _PLANS[key] = ck

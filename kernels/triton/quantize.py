@@ -32,7 +32,6 @@ import triton.language as tl
 
 from requant.kernels.reference import POISON_SCALE_BITS, TINY, _check_activations
 from requant.kernels.triton import _launch
-from requant.kernels.triton._launch import int_key, ptr_key
 
 # One program per token; the row is read twice (absmax, then quantize) in blocks of
 # BLOCK_K elements. Qwen3 rows (K <= 17408) stay in L2 between the passes.
@@ -101,6 +100,7 @@ def quantize_activations(x: torch.Tensor, check: bool | None = None, cached: boo
     are quantized like the reference: 127 / absmax is taken on the row scaled by 2**64
     (exact). `cached=False`: launch through JITFunction every call (see _launch.py).
     """
+    index = _launch.device_index(x)  # refuses tensors the backend cannot run on
     _check_activations(x, check)
     m, k = x.shape
     q = torch.empty((m, k), dtype=torch.int8, device=x.device)
@@ -111,16 +111,12 @@ def quantize_activations(x: torch.Tensor, check: bool | None = None, cached: boo
         x = x.contiguous()
     bf16 = x.dtype == torch.bfloat16
     xin = x.view(torch.int16) if bf16 else x
-    index = x.device.index if x.is_cuda else None
+    args = (xin, q, s, k, x.stride(0), q.stride(0))
+    consts = {"BLOCK_K": BLOCK_K, "BF16_BITS": bf16}
     key = None
     if cached and index is not None and not _launch.INTERPRET:
-        key = ("quantize", index, xin.dtype, int_key(k), int_key(x.stride(0)), int_key(q.stride(0)),
-               ptr_key(xin), ptr_key(q), ptr_key(s))
-    _launch.launch(
-        _quantize_rows_kernel, (m, 1, 1), (xin, q, s, k, x.stride(0), q.stride(0)),
-        {"BLOCK_K": BLOCK_K, "BF16_BITS": bf16},
-        # keep x * inv rounded before the half-even rounding (see above)
-        {"num_warps": NUM_WARPS, "enable_fp_fusion": False},
-        key, index,
-    )
+        key = _launch.launch_key("quantize", "rows", index, args, (BLOCK_K, bf16))
+    # enable_fp_fusion=False keeps x * inv rounded before the half-even rounding (see above)
+    _launch.launch(_quantize_rows_kernel, (m, 1, 1), args, consts,
+                   {"num_warps": NUM_WARPS, "enable_fp_fusion": False}, key, index)
     return q, s

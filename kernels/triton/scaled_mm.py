@@ -30,7 +30,7 @@ import triton.language as tl
 from requant.kernels.reference import check_operands
 from requant.kernels.triton import _launch
 from requant.kernels.triton._bf16 import bf16_rne_bits
-from requant.kernels.triton._launch import TensorDescriptor, int_key, ptr_key
+from requant.kernels.triton._launch import TensorDescriptor
 
 # Explicit tile configurations (no autotuning): (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
 # num_warps, num_stages, kind). Chosen from M and N only (config_for); any choice gives the
@@ -144,9 +144,9 @@ def _epilogue(acc, sa_ptr, sw_ptr, out_ptr, M, N, stride_om, offs_m, offs_n):
     s_w = tl.load(sw_ptr + offs_n, mask=offs_n < N, other=0.0)
     t = s_a[:, None] * acc.to(tl.float32)
     y = t * s_w[None, :]
-    bits = bf16_rne_bits(y)
+    bits = bf16_rne_bits(y)  # int16 holding the bf16 bits; stored as they are (a bitcast)
     o_ptrs = out_ptr + offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
-    tl.store(o_ptrs, bits, mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+    tl.store(o_ptrs, bits.to(tl.bfloat16, bitcast=True), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
 
 
 @triton.jit
@@ -234,14 +234,22 @@ def _scaled_mm_kernel(
     _epilogue(acc, sa_ptr, sw_ptr, out_ptr, M, N, stride_om, offs_m, offs_n)
 
 
-def _tma_ok(a: torch.Tensor, w: torch.Tensor, k: int) -> bool:
-    # Descriptors need a 16-byte aligned base and 16-byte aligned row strides (int8: in
-    # elements); K % 16 alone is not enough for a row-strided view such as big[:, :272].
-    return (
-        TensorDescriptor is not None and k % 16 == 0 and k > 0
-        and a.data_ptr() % 16 == 0 and w.data_ptr() % 16 == 0
-        and a.stride(0) % 16 == 0 and w.stride(0) % 16 == 0
-    )
+_A_DESC = "a_desc"  # launch-key markers of the two descriptor arguments (see _launch.launch_key)
+_W_DESC = "w_desc"
+_FIXED: dict = {}  # (config name, CONFIGS entry) -> what its launches share (_fixed)
+
+
+def _fixed(name: str):
+    """Per config: the tile, the compile options and the constexprs (built once, not per call)."""
+    cfg = CONFIGS[name]
+    f = _FIXED.get((name, cfg))
+    if f is None:
+        bm, bn, bk, group_m, warps, stages, kind = cfg
+        # enable_fp_fusion=False: every fp32 op rounds on its own (see the module docstring)
+        options = {"num_warps": warps, "num_stages": stages, "enable_fp_fusion": False}
+        consts = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": group_m}
+        f = _FIXED[(name, cfg)] = (bm, bn, bk, kind, options, consts, tuple(consts.values()))
+    return f
 
 
 def scaled_mm(a: torch.Tensor, w: torch.Tensor, s_a: torch.Tensor, s_w: torch.Tensor, config: str | None = None,
@@ -252,53 +260,50 @@ def scaled_mm(a: torch.Tensor, w: torch.Tensor, s_a: torch.Tensor, s_w: torch.Te
     `cached=False` launches through Triton's JITFunction on every call (the host path before
     issue 10, kept for the benchmark's before/after); see _launch.py. Same bits either way.
     """
+    index = _launch.device_index(a)  # refuses tensors the backend cannot run on
     check_operands(a, w, s_a, s_w)
     m, k = a.shape
     n = w.shape[0]
     out = torch.empty((m, n), dtype=torch.bfloat16, device=a.device)
     if m == 0 or n == 0:
         return out
-    if a.stride(1) != 1:
+    a_rs, a_cs = a.stride()
+    w_rs, w_cs = w.stride()
+    if a_cs != 1:
         a = a.contiguous()
-    if w.stride(1) != 1:
+        a_rs = a.stride(0)
+    if w_cs != 1:
         w = w.contiguous()
+        w_rs = w.stride(0)
     s_a = s_a.contiguous()
     s_w = s_w.contiguous()
     name = config or config_for(m, n)
-    bm, bn, bk, group_m, warps, stages, kind = CONFIGS[name]
-    o16 = out.view(torch.int16)
-    options = {"num_warps": warps, "num_stages": stages,
-               "enable_fp_fusion": False}  # every fp32 op rounds on its own (module docstring)
-    index = a.device.index if a.is_cuda else None
+    bm, bn, bk, kind, options, consts, const_vals = _fixed(name)
     fast = cached and index is not None and not _launch.INTERPRET
     tiles = _cdiv(m, bm) * _cdiv(n, bn)
-    if kind != "ptr" and _tma_ok(a, w, k):
-        consts = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": group_m}
-        tail = (s_a, s_w, o16, m, n, k, n)
-        key = None
-        if fast:
-            key = (name, index, int_key(m), int_key(n), int_key(k), ptr_key(s_a), ptr_key(s_w), ptr_key(o16))
-
-        def cached_args():  # the arguments of a cached launch: descriptors cached by value
-            return (_launch.descriptor(a, [bm, bk]), _launch.descriptor(w, [bn, bk])) + tail + extra
-
+    a_ptr = a.data_ptr()
+    w_ptr = w.data_ptr()
+    # Descriptors need a 16-byte aligned base and 16-byte aligned row strides (int8: in
+    # elements); K % 16 alone is not enough for a row-strided view such as big[:, :272].
+    if (kind != "ptr" and TensorDescriptor is not None and k > 0
+            and not (k & 15 or a_ptr & 15 or w_ptr & 15 or a_rs & 15 or w_rs & 15)):
         if kind == "persist":
             progs = min(tiles, SMS)
-            kernel, grid, extra = _scaled_mm_persistent_kernel, (progs, 1, 1), (progs,)
-            if key is not None:
-                key += (int_key(progs),)
+            kernel, grid, tail = _scaled_mm_persistent_kernel, (progs, 1, 1), (s_a, s_w, out, m, n, k, n, progs)
         else:
-            kernel, grid, extra = _scaled_mm_tma_kernel, (tiles, 1, 1), ()
-        args = None
-        if key is None or key not in _launch._PLANS:
-            args = (TensorDescriptor.from_tensor(a, [bm, bk]), TensorDescriptor.from_tensor(w, [bn, bk])) + tail + extra
-        _launch.launch(kernel, grid, args, consts, options, key, index, cached_args)
+            kernel, grid, tail = _scaled_mm_tma_kernel, (tiles, 1, 1), (s_a, s_w, out, m, n, k, n)
+        key = ck = None
+        if fast:  # the descriptors enter the key as markers: int8 base, block shape fixed by `name`
+            key = _launch.launch_key(kind, name, index, (_A_DESC, _W_DESC) + tail, const_vals)
+            ck = _launch.compiled(key)
+        if ck is not None:  # descriptors cached by value (_launch.descriptor_of)
+            descs = (_launch.descriptor_of(a_ptr, m, k, a_rs, bm, bk), _launch.descriptor_of(w_ptr, n, k, w_rs, bn, bk))
+        else:
+            descs = (TensorDescriptor.from_tensor(a, [bm, bk]), TensorDescriptor.from_tensor(w, [bn, bk]))
+        _launch.launch(kernel, grid, descs + tail, consts, options, key, index, ck)
         return out
-    consts = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": group_m, "EVEN_K": k % bk == 0}
-    args = (a, w, s_a, s_w, o16, m, n, k, a.stride(0), w.stride(0), n)
-    key = None
-    if fast:
-        key = ("ptr", name, index, ptr_key(a), ptr_key(w), ptr_key(s_a), ptr_key(s_w), ptr_key(o16),
-               int_key(m), int_key(n), int_key(k), int_key(a.stride(0)), int_key(w.stride(0)), k % bk == 0)
+    consts = dict(consts, EVEN_K=k % bk == 0)
+    args = (a, w, s_a, s_w, out, m, n, k, a_rs, w_rs, n)
+    key = _launch.launch_key(kind, name, index, args, const_vals + (k % bk == 0,)) if fast else None
     _launch.launch(_scaled_mm_kernel, (tiles, 1, 1), args, consts, options, key, index)
     return out
