@@ -5,7 +5,13 @@
 
 See kernels/reference.py for the operand contract and the numerics every backend
 documents. Backends are imported on first use, so `import requant.kernels` never pulls in
-Triton or compiles CUTLASS.
+Triton or compiles CUTLASS; a resolved backend is kept, so later calls cost one dict lookup.
+
+quantize_activations(x, backend, check=None): NaN/inf activations are refused (ValueError)
+where that needs no device synchronization (CPU tensors); on a GPU the kernel marks such a
+row instead (s = NaN, q = 0: the token's outputs are NaN). check=True refuses on any device
+(one sync per call), check=False never reads values on the host. See
+kernels.reference._check_activations.
 
 scaled_mm backends:
   reference               exact value acc * s_a * s_w rounded once to bf16
@@ -39,11 +45,18 @@ EMULATION_OF = {
 }
 
 
+_RESOLVED: dict = {}
+
+
 def _resolve(table: dict, kind: str, name: str):
+    fn = _RESOLVED.get((kind, name))
+    if fn is not None:
+        return fn
     if name not in table:
         raise KeyError(f"unknown {kind} backend {name!r}; known: {', '.join(table)}")
     module, attr = table[name].split(":")
-    return getattr(importlib.import_module(module), attr)
+    fn = _RESOLVED[(kind, name)] = getattr(importlib.import_module(module), attr)
+    return fn
 
 
 def scaled_mm_backends() -> list[str]:
@@ -51,8 +64,11 @@ def scaled_mm_backends() -> list[str]:
 
 
 def scaled_mm(a: torch.Tensor, w: torch.Tensor, s_a: torch.Tensor, s_w: torch.Tensor, backend: str = "reference-cutlass-order") -> torch.Tensor:
-    return _resolve(_SCALED_MM, "scaled_mm", backend)(a, w, s_a, s_w)
+    fn = _RESOLVED.get(("scaled_mm", backend))
+    if fn is None:
+        fn = _resolve(_SCALED_MM, "scaled_mm", backend)
+    return fn(a, w, s_a, s_w)
 
 
-def quantize_activations(x: torch.Tensor, backend: str = "reference") -> tuple[torch.Tensor, torch.Tensor]:
-    return _resolve(_QUANTIZE, "quantize_activations", backend)(x)
+def quantize_activations(x: torch.Tensor, backend: str = "reference", check: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    return _resolve(_QUANTIZE, "quantize_activations", backend)(x, check=check)

@@ -46,9 +46,28 @@ from requant.kernels.bf16 import round_fp32_to_bf16
 MAX_K = (2**31 - 1) // (128 * 128)
 
 
+_OPERAND_DTYPES = (("a", torch.int8), ("w", torch.int8), ("s_a", torch.float32), ("s_w", torch.float32))
+
+
 def check_operands(a: torch.Tensor, w: torch.Tensor, s_a: torch.Tensor, s_w: torch.Tensor) -> None:
-    """Raise ValueError/TypeError naming the operand that breaks the contract."""
-    for name, t, dt in (("a", a, torch.int8), ("w", w, torch.int8), ("s_a", s_a, torch.float32), ("s_w", s_w, torch.float32)):
+    """Raise ValueError/TypeError naming the operand that breaks the contract.
+
+    Host metadata only (no device synchronization); every GEMM call runs it, so the common
+    case is one short test and the messages are built only on failure.
+    """
+    if (a.dtype is torch.int8 and w.dtype is torch.int8 and s_a.dtype is torch.float32 and s_w.dtype is torch.float32
+            and a.dim() == 2 and w.dim() == 2):
+        m, k = a.shape
+        n, k2 = w.shape
+        dev = a.device
+        if (k == k2 and k <= MAX_K and s_a.shape == (m, 1) and s_w.shape == (n, 1)
+                and w.device == dev and s_a.device == dev and s_w.device == dev):
+            return
+    _explain_operands(a, w, s_a, s_w)
+
+
+def _explain_operands(a, w, s_a, s_w) -> None:
+    for name, t, dt in zip(("a", "w", "s_a", "s_w"), (a, w, s_a, s_w), (d for _, d in _OPERAND_DTYPES)):
         if t.dtype != dt:
             raise TypeError(f"{name} must be {dt}, got {t.dtype}")
         if t.dim() != 2:
@@ -64,8 +83,7 @@ def check_operands(a: torch.Tensor, w: torch.Tensor, s_a: torch.Tensor, s_w: tor
     if k > MAX_K:
         raise ValueError(f"K={k} exceeds {MAX_K}: an int32 accumulator could overflow")
     devices = {t.device for t in (a, w, s_a, s_w)}
-    if len(devices) != 1:
-        raise ValueError(f"operands on several devices: {sorted(map(str, devices))}")
+    raise ValueError(f"operands on several devices: {sorted(map(str, devices))}")
 
 
 def accumulate(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -174,22 +192,41 @@ ACTIVATION_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 TINY = 2.0**-64
 
 
-def _check_activations(x: torch.Tensor) -> None:
+# s of a row that holds a NaN or an infinity when nothing refused it (check=False, or a GPU
+# tensor with check=None): a quiet NaN with these bits, and q = 0 for the whole row, so every
+# output of that token is NaN instead of finite garbage. The Triton kernel writes the same.
+POISON_SCALE_BITS = 0x7FC00000
+
+
+def _check_activations(x: torch.Tensor, check: bool | None = None) -> bool:
     """The activation contract shared by every quantize_activations backend: 2-D,
-    bf16/fp16/fp32, finite. Raises ValueError/TypeError."""
+    bf16/fp16/fp32, finite. Raises ValueError/TypeError.
+
+    The finiteness check reads every element on the host: free for a CPU tensor, a device
+    synchronization for a GPU tensor (the eager runtime calls this once per layer). So
+    `check=None` (the default) checks CPU tensors only; GPU tensors are checked on the device
+    instead, without a sync: a row with a NaN or an infinity gets s = NaN (POISON_SCALE_BITS)
+    and q = 0. `check=True` refuses NaN/inf on any device (one sync on a GPU); `check=False`
+    never reads the values on the host. Returns whether the values were checked.
+    """
     if x.dim() != 2:
         raise ValueError(f"activations must be 2-D [tokens, features], got {tuple(x.shape)}")
     if x.dtype not in ACTIVATION_DTYPES:
         raise TypeError(f"activations must be bfloat16, float16 or float32, got {x.dtype}")
-    if not bool(torch.isfinite(x).all()):
+    if check is None:
+        check = x.device.type == "cpu"
+    if check and not bool(torch.isfinite(x).all()):
         raise ValueError("activations contain NaN or infinity")
+    return bool(check)
 
 
-def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_activations(x: torch.Tensor, check: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token symmetric int8 quantization, the operands both kernels share.
 
     Input: x [M, K] bf16, fp16 or fp32 (upcast to fp32 exactly), finite; anything else
-    is refused (_check_activations, shared with the Triton backend).
+    is refused (_check_activations, shared with the Triton backend). `check` says where
+    NaN/inf are refused (see _check_activations); rows that hold one and were not refused
+    give s = NaN (POISON_SCALE_BITS) and q = 0.
       absmax = max_k |x[m, k]|                 (exact)
       s      = fp32(absmax / 127)              (one IEEE division; may be subnormal, and is 0
                                                 for fp32 rows with absmax <= 127 * 2**-150,
@@ -207,7 +244,7 @@ def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     A zero row gives s = 0 and q = 0 (no division by zero, no NaN).
     Returns (q int8 [M, K], s fp32 [M, 1]).
     """
-    _check_activations(x)
+    checked = _check_activations(x, check)
     xf = x.to(torch.float32)
     absmax = xf.abs().amax(dim=1, keepdim=True) if xf.shape[1] else torch.zeros(xf.shape[0], 1, device=xf.device)
     zero = absmax == 0
@@ -219,4 +256,9 @@ def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     s = torch.where(zero, torch.zeros_like(absmax), absmax / c127)
     inv = torch.where(zero, torch.zeros_like(absmax), c127 / torch.where(zero, torch.ones_like(absmax), absmax * up))
     q = torch.round((xf * up) * inv).clamp_(-128, 127).to(torch.int8)
+    if not checked:  # no host read: mark rows with NaN/inf on the device (see POISON_SCALE_BITS)
+        bad = ~torch.isfinite(xf).all(dim=1, keepdim=True)
+        poison = torch.tensor(POISON_SCALE_BITS, dtype=torch.int32, device=xf.device).view(torch.float32)
+        s = torch.where(bad, poison, s)
+        q = torch.where(bad, torch.zeros_like(q), q)
     return q, s.to(torch.float32)

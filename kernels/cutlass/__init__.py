@@ -3,19 +3,19 @@
     y = bf16_rne( s_a * fp32( s_w * fp32(acc) ) ),   acc = a @ w^T exact in int32
 
 The kernel (w8a8_sm90.cuh) comes from the CUTLASS 3.x collective builders: a TMA
-warp-specialized mainloop (Pingpong by default; Cooperative tiles are built as
-measured alternatives, see w8a8_sm90.h) and an
+warp-specialized mainloop (Pingpong; one Cooperative tile is built as a measured
+alternative, see w8a8_sm90_select.h) and an
 epilogue visitor tree (column broadcast of s_a, row broadcast of s_w, two separately
 rounded fp32 multiplies in the order above, round to nearest even to bf16). It equals
-kernels.reference.scaled_mm_cutlass_order bit for bit; tile choice (by M and N, see
-w8a8_sm90.h) never changes a bit because int32 accumulation is exact.
+kernels.reference.scaled_mm_cutlass_order bit for bit; tile and scheduler swizzle (chosen
+by shape in w8a8_sm90_select.h) never change a bit because int32 accumulation is exact.
 
 Build: torch.utils.cpp_extension.load against the headers of the `nvidia-cutlass`
 wheel (cutlass_library/source/include and tools/util/include) with
 -gencode=arch=compute_90a,code=sm_90a -DNDEBUG, on first use, cached under
-$REQUANT_CUTLASS_CACHE (default ~/.cache/requant/cutlass): 70 s the first time on a
-16-core H200 machine (one translation unit per tile config, compiled in parallel by
-ninja; MAX_JOBS caps it), instant afterwards.
+$REQUANT_CUTLASS_CACHE (default ~/.cache/requant/cutlass): 65-70 s the first time on a
+16-core H200 machine with the former 7 tiles (one translation unit per tile config,
+compiled in parallel by ninja; MAX_JOBS caps it; 5 tiles now), instant afterwards.
 Asking for it without an sm90 GPU raises RuntimeError.
 A build that was killed leaves torch's lock file ($REQUANT_CUTLASS_CACHE/lock) behind, and
 every later build would wait on it forever: build() refuses with a RuntimeError naming
@@ -28,6 +28,11 @@ zero scales; exact, since zero products add nothing to the int32 sum) and the ou
 sliced back, at the cost of a copy: every Qwen3 shape is aligned and takes no copy.
 M is free (M = 1 decode runs a swap-AB config). M = 0 or N = 0 returns an empty tensor;
 K = 0 gives acc = 0 and is computed by the reference epilogue (no kernel launch).
+
+Host work per call (eager use): the operand checks (no device sync, no value check: int8
+operands cannot be NaN, and NaN/inf scales give NaN/inf outputs), one output allocation and
+the launch. The C++ binding sets the device (CUDAGuard) and allocates no workspace for
+these kernels.
 """
 
 import os
@@ -39,12 +44,14 @@ import torch
 from requant.kernels.reference import check_operands, epilogue_cutlass_order
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-_TILES = ("decode", "small", "medium", "large", "large2", "medium_k256", "large3")
+_TILES = ("decode", "small", "medium", "large", "mid")
 SOURCES = ["binding.cpp", "w8a8_sm90.cu"] + [f"w8a8_sm90_tile_{t}.cu" for t in _TILES]
-# Tile names by index (the `tile` argument); the default choice by M is in w8a8_sm90.h.
+HEADERS = ["w8a8_sm90.cuh", "w8a8_sm90.h", "w8a8_sm90_select.h"]
+# Tile names by index (the `tile` argument); the default choice by shape, and the default
+# scheduler swizzle, are in w8a8_sm90_select.h.
 TILES = dict(enumerate(_TILES))
-# Persistent tile scheduler swizzle (CTA rasterization for L2 reuse); see the benchmark.
-SWIZZLE = 1
+# `swizzle=None` lets w8a8_sm90_default_swizzle choose (1, or 8 for very large operands).
+SWIZZLE = None
 
 _ext = None
 _lock = threading.Lock()
@@ -141,14 +148,15 @@ def _aligned(t: torch.Tensor) -> torch.Tensor:
     return t.clone(memory_format=torch.contiguous_format)  # one copy into a fresh (aligned) block
 
 
-def scaled_mm(a: torch.Tensor, w: torch.Tensor, s_a: torch.Tensor, s_w: torch.Tensor, tile: int | None = None, swizzle: int = SWIZZLE) -> torch.Tensor:
+def scaled_mm(a: torch.Tensor, w: torch.Tensor, s_a: torch.Tensor, s_w: torch.Tensor, tile: int | None = None, swizzle: int | None = SWIZZLE) -> torch.Tensor:
     """a int8 [M, K], w int8 [N, K], s_a fp32 [M, 1], s_w fp32 [N, 1] -> bf16 [M, N].
 
-    `tile` (an index of TILES) overrides the M-based choice and `swizzle` the tile
-    scheduler's swizzle; neither changes a bit (exact int32 accumulation).
+    `tile` (an index of TILES) overrides the shape-based choice and `swizzle` the tile
+    scheduler's swizzle (1, 2, 4, 8; None: the default of w8a8_sm90_select.h); neither
+    changes a bit (exact int32 accumulation).
     """
     check_operands(a, w, s_a, s_w)
-    if a.device.type != "cuda":
+    if not a.is_cuda:
         raise RuntimeError(f"the CUTLASS backend needs CUDA tensors on an sm90 GPU, got {a.device}")
     m, k = a.shape
     n = w.shape[0]
@@ -156,7 +164,7 @@ def scaled_mm(a: torch.Tensor, w: torch.Tensor, s_a: torch.Tensor, s_w: torch.Te
         return torch.empty((m, n), dtype=torch.bfloat16, device=a.device)
     if k == 0:
         return epilogue_cutlass_order(torch.zeros((m, n), dtype=torch.int32, device=a.device), s_a, s_w)
-    ext = build()
+    ext = _ext if _ext is not None else build()
     pad_k = -k % 16
     pad_n = -n % 8
     if pad_k:  # zero columns add nothing to the exact int32 sum
@@ -165,6 +173,7 @@ def scaled_mm(a: torch.Tensor, w: torch.Tensor, s_a: torch.Tensor, s_w: torch.Te
     if pad_n:  # zero rows of w with zero scales; their outputs are sliced off
         w = torch.nn.functional.pad(w, (0, 0, 0, pad_n))
         s_w = torch.nn.functional.pad(s_w, (0, 0, 0, pad_n))
-    with torch.cuda.device(a.device):
-        out = ext.scaled_mm(_aligned(a), _aligned(w), s_a.contiguous(), s_w.contiguous(), -1 if tile is None else int(tile), int(swizzle))
+    # The binding sets the operands' device itself (CUDAGuard): no Python device context.
+    out = ext.scaled_mm(_aligned(a), _aligned(w), s_a.contiguous(), s_w.contiguous(),
+                        -1 if tile is None else int(tile), -1 if swizzle is None else int(swizzle))
     return out[:, :n].contiguous() if pad_n else out

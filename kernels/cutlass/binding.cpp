@@ -1,6 +1,7 @@
 // torch extension for the sm90 W8A8 kernels: operand checks, output allocation, the
-// workspace, the current stream, then the launcher of w8a8_sm90.cu. Tile choice by M
-// lives in w8a8_sm90.h (w8a8_sm90_default_tile); it never changes the bits.
+// workspace (none for these kernels: no allocation then), the current stream, then the
+// launcher of w8a8_sm90.cu. Tile and swizzle choice by shape live in w8a8_sm90_select.h
+// (w8a8_sm90_default_tile / _swizzle); they never change the bits.
 // Shape policy (alignment, empty inputs, K = 0) is handled in kernels/cutlass/__init__.py;
 // this file re-checks what the kernel relies on so a direct call cannot corrupt memory.
 #include <torch/extension.h>
@@ -36,11 +37,15 @@ torch::Tensor scaled_mm(torch::Tensor a, torch::Tensor w, torch::Tensor s_a, tor
   auto out = torch::empty({m, n}, a.options().dtype(torch::kBFloat16));
   if (tile < 0) tile = requant::w8a8_sm90_default_tile(static_cast<int>(m), static_cast<int>(n));
   TORCH_CHECK(tile < requant::kW8A8NumTiles, "unknown tile config ", tile);
+  if (swizzle < 1)
+    swizzle = requant::w8a8_sm90_default_swizzle(static_cast<int>(m), static_cast<int>(n), static_cast<int>(k),
+                                                 static_cast<int>(tile));
   requant::W8A8Problem p{a.data_ptr<int8_t>(), w.data_ptr<int8_t>(), s_a.data_ptr<float>(), s_w.data_ptr<float>(),
                          reinterpret_cast<uint16_t*>(out.data_ptr()), static_cast<int>(m), static_cast<int>(n),
                          static_cast<int>(k), static_cast<int>(swizzle)};
   const size_t ws_bytes = requant::w8a8_sm90_workspace(static_cast<int>(tile), p);
-  auto ws = torch::empty({static_cast<int64_t>(ws_bytes)}, a.options().dtype(torch::kUInt8));
+  torch::Tensor ws;  // the persistent data-parallel scheduler needs none: no allocation per call then
+  if (ws_bytes) ws = torch::empty({static_cast<int64_t>(ws_bytes)}, a.options().dtype(torch::kUInt8));
   const int status = requant::w8a8_sm90_run(static_cast<int>(tile), p, ws_bytes ? ws.data_ptr() : nullptr,
                                             c10::cuda::getCurrentCUDAStream().stream());
   TORCH_CHECK(status == requant::kW8A8Ok, "CUTLASS W8A8 kernel (", requant::w8a8_sm90_tile_name(static_cast<int>(tile)),
@@ -52,13 +57,18 @@ std::string tile_name(int64_t tile) { return requant::w8a8_sm90_tile_name(static
 int64_t default_tile(int64_t m, int64_t n) {
   return requant::w8a8_sm90_default_tile(static_cast<int>(m), static_cast<int>(n));
 }
+int64_t default_swizzle(int64_t m, int64_t n, int64_t k, int64_t tile) {
+  return requant::w8a8_sm90_default_swizzle(static_cast<int>(m), static_cast<int>(n), static_cast<int>(k),
+                                            static_cast<int>(tile));
+}
 
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) {
   mod.def("scaled_mm", &scaled_mm, "bf16 [M,N] = bf16_rne(s_a * fp32(s_w * fp32(a @ w^T))) on sm90a",
-          py::arg("a"), py::arg("w"), py::arg("s_a"), py::arg("s_w"), py::arg("tile") = -1, py::arg("swizzle") = 1);
+          py::arg("a"), py::arg("w"), py::arg("s_a"), py::arg("s_w"), py::arg("tile") = -1, py::arg("swizzle") = -1);
   mod.def("tile_name", &tile_name);
   mod.def("default_tile", &default_tile);
+  mod.def("default_swizzle", &default_swizzle);
   mod.attr("num_tiles") = requant::kW8A8NumTiles;
 }

@@ -1,4 +1,4 @@
-// Tile config 2 (medium, m > 128): see w8a8_sm90.h.
+// Tile config 2 (medium: 128 x 128 x 128 Pingpong, cluster 2x1): see w8a8_sm90_select.h.
 #include "w8a8_sm90.cuh"
 using namespace cute;  // Shape, _64, ...
 using Tile_medium = requant::W8A8Sm90<Shape<_128, _128, _128>, Shape<_2, _1, _1>, cutlass::gemm::KernelTmaWarpSpecializedPingpong, cutlass::epilogue::TmaWarpSpecialized, false>;

@@ -20,14 +20,18 @@ an H200 without the flag: the quantized activations differed from the reference 
 the 48 Qwen3 GPU test cases (every one at M = 512 and 4096); with it, in none. The same
 would hit an add/subtract-1.5*2^23 rounding trick (it fuses into fma(x, inv, 1.5*2^23)).
 Inputs are checked on the host by kernels.reference._check_activations (2-D,
-bf16/fp16/fp32, finite), the very check the reference runs.
+bf16/fp16/fp32; finite where that costs no device sync, see its `check` argument), the very
+check the reference runs. Rows with a NaN or an infinity that were not refused there get
+s = NaN (POISON_SCALE_BITS, the reference's bits) and q = 0, decided in the kernel: no
+device-to-host transfer per call. Launches go through _launch.py (cached after the first).
 """
 
 import torch
 import triton
 import triton.language as tl
 
-from requant.kernels.reference import TINY, _check_activations
+from requant.kernels.reference import POISON_SCALE_BITS, TINY, _check_activations
+from requant.kernels.triton import _launch
 
 # One program per token; the row is read twice (absmax, then quantize) in blocks of
 # BLOCK_K elements. Qwen3 rows (K <= 17408) stay in L2 between the passes.
@@ -35,6 +39,8 @@ BLOCK_K = 1024
 NUM_WARPS = 4
 _TINY = tl.constexpr(TINY)
 _UP = tl.constexpr(1.0 / TINY)
+_POISON = tl.constexpr(POISON_SCALE_BITS)
+_INF = tl.constexpr(float("inf"))
 
 
 @triton.jit
@@ -62,43 +68,55 @@ def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, K, stride_xm, stride_qm, BLOCK_K:
     offs = tl.arange(0, BLOCK_K)
     x_row = x_ptr + row * stride_xm
     absmax = tl.zeros((BLOCK_K,), dtype=tl.float32)
+    nonfinite = tl.zeros((BLOCK_K,), dtype=tl.int32)
     for k0 in range(0, K, BLOCK_K):
         x = _load_fp32(x_row + k0 + offs, k0 + offs < K, BF16_BITS)
         absmax = tl.maximum(absmax, tl.abs(x))
+        nonfinite = tl.maximum(nonfinite, ((x != x) | (tl.abs(x) == _INF)).to(tl.int32))
     amax = tl.max(absmax, axis=0)
+    bad = tl.max(nonfinite, axis=0) > 0  # NaN or inf in the row: s = NaN, q = 0 (no host check)
     zero = amax == 0.0
     up = tl.where(amax < _TINY, _UP, 1.0)  # a power of two: exact scalings below
     safe = tl.where(zero, 1.0, amax)
     s = tl.where(zero, 0.0, tl.math.div_rn(safe, 127.0))
     inv = tl.where(zero, 0.0, tl.math.div_rn(127.0 + tl.zeros_like(safe), safe * up))
-    tl.store(s_ptr + row, s)
+    poison = tl.full((), _POISON, tl.int32).to(tl.float32, bitcast=True)
+    tl.store(s_ptr + row, tl.where(bad, poison, s))
     q_row = q_ptr + row * stride_qm
     for k0 in range(0, K, BLOCK_K):
         mask = k0 + offs < K
         x = _load_fp32(x_row + k0 + offs, mask, BF16_BITS)
         v = _round_half_even((x * up) * inv)
         v = tl.minimum(tl.maximum(v, -128.0), 127.0)
+        v = tl.where(bad, 0.0, v)
         tl.store(q_row + k0 + offs, v.to(tl.int8), mask=mask)
 
 
-def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_activations(x: torch.Tensor, check: bool | None = None, cached: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """x bf16/fp16/fp32 [M, K] -> (q int8 [M, K], s fp32 [M, 1]); see the module docstring.
 
     Refuses what kernels.reference.quantize_activations refuses, with the same errors
-    (one shared check). Rows with absmax < 2**-64 (tiny, or subnormal) are quantized
-    like the reference: 127 / absmax is taken on the row scaled by 2**64 (exact).
+    (one shared check, the same `check`). Rows with absmax < 2**-64 (tiny, or subnormal)
+    are quantized like the reference: 127 / absmax is taken on the row scaled by 2**64
+    (exact). `cached=False`: launch through JITFunction every call (see _launch.py).
     """
-    _check_activations(x)
+    index = _launch.device_index(x)  # refuses tensors the backend cannot run on
+    _check_activations(x, check)
     m, k = x.shape
     q = torch.empty((m, k), dtype=torch.int8, device=x.device)
-    s = torch.zeros((m, 1), dtype=torch.float32, device=x.device)
+    s = torch.empty((m, 1), dtype=torch.float32, device=x.device)  # the kernel writes every row
     if m == 0:
         return q, s
-    x = x if x.stride(1) == 1 else x.contiguous()
+    if x.stride(1) != 1:
+        x = x.contiguous()
     bf16 = x.dtype == torch.bfloat16
     xin = x.view(torch.int16) if bf16 else x
-    _quantize_rows_kernel[(m,)](
-        xin, q, s, k, x.stride(0), q.stride(0), BLOCK_K=BLOCK_K, BF16_BITS=bf16, num_warps=NUM_WARPS,
-        enable_fp_fusion=False,  # keep x * inv rounded before the half-even rounding (see above)
-    )
+    args = (xin, q, s, k, x.stride(0), q.stride(0))
+    consts = {"BLOCK_K": BLOCK_K, "BF16_BITS": bf16}
+    key = None
+    if cached and index is not None and not _launch.INTERPRET:
+        key = _launch.launch_key("quantize", "rows", index, args, (BLOCK_K, bf16))
+    # enable_fp_fusion=False keeps x * inv rounded before the half-even rounding (see above)
+    _launch.launch(_quantize_rows_kernel, (m, 1, 1), args, consts,
+                   {"num_warps": NUM_WARPS, "enable_fp_fusion": False}, key, index)
     return q, s

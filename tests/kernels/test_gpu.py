@@ -1,5 +1,7 @@
 """GPU tests (marker `gpu`): both kernels on every Linear shape of Qwen3-1.7B, 8B and 14B
-at M in {1, 16, 512, 4096}, bitwise against their emulated orders, and against each other.
+at M in {1, 16, 512, 2048, 4096}, bitwise against their emulated orders, and against each
+other; every CUTLASS tile (the 64x128 `mid` tile on every Qwen3 shape), and the Triton
+backend's cached launches (the first call of a launch key compiles, later ones reuse it).
 
 References: kernels.reference.epilogue_triton_order / epilogue_cutlass_order applied to
 kernels.reference.accumulate (exact: float64 matmul of int8 values), computed on the GPU;
@@ -14,6 +16,8 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU (the CUTLASS half needs sm90)", allow_module_level=True)
 
 from requant.kernels import reference as ref  # noqa: E402
+from requant.kernels.cutlass import TILES  # noqa: E402 (no build at import)
+from requant.kernels.triton.scaled_mm import CONFIGS as TRITON_CONFIGS  # noqa: E402
 from requant.kernels.bf16 import bitwise_equal, is_power_of_two, ulp_distance  # noqa: E402
 from tests.kernels.operands import random_operands  # noqa: E402
 
@@ -29,7 +33,7 @@ QWEN3 = {
     "14B": {"q,o": (5120, 5120), "k,v": (1024, 5120), "gate,up": (17408, 5120), "down": (5120, 17408)},
 }
 CASES = [(model, lin, n, k) for model, lins in QWEN3.items() for lin, (n, k) in lins.items()]
-MS = [1, 16, 512, 4096]
+MS = [1, 16, 512, 2048, 4096]
 # The measured rate of outputs where the two orders differ is ~4 per million (general bf16
 # scales); once this many outputs were compared, zero differing outputs would mean the two
 # orders were not what they claim to be (expected count >= 40).
@@ -121,7 +125,7 @@ def test_orders_differ_by_exactly_one_spacing_sometimes():
 
 
 @needs_sm90
-@pytest.mark.parametrize("tile", range(7))
+@pytest.mark.parametrize("tile", sorted(TILES))
 @pytest.mark.parametrize("m", [1, 7, 16, 37, 128, 300, 1500])
 def test_cutlass_every_tile_same_bits(tile, m):
     from requant.kernels import cutlass as ck
@@ -167,3 +171,59 @@ def test_cutlass_strided_and_offset_operands():
     w = w_big[:, 16:]  # aligned base, row stride 4112: a strided view
     s_a = s_a_big[3:40]
     assert bitwise_equal(ck.scaled_mm(a, w, s_a, s_w), ref.scaled_mm_cutlass_order(a, w, s_a, s_w))
+
+
+@needs_sm90
+@pytest.mark.parametrize("m", [129, 512, 1000])
+@pytest.mark.parametrize("model,lin,n,k", CASES)
+def test_cutlass_mid_tile_every_qwen3_shape(model, lin, n, k, m):
+    """The 64x128 Pingpong tile (new in issue 10), forced on every Qwen3 Linear, with the
+    scheduler swizzles 1 and 8: bitwise equal to the emulated CUTLASS order."""
+    from requant.kernels import cutlass as ck
+
+    mid = {name: t for t, name in TILES.items()}["mid"]
+    a, w, s_a, s_w = random_operands(m, n, k, seed=m + n + k, device="cuda")
+    want = ref.scaled_mm_cutlass_order(a, w, s_a, s_w)
+    for swizzle in (1, 8):
+        assert bitwise_equal(ck.scaled_mm(a, w, s_a, s_w, tile=mid, swizzle=swizzle), want), f"swizzle {swizzle}"
+
+
+@pytest.mark.parametrize("config", sorted(TRITON_CONFIGS))
+def test_triton_cached_launches_same_bits(config):
+    """Each config: the plain JIT launch (cached=False), then cached launches on fresh
+    operands (other addresses, same launch key), then a launch key of its own (a 4-byte
+    aligned s_a view, a row-strided a that forces the pointer kernel) and its cached repeat.
+    Reference: kernels.reference.scaled_mm_triton_order."""
+    from requant.kernels import triton as tk
+
+    m, n, k = 300, 1000, 512
+    for i, cached in enumerate([False, True, True, True]):
+        a, w, s_a, s_w = random_operands(m, n, k, seed=100 + i, device="cuda")
+        got = tk.scaled_mm(a, w, s_a, s_w, config=config, cached=cached)
+        assert bitwise_equal(got, ref.scaled_mm_triton_order(a, w, s_a, s_w)), f"call {i} (cached={cached})"
+    for i in range(2):
+        a_big, w, s_big, s_w = random_operands(m + 1, n, k + 8, seed=200 + i, device="cuda")
+        a, s_a = a_big[1:, :k], s_big[1:]  # row stride k + 8 (not 16-aligned), s_a 4-byte aligned
+        w = w[:, :k]
+        assert s_a.data_ptr() % 16 != 0
+        got = tk.scaled_mm(a, w, s_a, s_w, config=config)
+        assert bitwise_equal(got, ref.scaled_mm_triton_order(a, w, s_a, s_w)), f"strided call {i}"
+
+
+def test_triton_quantize_cached_and_nonfinite_rows():
+    """Cached quantization launches equal the reference, and on a GPU the default check
+    marks NaN/inf rows without a host sync (s = NaN with POISON_SCALE_BITS, q = 0), exactly
+    as the reference does. Reference: kernels.reference.quantize_activations."""
+    from requant.kernels import triton as tk
+
+    for i in range(3):
+        x = torch.randn(333, 5120, device="cuda", generator=torch.Generator(device="cuda").manual_seed(i)).to(torch.bfloat16)
+        if i == 2:
+            x[5, 17] = float("nan")
+            x[6, 5000] = float("inf")
+        q, s = tk.quantize_activations(x)
+        q_ref, s_ref = ref.quantize_activations(x)
+        assert torch.equal(q, q_ref) and bitwise_equal(s, s_ref), f"call {i}"
+    assert torch.all(s[5:7].view(torch.int32) == ref.POISON_SCALE_BITS) and torch.all(q[5:7] == 0)
+    with pytest.raises(ValueError, match="NaN or infinity"):
+        tk.quantize_activations(x, check=True)

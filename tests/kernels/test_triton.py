@@ -45,7 +45,7 @@ def test_every_tile_config_same_bits(config):
     _check_triton_order(*_operands(150, 264, 272, seed=7), config=config)
 
 
-@pytest.mark.parametrize("config", ["small", "large_persist", "large_persist_st", "small_ptr"])
+@pytest.mark.parametrize("config", ["small", "medium_s3", "large_persist", "small_ptr"])
 def test_row_strided_views(config):
     # Column slices of wider tensors: unit column stride (no copy), but a row stride of 280
     # (not a multiple of 16 bytes) although K = 272 is. TMA descriptors cannot take them,
@@ -183,9 +183,9 @@ def test_quantize_refusals_match_the_reference():
     for x in bad:
         x = x.to(DEVICE)
         with pytest.raises((TypeError, ValueError)) as want:
-            ref.quantize_activations(x)
+            ref.quantize_activations(x, check=True)
         with pytest.raises(want.type, match=re.escape(str(want.value))):
-            quantize_activations(x)
+            quantize_activations(x, check=True)
 
 
 def test_quantize_empty_and_refusals():
@@ -196,6 +196,60 @@ def test_quantize_empty_and_refusals():
     x = torch.ones(2, 8, device=DEVICE)
     x[1, 3] = float("nan")
     with pytest.raises(ValueError, match="NaN"):
-        quantize_activations(x)
+        quantize_activations(x, check=True)
     with pytest.raises(TypeError):
         quantize_activations(torch.ones(2, 8, dtype=torch.int32, device=DEVICE))
+
+
+def _rows_with_nonfinite(dtype):
+    g = torch.Generator().manual_seed(21)
+    x = (torch.randn(6, 1500, generator=g) * 3).to(dtype)
+    x[1, 7] = float("nan")
+    x[2, 1499] = float("inf")   # in the second K block of the Triton kernel
+    x[3, 0] = -float("inf")
+    x[3, 5] = float("nan")
+    return x.to(DEVICE), [0, 4, 5], [1, 2, 3]
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # inf * 0 in the interpreter, overwritten
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_quantize_unchecked_nonfinite_rows_are_poisoned(dtype):
+    """check=False (what a GPU tensor gets by default): a row with NaN/inf gets s = NaN with
+    the bits POISON_SCALE_BITS and q = 0, so the token's GEMM outputs are NaN; the other rows
+    are untouched. Reference: the checked quantization of the finite rows alone, and the
+    contract's constant; the Triton kernel must equal the reference bit for bit."""
+    x, good, bad = _rows_with_nonfinite(dtype)
+    q_ref, s_ref = ref.quantize_activations(x, check=False)
+    q_good, s_good = ref.quantize_activations(x[good], check=True)
+    assert torch.equal(q_ref[good], q_good) and bitwise_equal(s_ref[good], s_good)
+    assert torch.all(q_ref[bad] == 0)
+    assert torch.all(s_ref[bad].view(torch.int32) == ref.POISON_SCALE_BITS)
+    q, s = quantize_activations(x, check=False)
+    assert torch.equal(q, q_ref) and bitwise_equal(s, s_ref)
+
+
+def test_quantize_default_check_is_free_of_device_syncs():
+    """check=None refuses NaN/inf on the CPU (no device involved) and marks them on a GPU
+    (no device-to-host read per call), in both backends alike. Reference: the contract in
+    kernels.reference._check_activations."""
+    x, good, bad = _rows_with_nonfinite(torch.bfloat16)
+    if x.is_cuda:
+        q, s = quantize_activations(x)
+        q_ref, s_ref = ref.quantize_activations(x)
+        assert torch.equal(q, q_ref) and bitwise_equal(s, s_ref) and bool(torch.isnan(s[bad]).all())
+    else:
+        for fn in (quantize_activations, ref.quantize_activations):
+            with pytest.raises(ValueError, match="NaN or infinity"):
+                fn(x)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_registry_passes_check_through():
+    from requant import kernels
+
+    x, good, bad = _rows_with_nonfinite(torch.float32)
+    for backend in ("reference", "triton"):
+        with pytest.raises(ValueError):
+            kernels.quantize_activations(x, backend=backend, check=True)
+        q, s = kernels.quantize_activations(x, backend=backend, check=False)
+        assert bool(torch.isnan(s[bad]).all()) and not bool(torch.isnan(s[good]).any())
