@@ -42,7 +42,9 @@ has() { case " $STEPS " in *" $1 "*) return 0;; esac; return 1; }
 
 {
     date -u
-    echo "commit: $(git rev-parse HEAD 2>/dev/null || echo "${REQUANT_COMMIT:-unknown}")"
+    # REQUANT_COMMIT first: the GPU machine's copy may carry a stale .git (run 2026-12-01
+    # recorded the session's starting commit there)
+    echo "commit: ${REQUANT_COMMIT:-$(bash benchmarks/commit_id.sh)}"
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
     python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, 'transformers', transformers.__version__)"
 } > "$OUT/env.txt" 2>&1

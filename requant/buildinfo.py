@@ -16,6 +16,12 @@ commits share 0.1.0), so a checkout adds its commit:
     and the package is tracked there. An installed requant inside someone else's repository
     (a virtualenv under a project's work tree) would otherwise report that project's commit.
 
+  * A copy of the tree that is not its own git checkout (the GPU machine gets the working tree,
+    sometimes with a stale .git beside it) names its commit in the environment variable
+    REQUANT_COMMIT (benchmarks/commit_id.sh prints it). When set to a commit id (7 to 64 hex,
+    optionally `-dirty`), that declaration wins over whatever git would say there: a copied
+    .git can name an older commit and call the copy dirty. Anything else in it is ignored.
+
 Nothing is cached: a test (or a long-lived process) that commits meanwhile sees the new state.
 """
 
@@ -29,6 +35,7 @@ from pathlib import Path
 import requant
 
 _COMMIT = re.compile(r"^[0-9a-f]{40}([0-9a-f]{24})?$")  # sha1 or sha256 object names
+_DECLARED = re.compile(r"^[0-9a-f]{7,64}(-dirty)?$")
 _GIT_TIMEOUT_S = 10
 
 
@@ -56,6 +63,9 @@ def source_root() -> Path:
 
 def git_commit(root: str | os.PathLike | None = None) -> str | None:
     """The commit of requant's checkout ('<40 hex>' or '<40 hex>-dirty'), or None (see the module doc)."""
+    declared = os.environ.get("REQUANT_COMMIT", "").strip()
+    if _DECLARED.match(declared):
+        return declared
     root = Path(root) if root is not None else source_root()
     if not (root / ".git").exists() or not (root / "pyproject.toml").is_file():
         return None

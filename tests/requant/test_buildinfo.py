@@ -16,6 +16,11 @@ from requant.buildinfo import build_info, git_commit
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="no git binary")
 
 
+@pytest.fixture(autouse=True)
+def _no_declared_commit(monkeypatch):
+    monkeypatch.delenv("REQUANT_COMMIT", raising=False)
+
+
 def _git(root, *args):
     return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, check=True,
                           env={"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
@@ -61,3 +66,23 @@ def test_build_info_keys():
     assert info["tool_version"] == requant.__version__
     assert info["git_commit"] is None or info["git_commit"].split("-")[0].isalnum()
     assert info["git_commit"] != "HEAD"
+
+
+def test_declared_commit_wins_over_a_stale_copy(tmp_path, monkeypatch):
+    """The GPU machine's case: a copied tree whose .git names an older commit (and so calls the
+    copy dirty). REQUANT_COMMIT, when it is a commit id, is what the report records; a value
+    that is not one (a branch name, the word HEAD) is ignored. Reference: git log's commit id."""
+    root = _checkout(tmp_path)
+    _git(root, "add", "-A")
+    _git(root, "commit", "-qm", "one")
+    head = _git(root, "log", "-1", "--format=%H").strip()
+    (root / "requant" / "__init__.py").write_text("__version__ = '1'\n")
+    assert git_commit(root) == head + "-dirty"
+    monkeypatch.setenv("REQUANT_COMMIT", "911a490")
+    assert git_commit(root) == "911a490"
+    monkeypatch.setenv("REQUANT_COMMIT", "0" * 40 + "-dirty")
+    assert git_commit(root) == "0" * 40 + "-dirty"
+    for junk in ("HEAD", "main", "911a49", "911a490 ", "911A490"):
+        monkeypatch.setenv("REQUANT_COMMIT", junk)
+        expect = "911a490" if junk == "911a490 " else head + "-dirty"  # surrounding blanks are trimmed
+        assert git_commit(root) == expect, junk
