@@ -20,7 +20,11 @@ Both are written the way requant.synthetic writes checkpoints: one model.safeten
 the safetensors library (`__metadata__` {"format": "pt"}; the library orders the data by
 dtype and name, so the bytes depend only on the tensors), config.json with sorted keys and
 indent 2, and here also tokenizer.json, tokenizer_config.json and generation_config.json
-copied from training/tokenizer/ (sha256 checked). Hence running this twice gives the same
+copied from training/tokenizer/ (sha256 checked), and a README.md (README_TEMPLATE: YAML front
+matter with the license, Apache-2.0 as the project's, which `requant card` carries into the
+cards of conversions; the model, its data and its recipe). README.md is not covered by a
+manifest (requant.manifest), so it can be reworded without changing the checkpoints' digests.
+Hence running this twice gives the same
 bytes, and `requant convert OUT/default --source OUT/default-bf16 --arm unconstrained`
 reproduces OUT/default byte for byte; the script checks both facts on what it wrote
 (open_checkpoint, then that conversion) before anything is moved into place.
@@ -56,6 +60,38 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config
 MAX_BYTES = 25_000_000
 NAMES = ("default", "default-bf16")
 DEFAULT_OUT_DIR = Path(__file__).resolve().parent.parent / "requant" / "data"
+
+
+README_TEMPLATE = """---
+license: apache-2.0
+language:
+- en
+library_name: transformers
+pipeline_tag: text-generation
+tags:
+- qwen3
+{tags}---
+
+# requant's embedded default: a {params:,}-parameter Qwen3, {what}
+
+A small Qwen3 (hidden {hidden}, {layers} layers, {heads} heads, {kv} KV heads, head_dim {head_dim},
+intermediate {inter}, vocabulary {vocab}, tied embeddings) trained from scratch by
+`training/train_default.py` in the requant repository on public-domain English: Jane Austen's
+novels except *Sense and Sensibility* and the King James Bible (Project Gutenberg texts).
+*Sense and Sensibility* is held out whole: it is the text of `requant eval`'s `requant-heldout`
+task. The tokenizer is a byte-level BPE of 8,192 ids trained on the same training text.
+
+{body}
+
+It exists to make requant's commands mean something offline (perplexity, greedy generation,
+the audit's real activations); it is not a useful language model.
+"""
+W8A8_BODY = """This is the W8A8 checkpoint in compressed-tensors format, as llm-compressor writes it: every
+decoder Linear quantized by round-to-nearest with a per-channel bf16 scale absmax/127.5 (int8
+weights that may hold -128), per-token dynamic int8 activations, lm_head and norms unquantized.
+Its bf16 original is `default-bf16` beside it (`requant convert --source`)."""
+BF16_BODY = """This is the bf16 original (a plain transformers Qwen3 checkpoint); `default` beside it is its
+W8A8 quantization."""
 
 
 class PackageError(Exception):
@@ -134,6 +170,12 @@ def build(p, tensors: dict[str, torch.Tensor], bf16_dir: Path, w8a8_dir: Path) -
     for d in (bf16_dir, w8a8_dir):
         for f in TOKENIZER_FILES:
             shutil.copyfile(TOKENIZER_DIR / f, d / f)
+    params = arch.parameter_count(p)
+    for d, what, tags, body in ((bf16_dir, "bf16", "", BF16_BODY),
+                                (w8a8_dir, "INT8 W8A8", "- int8\n- w8a8\n- compressed-tensors\n", W8A8_BODY)):
+        (d / "README.md").write_text(README_TEMPLATE.format(
+            params=params, what=what, tags=tags, body=body, hidden=p.hidden, layers=p.layers, heads=p.heads,
+            kv=p.kv_heads, head_dim=p.head_dim, inter=p.intermediate, vocab=p.vocab), encoding="utf-8")
 
 
 def tree_bytes(root: Path) -> dict[str, bytes]:
