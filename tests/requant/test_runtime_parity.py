@@ -16,26 +16,27 @@ is, and close in absolute terms (the floors below).
 Why not zero: every bf16 rounding of an activation (norm outputs, RoPE, q/k/v, attention
 probabilities and outputs, residual adds) moves values by up to 2**-9 relative; a
 moved value can change an int8 activation by one step (or the row's scale), and that
-difference travels through the layers. On the embedded random default (flat logits,
-outlier channels) this is large, and transformers shows it too. Measured (CPU, this test's
-metrics; `pytest -s` prints them):
+difference travels through the layers, and transformers shows it too. Measured on the
+trained embedded default (CPU, this test's metrics; `pytest -s` prints them; 2026-12-01):
 
 | comparison against the fp32 reference | relative RMS | max dev / range | top-1 agreement |
 | --- | ---: | ---: | ---: |
-| prefill, 8 prompts (482 positions): runtime | 0.091 | 10.3% | 88.0% |
-| prefill: transformers' bf16 model | 0.092 | 13.2% | 85.7% |
-| decode with the KV cache, 8 x 12 tokens: runtime | 0.088 | 7.9% | 84.4% |
-| decode: transformers' bf16 model | 0.083 | 7.0% | 85.4% |
-| bf16 directory (every Linear dense), 4 prompts: runtime | 0.014 | 1.3% | 97.8% |
-| bf16 directory: transformers' bf16 model | 0.015 | 1.7% | 97.4% |
+| prefill, 8 prompts (174 positions): runtime | 0.0109 | 0.69% | 98.3% |
+| prefill: transformers' bf16 model | 0.0111 | 0.85% | 96.0% |
+| decode with the KV cache, 8 x 12 tokens: runtime | 0.0103 | 0.66% | 97.9% |
+| decode: transformers' bf16 model | 0.0109 | 0.84% | 99.0% |
+| bf16 directory (tiny synthetic, every Linear dense), 4 prompts: runtime | 0.0137 | 1.34% | 97.8% |
+| bf16 directory: transformers' bf16 model | 0.0149 | 1.68% | 97.4% |
 
-Structural faults, measured for scale (prefill, each alone): rope_theta 1e4 instead of 1e6:
-relative RMS 0.60, top-1 32%; KV heads tiled instead of grouped: 1.31, 0.6%; q_norm
-weights doubled: 0.76, 20%. Thresholds (a margin over the yardstick, far below any of
-those): relative RMS <= max(1.25 x transformers' bf16, 0.02) and <= 0.2; top-1 agreement
->= transformers' bf16 - 5 points and >= 75%; max deviation <= max(1.5 x transformers'
-bf16, 2% of the range). A trained default has sharper logits: the yardstick moves with it
-(the lead re-measures there).
+(The random default it replaced, flat logits and outlier channels, gave 0.091 / 88.0% for the
+runtime and 0.092 / 85.7% for transformers' bf16 model in prefill.)
+Structural faults, measured for scale on the random default (prefill, each alone):
+rope_theta 1e4 instead of 1e6: relative RMS 0.60, top-1 32%; KV heads tiled instead of
+grouped: 1.31, 0.6%; q_norm weights doubled: 0.76, 20%. Thresholds (a margin over the
+yardstick, far below any of those): relative RMS <= max(1.25 x transformers' bf16, 0.02)
+and <= 0.05 (4.6x the trained default's 0.0109); top-1 agreement >= transformers' bf16 - 5
+points and >= 90% (the trained default: 98.3% prefill, 97.9% decode); max deviation <=
+max(1.5 x transformers' bf16, 2% of the range).
 relative RMS = sqrt(mean((ours - ref)^2)) / std(ref), over all positions and the vocabulary.
 """
 
@@ -93,8 +94,8 @@ def deviation(ours: list, ref: list) -> dict:
 
 def check_against_yardstick(ours: dict, yard: dict, what: str) -> None:
     print(f"\n{what}: runtime vs fp32 transformers {ours}; transformers bf16 vs fp32 {yard}")
-    assert ours["rel_rms"] <= max(1.25 * yard["rel_rms"], 0.02) and ours["rel_rms"] <= 0.2, (ours, yard)
-    assert ours["top1"] >= min(yard["top1"] - 0.05, 0.99) and ours["top1"] >= 0.75, (ours, yard)
+    assert ours["rel_rms"] <= max(1.25 * yard["rel_rms"], 0.02) and ours["rel_rms"] <= 0.05, (ours, yard)
+    assert ours["top1"] >= min(yard["top1"] - 0.05, 0.99) and ours["top1"] >= 0.90, (ours, yard)
     assert ours["max_rel"] <= max(1.5 * yard["max_rel"], 0.02), (ours, yard)
 
 

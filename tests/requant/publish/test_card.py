@@ -76,6 +76,8 @@ def test_card_with_every_report_round_trips(pow2_copy):
 def test_missing_reports_are_named_not_measured(pow2_copy):
     ck = pow2_copy
     (ck / "requant-audit.json").unlink()
+    # the embedded default's README (copied by convert) carries a license: without it, none is found
+    (ck / "README.md").unlink()
     res, text = _card(ck)
     assert res.exit_code == 0, res.output
     for section in ("## Audit", "## Determinism", "## Perplexity"):
@@ -141,8 +143,9 @@ def test_source_and_untied_reports(pow2_copy):
 def test_explicit_report_for_other_bytes_is_an_error(pow2_copy, tmp_path):
     ck = pow2_copy
     other = write(tmp_path / "eval.json", eval_report("sha256:" + "0" * 64))
+    readme = (ck / "README.md").read_text()  # the source's README, copied by convert
     res, text = _card(ck, "--eval", str(other))
-    assert res.exit_code == 1 and text is None
+    assert res.exit_code == 1 and text == readme  # nothing written
     assert "eval.json" in res.stderr and "measured other bytes" in res.stderr and "Traceback" not in res.output
     assert len([ln for ln in res.stderr.splitlines() if ln.startswith("error:")]) == 1
 
@@ -152,8 +155,9 @@ def test_report_missing_a_key_is_an_error(pow2_copy):
     rep = eval_report(None)
     del rep["arms"]["ceiling"]["bits_per_byte"]
     write(ck / "requant-eval.json", rep)
+    readme = (ck / "README.md").read_text()
     res, text = _card(ck)
-    assert res.exit_code == 1 and text is None
+    assert res.exit_code == 1 and text == readme  # nothing written
     assert "requant-eval.json" in res.stderr and "'arms.ceiling.bits_per_byte'" in res.stderr
 
 

@@ -53,8 +53,10 @@ def test_push_uploads_exactly_these_bytes(hub, pow2_copy):
     assert res.stdout.strip() == f"{hub.url}/{REPO}/commit/{commit}"
     got = hub.files(REPO)
     local = tree_bytes(pow2_copy)
-    # every local file went up byte for byte; the card was written locally only now
-    assert set(local) - set(before) == {"README.md"}
+    # every local file went up byte for byte; the card was written locally only now, in place
+    # of the source's README that convert copied (whose license it carries)
+    assert set(local) == set(before) and local["README.md"] != before["README.md"]
+    assert {k: v for k, v in local.items() if k != "README.md"} == {k: v for k, v in before.items() if k != "README.md"}
     assert {"SHA256SUMS", "SHA256SUMS.source", "requant-convert.json", "requant-audit.json"} <= set(got)
     assert {k: v for k, v in got.items() if k != ".gitattributes"} == local
     # the manifest lists every file but the evidence about them (its documented rule), by hashlib
@@ -63,7 +65,7 @@ def test_push_uploads_exactly_these_bytes(hub, pow2_copy):
     assert {"SHA256SUMS.source", "config.json", "model.safetensors"} <= set(listed)
     assert mf.parse(got["SHA256SUMS"]) == {rel: hashlib.sha256(local[rel]).hexdigest() for rel in listed}
     card = ModelCard(got["README.md"].decode())
-    assert card.data.to_dict() == {"license": "other", "license_name": "unknown", "library_name": "transformers",
+    assert card.data.to_dict() == {"license": "apache-2.0", "library_name": "transformers",
                                    "pipeline_tag": "text-generation",
                                    "tags": ["int8", "w8a8", "compressed-tensors", "requant", "power-of-two-scales", "deterministic"]}
     assert f"vllm serve {REPO}" in card.text
@@ -102,6 +104,9 @@ def test_dry_run_contacts_nothing_and_writes_nothing(hub, pow2_copy):
     assert res.exit_code == 0, res.output
     assert hub.requests == [] and tree_bytes(pow2_copy) == before
     for rel, data in before.items():
+        if rel == "README.md":  # the source's README (copied by convert) is not what would go up
+            assert hashlib.sha256(data).hexdigest() not in res.stdout
+            continue
         assert rel in res.stdout and f"{len(data):,}" in res.stdout and hashlib.sha256(data).hexdigest() in res.stdout
     assert "README.md" in res.stdout and "card rendered now" in res.stdout
     assert "nothing was contacted" in res.stdout
