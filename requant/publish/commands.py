@@ -20,20 +20,12 @@ from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 from rich.table import Table
 
+from requant.commands import _err, _fail  # one error line format for every command
 from requant.errors import CheckpointError
 
 
 def _out() -> Console:
     return Console(file=sys.stdout, highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 200)
-
-
-def _err() -> Console:
-    return Console(file=sys.stderr, highlight=False, soft_wrap=True)
-
-
-def _fail(msg: str, code: int = 1):
-    _err().print(f"[bold red]error:[/] {escape(msg)}")
-    raise typer.Exit(code)
 
 
 def _run(fn):
