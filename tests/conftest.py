@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -29,9 +30,18 @@ def point_hub_library_at(monkeypatch, env: dict[str, str]) -> None:
     spec = importlib.util.find_spec("huggingface_hub.constants")
     fresh = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(fresh)
-    for name in dir(fresh):
-        if name.isupper() and getattr(fresh, name) != getattr(constants, name, object()):
-            monkeypatch.setattr(constants, name, getattr(fresh, name))
+    changed = {name: (getattr(constants, name, None), getattr(fresh, name)) for name in dir(fresh)
+               if name.isupper() and getattr(fresh, name) != getattr(constants, name, object())}
+    for name, (_, value) in changed.items():
+        monkeypatch.setattr(constants, name, value)
+    # huggingface_hub < 1.0 also copies some constants into other modules at import
+    # (file_download's HUGGINGFACE_CO_URL_TEMPLATE): patch those copies as well
+    for modname, mod in list(sys.modules.items()):
+        if mod is None or mod is constants or not modname.startswith("huggingface_hub."):
+            continue
+        for name, (old, value) in changed.items():
+            if name in vars(mod) and vars(mod)[name] == old:
+                monkeypatch.setattr(mod, name, value)
 
 
 @pytest.fixture
