@@ -464,19 +464,19 @@ def main():
         sq, sq, sq, {**cutlass_variants(["medium:1", "medium:4", "medium:8", "large:1", "large:4", "large:8", "mid:1"]),
                            **triton_variants(["medium_s3", "medium_ptr_s3", "medium", "large_persist", "large", "mid"])}, 3, 2))))
     qwen = [(model, lin, n, k, c) for model in models for lin, n, k, c in QWEN3[model]]
-    for m in MS_MAIN:
-        for model, lin, n, k, c in qwen:
-            key = f"{model}|{lin}|{m}"
-            items.append((key, lambda key=key, m=m, n=n, k=k, c=c, model=model, lin=lin: result["points"].__setitem__(
-                key, dict(point(m, n, k, args.reps, m + n + k), model=model, lin=lin, count=c))))
+
+    def add_linear_points(ms):  # every distinct Qwen3 Linear at each M, one item each
+        for m in ms:
+            for model, lin, n, k, c in qwen:
+                key = f"{model}|{lin}|{m}"
+                items.append((key, lambda key=key, m=m, n=n, k=k, c=c, model=model, lin=lin: result["points"].__setitem__(
+                    key, dict(point(m, n, k, args.reps, m + n + k), model=model, lin=lin, count=c))))
+
+    add_linear_points(MS_MAIN)
     for m in LAYER_MS:
         items.append((f"layer {LAYER_MODEL} M={m}", lambda m=m: result["layers"].__setitem__(str(m), layer_item(m, args.reps, m))))
     items.append(("quantize", lambda: result["quantize"].update(quantize_item(args.reps))))
-    for m in MS_DECODE:
-        for model, lin, n, k, c in qwen:
-            key = f"{model}|{lin}|{m}"
-            items.append((key, lambda key=key, m=m, n=n, k=k, c=c, model=model, lin=lin: result["points"].__setitem__(
-                key, dict(point(m, n, k, args.reps, m + n + k), model=model, lin=lin, count=c))))
+    add_linear_points(MS_DECODE)
     for m in MS_MAIN:
         if m == 512:
             variants = {**cutlass_variants(["small", "mid", "medium"]), **triton_variants(["small_s6", "mid", "medium_s3"])}

@@ -44,7 +44,7 @@ step() {  # step NAME CMD... : run, log wall time and exit status
     date -u
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
     python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
-    echo "commit $(bash benchmarks/commit_id.sh)"   # git, else $REQUANT_COMMIT, else unknown
+    echo "commit $(bash benchmarks/commit_id.sh)"   # $REQUANT_COMMIT, else git, else unknown
 } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 

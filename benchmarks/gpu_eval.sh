@@ -31,7 +31,8 @@ TIMINGS="$OUT/timings.txt"
 START=$SECONDS
 TOTAL_S=${TOTAL_S:-540}
 export REQUANT_CUTLASS_CACHE=${REQUANT_CUTLASS_CACHE:-/tmp/requant_cutlass} MAX_JOBS=${MAX_JOBS:-16}
-export REQUANT_COMMIT=${REQUANT_COMMIT:-unknown} PYTHONUNBUFFERED=1
+REQUANT_COMMIT=$(bash benchmarks/commit_id.sh)  # $REQUANT_COMMIT, else git, else unknown
+export REQUANT_COMMIT PYTHONUNBUFFERED=1
 DEF=requant/data/default
 POW2=/tmp/requant-default-nearest
 SYN=/tmp/requant-qwen3-1.7b-synthetic
@@ -47,7 +48,7 @@ step() {  # step NAME LIMIT_S CMD...: run with a timeout, log, time; never abort
 left() { echo $((TOTAL_S - (SECONDS - START))); }
 
 {
-    date -u; echo "commit: $REQUANT_COMMIT"
+    date -u; echo "commit $(bash benchmarks/commit_id.sh)"
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
     python3 -c "import torch, triton, transformers, lm_eval; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, 'transformers', transformers.__version__, 'lm_eval', lm_eval.__version__)"
 } > "$R/env.txt" 2>&1

@@ -16,7 +16,7 @@ export REQUANT_CUTLASS_CACHE=${REQUANT_CUTLASS_CACHE:-/tmp/requant_cutlass} MAX_
 { date -u; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.draw,temperature.gpu --format=csv
   python3 -c "import torch,triton;print('torch',torch.__version__,'cuda',torch.version.cuda,'triton',triton.__version__)"
   nvcc --version | tail -2
-  echo "commit $(bash benchmarks/commit_id.sh)"; } > "$OUT/env.txt" 2>&1   # git, else $REQUANT_COMMIT, else unknown
+  echo "commit $(bash benchmarks/commit_id.sh)"; } > "$OUT/env.txt" 2>&1   # $REQUANT_COMMIT, else git, else unknown
 # A killed build leaves torch's FileBaton lock behind; every later build would wait on it
 # forever. Nothing else builds into this cache on the device machine, so remove it.
 rm -f "$REQUANT_CUTLASS_CACHE/lock"

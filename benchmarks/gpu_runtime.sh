@@ -42,9 +42,7 @@ has() { case " $STEPS " in *" $1 "*) return 0;; esac; return 1; }
 
 {
     date -u
-    # REQUANT_COMMIT first: the GPU machine's copy may carry a stale .git (run 2026-12-01
-    # recorded the session's starting commit there)
-    echo "commit: ${REQUANT_COMMIT:-$(bash benchmarks/commit_id.sh)}"
+    echo "commit $(bash benchmarks/commit_id.sh)"   # $REQUANT_COMMIT, else git, else unknown
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
     python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, 'transformers', transformers.__version__)"
 } > "$OUT/env.txt" 2>&1

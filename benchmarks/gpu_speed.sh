@@ -27,7 +27,8 @@ START=$SECONDS
 TOTAL_S=${TOTAL_S:-540}
 export PYTHONPATH=/tmp/site:$PWD:${PYTHONPATH:-}
 export REQUANT_CUTLASS_CACHE=${REQUANT_CUTLASS_CACHE:-/tmp/requant_cutlass} MAX_JOBS=${MAX_JOBS:-16}
-export REQUANT_COMMIT=${REQUANT_COMMIT:-unknown}
+REQUANT_COMMIT=$(bash "$(dirname "$0")/commit_id.sh")  # $REQUANT_COMMIT, else git, else unknown
+export REQUANT_COMMIT
 STEPS=()
 RC=0
 

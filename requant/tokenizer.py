@@ -37,16 +37,21 @@ def _read_json(path: Path):
         raise TokenizerError(f"{path}: not valid JSON: {exc}") from None
 
 
+def _id_list(value) -> tuple[int, ...]:
+    """An `eos_token_id` value (an int or a non-empty list of ints) as a tuple; () otherwise."""
+    if isinstance(value, int):
+        return (value,)
+    if isinstance(value, list) and value and all(isinstance(e, int) for e in value):
+        return tuple(value)
+    return ()
+
+
 def _eos_ids(directory: Path | None, lookup) -> tuple[int, ...]:
     if directory is None:
         return ()
     gen = directory / "generation_config.json"
-    if gen.is_file():
-        eos = _read_json(gen).get("eos_token_id")
-        if isinstance(eos, int):
-            return (eos,)
-        if isinstance(eos, list) and eos and all(isinstance(e, int) for e in eos):
-            return tuple(eos)
+    if gen.is_file() and (ids := _id_list(_read_json(gen).get("eos_token_id"))):
+        return ids
     tc = directory / "tokenizer_config.json"
     if tc.is_file() and lookup is not None:
         tok = _read_json(tc).get("eos_token")
@@ -58,11 +63,7 @@ def _eos_ids(directory: Path | None, lookup) -> tuple[int, ...]:
                 return (int(i),)
     cfg = directory / "config.json"
     if cfg.is_file():
-        eos = _read_json(cfg).get("eos_token_id")
-        if isinstance(eos, int):
-            return (eos,)
-        if isinstance(eos, list) and eos and all(isinstance(e, int) for e in eos):
-            return tuple(eos)
+        return _id_list(_read_json(cfg).get("eos_token_id"))
     return ()
 
 

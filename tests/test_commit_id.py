@@ -39,7 +39,10 @@ def test_git_checkout_clean_and_dirty(tmp_path):
     subprocess.run(GIT + ["commit", "-q", "-m", "x"], cwd=root, check=True)
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
     assert len(head) == 40
-    assert _run(root, REQUANT_COMMIT="ignored when git works") == head
+    assert _run(root, REQUANT_COMMIT="ignored: not a commit id") == head
+    # a declared commit wins over git (the GPU machine's copy can carry a stale .git)
+    assert _run(root, REQUANT_COMMIT="0123abc") == "0123abc"
+    assert _run(root, REQUANT_COMMIT="HEAD") == head
     (root / "new.txt").write_text("untracked")
     assert _run(root) == head + "-dirty"
 
@@ -55,10 +58,11 @@ def test_a_repository_around_the_copy_is_not_ours(tmp_path):
     subprocess.run(GIT + ["commit", "-q", "-m", "x"], cwd=outer, check=True)
     root = _tree(outer / "copy")
     assert _run(root) == "unknown"
-    assert _run(root, REQUANT_COMMIT="abc") == "abc"
+    assert _run(root, REQUANT_COMMIT="0123abc") == "0123abc"
+    assert _run(root, REQUANT_COMMIT="abc") == "unknown"  # too short to be a commit id
 
 
 def test_gpu_scripts_record_it():
-    for name in ("gpu_audit.sh", "gpu_kernels.sh"):
+    for name in ("gpu_audit.sh", "gpu_kernels.sh", "gpu_runtime.sh", "gpu_eval.sh"):
         text = (SCRIPT.parent / name).read_text()
         assert 'echo "commit $(bash benchmarks/commit_id.sh)"' in text and "rev-parse HEAD" not in text, name
