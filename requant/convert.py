@@ -130,12 +130,18 @@ def _write_evidence(tmp: Path, out: Path, shard_entries: dict[str, mf.Entry], re
 
 def convert(src: str | os.PathLike, output: str | os.PathLike, arm: str = "nearest", *, force: bool = False,
             revision: str | None = None, source: str | os.PathLike | None = None, jobs: int | None = None,
-            progress: Callable[[int], None] | None = None, on_start: Callable[[int], None] | None = None) -> ConvertResult:
+            progress: Callable[[int], None] | None = None, on_start: Callable[[int], None] | None = None,
+            src_entries: dict[str, mf.Entry] | None = None) -> ConvertResult:
     """Convert SRC into OUTPUT under `arm`. Raises CheckpointError on bad input or output.
 
     progress(n) is called with each batch of bytes processed (from worker threads);
     on_start(total_bytes) once before work begins (with --source, the total includes the
-    bytes that the origin proof reads)."""
+    bytes that the origin proof reads).
+
+    src_entries: the manifest entries of SRC's directory, when the caller has just hashed it
+    (requant eval converts one checkpoint into every arm after computing its identity);
+    otherwise SRC is hashed in background threads during the conversion. They must name
+    exactly the files SRC has (checked: a listing, no reading)."""
     if arm not in ARMS:
         raise CheckpointError(f"unknown arm {arm!r}; known: {', '.join(ARMS)}")
     t0 = time.perf_counter()
@@ -155,11 +161,14 @@ def convert(src: str | os.PathLike, output: str | os.PathLike, arm: str = "neare
     elif on_start:
         on_start(total)
 
+    if src_entries is not None and set(src_entries) != set(mf.covered_files(ckpt.path)):
+        raise CheckpointError("the given source hashes do not name the checkpoint's files", file=ckpt.path)
     constrained = arm != "unconstrained"
     with AtomicOutput(out, force) as dest:
         source_hashes = shard_hashes = None
         try:
-            source_hashes = mf.BackgroundHashes(ckpt.path)  # plain sha256 of every source file, beside the units
+            if src_entries is None:  # plain sha256 of every source file, beside the units
+                source_hashes = mf.BackgroundHashes(ckpt.path)
             job = streaming.Job(ckpt, dest.tmp, out, arm, src_weights, progress)
             try:
                 streaming.copy_other_files(ckpt, dest.tmp, out)
@@ -177,7 +186,8 @@ def convert(src: str | os.PathLike, output: str | os.PathLike, arm: str = "neare
                 job.close()  # safe: no worker is running any more
             digest, prov = provenance.record(ckpt, dest.tmp, out, arm=arm, src_label=str(src),
                                              source_dir=None if source is None else str(source),
-                                             source_entries=source_hashes.result())
+                                             source_entries=src_entries if source_hashes is None
+                                             else source_hashes.result())
             order = {lin: i for i, lin in enumerate(ckpt.quantized_linears)}
             result = ConvertResult(output=out, arm=arm, source=str(src), provenance=prov, source_digest=digest,
                                    layers=dict(sorted(job.stats.items(), key=lambda kv: order[kv[0]])), bytes_total=total)

@@ -29,11 +29,13 @@ def bytes_to_hash(ckpt) -> int:
     return sum(p.stat().st_size for p in Path(ckpt.path).rglob("*") if p.is_file())
 
 
-def checkpoint_identity(ckpt, progress: Callable[[int], None] | None = None) -> dict:
+def checkpoint_identity(ckpt, progress: Callable[[int], None] | None = None, entries_out: dict | None = None) -> dict:
     """{manifest, manifest_digest, tool_version, git_commit} of an opened checkpoint (anything
-    with a `.path`; without one the manifest keys are None)."""
+    with a `.path`; without one the manifest keys are None). entries_out: see
+    requant.manifest.identity."""
     path = getattr(ckpt, "path", None)
-    ident = identity(path, progress=progress) if path is not None else {"manifest": None, "manifest_digest": None}
+    ident = (identity(path, progress=progress, entries_out=entries_out) if path is not None
+             else {"manifest": None, "manifest_digest": None})
     return {**ident, **build_info()}
 
 

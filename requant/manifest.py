@@ -319,17 +319,25 @@ def verify(root: str | os.PathLike, name: str | os.PathLike = MANIFEST, *, jobs:
     return Check(str(name), digest_of(data), missing, extra, differing, found)
 
 
-def identity(root: str | os.PathLike, *, jobs: int | None = None, progress: Callable[[int], None] | None = None) -> dict:
+def identity(root: str | os.PathLike, *, jobs: int | None = None, progress: Callable[[int], None] | None = None,
+             entries_out: dict[str, Entry] | None = None) -> dict:
     """The fields a report records to tie itself to a checkpoint's bytes:
     {"manifest": "SHA256SUMS" or None, "manifest_digest": "sha256:..."}.
 
     With a stored manifest, the directory is checked against it first (a mismatch is a
     ManifestError naming the first differing, missing or unlisted file: a report must never
     claim a digest for bytes it did not read); without one, the digest of the manifest
-    computed now (what `requant manifest --write` would write) and "manifest": None."""
+    computed now (what `requant manifest --write` would write) and "manifest": None.
+    entries_out, when given, receives the entries of every covered file (the hashes this
+    call read, so that a caller converting the same directory need not read it again)."""
     if (Path(root) / MANIFEST).exists():
         check = verify(root, jobs=jobs, progress=progress)
         if not check.ok:
             raise ManifestError(check.describe(), file=root)
+        if entries_out is not None:
+            entries_out.update(check.entries)
         return {"manifest": MANIFEST, "manifest_digest": check.digest}
-    return {"manifest": None, "manifest_digest": digest_of(render(compute(root, jobs=jobs, progress=progress)))}
+    entries = compute(root, jobs=jobs, progress=progress)
+    if entries_out is not None:
+        entries_out.update(entries)
+    return {"manifest": None, "manifest_digest": digest_of(render(entries))}

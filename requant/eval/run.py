@@ -213,12 +213,13 @@ def evaluate_row(path: str, tm, tasks: list[str], *, backend: str, act_backend: 
     return out
 
 
-def _identity(checkpoint, hash_progress: Callable[[int, int], None] | None) -> dict:
-    """requant.identity.checkpoint_identity, reporting (bytes done, bytes total)."""
+def _identity(checkpoint, hash_progress: Callable[[int, int], None] | None, entries_out: dict) -> dict:
+    """requant.identity.checkpoint_identity, reporting (bytes done, bytes total); the files'
+    hashes go into entries_out (every arm's conversion reuses them)."""
     from requant.identity import bytes_to_hash, checkpoint_identity
 
     if hash_progress is None:
-        return checkpoint_identity(checkpoint)
+        return checkpoint_identity(checkpoint, entries_out=entries_out)
     total = bytes_to_hash(checkpoint)
     done = 0
 
@@ -228,7 +229,7 @@ def _identity(checkpoint, hash_progress: Callable[[int, int], None] | None) -> d
         hash_progress(done, total)
 
     hash_progress(0, total)
-    return checkpoint_identity(checkpoint, progress=advance)
+    return checkpoint_identity(checkpoint, progress=advance, entries_out=entries_out)
 
 
 def run_eval(ckpt: str | None, arms: list[str], *, source: str | None = None, tasks: list[str] = (HELDOUT_TASK,),
@@ -296,7 +297,8 @@ def run_eval(ckpt: str | None, arms: list[str], *, source: str | None = None, ta
         raise EvalUsageError(f"--max-length must be between 1 and the model's {positions} positions")
     say("resolving tasks " + ",".join(tasks))
     tm = load_tasks(tasks)
-    identity = _identity(checkpoint, hash_progress)
+    src_entries: dict = {}
+    identity = _identity(checkpoint, hash_progress, src_entries)
     if n_threads:
         import torch
 
@@ -316,7 +318,7 @@ def run_eval(ckpt: str | None, arms: list[str], *, source: str | None = None, ta
             else:
                 say(f"converting {name}")
                 path = str(tmp_root / name)
-                convert(str(checkpoint.path), path, name)
+                convert(str(checkpoint.path), path, name, src_entries=src_entries)  # the source hashed once, above
             say(f"evaluating {name}")
             results[name] = evaluate_row(path, tm, tasks, backend=be, act_backend=act_backend, device=dev, limit=limit,
                                          batch_size=batch_size, max_length=max_length,

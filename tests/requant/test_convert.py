@@ -166,6 +166,27 @@ def test_deterministic_digest_and_bytes(tmp_path, micro):
     assert tree_bytes(tmp_path / "a") == tree_bytes(tmp_path / "b")  # requant-convert.json included: no times, no paths of OUT
 
 
+def test_given_source_hashes_give_the_same_bytes(tmp_path, micro):
+    """requant eval hashes its checkpoint once and passes the entries to every arm's
+    conversion. Reference: the conversion that hashes its source itself (and hashlib, for
+    SHA256SUMS.source). Entries that do not name the source's files are refused before
+    anything is written."""
+    from requant import manifest as mf
+    from requant.errors import CheckpointError
+
+    entries: dict = {}
+    mf.identity(micro, entries_out=entries)
+    assert {rel: e.sha256 for rel, e in entries.items()} == {
+        p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in micro.iterdir() if p.is_file()}
+    convert(micro, tmp_path / "self", "nearest")
+    convert(micro, tmp_path / "given", "nearest", src_entries=entries)
+    assert tree_bytes(tmp_path / "given") == tree_bytes(tmp_path / "self")
+    short = dict(list(entries.items())[1:])
+    with pytest.raises(CheckpointError, match="do not name the checkpoint's files"):
+        convert(micro, tmp_path / "bad", "nearest", src_entries=short)
+    assert not (tmp_path / "bad").exists() and leftovers(tmp_path, "bad") == []
+
+
 def test_existing_output_needs_force(tmp_path, micro):
     out = tmp_path / "out"
     out.mkdir()
