@@ -70,7 +70,8 @@ inline int w8a8_sm90_default_tile(int m, int n) {
 // Measured (kernels_bench.md, the same sweep, medium tile): 8192^3 (64 MiB swept) 1071 TOPS
 // with swizzle 1, 1252 with 4, 1338 with 8; Qwen3-1.7B q,o at m = 8192 (4 MiB swept) 1425
 // with 1 and 1258 with 8, so small problems keep swizzle 1. Of the Qwen3 Linears only 14B
-// down at m >= 4096 (85 MiB) crosses the threshold. Other tiles keep swizzle 1.
+// down crosses the threshold: from m = 2892 (m*k > 48 MiB while rastering along M), and
+// n*k = 85 MiB once m >= 5120 rasters along N. Other tiles keep swizzle 1.
 inline int w8a8_sm90_default_swizzle(int m, int n, int k, int tile) {
   if (tile != kW8A8TileMedium && tile != kW8A8TileLarge) return 1;
   const long tiles_m = w8a8_cdiv(m, 128);
