@@ -1,4 +1,4 @@
-"""The seven checks. Each is a pure function of (reference run, run under test, kernel
+"""The checks C1..C8. Each is a pure function of (reference run, run under test, kernel
 description of the run under test) and returns a CheckResult: whether it is applicable
 (recorded apart from the verdict) and, if so, whether it fires.
 
@@ -20,10 +20,25 @@ description of the run under test) and returns a CheckResult: whether it is appl
                                  logit deviation between the two runs at that token, or whose
                                  top-1 token differs between the runs; n/a for per-layer cells
                                  (no logits)
+  C8 declared-order identity     output not bitwise equal to the emulation of the epilogue
+                                 order the kernel declares (KernelDesc.declared_order, one of
+                                 records.KNOWN_ORDERS), computed on the run's *own* operands
+                                 with the exact int32 accumulator; applicable under any scales
+                                 whenever the kernel declares a known order
+
+Matrix v1 (prediction_matrix.json) scores C1..C7 (CHECK_IDS); matrix v2 adds C8
+(ALL_CHECK_IDS). run_checks runs the checks a matrix names, so a v1 run is unchanged.
 
 Why C5 and C6 both exist: C6 is the best a tolerance suite can do, and it is blind to every
 fault that moves an output by exactly one spacing. C5 is an equality, so it sees those, but
 only where power-of-two scales make equality a legal requirement.
+
+Why C8 sees what C5 and C6 cannot. NUMERICS: every declared order is a fixed sequence of
+IEEE fp32 operations and one bf16 rounding (kernels/reference.py), so given the operands
+its output bits are a function, not a tolerance band; any deviation that changes a bit
+(one spacing included) is a difference, under native scales as under powers of two. It
+needs a declaration, C5 needs none; and it compares the kernel with itself on its own
+operands, so a kernel fed the wrong operands (F9) but computing correctly is C1's to see.
 """
 
 from __future__ import annotations
@@ -34,12 +49,23 @@ import torch
 
 from requant.audit.records import KernelDesc, Run, output_distance, output_equal
 from requant.kernels.bf16 import bitwise_equal
+from requant.kernels.reference import (accumulate, epilogue_cutlass_order, epilogue_exact, epilogue_fused_order,
+                                       epilogue_triton_order)
 
 FIRE = "fire"
 SILENT = "silent"
 NOT_APPLICABLE = "not_applicable"
 CHECK_IDS = ("C1", "C2", "C3", "C4", "C5", "C6", "C7")
 LAYER_CHECK_IDS = CHECK_IDS[:6]
+ALL_CHECK_IDS = CHECK_IDS + ("C8",)
+
+# The emulation of each order a kernel may declare (records.KNOWN_ORDERS).
+ORDER_EPILOGUES = {
+    "cutlass-order": epilogue_cutlass_order,
+    "triton-order": epilogue_triton_order,
+    "fused-order": epilogue_fused_order,
+    "exact": epilogue_exact,
+}
 
 CHECK_TITLES = {
     "C1": "shared activation operands",
@@ -49,6 +75,7 @@ CHECK_TITLES = {
     "C5": "power-of-two identity",
     "C6": "real-scale tolerance (<= 1 spacing)",
     "C7": "token-level risk (end-to-end)",
+    "C8": "declared-order identity",
 }
 
 
@@ -151,6 +178,41 @@ def c7_token_risk(ref: Run, test: Run, kernel: KernelDesc) -> CheckResult:
     return _verdict("C7", risk["flagged"] > 0, f"{risk['flagged']}/{risk['tokens']} tokens flagged")
 
 
+def declared_output(ref: Run | None, test: Run, order: str):
+    """The declared order's output on the run's own operands (exact int32 accumulator).
+
+    When the run shares the reference run's operand tensors (every epilogue and accumulator
+    fault does), the reference's exact accumulator is reused and the result memoized on the
+    reference run; otherwise (operand faults) the accumulator is recomputed from the run's
+    int8 tensors, never taken from the run itself.
+    """
+    act, wt = test.act, test.wt
+    shared = ref is not None and ref.act is not None and ref.wt is not None and ref.acc is not None and \
+        act.a is ref.act.a and wt.w is ref.wt.w and ref.acc.dtype == torch.int32
+    if shared and act.s_a is ref.act.s_a and wt.s_w is ref.wt.s_w:
+        key = ("declared", order)
+        if key not in ref.memo:
+            ref.memo[key] = ORDER_EPILOGUES[order](ref.acc, act.s_a, wt.s_w)
+        return ref.memo[key]
+    acc = ref.acc if shared else accumulate(act.a, wt.w)
+    return ORDER_EPILOGUES[order](acc, act.s_a, wt.s_w)
+
+
+def c8_declared_order(ref: Run, test: Run, kernel: KernelDesc) -> CheckResult:
+    order = kernel.declared_order
+    if order is None:
+        return _na("C8", f"the kernel declares no known epilogue order ({kernel.epilogue!r})")
+    if test.act is None or test.wt is None or test.y is None:
+        return _na("C8", "no operands or output recorded")
+    want = declared_output(ref, test, order)
+    if want.shape != test.y.shape or want.dtype != test.y.dtype:
+        return _verdict("C8", True, "output shape or dtype differs")
+    if bitwise_equal(want, test.y):
+        return _verdict("C8", False, f"bitwise equal to the {order} emulation")
+    n = int((want.view(torch.int16) != test.y.view(torch.int16)).sum())
+    return _verdict("C8", True, f"{n} elements differ from the {order} emulation")
+
+
 CHECKS = {
     "C1": c1_shared_activations,
     "C2": c2_shared_weights,
@@ -159,10 +221,11 @@ CHECKS = {
     "C5": c5_power_of_two_identity,
     "C6": c6_tolerance,
     "C7": c7_token_risk,
+    "C8": c8_declared_order,
 }
 
 
-def run_checks(ref: Run, test: Run, kernel: KernelDesc | None = None) -> dict[str, CheckResult]:
-    """All seven checks on one (reference, under test) pair."""
+def run_checks(ref: Run, test: Run, kernel: KernelDesc | None = None, checks=CHECK_IDS) -> dict[str, CheckResult]:
+    """The named checks (default the seven of matrix v1) on one (reference, under test) pair."""
     kernel = kernel or test.kernel
-    return {cid: fn(ref, test, kernel) for cid, fn in CHECKS.items()}
+    return {cid: CHECKS[cid](ref, test, kernel) for cid in checks}

@@ -105,12 +105,14 @@ VARIANTS: tuple[Variant, ...] = tuple(
 VARIANT_BY_ID = {v.id: v for v in VARIANTS}
 assert len(VARIANTS) == 21
 
+# Each fault kernel declares the order of the pipeline it modifies (the reference's Triton
+# order): a fault is a kernel that deviates from what it claims (check C8).
 FAULT_KERNELS = {
-    "F1": KernelDesc("F1 reciprocal scale", "int", 32, "triton-order, s_w via fp32 reciprocal"),
-    "F2": KernelDesc("F2 double rounding", "int", 32, "triton-order, bf16 after s_a"),
-    "F3": KernelDesc("F3 cutlass order", "int", 32, "cutlass-order"),
-    "F4": KernelDesc("F4 truncation", "int", 32, "triton-order, truncating cast"),
-    "F5": KernelDesc("F5 fused scales", "int", 32, "acc * fp32(s_a*s_w)"),
+    "F1": KernelDesc("F1 reciprocal scale", "int", 32, "triton-order, s_w via fp32 reciprocal", declares="triton-order"),
+    "F2": KernelDesc("F2 double rounding", "int", 32, "triton-order, bf16 after s_a", declares="triton-order"),
+    "F3": KernelDesc("F3 cutlass order", "int", 32, "cutlass-order", declares="triton-order"),
+    "F4": KernelDesc("F4 truncation", "int", 32, "triton-order, truncating cast", declares="triton-order"),
+    "F5": KernelDesc("F5 fused scales", "int", 32, "acc * fp32(s_a*s_w)", declares="triton-order"),
     "F6": KernelDesc("F6 bf16 accumulator", "float", 8, "triton-order"),
     "F7": KernelDesc("F7 int16 accumulator", "int", 16, "triton-order"),
     "F8": REFERENCE_KERNEL,

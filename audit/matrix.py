@@ -1,4 +1,10 @@
-"""The prediction matrix, pinned before measuring.
+"""The prediction matrices, pinned before measuring.
+
+Two versions, each pinned by its own sha256 (PINS):
+  v1  audit/prediction_matrix.json     checks C1..C7; the seed paper's limit, reproduced
+  v2  audit/prediction_matrix_v2.json  v1's cells unchanged, plus C8 (declared-order identity)
+                                       on every row and the baseline row B.fused-order
+A matrix's checks are the ones its cells name (Matrix.checks); the suite runs exactly those.
 
 audit/prediction_matrix.json gives, for every check x variant x regime (the 21 fault
 variants and the two baseline rows B.cutlass-order / B.triton-order), the outcome theory
@@ -22,12 +28,19 @@ from pathlib import Path
 from requant.audit.checks import FIRE, NOT_APPLICABLE, SILENT
 
 MATRIX_PATH = Path(__file__).with_name("prediction_matrix.json")
+MATRIX_V2_PATH = Path(__file__).with_name("prediction_matrix_v2.json")
+MATRIX_PATHS = {"v1": MATRIX_PATH, "v2": MATRIX_V2_PATH}
 PINNED_SHA256 = "d1c53158c789e7f4e81842650fe8c75a57e847c4a45f553f069a4f5fb7c2fc7d"
+PINNED_SHA256_V2 = "5dca0ec5b15f6426442645e00277fe5e435a89f3beeb4ed0b2f3e7090a508a95"
+PINS = {1: PINNED_SHA256, 2: PINNED_SHA256_V2}
 
 PREDICTED_MISS = "predicted_miss"
 OUTCOMES = (FIRE, SILENT, NOT_APPLICABLE, PREDICTED_MISS)
 REGIMES = ("native", "pow2")
 BASELINE_VARIANTS = ("B.cutlass-order", "B.triton-order")
+BASELINE_VARIANTS_V2 = BASELINE_VARIANTS + ("B.fused-order",)
+_BASELINE_OF = {"reference-cutlass-order": "B.cutlass-order", "reference-triton-order": "B.triton-order",
+                "reference-fused-order": "B.fused-order"}
 
 
 def baseline_variant(order_backend: str) -> str:
@@ -35,10 +48,8 @@ def baseline_variant(order_backend: str) -> str:
     from requant.kernels import EMULATION_OF
 
     emu = EMULATION_OF.get(order_backend)
-    if emu == "reference-cutlass-order":
-        return "B.cutlass-order"
-    if emu == "reference-triton-order":
-        return "B.triton-order"
+    if emu in _BASELINE_OF:
+        return _BASELINE_OF[emu]
     raise ValueError(f"backend {order_backend!r} implements no known epilogue order (kernels.EMULATION_OF)")
 
 
@@ -51,8 +62,29 @@ class Matrix:
     end_to_end: dict  # (check, regime) -> expected outcome
 
     @property
+    def pin(self) -> str | None:
+        """The pinned digest of this matrix's version (None for an unknown version)."""
+        return PINS.get(self.version)
+
+    @property
     def pinned(self) -> bool:
-        return self.sha256 == PINNED_SHA256
+        return self.sha256 == self.pin
+
+    @property
+    def checks(self) -> tuple[str, ...]:
+        """The checks the matrix predicts, in ALL_CHECK_IDS order (v1: C1..C7; v2: C1..C8)."""
+        from requant.audit.checks import ALL_CHECK_IDS
+
+        named = {c for c, _, _ in self.cells}
+        return tuple(c for c in ALL_CHECK_IDS if c in named)
+
+    @property
+    def layer_checks(self) -> tuple[str, ...]:
+        """The per-layer checks (C7 is end-to-end only): the detection table's columns."""
+        return tuple(c for c in self.checks if c != "C7")
+
+    def has_variant(self, variant: str) -> bool:
+        return any(v == variant for _, v, _ in self.cells)
 
     def expected(self, check: str, variant: str, regime: str) -> str:
         try:
@@ -63,6 +95,14 @@ class Matrix:
 
 def file_sha256(path: Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def matrix_path(name: str) -> Path:
+    """'v1' or 'v2' -> the file of that pinned matrix (ValueError for anything else)."""
+    try:
+        return MATRIX_PATHS[name]
+    except KeyError:
+        raise ValueError(f"--matrix takes {' or '.join(MATRIX_PATHS)}, got {name!r}") from None
 
 
 def load_matrix(path: Path | str = MATRIX_PATH) -> Matrix:

@@ -43,6 +43,9 @@ class KernelDesc:
     (acc_bits = significand bits including the implicit one: bf16 8, fp16 11, fp32 24).
     epilogue: the order in which the two scales are applied, as documented by the kernel.
     exposes_acc: whether the run hands its accumulator to the audit (C4 needs it).
+    declares: the epilogue order the kernel claims to implement, one of KNOWN_ORDERS, when it
+    differs from what `epilogue` says it does (a fault kernel claims the order of the pipeline
+    it modifies); None means `epilogue` itself, if that names a known order (declared_order).
     """
 
     name: str
@@ -50,6 +53,13 @@ class KernelDesc:
     acc_bits: int
     epilogue: str
     exposes_acc: bool = True
+    declares: str | None = None
+
+    @property
+    def declared_order(self) -> str | None:
+        """The known order the kernel claims (C8 checks it), or None when it claims none."""
+        order = self.declares if self.declares is not None else self.epilogue
+        return order if order in KNOWN_ORDERS else None
 
     def exact_integer_bound(self) -> int:
         """Largest B such that every integer of magnitude <= B is held exactly."""
@@ -60,7 +70,12 @@ class KernelDesc:
         raise ValueError(f"unknown accumulator kind {self.acc_kind!r}")
 
     def as_dict(self) -> dict:
-        return {"name": self.name, "acc_kind": self.acc_kind, "acc_bits": self.acc_bits, "epilogue": self.epilogue, "exposes_acc": self.exposes_acc}
+        return {"name": self.name, "acc_kind": self.acc_kind, "acc_bits": self.acc_bits, "epilogue": self.epilogue, "exposes_acc": self.exposes_acc,
+                "declares": self.declared_order}
+
+
+# Epilogue orders a kernel can declare, each emulated bit for bit in kernels/reference.py.
+KNOWN_ORDERS = ("cutlass-order", "triton-order", "fused-order", "exact")
 
 
 # The exact reference pipeline: exact int32 accumulator, the legal Triton epilogue order
@@ -75,6 +90,8 @@ BACKEND_KERNELS = {
     "triton": KernelDesc("triton", "int", 32, "triton-order", False),
     "reference-cutlass-order": KernelDesc("reference-cutlass-order", "int", 32, "cutlass-order", False),
     "reference-triton-order": KernelDesc("reference-triton-order", "int", 32, "triton-order", False),
+    "cublas": KernelDesc("cublas", "int", 32, "fused-order", False),
+    "reference-fused-order": KernelDesc("reference-fused-order", "int", 32, "fused-order", False),
     "reference": KernelDesc("reference", "int", 32, "exact", False),
 }
 

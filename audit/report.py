@@ -11,7 +11,7 @@ from pathlib import Path
 
 from requant.audit.checks import CHECK_TITLES, LAYER_CHECK_IDS
 from requant.audit.faults import FAMILY_TITLES, VARIANTS
-from requant.audit.matrix import PINNED_SHA256, REGIMES
+from requant.audit.matrix import PINNED_SHA256, PINS, REGIMES
 from requant.audit.scoring import HIST_BINS, bin_label
 from requant.identity import markdown_lines as identity_lines
 from requant.tokenizer import summary as tokenizer_summary
@@ -21,7 +21,8 @@ def matrix_warning(result: dict) -> str | None:
     card = result["scorecard"]
     if card.get("matrix_pinned"):
         return None
-    return (f"WARNING: the prediction matrix digest {card['matrix_sha256']} is NOT the pinned {PINNED_SHA256}; "
+    pin = PINS.get(card.get("matrix_version"), PINNED_SHA256)
+    return (f"WARNING: the prediction matrix digest {card['matrix_sha256']} is NOT the pinned {pin}; "
             "this run was scored against an unpinned matrix.")
 
 
@@ -131,7 +132,8 @@ def plot_heatmap(result: dict, path: Path) -> Path:
     import numpy as np
 
     det = {(d["variant"], d["regime"]): d for d in result["detection"]}
-    cols = [(r, c) for r in REGIMES for c in LAYER_CHECK_IDS]
+    checks = list(result["detection"][0]["by_check"]) if result["detection"] else list(LAYER_CHECK_IDS)
+    cols = [(r, c) for r in REGIMES for c in checks]
     data = np.full((len(VARIANTS), len(cols)), np.nan)
     for i, v in enumerate(VARIANTS):
         for j, (r, c) in enumerate(cols):
@@ -147,7 +149,7 @@ def plot_heatmap(result: dict, path: Path) -> Path:
         for j in range(data.shape[1]):
             if not math.isnan(data[i, j]):
                 ax.text(j, i, f"{data[i, j]:.2f}", ha="center", va="center", fontsize=6, color="w" if data[i, j] < 0.5 else "k")
-    ax.axvline(len(LAYER_CHECK_IDS) - 0.5, color="k", lw=1)
+    ax.axvline(len(checks) - 0.5, color="k", lw=1)
     ax.set_title("fraction of observable cells in which each check fired (grey: no observable cell)")
     fig.colorbar(im, ax=ax, shrink=0.6)
     fig.tight_layout()

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from requant.audit.checks import CHECK_IDS, FIRE, LAYER_CHECK_IDS, NOT_APPLICABLE, SILENT
+from requant.audit.checks import FIRE, NOT_APPLICABLE, SILENT
 from requant.audit.matrix import PREDICTED_MISS, REGIMES, Matrix
 
 HIST_BINS = 33  # floor(log2(d)) for d in 1 .. 2**32
@@ -71,6 +71,8 @@ class Scorer:
 
     def __init__(self, matrix: Matrix):
         self.matrix = matrix
+        self.checks = matrix.checks  # the checks the matrix predicts (v1: C1..C7, v2: + C8)
+        self.layer_checks = matrix.layer_checks
         self.fp = 0
         self.fn = 0
         self.applicability_mismatches = 0
@@ -110,7 +112,7 @@ class Scorer:
 
     def _score(self, cell: CellResult) -> tuple[int, int]:
         fp = fn = 0
-        for cid in CHECK_IDS:
+        for cid in self.checks:
             got = cell.outcomes.get(cid, NOT_APPLICABLE)
             exp = self.matrix.expected(cid, cell.variant, cell.regime)
             if (got == NOT_APPLICABLE) != (exp == NOT_APPLICABLE):
@@ -134,19 +136,19 @@ class Scorer:
             self.baseline_cells += 1
             row = self.baselines.setdefault((cell.variant, cell.regime), {
                 "variant": cell.variant, "regime": cell.regime, "cells": 0, "differing_cells": 0, "max_ulp": 0,
-                "outcomes": {cid: {FIRE: 0, SILENT: 0, NOT_APPLICABLE: 0} for cid in LAYER_CHECK_IDS},
+                "outcomes": {cid: {FIRE: 0, SILENT: 0, NOT_APPLICABLE: 0} for cid in self.layer_checks},
             })
             row["cells"] += 1
             row["differing_cells"] += int(cell.observable)
             row["max_ulp"] = max(row["max_ulp"], cell.max_ulp)
-            for cid in LAYER_CHECK_IDS:
+            for cid in self.layer_checks:
                 row["outcomes"][cid][cell.outcomes[cid]] += 1
             return
         self.cells += 1
         row = self.detection.setdefault((cell.variant, cell.regime), {
             "fault": cell.family, "severity": cell.severity, "variant": cell.variant, "regime": cell.regime,
-            "cells": 0, "observable": 0, "detected": 0, "by_check": {cid: 0 for cid in LAYER_CHECK_IDS}, "max_ulp": 0,
-            "predicted_detected": any(self.matrix.expected(cid, cell.variant, cell.regime) == FIRE for cid in LAYER_CHECK_IDS),
+            "cells": 0, "observable": 0, "detected": 0, "by_check": {cid: 0 for cid in self.layer_checks}, "max_ulp": 0,
+            "predicted_detected": any(self.matrix.expected(cid, cell.variant, cell.regime) == FIRE for cid in self.layer_checks),
         })
         row["cells"] += 1
         row["max_ulp"] = max(row["max_ulp"], cell.max_ulp)
@@ -156,7 +158,7 @@ class Scorer:
             h[i] += v
         if cell.observable:
             row["observable"] += 1
-            fired = [cid for cid in LAYER_CHECK_IDS if cell.outcomes[cid] == FIRE]
+            fired = [cid for cid in self.layer_checks if cell.outcomes[cid] == FIRE]
             row["detected"] += int(bool(fired))
             for cid in fired:
                 row["by_check"][cid] += 1

@@ -20,7 +20,7 @@ import torch
 
 from requant import kernels
 from requant.audit.capture import Capture, prompts, run_prompts
-from requant.audit.checks import c7_token_risk, run_checks, token_risk
+from requant.audit.checks import CHECK_IDS, c7_token_risk, run_checks, token_risk
 from requant.audit.compare import compare_layer, summarize_layers
 from requant.audit.faults import VARIANTS, LayerCase, inject, reference_case
 from requant.audit.matrix import REGIMES, Matrix, baseline_variant, load_matrix
@@ -99,8 +99,8 @@ def backend_kernel(name: str) -> KernelDesc:
     return BACKEND_KERNELS.get(name, KernelDesc(name, "int", 32, "unknown", False))
 
 
-def evaluate_cell(case: LayerCase, variant: str, family: str, severity: str, test: Run) -> CellResult:
-    outcomes = {cid: r.outcome for cid, r in run_checks(case.ref, test).items()}
+def evaluate_cell(case: LayerCase, variant: str, family: str, severity: str, test: Run, checks=CHECK_IDS) -> CellResult:
+    outcomes = {cid: r.outcome for cid, r in run_checks(case.ref, test, checks=checks).items()}
     if output_equal(case.ref, test):
         return CellResult(case.name, case.regime, variant, family, severity, False, 0, 0, outcomes, [])
     dist = output_distance(case.ref, test)
@@ -115,9 +115,10 @@ def audit_layer(name: str, regime: str, act: Activations, wt: Weights, backends:
     outs = {b: kernels.scaled_mm(act.a, wt.w, act.s_a, wt.s_w, backend=b) for b in dict.fromkeys(backends)}
     row = compare_layer(name, regime, outs[backends[0]], outs[backends[1]], case.shape)
     for b in dict.fromkeys(backends):
-        scorer.add(evaluate_cell(case, baseline_variant(b), "B", "none", Run(act, wt, None, outs[b], backend_kernel(b))))
+        scorer.add(evaluate_cell(case, baseline_variant(b), "B", "none", Run(act, wt, None, outs[b], backend_kernel(b)),
+                                 scorer.checks))
     for v in VARIANTS:
-        scorer.add(evaluate_cell(case, v.id, v.family, v.severity, inject(v, case)))
+        scorer.add(evaluate_cell(case, v.id, v.family, v.severity, inject(v, case), scorer.checks))
         if advance is not None:
             advance(1)
     return row

@@ -17,8 +17,10 @@ scaled_mm backends:
   reference               exact value acc * s_a * s_w rounded once to bf16
   reference-cutlass-order emulation of the CUTLASS epilogue order (the CI oracle)
   reference-triton-order  emulation of the Triton epilogue order (the CI oracle)
+  reference-fused-order   emulation of the fused-scale order acc * fp32(s_a*s_w) (the CI oracle)
   triton                  Triton kernel, Triton order (GPU, or TRITON_INTERPRET=1 on CPU)
   cutlass                 CUTLASS 3.x sm90 kernel, CUTLASS order (sm90 GPU only)
+  cublas                  torch._int_mm (cuBLASLt int8) + TensorRT-LLM's fused-scale order
 """
 
 import importlib
@@ -31,6 +33,8 @@ _SCALED_MM = {
     "reference-triton-order": "requant.kernels.reference:scaled_mm_triton_order",
     "triton": "requant.kernels.triton:scaled_mm",
     "cutlass": "requant.kernels.cutlass:scaled_mm",
+    "reference-fused-order": "requant.kernels.reference:scaled_mm_fused_order",
+    "cublas": "requant.kernels.cublas:scaled_mm",
 }
 _QUANTIZE = {
     "reference": "requant.kernels.reference:quantize_activations",
@@ -42,6 +46,8 @@ EMULATION_OF = {
     "cutlass": "reference-cutlass-order",
     "reference-triton-order": "reference-triton-order",
     "reference-cutlass-order": "reference-cutlass-order",
+    "cublas": "reference-fused-order",
+    "reference-fused-order": "reference-fused-order",
 }
 
 

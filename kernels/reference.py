@@ -16,13 +16,16 @@ Numerics, and why they are exact here:
     and the tests check the two agree.
   * CUTLASS epilogue order: y = bf16_rne(s_a * fp32(s_w * fp32(acc)))
   * Triton epilogue order:  y = bf16_rne(fp32(s_a * fp32(acc)) * s_w)
+  * fused-scale order:      y = bf16_rne(fp32(acc) * fp32(s_a * s_w))  (TensorRT-LLM's
+    SmoothQuant per-row-per-col epilogue, also SGLang's sm75-sm89 int8_scaled_mm; the
+    cublas backend)
     Each fp32 op is one IEEE round-to-nearest-even operation; torch runs every
     elementwise op as its own kernel, so nothing is contracted into an FMA.
   * "exact": the real number acc * s_a * s_w rounded once to bf16. Float64 gives it
     to within 2**-52 relative; elements whose float64 value lies so close to a bf16
     rounding midpoint that this error could matter are recomputed with Python
     integers (rare on real data, common on adversarial power-of-two inputs).
-With power-of-two s_w both fp32 orders give the correctly rounded value of
+With power-of-two s_w all three fp32 orders give the correctly rounded value of
 s_a * fp32(acc) * s_w, hence the same bits; with general s_w they differ by at most
 one bf16 spacing on a small fraction of outputs.
 
@@ -117,6 +120,12 @@ def epilogue_triton_order(acc: torch.Tensor, s_a: torch.Tensor, s_w: torch.Tenso
     return round_fp32_to_bf16(inner * s_w.reshape(1, -1))
 
 
+def epilogue_fused_order(acc: torch.Tensor, s_a: torch.Tensor, s_w: torch.Tensor) -> torch.Tensor:
+    """bf16_rne(fp32(acc) * fp32(s_a * s_w)): the scale product first, one [M, N] fp32 tensor."""
+    scale = s_a.reshape(-1, 1) * s_w.reshape(1, -1)
+    return round_fp32_to_bf16(acc.to(torch.float32) * scale)
+
+
 def _round_fraction_to_bf16(v: Fraction) -> float:
     """Round an exact rational once to bf16 (ties to even); returns that value as float."""
     if v == 0:
@@ -177,6 +186,11 @@ def scaled_mm_cutlass_order(a, w, s_a, s_w):
 def scaled_mm_triton_order(a, w, s_a, s_w):
     check_operands(a, w, s_a, s_w)
     return epilogue_triton_order(accumulate(a, w), s_a, s_w)
+
+
+def scaled_mm_fused_order(a, w, s_a, s_w):
+    check_operands(a, w, s_a, s_w)
+    return epilogue_fused_order(accumulate(a, w), s_a, s_w)
 
 
 def scaled_mm_exact(a, w, s_a, s_w):
