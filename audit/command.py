@@ -2,12 +2,14 @@
 
     requant audit [CKPT] [--backends cutlass,triton | --backends reference] [--prompts N]
                   [--json OUT] [--report DIR] [--plan] [--device DEV] [--revision REV]
-                  [--threads N]
+                  [--threads N] [--matrix v1|v2]
 
 No CKPT: the embedded default (requant.DEFAULT_CHECKPOINT). `--backends reference` is the
 pair reference-cutlass-order,reference-triton-order, the default where no CUDA GPU is
-present; with one, the default pair is cutlass,triton. `--plan` prints the cell count and
-the GEMM shapes from config.json alone (CKPT may be the directory or the config.json file).
+present; with one, the default pair is cutlass,triton. `--matrix` picks the pinned prediction
+matrix: v2 (default: v1's cells plus C8, and the only one with a baseline row for the
+fused-scale order of the cublas backend) or v1 (the seed paper's reproduction, C1..C7).
+`--plan` prints the cell count and the GEMM shapes from config.json alone (CKPT may be the directory or the config.json file).
 
 Exit status: 0 when the audit ran against the pinned prediction matrix, the scorecard has no
 false positive or negative and every layer is bitwise equal under pow2; 1 when it ran but one
@@ -133,6 +135,7 @@ def audit(
     device: Annotated[Optional[str], typer.Option("--device", help="torch device (default: cuda if available, else cpu)")] = None,
     revision: Annotated[Optional[str], typer.Option("--revision", help="Hub revision when CKPT is a repo id")] = None,
     threads: Annotated[Optional[int], typer.Option("--threads", help="torch CPU threads (default: 1 on a CPU device, torch's default otherwise; 0 = torch's default)")] = None,
+    matrix: Annotated[str, typer.Option("--matrix", help="pinned prediction matrix: v2 (C1..C8) or v1 (C1..C7, the paper's)")] = "v2",
 ) -> None:
     """Bitwise CUTLASS-vs-Triton comparison per Linear on real activations, and the
     fault-injection suite scored against the pinned prediction matrix."""
@@ -156,6 +159,12 @@ def audit(
         from requant.checkpoint import open_checkpoint
 
         pair = parse_backends(backends or _default_backends())
+        from requant.audit.matrix import baseline_variant, load_matrix, matrix_path
+
+        pred = load_matrix(matrix_path(matrix))
+        for b in pair:
+            if not pred.has_variant(baseline_variant(b)):
+                raise AuditUsageError(f"--matrix {matrix} has no baseline row {baseline_variant(b)} for backend {b}; use --matrix v2")
         dev = device or _default_device()
         if dev.startswith("cuda") and not torch.cuda.is_available():
             raise AuditUsageError(f"--device {dev}: no CUDA device here")
@@ -196,14 +205,14 @@ def audit(
         with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), TimeRemainingColumn(), console=console, transient=False) as progress:
             task = progress.add_task("cells", total=total)
-            result = run_audit(checkpoint, pair, prompts, dev, identity=identity,
+            result = run_audit(checkpoint, pair, prompts, dev, identity=identity, matrix=pred,
                                advance=lambda n: progress.advance(task, n),
                                on_phase=lambda msg: progress.console.log(msg))
     except CheckpointError as exc:  # a tensor that turned out unreadable while running
         console.print(f"[bold red]error:[/bold red] {exc}")
         raise typer.Exit(2) from None
     args = [] if ckpt is None else [ckpt]
-    args += ["--backends", backends or _default_backends(), "--prompts", str(prompts)]
+    args += ["--backends", backends or _default_backends(), "--prompts", str(prompts), "--matrix", matrix]
     for flag, value in (("--json", json_out), ("--report", report), ("--device", device), ("--revision", revision), ("--threads", threads)):
         if value is not None:
             args += [flag, str(value)]
