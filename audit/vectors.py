@@ -22,8 +22,11 @@ CASES
                     output shows; seeded perturbations, kept where the fp32-tiles model moves
                     at least a quarter of the outputs
   batch_mNNNN       probe rows P0 (row 0) and P1 (row M-1) inside seeded filler, for M in
-                    BATCH_MS (tile boundaries 16/32/64/128/256 and M up to 4096; K = 128,
-                    N = 32); batch_m0001 holds P0 alone, batch_m0001b P1 alone
+                    BATCH_MS (tile boundaries 16/32/64/128/256 and M up to 4096; K = 32,
+                    N = 32); batch_m0001 holds P0 alone, batch_m0001b P1 alone. P0 and P1
+                    are witness rows of the epilogue case (P0 separates the CUTLASS and
+                    Triton orders) and w holds its witness columns plus seeded ones, so a
+                    kernel that changes formula with M changes a probe row's bits
   The accumulator cases use power-of-two scales: there every legal order (and F1, F2) gives
   the same bits, so a difference is the accumulator's.
 
@@ -45,12 +48,15 @@ import torch
 from requant.audit.formulas import FORMULA_TITLES, FORMULAS, apply_formula, model_accumulator
 from requant.kernels.reference import accumulate
 
-__all__ = ["Case", "VectorSet", "build_vectors", "export", "SEED", "BATCH_MS"]
+__all__ = ["Case", "VectorSet", "build_vectors", "export", "describe", "tensors_of", "SEED", "PINNED_SHA256", "BATCH_MS"]
 
 SEED = 20261201
+# VectorSet.digest() of build_vectors() as first built; a rebuild that differs (another torch's
+# RNG, a changed construction) is reported by `requant conform` (vectors_pinned: false).
+PINNED_SHA256 = "204462dfea82a51cdbd14a285d0001a2af402e303b9ec76d572002c9c61d2c03"
 POOL_M, POOL_N, POOL_K = 1024, 256, 32
 BATCH_MS = (1, 2, 3, 4, 8, 16, 17, 32, 33, 64, 65, 128, 129, 256, 257, 512, 1024, 2048, 4096)
-BATCH_K, BATCH_N = 128, 32
+BATCH_K, BATCH_N = POOL_K, 32  # K of the witness rows: the probes are two of them
 
 
 @dataclass
@@ -175,6 +181,18 @@ def _fp32_case() -> tuple:
     raise RuntimeError("no fp32 cancellation case found")  # the seed is fixed: never at run time
 
 
+def _probe_rows(ep: Case) -> list:
+    """The two witness rows of the epilogue case that separate the most formula pairs in
+    their own row (the first must separate the CUTLASS and Triton orders): an M-dependent
+    switch between formulas shows in a probe row's outputs."""
+    bits = torch.stack([ep.expected[f].view(torch.int16) for f in FORMULAS])  # [F, W, W]
+    sep = [{(i, j) for i, j in _pairs() if bool((bits[i, r] != bits[j, r]).any())} for r in range(ep.shape[0])]
+    ct = (FORMULAS.index("cutlass-order"), FORMULAS.index("triton-order"))
+    first = max((r for r in range(len(sep)) if ct in sep[r]), key=lambda r: (len(sep[r]), -r))
+    second = max((r for r in range(len(sep)) if r != first), key=lambda r: (len(sep[r] - sep[first]), -r))
+    return [(ep.a[r:r + 1], ep.s_a[r:r + 1]) for r in (first, second)]
+
+
 def build_vectors(batch_ms=BATCH_MS) -> VectorSet:
     """Every case, deterministically (a second call gives the same bytes)."""
     rows, cols, unseparated = _witnesses()
@@ -191,10 +209,12 @@ def build_vectors(batch_ms=BATCH_MS) -> VectorSet:
     cases.append(_case("acc_bf16", "accumulator", _int8(g, (8, 1024)), _int8(g, (16, 1024)), _pow2(g, 8, -14, -10),
                        _pow2(g, 16, -12, -8)))
     cases.append(_case("acc_fp32", "accumulator", *_fp32_case()))
+    ep = cases[0]
     g = _gen("batch")
-    w, s_w = _int8(g, (BATCH_N, BATCH_K)), _weight_scales(g, BATCH_N)
-    p0, p1 = _int8(g, (1, BATCH_K)), _int8(g, (1, BATCH_K))
-    s0, s1 = _token_scales(g, 1), _token_scales(g, 1)
+    extra = BATCH_N - ep.shape[2]
+    w = torch.cat([ep.w, _int8(g, (extra, BATCH_K))])
+    s_w = torch.cat([ep.s_w, _weight_scales(g, extra)])
+    (p0, s0), (p1, s1) = _probe_rows(ep)
     cases.append(_case("batch_m0001", "batch", p0, w, s0, s_w, {"P0": 0}))
     cases.append(_case("batch_m0001b", "batch", p1, w, s1, s_w, {"P1": 0}))
     for m in batch_ms:
