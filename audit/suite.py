@@ -104,8 +104,18 @@ def converted_info(config: dict) -> dict | None:
 
 def run_audit(ckpt, backends: tuple[str, str], n_prompts: int, device: str, advance=None, on_phase=None,
               matrix: Matrix | None = None, keep_cells: bool = True, identity: dict | None = None) -> dict:
-    """The whole audit on an opened checkpoint (requant.checkpoint.Checkpoint or alike).
-    `identity` is checkpoint_identity(ckpt) when the caller computed it already."""
+    """The whole audit on an opened checkpoint; returns the result dict (JSON-ready).
+
+    Args:
+        ckpt: a requant.checkpoint.Checkpoint (or alike: config, quantized_linears, tensors).
+        backends: the pair of scaled_mm backends compared per layer (requant.backends.parse_backends).
+        n_prompts: calibration prompts prefilled to capture each Linear's int8 operands.
+        device: torch device the operands and kernels live on.
+        advance(n): progress over the cells; on_phase(message): phase lines.
+        matrix: the prediction matrix to score against (default: the pinned one).
+        keep_cells: keep every cell's result in the output (large at 8B/14B).
+        identity: checkpoint_identity(ckpt) when the caller computed it already.
+    """
     t0 = time.perf_counter()
     identity = identity if identity is not None else checkpoint_identity(ckpt)
     matrix = matrix or load_matrix()

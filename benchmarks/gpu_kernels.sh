@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU run for issue 3 (kernels), on the device machine, from the repository root:
+# GPU run of the kernels, on the device machine, from the repository root:
 #   bash benchmarks/gpu_kernels.sh [pytest-args...]
 # Installs the nvidia-cutlass wheel from .whl/ (filled by ../shared/tools/gpu-wheels.sh),
 # builds the CUTLASS extension once, runs the GPU tests, the benchmark, then the Triton

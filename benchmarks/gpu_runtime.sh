@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU run of the runtime (issue 8, sections 4 and 5): `requant determinism` with the real
+# GPU run of the runtime: `requant determinism` with the real
 # pair (cutlass, triton) on the embedded default, then benchmarks/bench_runtime.py (speed,
 # pow2/native ratio, transformers bf16 baseline, determinism counts) on the Qwen3-1.7B- and
 # 8B-shaped synthetic checkpoints. Run from the repo root on the GPU machine (one H200):

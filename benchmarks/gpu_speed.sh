@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU run for issue 10 (kernel speed) and issue 8's eager host overhead, on one H200, from the
+# GPU run of the kernel speed benchmark and the eager host overhead, on one H200, from the
 # repository root, no network, no .git needed, finishing inside TOTAL_S (default 540 s) wall:
 #   REQUANT_COMMIT=<sha> OUT=<dir> bash benchmarks/gpu_speed.sh
 # Needs .whl/ (from ../shared/tools/gpu-wheels.sh): benchmarks/gpu_setup.sh installs it.

@@ -70,6 +70,18 @@ def quantize_backends() -> list[str]:
 
 
 def scaled_mm(a: torch.Tensor, w: torch.Tensor, s_a: torch.Tensor, s_w: torch.Tensor, backend: str = "reference-cutlass-order") -> torch.Tensor:
+    """y = epilogue(sum_k a[m, k] * w[n, k], s_a[m], s_w[n]) in the backend's documented order.
+
+    Args:
+        a: int8 [M, K] activations (per-token quantized).
+        w: int8 [N, K] weights (per output channel).
+        s_a: fp32 [M, 1] activation scales.
+        s_w: fp32 [N, 1] weight scales.
+        backend: a name of scaled_mm_backends(); see the module docstring for the orders.
+
+    Returns:
+        bf16 [M, N], on the operands' device.
+    """
     fn = _RESOLVED.get(("scaled_mm", backend))
     if fn is None:
         fn = _resolve(_SCALED_MM, "scaled_mm", backend)

@@ -234,11 +234,29 @@ def run_eval(ckpt: str | None, arms: list[str], *, source: str | None = None, ta
              max_length: int | None = None, progress_for: Callable[[str], Callable[[int, int], None]] | None = None,
              on_phase: Callable[[str], None] | None = None, passthrough_bootstrap: int = 100000,
              threads: int | None = None, hash_progress: Callable[[int, int], None] | None = None) -> dict:
-    """Validate, evaluate every arm (and bf16), bootstrap; return the result dict (see the command).
+    """Validate, evaluate every arm (and bf16), bootstrap; return the result dict.
 
     After validation and before any arm runs, the checkpoint's identity (requant.identity:
     manifest digest, tool version, git commit) is computed: a SHA256SUMS that does not match
-    the files stops the run there. hash_progress(done, total) follows those bytes."""
+    the files stops the run there.
+
+    Args:
+        ckpt: W8A8 checkpoint directory or Hub repo id; None is the embedded default.
+        arms: "native" and converter arms; native is added when missing (deltas are against it).
+        source: the bf16 Qwen3 directory the checkpoint was quantized from: adds a "bf16" row.
+        tasks: lm-eval task names (requant-heldout ships with requant and needs no network).
+        backend, act_backend: scaled_mm and quantize_activations backends (default: triton on
+            a GPU, reference-triton-order on CPU; reference).
+        device: torch device (default: cuda if available).
+        limit: score only the first N documents of each task.
+        replicates, seed: the paired bootstrap over documents.
+        batch_size, max_length: rolling windows per runtime call, and their length in tokens.
+        progress_for(arm) -> update(done, total); on_phase(message); hash_progress(done, total).
+        threads: torch CPU threads (see requant.commands._common.set_threads).
+
+    Raises:
+        UsageError for a bad request, CheckpointError for a bad checkpoint.
+    """
     import importlib.metadata
 
     from requant import DEFAULT_CHECKPOINT
