@@ -9,10 +9,7 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/requant_gpu_out}
 mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .whl/nvidia_cutlass-*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD:${PYTHONPATH:-}
-export REQUANT_CUTLASS_CACHE=${REQUANT_CUTLASS_CACHE:-/tmp/requant_cutlass} MAX_JOBS=${MAX_JOBS:-16}
+source benchmarks/gpu_setup.sh || exit 1
 { date -u; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.draw,temperature.gpu --format=csv
   python3 -c "import torch,triton;print('torch',torch.__version__,'cuda',torch.version.cuda,'triton',triton.__version__)"
   nvcc --version | tail -2

@@ -60,7 +60,13 @@ def _resolve(table: dict, kind: str, name: str):
 
 
 def scaled_mm_backends() -> list[str]:
+    """The registered scaled_mm backend names."""
     return list(_SCALED_MM)
+
+
+def quantize_backends() -> list[str]:
+    """The registered quantize_activations backend names."""
+    return list(_QUANTIZE)
 
 
 def scaled_mm(a: torch.Tensor, w: torch.Tensor, s_a: torch.Tensor, s_w: torch.Tensor, backend: str = "reference-cutlass-order") -> torch.Tensor:
