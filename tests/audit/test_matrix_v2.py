@@ -72,7 +72,8 @@ def test_c8_sees_one_flipped_bit_under_native_scales_and_reads_the_declaration()
 @pytest.fixture(scope="module")
 def v2_audits():
     from requant import DEFAULT_CHECKPOINT
-    from requant.audit.suite import REFERENCE_PAIR, run_audit
+    from requant.audit.suite import run_audit
+    from requant.backends import REFERENCE_PAIR
     from requant.checkpoint import open_checkpoint
 
     m = load_matrix(MATRIX_V2_PATH)
