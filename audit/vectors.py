@@ -39,7 +39,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -259,36 +258,29 @@ def describe(vs: VectorSet) -> dict:
     }
 
 
-def _atomic_write(path: Path, write) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def export(vs: VectorSet, directory: Path | str) -> list[Path]:
-    """DIR/vectors.safetensors and DIR/vectors.json, each written to a temporary file in DIR
-    and renamed into place (a reader never sees a partial file)."""
+    """DIR/vectors.safetensors and DIR/vectors.json, both rendered to temporaries in DIR
+    first and renamed only when both are complete (requant.output.write_files_atomic): a
+    reader sees the old pair or the new pair, never a partial file."""
+    from requant.output import write_files_atomic
     from requant.safetensors_io import TORCH_TO_ST, serialize_header, tensor_to_bytes
 
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     tensors = tensors_of(vs)
+    digest = vs.digest()
     prefix, _ = serialize_header([(n, TORCH_TO_ST[t.dtype], tuple(t.shape)) for n, t in tensors],
-                                 {"format": "pt", "seed": str(vs.seed), "sha256": vs.digest()})
+                                 {"format": "pt", "seed": str(vs.seed), "sha256": digest})
 
-    def write_st(f):
-        f.write(prefix)
-        for _, t in tensors:
-            f.write(tensor_to_bytes(t))
+    def write_st(tmp: Path) -> None:
+        with open(tmp, "wb") as f:
+            f.write(prefix)
+            for _, t in tensors:
+                f.write(tensor_to_bytes(t))
+            f.flush()
+            os.fsync(f.fileno())
 
-    st, js = d / "vectors.safetensors", d / "vectors.json"
-    _atomic_write(st, write_st)
-    _atomic_write(js, lambda f: f.write((json.dumps(describe(vs), indent=1) + "\n").encode()))
-    return [st, js]
+    def write_js(tmp: Path) -> None:
+        tmp.write_text(json.dumps(describe(vs), indent=1) + "\n")
+
+    return write_files_atomic([(d / "vectors.safetensors", write_st), (d / "vectors.json", write_js)])

@@ -6,7 +6,7 @@ from typing import Annotated
 import typer
 
 from requant import __version__
-from requant.commands import audit, checkpoint, determinism, eval, publish
+from requant.commands import audit, checkpoint, conform, determinism, eval, publish
 
 app = typer.Typer(
     name="requant",
@@ -34,6 +34,7 @@ app.command("convert")(checkpoint.convert)
 app.command("inspect")(checkpoint.inspect)
 app.command("verify")(checkpoint.verify)
 app.command("audit")(audit.audit)
+app.command("conform")(conform.conform)
 app.command("determinism")(determinism.determinism)
 app.command("eval")(eval.eval_command)
 app.command("manifest")(publish.manifest)
