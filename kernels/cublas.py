@@ -28,7 +28,7 @@ NUMERICS
 
 SHAPES
   cuBLASLt's int8 path wants M > 16 and K, N multiples of 8 (torch._int_mm refuses others on
-  CUDA). Other shapes are zero-padded: extra rows of a / w and columns of both are zero, and
+  CUDA; K is also padded to at least 32 there). Other shapes are zero-padded: extra rows of a / w and columns of both are zero, and
   zero products add nothing to an int32 sum, so the kept outputs are exact; the result is
   sliced back. M = 0 or N = 0 returns an empty tensor; K = 0 gives acc = 0 (no launch).
 """
@@ -40,6 +40,7 @@ from requant.kernels.reference import check_operands
 __all__ = ["scaled_mm", "int_mm_exact"]
 
 _MIN_M = 17  # torch._int_mm on CUDA: "self.size(0) needs to be greater than 16"
+_MIN_K = 32  # tiny K padded further (zeros, exact): keeps clear of any minimum-K rule of the heuristics
 _ALIGN = 8
 
 
@@ -59,7 +60,7 @@ def int_mm_exact(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     if k == 0:
         return torch.zeros(m, n, dtype=torch.int32, device=a.device)
     mp = max(m, _MIN_M) if a.is_cuda else m
-    kp = -(-k // _ALIGN) * _ALIGN
+    kp = max(-(-k // _ALIGN) * _ALIGN, _MIN_K if a.is_cuda else 0)
     np_ = -(-n // _ALIGN) * _ALIGN
     a_p = _pad_to(a, mp, kp)
     w_p = _pad_to(w, np_, kp)
