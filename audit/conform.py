@@ -29,8 +29,15 @@ import importlib
 
 import torch
 
-from requant.audit.formulas import (ACC_MODELS, ACC_TITLES, FORMULA_TITLES, FORMULAS, LEGAL_ORDERS, apply_formula,
-                                    model_accumulator)
+from requant.audit.formulas import (
+    ACC_MODELS,
+    ACC_TITLES,
+    FORMULA_TITLES,
+    FORMULAS,
+    LEGAL_ORDERS,
+    apply_formula,
+    model_accumulator,
+)
 from requant.audit.vectors import VectorSet
 
 __all__ = ["KernelError", "resolve_kernel", "run_cases", "fingerprint", "declared_order"]
@@ -108,8 +115,14 @@ def _diff(y: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
 def _first(case, y, want, mask) -> dict:
     i, j = (int(v) for v in mask.nonzero()[0])
     bits = lambda t: f"0x{int(t[i, j].view(torch.int16)) & 0xFFFF:04x}"  # noqa: E731
-    return {"case": case.name, "element": [i, j], "got": bits(y), "want": bits(want),
-            "got_value": float(y[i, j]), "want_value": float(want[i, j])}
+    return {
+        "case": case.name,
+        "element": [i, j],
+        "got": bits(y),
+        "want": bits(want),
+        "got_value": float(y[i, j]),
+        "want_value": float(want[i, j]),
+    }
 
 
 def _compare(cases, outs, expected_of) -> dict:
@@ -133,6 +146,7 @@ def _expected(model: str, formula: str, memo: dict):
         if key not in memo:
             memo[key] = model_accumulator(model, c.a, c.w)
         return apply_formula(formula, memo[key], c.s_a, c.s_w)
+
     return of
 
 
@@ -147,7 +161,7 @@ def _batch(vs: VectorSet, outs: dict) -> dict:
             ref = alone.get(probe)
             if ref is None:
                 continue
-            d = _diff(outs[c.name][row:row + 1], ref)
+            d = _diff(outs[c.name][row : row + 1], ref)
             if bool(d.any()):
                 failures.append({"case": c.name, "m": c.shape[0], "probe": probe, "row": row, "elements": int(d.sum())})
     return {"invariant": not failures, "ms": checked, "failures": failures}
@@ -185,23 +199,31 @@ def fingerprint(name: str, outs: dict, vs: VectorSet, declared: str | None = Non
     conforms = legal and exact_acc and batch_ok and declared_ok is not False
     if identified:
         if len(agreeing) == 1:
-            parts = [f"implements {FORMULA_TITLES[formula]}" + ("" if formula in LEGAL_ORDERS else ": not a legal order")]
+            parts = [
+                f"implements {FORMULA_TITLES[formula]}" + ("" if formula in LEGAL_ORDERS else ": not a legal order")
+            ]
         else:
-            parts = [f"implements one of {len(agreeing)} formulas that agree on its accumulator ({', '.join(agreeing)})"]
+            parts = [
+                f"implements one of {len(agreeing)} formulas that agree on its accumulator ({', '.join(agreeing)})"
+            ]
         parts.append(ACC_TITLES["exact"] if exact_acc else f"inexact accumulation ({ACC_TITLES[model]})")
     else:
         near = candidates[best]
         fd = near["first"]
         where = f"first at case {fd['case']} element {fd['element']} (got {fd['got']}, want {fd['want']})" if fd else ""
-        parts = [f"matches no known formula; nearest: {_title(formula, model)}, {near['mismatches']} of {near['elements']} "
-                 f"elements differ, {where}"]
+        parts = [
+            f"matches no known formula; nearest: {_title(formula, model)}, {near['mismatches']} of {near['elements']} "
+            f"elements differ, {where}"
+        ]
     if batch["ms"]:
         if batch["invariant"]:
             parts.append("batch-invariant")
         else:
             ms = sorted({f["m"] for f in batch["failures"]})
-            parts.append(f"NOT batch-invariant (a probe row changes at M = {', '.join(map(str, ms[:6]))}"
-                         f"{', ...' if len(ms) > 6 else ''})")
+            parts.append(
+                f"NOT batch-invariant (a probe row changes at M = {', '.join(map(str, ms[:6]))}"
+                f"{', ...' if len(ms) > 6 else ''})"
+            )
     if batch["vs_formula"] and batch["vs_formula"]["mismatches"] and batch["invariant"] and len(agreeing) == 1:
         parts.append(f"{batch['vs_formula']['mismatches']} batch-case elements differ from that formula")
     if declared is not None and declared_ok is False:
@@ -221,6 +243,8 @@ def fingerprint(name: str, outs: dict, vs: VectorSet, declared: str | None = Non
         "declared_confirmed": declared_ok,
         "formulas_agreeing": agreeing,
         "matching_candidates": [f"{m}/{f}" for m, f in matches],
-        "candidates": {f"{m}/{f}": {"mismatches": r["mismatches"], "elements": r["elements"], "first": r["first"]}
-                       for (m, f), r in candidates.items()},
+        "candidates": {
+            f"{m}/{f}": {"mismatches": r["mismatches"], "elements": r["elements"], "first": r["first"]}
+            for (m, f), r in candidates.items()
+        },
     }

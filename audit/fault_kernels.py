@@ -34,7 +34,19 @@ F1, F2, F3, F4, F5 = (_wrap(f"F{i}.all") for i in range(1, 6))
 F6, F7, F8 = _wrap("F6.all"), _wrap("F7.all"), _wrap("F8.all")
 F9a, F9b, F9c = _wrap("F9.one"), _wrap("F9.1pct"), _wrap("F9.all")
 
-FAULTS = {"F1": F1, "F2": F2, "F3": F3, "F4": F4, "F5": F5, "F6": F6, "F7": F7, "F8": F8, "F9a": F9a, "F9b": F9b, "F9c": F9c}
+FAULTS = {
+    "F1": F1,
+    "F2": F2,
+    "F3": F3,
+    "F4": F4,
+    "F5": F5,
+    "F6": F6,
+    "F7": F7,
+    "F8": F8,
+    "F9a": F9a,
+    "F9b": F9b,
+    "F9c": F9c,
+}
 # (accumulator model, formula) each fault implements; None: matches no formula.
 FAULT_FORMULAS = {
     "F1": ("exact", "triton-order+F1"),

@@ -35,8 +35,16 @@ from requant.audit.faults import accumulate_bf16_tiles, wrap_int16
 from requant.kernels.bf16 import round_fp32_to_bf16, truncate_fp32_to_bf16
 from requant.kernels.reference import accumulate, epilogue_exact
 
-__all__ = ["FORMULAS", "FORMULA_TITLES", "LEGAL_ORDERS", "ACC_MODELS", "ACC_TITLES", "apply_formula", "model_accumulator",
-           "accumulate_fp32_tiles"]
+__all__ = [
+    "FORMULAS",
+    "FORMULA_TITLES",
+    "LEGAL_ORDERS",
+    "ACC_MODELS",
+    "ACC_TITLES",
+    "apply_formula",
+    "model_accumulator",
+    "accumulate_fp32_tiles",
+]
 
 LEGAL_ORDERS = ("exact", "cutlass-order", "triton-order", "fused-order")
 _ORDERS = ("cutlass-order", "triton-order", "fused-order")

@@ -47,7 +47,17 @@ import torch
 from requant.audit.formulas import FORMULA_TITLES, FORMULAS, apply_formula, model_accumulator
 from requant.kernels.reference import accumulate
 
-__all__ = ["Case", "VectorSet", "build_vectors", "export", "describe", "tensors_of", "SEED", "PINNED_SHA256", "BATCH_MS"]
+__all__ = [
+    "Case",
+    "VectorSet",
+    "build_vectors",
+    "export",
+    "describe",
+    "tensors_of",
+    "SEED",
+    "PINNED_SHA256",
+    "BATCH_MS",
+]
 
 SEED = 20261201
 # VectorSet.digest() of build_vectors() as first built; a rebuild that differs (another torch's
@@ -154,8 +164,16 @@ def _witnesses(max_pools: int = 8) -> tuple[list, list, list]:
 
 
 def _case(name, kind, a, w, s_a, s_w, probes=None) -> Case:
-    return Case(name, kind, a.contiguous(), w.contiguous(), s_a.contiguous(), s_w.contiguous(), _outputs(a, w, s_a, s_w),
-                probes or {})
+    return Case(
+        name,
+        kind,
+        a.contiguous(),
+        w.contiguous(),
+        s_a.contiguous(),
+        s_w.contiguous(),
+        _outputs(a, w, s_a, s_w),
+        probes or {},
+    )
 
 
 def _fp32_case() -> tuple:
@@ -189,24 +207,50 @@ def _probe_rows(ep: Case) -> list:
     ct = (FORMULAS.index("cutlass-order"), FORMULAS.index("triton-order"))
     first = max((r for r in range(len(sep)) if ct in sep[r]), key=lambda r: (len(sep[r]), -r))
     second = max((r for r in range(len(sep)) if r != first), key=lambda r: (len(sep[r] - sep[first]), -r))
-    return [(ep.a[r:r + 1], ep.s_a[r:r + 1]) for r in (first, second)]
+    return [(ep.a[r : r + 1], ep.s_a[r : r + 1]) for r in (first, second)]
 
 
 def build_vectors(batch_ms=BATCH_MS) -> VectorSet:
     """Every case, deterministically (a second call gives the same bytes)."""
     rows, cols, unseparated = _witnesses()
-    cases = [_case("epilogue", "epilogue", torch.stack([r[0] for r in rows]), torch.stack([c[0] for c in cols]),
-                   torch.stack([r[1] for r in rows]), torch.stack([c[1] for c in cols]))]
+    cases = [
+        _case(
+            "epilogue",
+            "epilogue",
+            torch.stack([r[0] for r in rows]),
+            torch.stack([c[0] for c in cols]),
+            torch.stack([r[1] for r in rows]),
+            torch.stack([c[1] for c in cols]),
+        )
+    ]
     g = _gen("epilogue_random")
-    cases.append(_case("epilogue_random", "epilogue", _int8(g, (16, 64)), _int8(g, (24, 64)), _token_scales(g, 16),
-                       _weight_scales(g, 24)))
+    cases.append(
+        _case(
+            "epilogue_random",
+            "epilogue",
+            _int8(g, (16, 64)),
+            _int8(g, (24, 64)),
+            _token_scales(g, 16),
+            _weight_scales(g, 24),
+        )
+    )
     g = _gen("acc_int16")
     sign = torch.where(torch.rand(8, 1, generator=g) < 0.25, -1, 1)
     a = (torch.randint(64, 128, (8, 64), generator=g) * sign).to(torch.int8)
-    cases.append(_case("acc_int16", "accumulator", a, _int8(g, (16, 64), 64, 128), _pow2(g, 8, -14, -10), _pow2(g, 16, -12, -8)))
+    cases.append(
+        _case("acc_int16", "accumulator", a, _int8(g, (16, 64), 64, 128), _pow2(g, 8, -14, -10), _pow2(g, 16, -12, -8))
+    )
     g = _gen("acc_bf16")
-    cases.append(_case("acc_bf16", "accumulator", _int8(g, (8, 1024)), _int8(g, (16, 1024)), _pow2(g, 8, -14, -10),
-                       _pow2(g, 16, -12, -8)))
+    cases.append(
+        _case(
+            "acc_bf16",
+            "accumulator",
+            _int8(g, (8, 1024)),
+            _int8(g, (16, 1024)),
+            _pow2(g, 8, -14, -10),
+            _pow2(g, 16, -12, -8),
+        )
+    )
     cases.append(_case("acc_fp32", "accumulator", *_fp32_case()))
     ep = cases[0]
     g = _gen("batch")
@@ -240,19 +284,25 @@ def describe(vs: VectorSet) -> dict:
     cases = []
     for c in vs.cases:
         m, k, n = c.shape
-        row = {"name": c.name, "kind": c.kind, "shape": {"m": m, "k": k, "n": n},
-               "tensors": {t: f"{c.name}.{t}" for t in ("a", "w", "s_a", "s_w")},
-               "expected": {f: f"{c.name}.expected.{f}" for f in FORMULAS}}
+        row = {
+            "name": c.name,
+            "kind": c.kind,
+            "shape": {"m": m, "k": k, "n": n},
+            "tensors": {t: f"{c.name}.{t}" for t in ("a", "w", "s_a", "s_w")},
+            "expected": {f: f"{c.name}.expected.{f}" for f in FORMULAS},
+        }
         if c.probes:
             row["probes"] = dict(c.probes)
         cases.append(row)
     return {
-        "tool": "requant conform vectors", "seed": vs.seed, "sha256": vs.digest(),
+        "tool": "requant conform vectors",
+        "seed": vs.seed,
+        "sha256": vs.digest(),
         "contract": "a int8 [M, K], w int8 [N, K], s_a fp32 [M, 1], s_w fp32 [N, 1] -> y bf16 [M, N] = scaled_mm(a, w, s_a, s_w); "
-                    "expected tensors hold each formula's bf16 bits on the exact int32 accumulator",
+        "expected tensors hold each formula's bf16 bits on the exact int32 accumulator",
         "how_to_check": "a kernel implements FORMULA on these vectors iff its output equals CASE.expected.FORMULA bit for bit "
-                        "in every case; batch cases also hold probe rows whose outputs must equal those of batch_m0001 (P0) "
-                        "and batch_m0001b (P1)",
+        "in every case; batch cases also hold probe rows whose outputs must equal those of batch_m0001 (P0) "
+        "and batch_m0001b (P1)",
         "cases": cases,
         "formulas": {f: FORMULA_TITLES[f] for f in FORMULAS},
     }
@@ -269,8 +319,10 @@ def export(vs: VectorSet, directory: Path | str) -> list[Path]:
     d.mkdir(parents=True, exist_ok=True)
     tensors = tensors_of(vs)
     digest = vs.digest()
-    prefix, _ = serialize_header([(n, TORCH_TO_ST[t.dtype], tuple(t.shape)) for n, t in tensors],
-                                 {"format": "pt", "seed": str(vs.seed), "sha256": digest})
+    prefix, _ = serialize_header(
+        [(n, TORCH_TO_ST[t.dtype], tuple(t.shape)) for n, t in tensors],
+        {"format": "pt", "seed": str(vs.seed), "sha256": digest},
+    )
 
     def write_st(tmp: Path) -> None:
         with open(tmp, "wb") as f:

@@ -33,8 +33,9 @@ def main(argv=None) -> int:
         backends += ["triton"] + (["cutlass"] if torch.cuda.get_device_capability() == (9, 0) else [])
     vs = V.build_vectors()
     rows, ok_all = [], True
-    for name, fn, want in ([(b, C.resolve_kernel(b, None)[1], ("exact", C.declared_order(b))) for b in backends]
-                           + [(f"fault {k}", fn, FK.FAULT_FORMULAS[k]) for k, fn in FK.FAULTS.items()]):
+    for name, fn, want in [(b, C.resolve_kernel(b, None)[1], ("exact", C.declared_order(b))) for b in backends] + [
+        (f"fault {k}", fn, FK.FAULT_FORMULAS[k]) for k, fn in FK.FAULTS.items()
+    ]:
         t0 = time.perf_counter()
         declared = C.declared_order(name) if name in backends else None
         r = C.fingerprint(name, C.run_cases(name, fn, vs, args.device), vs, declared)
@@ -43,15 +44,35 @@ def main(argv=None) -> int:
         else:
             ok = r["identified"] and r["accumulator"] == want[0] and want[1] in r["formulas_agreeing"]
         ok_all &= ok
-        print(f"{'ok ' if ok else 'BAD'} {name}: {r['verdict']}  [exit {0 if r['conforms'] else 1}, "
-              f"{time.perf_counter() - t0:.2f} s]", flush=True)
-        rows.append({"kernel": name, "expected": want, "as_expected": ok, "conforms": r["conforms"], "verdict": r["verdict"],
-                     "formula": r["formula"], "accumulator": r["accumulator"], "formulas_agreeing": r["formulas_agreeing"],
-                     "batch_invariant": r["batch"]["invariant"], "declared": declared,
-                     "declared_confirmed": r["declared_confirmed"]})
-    doc = {"tool": "benchmarks/conform_all.py", "device": args.device, "vectors_sha256": vs.digest(),
-           "vectors_pinned": vs.digest() == V.PINNED_SHA256, "all_as_expected": ok_all, "kernels": rows,
-           "environment": environment(args.device)}
+        print(
+            f"{'ok ' if ok else 'BAD'} {name}: {r['verdict']}  [exit {0 if r['conforms'] else 1}, "
+            f"{time.perf_counter() - t0:.2f} s]",
+            flush=True,
+        )
+        rows.append(
+            {
+                "kernel": name,
+                "expected": want,
+                "as_expected": ok,
+                "conforms": r["conforms"],
+                "verdict": r["verdict"],
+                "formula": r["formula"],
+                "accumulator": r["accumulator"],
+                "formulas_agreeing": r["formulas_agreeing"],
+                "batch_invariant": r["batch"]["invariant"],
+                "declared": declared,
+                "declared_confirmed": r["declared_confirmed"],
+            }
+        )
+    doc = {
+        "tool": "benchmarks/conform_all.py",
+        "device": args.device,
+        "vectors_sha256": vs.digest(),
+        "vectors_pinned": vs.digest() == V.PINNED_SHA256,
+        "all_as_expected": ok_all,
+        "kernels": rows,
+        "environment": environment(args.device),
+    }
     if args.json:
         with open(args.json, "w") as f:
             json.dump(doc, f, indent=1)

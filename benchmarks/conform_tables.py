@@ -34,8 +34,20 @@ def rescore(doc: dict, path) -> dict:
         v = VARIANT_BY_ID.get(r["variant"])
         fam, sev = (v.family, v.severity) if v else ("B", "none")
         outcomes = {c: o for c, o in r["outcomes"].items() if c in m.checks}
-        scorer.add(CellResult(r["layer"], r["regime"], r["variant"], fam, sev, r["observable"], r["mismatches"], r["max_ulp"],
-                              outcomes, []))
+        scorer.add(
+            CellResult(
+                r["layer"],
+                r["regime"],
+                r["variant"],
+                fam,
+                sev,
+                r["observable"],
+                r["mismatches"],
+                r["max_ulp"],
+                outcomes,
+                [],
+            )
+        )
     return scorer.summary()
 
 
@@ -47,8 +59,10 @@ def table(v1: dict, v2: dict) -> list[str]:
     lines = [head, "|" + " --- |" * (len(cols) + 2)]
     for fam in sorted({k[0] for k in d2}):
         for name, d in (("v1", d1), ("v2", d2)):
-            cells = [("" if (fam, s, r) not in d else f"{d[(fam, s, r)]['detected']}/{d[(fam, s, r)]['observable']}")
-                     for s, r in cols]
+            cells = [
+                ("" if (fam, s, r) not in d else f"{d[(fam, s, r)]['detected']}/{d[(fam, s, r)]['observable']}")
+                for s, r in cols
+            ]
             lines.append(f"| {fam} | {name} | " + " | ".join(cells) + " |")
     return lines
 
@@ -61,10 +75,13 @@ def main(paths: list[str]) -> int:
         print(f"per layer: {doc['per_layer_summary']['line']}; cells: {doc['cells']}\n")
         for name, s in (("v1", v1), ("v2", v2)):
             c = s["scorecard"]
-            print(f"- matrix {name} ({'pinned' if c['matrix_pinned'] else 'NOT PINNED'}): FP {c['false_positives']}, "
-                  f"FN {c['false_negatives']}, applicability mismatches {c['applicability_mismatches']}")
-        base = ", ".join(f"{b['variant']} {b['regime']}: C8 fired {b['outcomes']['C8']['fire']}/{b['cells']}"
-                         for b in v2["baseline"])
+            print(
+                f"- matrix {name} ({'pinned' if c['matrix_pinned'] else 'NOT PINNED'}): FP {c['false_positives']}, "
+                f"FN {c['false_negatives']}, applicability mismatches {c['applicability_mismatches']}"
+            )
+        base = ", ".join(
+            f"{b['variant']} {b['regime']}: C8 fired {b['outcomes']['C8']['fire']}/{b['cells']}" for b in v2["baseline"]
+        )
         print(f"- baseline rows (v2): {base}\n")
         print("\n".join(table(v1, v2)) + "\n")
     return 0

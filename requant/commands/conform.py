@@ -25,20 +25,41 @@ from typing import Annotated, Optional
 
 import typer
 
-from requant.commands._common import (EXIT_FAILED, EXIT_OK, DeviceOpt, JsonOpt, UsageError, cannot_run, check_device,
-                                      command_line, default_device, out, plain, set_threads, warn, write_json_atomic)
+from requant.commands._common import (
+    EXIT_FAILED,
+    EXIT_OK,
+    DeviceOpt,
+    JsonOpt,
+    UsageError,
+    cannot_run,
+    check_device,
+    command_line,
+    default_device,
+    out,
+    plain,
+    set_threads,
+    warn,
+    write_json_atomic,
+)
 
 __all__ = ["conform"]
 
 
 def conform(
-    backend: Annotated[Optional[str], typer.Option("--backend", help="A registered scaled_mm backend to fingerprint.")] = None,
-    kernel: Annotated[Optional[str], typer.Option(
-        "--kernel", help="MODULE:FUNCTION of any callable with the scaled_mm signature.")] = None,
+    backend: Annotated[
+        Optional[str], typer.Option("--backend", help="A registered scaled_mm backend to fingerprint.")
+    ] = None,
+    kernel: Annotated[
+        Optional[str], typer.Option("--kernel", help="MODULE:FUNCTION of any callable with the scaled_mm signature.")
+    ] = None,
     device: DeviceOpt = None,
     json_out: JsonOpt = None,
-    export_dir: Annotated[Optional[Path], typer.Option(
-        "--export", help="Write DIR/vectors.safetensors and DIR/vectors.json (every case, every formula's output).")] = None,
+    export_dir: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--export", help="Write DIR/vectors.safetensors and DIR/vectors.json (every case, every formula's output)."
+        ),
+    ] = None,
 ) -> None:
     """Identify the epilogue formula, accumulator and batch invariance of a W8A8 kernel."""
     with cannot_run():
@@ -59,12 +80,20 @@ def conform(
         rep = fingerprint(name, outs, vs, declared_order(backend) if backend is not None else None)
     result = {
         "tool": "requant conform",
-        "command": command_line("conform", [], {"--backend": backend, "--kernel": kernel, "--device": device,
-                                                "--json": json_out, "--export": export_dir}),
+        "command": command_line(
+            "conform",
+            [],
+            {"--backend": backend, "--kernel": kernel, "--device": device, "--json": json_out, "--export": export_dir},
+        ),
         "backend": backend,
         "device": dev,
-        "vectors": {"seed": vs.seed, "sha256": digest, "pinned": digest == V.PINNED_SHA256, "cases": len(vs.cases),
-                    "exported": [str(p) for p in written]},
+        "vectors": {
+            "seed": vs.seed,
+            "sha256": digest,
+            "pinned": digest == V.PINNED_SHA256,
+            "cases": len(vs.cases),
+            "exported": [str(p) for p in written],
+        },
         **rep,
         "environment": environment(dev),
     }
@@ -77,6 +106,8 @@ def conform(
     console.print(f"{plain(name)}: {plain(rep['verdict'])}")
     if rep["declared"] is not None:
         console.print(f"declares {rep['declared']}: {'confirmed' if rep['declared_confirmed'] else 'NOT confirmed'}")
-    console.print(f"vectors: {len(vs.cases)} cases, sha256 {digest} ({'pinned' if result['vectors']['pinned'] else 'NOT PINNED'})"
-                  + "".join(f"; wrote {plain(p)}" for p in written))
+    console.print(
+        f"vectors: {len(vs.cases)} cases, sha256 {digest} ({'pinned' if result['vectors']['pinned'] else 'NOT PINNED'})"
+        + "".join(f"; wrote {plain(p)}" for p in written)
+    )
     raise typer.Exit(EXIT_OK if rep["conforms"] else EXIT_FAILED)

@@ -23,8 +23,9 @@ def _fp(name, fn, vs, declared=None):
     return C.fingerprint(name, C.run_cases(name, fn, vs, "cpu"), vs, declared)
 
 
-@pytest.mark.parametrize("backend", ["reference", "reference-cutlass-order", "reference-triton-order", "reference-fused-order",
-                                     "cublas"])
+@pytest.mark.parametrize(
+    "backend", ["reference", "reference-cutlass-order", "reference-triton-order", "reference-fused-order", "cublas"]
+)
 def test_reference_orders_and_cublas_are_identified(vs, backend):
     name, fn = C.resolve_kernel(backend, None)
     declared = C.declared_order(backend)
@@ -41,7 +42,9 @@ def test_every_catalogue_fault_is_identified(vs, fault):
     r = _fp(fault, FK.FAULTS[fault], vs)
     want = FK.FAULT_FORMULAS[fault]
     if want is None:  # operand faults: no formula reproduces them
-        assert not r["identified"] and not r["conforms"] and r["verdict"].startswith("matches no known formula; nearest: ")
+        assert (
+            not r["identified"] and not r["conforms"] and r["verdict"].startswith("matches no known formula; nearest: ")
+        )
         assert r["candidates"][f"{r['accumulator']}/{r['formula']}"]["first"] is not None
         return
     model, formula = want
@@ -86,16 +89,21 @@ def test_an_m_dependent_kernel_is_not_batch_invariant(vs):
     assert min(f["m"] for f in r["batch"]["failures"]) == 65 and "NOT batch-invariant" in r["verdict"]
 
 
-@pytest.mark.parametrize("kind,msg", [
-    ("raises", "raised ZeroDivisionError on case epilogue"),
-    ("dtype", "returned dtype torch.float32 on case epilogue, expected torch.bfloat16"),
-    ("shape", "returned shape (8, 7) on case epilogue, expected (8, 8)"),
-    ("none", "returned NoneType on case epilogue, not a tensor"),
-])
+@pytest.mark.parametrize(
+    "kind,msg",
+    [
+        ("raises", "raised ZeroDivisionError on case epilogue"),
+        ("dtype", "returned dtype torch.float32 on case epilogue, expected torch.bfloat16"),
+        ("shape", "returned shape (8, 7) on case epilogue, expected (8, 8)"),
+        ("none", "returned NoneType on case epilogue, not a tensor"),
+    ],
+)
 def test_broken_callables_are_refused_with_one_line(vs, kind, msg):
     def kernel(a, w, s_a, s_w):
         y = scaled_mm_triton_order(a, w, s_a, s_w)
-        return {"raises": lambda: 1 / 0, "dtype": lambda: y.float(), "shape": lambda: y[:, :-1], "none": lambda: None}[kind]()
+        return {"raises": lambda: 1 / 0, "dtype": lambda: y.float(), "shape": lambda: y[:, :-1], "none": lambda: None}[
+            kind
+        ]()
 
     with pytest.raises(C.KernelError) as e:
         C.run_cases("bad", kernel, vs, "cpu")
@@ -115,9 +123,14 @@ def test_kernel_inputs_are_copies(vs):
 
 
 def test_resolve_kernel_refusals():
-    for args, msg in [((None, None), "exactly one"), (("cutlass", "m:f"), "exactly one"), (("nope", None), "unknown backend"),
-                      ((None, "no_colon"), "MODULE:FUNCTION"), ((None, "requant.no_such_module:f"), "cannot import"),
-                      ((None, "requant.audit.fault_kernels:nothing"), "no callable")]:
+    for args, msg in [
+        ((None, None), "exactly one"),
+        (("cutlass", "m:f"), "exactly one"),
+        (("nope", None), "unknown backend"),
+        ((None, "no_colon"), "MODULE:FUNCTION"),
+        ((None, "requant.no_such_module:f"), "cannot import"),
+        ((None, "requant.audit.fault_kernels:nothing"), "no callable"),
+    ]:
         with pytest.raises(ValueError, match=msg):
             C.resolve_kernel(*args)
     name, fn = C.resolve_kernel(None, "requant.audit.fault_kernels:F4")

@@ -12,8 +12,16 @@ import torch
 
 from requant.audit.checks import ALL_CHECK_IDS, CHECK_IDS, c8_declared_order, run_checks
 from requant.audit.faults import VARIANTS, inject
-from requant.audit.matrix import (BASELINE_VARIANTS_V2, MATRIX_PATH, MATRIX_V2_PATH, PINNED_SHA256_V2, REGIMES, file_sha256,
-                                  load_matrix, matrix_path)
+from requant.audit.matrix import (
+    BASELINE_VARIANTS_V2,
+    MATRIX_PATH,
+    MATRIX_V2_PATH,
+    PINNED_SHA256_V2,
+    REGIMES,
+    file_sha256,
+    load_matrix,
+    matrix_path,
+)
 from requant.audit.records import BACKEND_KERNELS, KernelDesc, Run
 from requant.kernels.reference import epilogue_cutlass_order
 from tests.audit.conftest import make_case, one_thread
@@ -52,10 +60,14 @@ def test_c8_predictions_follow_the_declarations():
 
 def test_c8_sees_one_flipped_bit_under_native_scales_and_reads_the_declaration():
     case = make_case(3)
-    f2 = inject(next(v for v in VARIANTS if v.id == "F2.one"), case)  # one element one spacing off the declared Triton order
+    f2 = inject(
+        next(v for v in VARIANTS if v.id == "F2.one"), case
+    )  # one element one spacing off the declared Triton order
     assert int((f2.y.view(torch.int16) != case.ref.y.view(torch.int16)).sum()) == 1
     assert c8_declared_order(case.ref, f2, f2.kernel).fired and not run_checks(case.ref, f2)["C6"].fired
-    honest = Run(case.act, case.wt, None, epilogue_cutlass_order(case.acc, case.act.s_a, case.wt.s_w), BACKEND_KERNELS["cutlass"])
+    honest = Run(
+        case.act, case.wt, None, epilogue_cutlass_order(case.acc, case.act.s_a, case.wt.s_w), BACKEND_KERNELS["cutlass"]
+    )
     assert c8_declared_order(case.ref, honest, honest.kernel).outcome == "silent"
     flipped = honest.y.clone()
     flipped.view(torch.int16)[0, 0] ^= 1
@@ -79,8 +91,10 @@ def v2_audits():
     m = load_matrix(MATRIX_V2_PATH)
     with one_thread():
         ck = open_checkpoint(DEFAULT_CHECKPOINT)
-        return {pair: run_audit(ck, pair, 3, "cpu", matrix=m, keep_cells=False)
-                for pair in (REFERENCE_PAIR, ("reference-cutlass-order", "cublas"))}
+        return {
+            pair: run_audit(ck, pair, 3, "cpu", matrix=m, keep_cells=False)
+            for pair in (REFERENCE_PAIR, ("reference-cutlass-order", "cublas"))
+        }
 
 
 def test_v2_on_the_default_scores_clean_and_detects_every_epilogue_fault(v2_audits):

@@ -20,11 +20,15 @@ NP = {"I8": np.int8, "F32": np.float32, "BF16": np.uint16}  # bf16 read as its 1
 def read_safetensors(path):
     raw = open(path, "rb").read()
     n = struct.unpack("<Q", raw[:8])[0]
-    header = json.loads(raw[8:8 + n])
+    header = json.loads(raw[8 : 8 + n])
     header.pop("__metadata__", None)
     base = 8 + n
-    return {k: np.frombuffer(raw[base + v["data_offsets"][0]:base + v["data_offsets"][1]], dtype=NP[v["dtype"]]).reshape(v["shape"])
-            for k, v in header.items()}
+    return {
+        k: np.frombuffer(raw[base + v["data_offsets"][0] : base + v["data_offsets"][1]], dtype=NP[v["dtype"]]).reshape(
+            v["shape"]
+        )
+        for k, v in header.items()
+    }
 
 
 def rne(x):  # float32 -> bf16 bits, round half to even
@@ -108,13 +112,15 @@ def test_numpy_reader_rechecks_every_expected_tensor(exported):
     separated = set()
     for c in doc["cases"]:
         a, w, s_a, s_w = (t[c["tensors"][k]] for k in ("a", "w", "s_a", "s_w"))
-        assert a.dtype == np.int8 and w.dtype == np.int8 and s_a.shape == (a.shape[0], 1) and s_w.shape == (w.shape[0], 1)
+        assert (
+            a.dtype == np.int8 and w.dtype == np.int8 and s_a.shape == (a.shape[0], 1) and s_w.shape == (w.shape[0], 1)
+        )
         mine = numpy_formulas(a, w, s_a, s_w, fractions=c["kind"] != "batch")
         for f, name in c["expected"].items():
             assert np.array_equal(mine[f], t[name]), (c["name"], f)
         if c["kind"] == "epilogue":
             fs = sorted(mine)
-            separated |= {(x, y) for i, x in enumerate(fs) for y in fs[i + 1:] if not np.array_equal(mine[x], mine[y])}
+            separated |= {(x, y) for i, x in enumerate(fs) for y in fs[i + 1 :] if not np.array_equal(mine[x], mine[y])}
     n = len(doc["formulas"])
     assert len(separated) == n * (n - 1) // 2  # every pair of formulas differs on some epilogue element
 

@@ -8,8 +8,17 @@ import torch
 from requant.audit import conform as C
 from requant.audit import vectors as V
 
-SMALL = ("epilogue", "epilogue_random", "acc_int16", "acc_bf16", "batch_m0001", "batch_m0001b", "batch_m0002",
-         "batch_m0003", "batch_m0017")
+SMALL = (
+    "epilogue",
+    "epilogue_random",
+    "acc_int16",
+    "acc_bf16",
+    "batch_m0001",
+    "batch_m0001b",
+    "batch_m0002",
+    "batch_m0003",
+    "batch_m0017",
+)
 
 
 def test_triton_is_identified_as_the_triton_order():

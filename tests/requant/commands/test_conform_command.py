@@ -12,7 +12,7 @@ from requant.cli import app
 
 runner = CliRunner()
 
-BROKEN = textwrap.dedent('''
+BROKEN = textwrap.dedent("""
     from requant.kernels.reference import scaled_mm_triton_order
 
     def raises(a, w, s_a, s_w):
@@ -23,7 +23,7 @@ BROKEN = textwrap.dedent('''
 
     def wrong_shape(a, w, s_a, s_w):
         return scaled_mm_triton_order(a, w, s_a, s_w).T
-''')
+""")
 
 
 def _invoke(*args):
@@ -41,30 +41,46 @@ def _error_line(res):
 def test_a_backend_that_implements_its_declared_order_exits_0(tmp_path):
     res = _invoke("--backend", "reference-triton-order", "--json", tmp_path / "r.json", "--export", tmp_path / "vec")
     assert res.exit_code == 0, res.output
-    assert res.stdout.splitlines()[0] == ("reference-triton-order: implements Triton order ((s_a*acc)*s_w, RNE), "
-                                          "exact int32 accumulation, batch-invariant")
+    assert res.stdout.splitlines()[0] == (
+        "reference-triton-order: implements Triton order ((s_a*acc)*s_w, RNE), "
+        "exact int32 accumulation, batch-invariant"
+    )
     doc = json.loads((tmp_path / "r.json").read_text())
     assert doc["conforms"] and doc["formula"] == "triton-order" and doc["declared"] == "triton-order"
-    assert doc["vectors"]["pinned"] and doc["command"].startswith("requant conform --backend reference-triton-order --json ")
+    assert doc["vectors"]["pinned"] and doc["command"].startswith(
+        "requant conform --backend reference-triton-order --json "
+    )
     assert sorted(p.name for p in (tmp_path / "vec").iterdir()) == ["vectors.json", "vectors.safetensors"]
 
 
-@pytest.mark.parametrize("fault,start", [
-    ("F4", "implements Triton order truncated to bf16"),
-    ("F7", "implements Triton order ((s_a*acc)*s_w, RNE), inexact accumulation (an int16 accumulator"),
-    ("F9c", "matches no known formula; nearest: "),
-])
+@pytest.mark.parametrize(
+    "fault,start",
+    [
+        ("F4", "implements Triton order truncated to bf16"),
+        ("F7", "implements Triton order ((s_a*acc)*s_w, RNE), inexact accumulation (an int16 accumulator"),
+        ("F9c", "matches no known formula; nearest: "),
+    ],
+)
 def test_a_catalogue_fault_exits_1(fault, start):
     res = _invoke("--kernel", f"requant.audit.fault_kernels:{fault}")
     assert res.exit_code == 1, res.output
     assert res.stdout.splitlines()[0].startswith(f"requant.audit.fault_kernels:{fault}: {start}")
 
 
-@pytest.mark.parametrize("fn,msg", [
-    ("raises", "kernel brokenkernels:raises raised RuntimeError on case epilogue: no kernel for you"),
-    ("wrong_dtype", "kernel brokenkernels:wrong_dtype returned dtype torch.float32 on case epilogue, expected torch.bfloat16"),
-    ("wrong_shape", "kernel brokenkernels:wrong_shape returned shape (24, 16) on case epilogue_random, expected (16, 24)"),
-])
+@pytest.mark.parametrize(
+    "fn,msg",
+    [
+        ("raises", "kernel brokenkernels:raises raised RuntimeError on case epilogue: no kernel for you"),
+        (
+            "wrong_dtype",
+            "kernel brokenkernels:wrong_dtype returned dtype torch.float32 on case epilogue, expected torch.bfloat16",
+        ),
+        (
+            "wrong_shape",
+            "kernel brokenkernels:wrong_shape returned shape (24, 16) on case epilogue_random, expected (16, 24)",
+        ),
+    ],
+)
 def test_broken_callables_exit_2_with_one_line(fn, msg, tmp_path, monkeypatch):
     (tmp_path / "brokenkernels.py").write_text(BROKEN)
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -73,12 +89,15 @@ def test_broken_callables_exit_2_with_one_line(fn, msg, tmp_path, monkeypatch):
     assert msg in _error_line(res) and not (tmp_path / "r.json").exists()
 
 
-@pytest.mark.parametrize("args,msg", [
-    ([], "exactly one of --backend"),
-    (["--backend", "nope"], "unknown backend 'nope'"),
-    (["--kernel", "requant.no_such:f"], "cannot import requant.no_such"),
-    (["--backend", "reference", "--device", "banana"], "--device"),
-])
+@pytest.mark.parametrize(
+    "args,msg",
+    [
+        ([], "exactly one of --backend"),
+        (["--backend", "nope"], "unknown backend 'nope'"),
+        (["--kernel", "requant.no_such:f"], "cannot import requant.no_such"),
+        (["--backend", "reference", "--device", "banana"], "--device"),
+    ],
+)
 def test_requests_it_cannot_run_exit_2(args, msg):
     res = _invoke(*args)
     assert res.exit_code == 2 and msg in _error_line(res)
