@@ -122,7 +122,8 @@ def audit(
     device: DeviceOpt = None,
     revision: RevisionOpt = None,
     threads: ThreadsOpt = None,
-    matrix: Annotated[str, typer.Option("--matrix", help="pinned prediction matrix: v2 (C1..C8) or v1 (C1..C7, the paper's)")] = "v2",
+    matrix: Annotated[str, typer.Option(
+        "--matrix", help="Pinned prediction matrix: v2 (C1..C8, default) or v1 (C1..C7, the paper's).")] = "v2",
 ) -> None:
     """Bitwise CUTLASS-vs-Triton comparison per Linear on real activations, and the
     fault-injection suite scored against the pinned prediction matrix."""
@@ -156,7 +157,8 @@ def audit(
         pred = load_matrix(matrix_path(matrix))
         for b in pair:
             if not pred.has_variant(baseline_variant(b)):
-                raise UsageError(f"--matrix {matrix} has no baseline row {baseline_variant(b)} for backend {b}; use --matrix v2")
+                raise UsageError(f"--matrix {matrix} has no baseline row {baseline_variant(b)} for backend {b}; "
+                                 "use --matrix v2")
         prompt_list(prompts)  # validate N before loading (or downloading) anything big
         src = DEFAULT_CHECKPOINT if ckpt is None else ckpt
         checkpoint = open_checkpoint(src, revision=revision)
@@ -180,7 +182,7 @@ def audit(
                                on_phase=lambda msg: progress.console.log(msg))
     command = command_line("audit", [ckpt], {
         "--backends": spec, "--prompts": prompts, "--json": json_out, "--report": report, "--device": device,
-        "--revision": revision, "--threads": threads})
+        "--revision": revision, "--threads": threads, "--matrix": matrix})
     result["command"] = command
     with cannot_run():
         if json_out is not None:

@@ -123,3 +123,17 @@ def test_v2_baseline_rows_include_the_fused_order(v2_audits):
         assert b["outcomes"]["C8"]["silent"] == b["cells"] and b["outcomes"]["C8"]["fire"] == 0
     assert res["per_layer_summary"]["pow2"]["bitwise_equal"] == res["per_layer_summary"]["pow2"]["layers"]
     assert res["kernels"]["backends"]["cublas"]["declares"] == "fused-order"
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--matrix", "v3"], "--matrix takes v1 or v2, got 'v3'"),
+    (["--matrix", "v1", "--backends", "reference-cutlass-order,cublas"], "--matrix v1 has no baseline row B.fused-order"),
+])
+def test_audit_refuses_a_matrix_it_cannot_score(args, msg):
+    from typer.testing import CliRunner
+
+    from requant.cli import app
+
+    res = CliRunner().invoke(app, ["audit", *args])
+    errors = [ln for ln in res.stderr.splitlines() if ln.startswith("error:")]
+    assert res.exit_code == 2 and len(errors) == 1 and msg in errors[0], res.output
