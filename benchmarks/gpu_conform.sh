@@ -8,15 +8,21 @@
 #
 #     REQUANT_COMMIT=$(bash benchmarks/commit_id.sh) OUT=/some/dir bash benchmarks/gpu_conform.sh
 #
-# Writes into $OUT (8 files at most: the device tool's limit): run.log, conform_{cutlass,triton,
-# cublas}.json, conform_all.json, audit_default.tar.gz (three default audits, v2, with cell
-# results) and audit_qwen3-1.7b_{cutlass_triton,cutlass_cublas}.json. Every step records its exit
-# status and goes on (a failed check is a result). BUDGET_S (default 400) skips the synthetic
-# audits that would not fit.
+# Writes into $OUT (8 files at most: the device tool's limit): conform_{cutlass,triton,cublas}.json,
+# conform_all.json, audit_default.tar.gz (the default's audits, v2 with cell results, and a
+# cutlass,cublas determinism run) and audit_qwen3-1.7b_{cutlass_triton,cutlass_cublas}.json; the
+# caller tees the output into run.log. Every step records its exit status and goes on (a failed
+# check is a result). BUDGET_S (seconds from the start, default 380) skips optional steps that
+# would not fit.
 set -uo pipefail
 : "${OUT:?set OUT to the results directory}"
 mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
-BUDGET_S="${BUDGET_S:-400}"
+BUDGET_S="${BUDGET_S:-380}"
+# A CPU smoke test of this script: DEV=cpu PRESET=tiny PAIR_A=reference-cutlass-order,reference-triton-order
+# PAIR_B=reference-cutlass-order,cublas PAIR_C=reference-triton-order,cublas (cutlass build and GPU-only runs skipped).
+DEV="${DEV:-cuda}"
+PRESET="${PRESET:-qwen3-1.7b}"
+PAIR_A="${PAIR_A:-cutlass,triton}" PAIR_B="${PAIR_B:-cutlass,cublas}" PAIR_C="${PAIR_C:-triton,cublas}"
 T0=$(date +%s)
 elapsed() { echo $(( $(date +%s) - T0 )); }
 step() {  # step NAME CMD...
@@ -34,38 +40,48 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
 python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
 echo "commit $(bash benchmarks/commit_id.sh)"
 
-step cutlass_build python3 -c "import requant.kernels.cutlass as c; c.build(); print('cutlass built')"
-step gpu_tests python3 -m pytest -q -p no:cacheprovider tests/kernels/test_cublas.py tests/kernels/test_conform_triton.py
-for b in cutlass triton cublas; do
-    step "conform_$b" python3 -m requant.cli conform --backend "$b" --device cuda --json "$OUT/conform_$b.json"
-done
-step conform_all python3 benchmarks/conform_all.py --device cuda --json "$OUT/conform_all.json"
+CKPT=/tmp/requant-$PRESET-synthetic
+# The synthetic checkpoint is CPU work: make it in the background while CUTLASS builds.
+rm -rf "$CKPT"
+python3 -m requant.synthetic "$PRESET" "$CKPT" > /tmp/synthetic.log 2>&1 &
+SYN_PID=$!
 
-mkdir -p /tmp/audit_default
-for pair in cutlass,triton cutlass,cublas triton,cublas; do
-    tag=${pair/,/_}
-    step "audit_default_$tag" bash -c "python3 -m requant.cli audit --backends $pair --matrix v2 --prompts 8 \
-        --json /tmp/audit_default/audit_default_$tag.json > /tmp/audit_default/audit_default_$tag.log 2>&1; rc=\$?; \
-        tail -n 22 /tmp/audit_default/audit_default_$tag.log; exit \$rc"
-done
-tar -C /tmp -czf "$OUT/audit_default.tar.gz" audit_default
-python3 benchmarks/conform_tables.py /tmp/audit_default/audit_default_cutlass_triton.json \
-    /tmp/audit_default/audit_default_cutlass_cublas.json /tmp/audit_default/audit_default_triton_cublas.json
-
-CKPT=/tmp/requant-qwen3-1.7b-synthetic
-if [ "$(elapsed)" -lt $(( BUDGET_S - 250 )) ]; then
-    step synthetic_qwen3-1.7b python3 -m requant.synthetic qwen3-1.7b "$CKPT"
-    for pair in cutlass,triton cutlass,cublas; do
-        tag=${pair/,/_}
-        if [ "$(elapsed)" -lt $(( BUDGET_S - 70 )) ]; then
-            step "audit_qwen3-1.7b_$tag" bash -c "python3 -m requant.cli audit '$CKPT' --backends $pair --matrix v2 --prompts 8 \
-                --json '$OUT/audit_qwen3-1.7b_$tag.json' > /tmp/audit_q_$tag.log 2>&1; rc=\$?; tail -n 22 /tmp/audit_q_$tag.log; exit \$rc"
-            [ -f "$OUT/audit_qwen3-1.7b_$tag.json" ] && python3 benchmarks/conform_tables.py "$OUT/audit_qwen3-1.7b_$tag.json"
-        else
-            echo "== skipped audit_qwen3-1.7b_$tag: $(elapsed) s of $BUDGET_S used"
-        fi
-    done
+if [ "$DEV" = cuda ]; then
+    step cutlass_build python3 -c "import requant.kernels.cutlass as c; c.build(); print('cutlass built')"
+    BACKENDS="cutlass triton cublas"
 else
-    echo "== skipped the Qwen3-1.7B synthetic: $(elapsed) s of $BUDGET_S used"
+    BACKENDS="reference-cutlass-order cublas"
 fi
+step gpu_tests python3 -m pytest -q -p no:cacheprovider tests/kernels/test_cublas.py tests/kernels/test_conform_triton.py
+for b in $BACKENDS; do
+    step "conform_$b" python3 -m requant.cli conform --backend "$b" --device "$DEV" --json "$OUT/conform_$b.json"
+done
+step conform_all python3 benchmarks/conform_all.py --device "$DEV" --json "$OUT/conform_all.json"
+
+D=/tmp/audit_default
+mkdir -p "$D"
+audit_default() {  # audit_default PAIR
+    local tag=${1/,/_}
+    step "audit_default_$tag" bash -c "python3 -m requant.cli audit --backends $1 --matrix v2 --prompts 8 --device $DEV \
+        --json $D/audit_default_$tag.json > $D/audit_default_$tag.log 2>&1; rc=\$?; tail -n 22 $D/audit_default_$tag.log; exit \$rc"
+}
+audit_synthetic() {  # audit_synthetic PAIR
+    local tag=${1/,/_}
+    step "audit_${PRESET}_$tag" bash -c "python3 -m requant.cli audit '$CKPT' --backends $1 --matrix v2 --prompts 8 \
+        --device $DEV --json '$OUT/audit_${PRESET}_$tag.json' > /tmp/audit_q_$tag.log 2>&1; rc=\$?; tail -n 22 /tmp/audit_q_$tag.log; exit \$rc"
+}
+fits() { [ $(( $(elapsed) + $1 )) -lt "$BUDGET_S" ] || { echo "== skipped $2: $(elapsed) s of $BUDGET_S used"; return 1; }; }
+
+audit_default "$PAIR_A"
+audit_default "$PAIR_B"
+step wait_synthetic wait "$SYN_PID"
+tail -n 3 /tmp/synthetic.log
+if [ -f "$CKPT/config.json" ] && fits 75 "audit_${PRESET}_$PAIR_A"; then audit_synthetic "$PAIR_A"; fi
+fits 20 "audit_default_$PAIR_C" && audit_default "$PAIR_C"
+fits 40 "determinism_default_$PAIR_B" && step "determinism_default_$PAIR_B" bash -c \
+    "python3 -m requant.cli determinism --backends $PAIR_B --prompts 8 --new-tokens 32 --device $DEV \
+     --json $D/determinism_default.json > $D/determinism_default.log 2>&1; rc=\$?; tail -n 12 $D/determinism_default.log; exit \$rc"
+if [ -f "$CKPT/config.json" ] && fits 75 "audit_${PRESET}_$PAIR_B"; then audit_synthetic "$PAIR_B"; fi
+tar -C /tmp -czf "$OUT/audit_default.tar.gz" audit_default
+python3 benchmarks/conform_tables.py "$D"/audit_default_*.json "$OUT"/audit_"$PRESET"_*.json
 echo "total $(elapsed) s"
