@@ -167,3 +167,22 @@ def test_export_is_atomic(exported, tmp_path, monkeypatch):
         V.export(vs, tmp_path)
     after = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
     assert after == before  # the old files intact, no temporary file left
+
+
+def test_the_documented_numpy_check_runs(exported, capsys):
+    """The few-line numpy check shown in docs/conformance.md, run as written on the export,
+    with a numpy kernel of the CUTLASS order: it prints exactly that formula."""
+    import re
+    from pathlib import Path
+
+    d, _ = exported
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "conformance.md").read_text()
+    m = re.search(r"### Checking a kernel with numpy alone.*?```python\n(.*?)```", doc, re.S)
+    assert m, "docs/conformance.md lost its numpy check"
+    code = m.group(1).replace("DIR/", f"{d}/")
+
+    def my_kernel(a, w, s_a, s_w):
+        return numpy_formulas(a, w, s_a, s_w, fractions=False)["cutlass-order"]
+
+    exec(code, {"my_kernel": my_kernel})
+    assert capsys.readouterr().out.strip() == "['cutlass-order']"
