@@ -9,7 +9,8 @@ then checks, before any tensor data is used by anyone:
     (requant.scheme, which names the offending field);
   * the weights are either one `model.safetensors` or the shards that
     `model.safetensors.index.json` names (plain file names only: no path traversal),
-    every shard exists and its header is valid (requant.safetensors_io);
+    every shard exists and its header is valid (requant.safetensors_io), and none of
+    these files is a link out of the checkpoint (requant.links);
   * the index and the shards agree tensor for tensor, and no tensor is stored twice;
   * every quantized Linear `X` has `X.weight` int8 [out, in] and `X.weight_scale`
     [out, 1] in bf16/fp16/fp32, and no zero points or static input scales;
@@ -34,6 +35,7 @@ import torch
 
 from requant import scheme as scheme_mod
 from requant.errors import CheckpointError, LayoutError, SafetensorsFormatError, TensorError
+from requant.links import check_inside
 from requant.safetensors_io import SafetensorsFile, read_header
 
 CONFIG = "config.json"
@@ -189,6 +191,9 @@ def read_weight_files(path: Path, what: str = "") -> tuple[dict[str, Safetensors
     in the shard the index names, and no shard holding a tensor the index places elsewhere)."""
     index_path = path / INDEX
     single_path = path / SINGLE
+    for p in (index_path, single_path):
+        if p.is_symlink():
+            check_inside(path, p)
     weight_map: dict[str, str] = {}
     shards: dict[str, SafetensorsFile] = {}
     if index_path.exists():
@@ -205,6 +210,7 @@ def read_weight_files(path: Path, what: str = "") -> tuple[dict[str, Safetensors
             if not sp.is_file():
                 first = next(t for t, s in weight_map.items() if s == shard)
                 raise LayoutError(f"{what}index names shard {shard!r}, which does not exist", file=index_path, tensor=first)
+            check_inside(path, sp)
             shards[shard] = read_header(sp)
         for tname, shard in weight_map.items():
             if tname not in shards[shard].tensors:
@@ -226,6 +232,8 @@ def open_checkpoint(src: str | os.PathLike, *, revision: str | None = None) -> C
     return a Checkpoint. Raises CheckpointError (naming file and tensor) on any fault."""
     path, from_hub = resolve_source(src, revision=revision)
     config_path = path / CONFIG
+    if config_path.is_symlink():
+        check_inside(path, config_path)
     config = _load_json(config_path, "config.json")
     if not isinstance(config, dict):
         raise LayoutError("config.json is not a JSON object", file=config_path)
