@@ -288,6 +288,9 @@ def run_eval(ckpt: str | None, arms: list[str], *, source: str | None = None, ta
         raise EvalUsageError("--threads must be >= 0")
     src = str(DEFAULT_CHECKPOINT if ckpt is None else ckpt)
     checkpoint = open_checkpoint(src)  # CheckpointError: missing or invalid
+    from requant.tokenizer import load_tokenizer
+
+    load_tokenizer(checkpoint.path, int(checkpoint.config["vocab_size"]))  # TokenizerError before any work: no silent byte ids
     if source is not None:
         check_source(Path(source), checkpoint.config)
         if tokenizer_files(Path(source)) != tokenizer_files(checkpoint.path):
