@@ -12,6 +12,11 @@
   * OUT inside SRC (or SRC inside OUT) is refused. An existing OUT is only replaced with
     force=True, checked again just before the rename (an OUT that appeared meanwhile is an
     error); the old OUT is moved aside first and put back if the rename fails.
+  * --force replaces only what it can tell is a checkpoint (replaceable(): an empty
+    directory, a directory with config.json and .safetensors weights at its top level, or a
+    symlink, which is replaced as a link and whose target is left alone). Anything else (a
+    file, a directory of other things) is refused, before any work and again at the rename,
+    and nothing is touched: `-o ~/models --force` must never delete a directory of models.
 """
 
 from __future__ import annotations
@@ -25,14 +30,40 @@ from requant.errors import OutputError
 from requant.safetensors_io import os_reason
 
 
+def replaceable(path: Path) -> str | None:
+    """None when --force may replace path (see the module docstring), else why not."""
+    if path.is_symlink():
+        return None
+    if not path.is_dir():
+        return "is not a directory"
+    try:
+        names = [p.name for p in path.iterdir()]
+    except OSError as exc:
+        return f"cannot be listed ({os_reason(exc)})"
+    if not names:
+        return None
+    if "config.json" in names and any(n.endswith(".safetensors") for n in names):
+        return None
+    return "is not a checkpoint (no config.json with .safetensors weights) and not empty"
+
+
+def refuse_unless_replaceable(out: Path, final: Path) -> None:
+    why = replaceable(final)
+    if why is not None:
+        raise OutputError(f"already exists and {why}; --force replaces only a checkpoint or an empty directory: "
+                          "remove it yourself or choose another output", file=out)
+
+
 def check_output(src: Path, out: Path, force: bool) -> None:
     s, o = src.resolve(), out.resolve()
     if o == s or s in o.parents:
         raise OutputError(f"output would be inside the source checkpoint {s}; requant never writes there", file=out)
     if o in s.parents:
         raise OutputError(f"output contains the source checkpoint {s}; replacing it would destroy the source", file=out)
-    if (out.exists() or out.is_symlink()) and not force:
-        raise OutputError("already exists; pass --force to replace it", file=out)
+    if out.exists() or out.is_symlink():
+        if not force:
+            raise OutputError("already exists; pass --force to replace it", file=out)
+        refuse_unless_replaceable(out, output_path(out))
 
 
 def output_path(output: str | os.PathLike) -> Path:
@@ -107,6 +138,7 @@ class AtomicOutput:
         if final.exists() or final.is_symlink():
             if not self.force:  # it appeared while we were converting: never replace it silently
                 raise OutputError("appeared while converting; pass --force to replace it", file=out)
+            refuse_unless_replaceable(out, final)  # it may have changed meanwhile
             old = final.parent / f".{final.name}.requant-old-{uuid.uuid4().hex[:12]}"
             try:
                 os.rename(final, old)
