@@ -28,7 +28,7 @@ How, and why this way (each step in its own module):
     replaced, and a report about the source's bytes no longer matches the output's digest
     (requant card sets it aside, saying so). On any failure both hashers are cancelled
     (they stop within one 8 MB read) before the temporary output is removed.
-  * Atomically (requant.output): written into `.OUT.requant-tmp-*` next to OUT, fsynced,
+  * Atomically (requant.output): written into `.OUT.requant-tmp-*/output` next to OUT, fsynced,
     renamed; an error or interrupt leaves nothing, and an existing OUT is only replaced
     with force=True.
   * unconstrained reproduces every file byte for byte (config.json and the index are
@@ -54,7 +54,7 @@ from requant import manifest as mf
 from requant import provenance, streaming
 from requant.checkpoint import open_checkpoint
 from requant.errors import CheckpointError, OutputError
-from requant.output import AtomicOutput, check_output
+from requant.output import AtomicOutput, OutputInterrupted, check_output
 from requant.provenance import PROVENANCE_KEY
 from requant.requantizer import ARMS, SERVABLE, LinearStats
 from requant.safetensors_io import os_reason
@@ -131,7 +131,7 @@ def _write_evidence(tmp: Path, out: Path, shard_entries: dict[str, mf.Entry], re
 def convert(src: str | os.PathLike, output: str | os.PathLike, arm: str = "nearest", *, force: bool = False,
             revision: str | None = None, source: str | os.PathLike | None = None, jobs: int | None = None,
             progress: Callable[[int], None] | None = None, on_start: Callable[[int], None] | None = None,
-            src_entries: dict[str, mf.Entry] | None = None) -> ConvertResult:
+            src_entries: dict[str, mf.Entry] | None = None, on_note: Callable[[str], None] | None = None) -> ConvertResult:
     """Convert SRC into OUTPUT under `arm`. Raises CheckpointError on bad input or output.
 
     progress(n) is called with each batch of bytes processed (from worker threads);
@@ -141,7 +141,11 @@ def convert(src: str | os.PathLike, output: str | os.PathLike, arm: str = "neare
     src_entries: the manifest entries of SRC's directory, when the caller has just hashed it
     (requant eval converts one checkpoint into every arm after computing its identity);
     otherwise SRC is hashed in background threads during the conversion. They must name
-    exactly the files SRC has (checked: a listing, no reading)."""
+    exactly the files SRC has (checked: a listing, no reading).
+
+    on_note(msg) hears about what dead runs left beside OUT (removed, or left alone and named:
+    requant.output.sweep_stale); a RuntimeWarning by default. An interrupt once OUT is complete
+    is a requant.output.OutputInterrupted saying so."""
     if arm not in ARMS:
         raise CheckpointError(f"unknown arm {arm!r}; known: {', '.join(ARMS)}")
     t0 = time.perf_counter()
@@ -164,7 +168,7 @@ def convert(src: str | os.PathLike, output: str | os.PathLike, arm: str = "neare
     if src_entries is not None and set(src_entries) != set(mf.covered_files(ckpt.path)):
         raise CheckpointError("the given source hashes do not name the checkpoint's files", file=ckpt.path)
     constrained = arm != "unconstrained"
-    with AtomicOutput(out, force) as dest:
+    with AtomicOutput(out, force, on_note) as dest:
         source_hashes = shard_hashes = None
         try:
             if src_entries is None:  # plain sha256 of every source file, beside the units
@@ -199,5 +203,8 @@ def convert(src: str | os.PathLike, output: str | os.PathLike, arm: str = "neare
                     hashes.cancel()
             raise
         dest.commit(synced=set(ckpt.shards))
-    result.elapsed_s = time.perf_counter() - t0
+    try:
+        result.elapsed_s = time.perf_counter() - t0
+    except KeyboardInterrupt:
+        raise OutputInterrupted(out) from None
     return result
