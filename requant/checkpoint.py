@@ -14,7 +14,7 @@ then checks, before any tensor data is used by anyone:
   * the index and the shards agree tensor for tensor, and no tensor is stored twice;
   * every quantized Linear `X` has `X.weight` int8 [out, in] and `X.weight_scale`
     [out, 1] in bf16/fp16/fp32, and no zero points or static input scales;
-  * every scale is finite and positive (scales are small: they are all read here).
+  * every scale is finite, positive and normal (scales are small: they are all read here).
 
 Anything else is a `CheckpointError` naming the file and the tensor. After that,
 tensors are read one at a time with pread, so memory is bounded by what a caller holds.
@@ -293,14 +293,29 @@ def _find_linears(ckpt: Checkpoint) -> list[str]:
 
 
 def check_scale_values(file, name: str, scale: torch.Tensor) -> None:
-    """Every scale finite and strictly positive, else TensorError naming the first bad row."""
+    """Every scale finite, strictly positive and normal in its stored dtype, else TensorError
+    naming the first bad row.
+
+    Why subnormal scales are refused rather than carried: a scale is absmax / 127.5 of its
+    output channel, so a subnormal one (below 2**-126 in bf16/fp32, 2**-14 in fp16) means
+    weights of about 1e-36 (bf16) that the int8 grid cannot represent meaningfully; it has
+    fewer significant bits than its dtype promises, and its power-of-two exponent lies outside
+    the normal range that requant's arithmetic (requant.exponents) and the audit's fault
+    catalogue assume, where the catalogue's bounds then fail (false positives) although
+    nothing is wrong with the kernels. No quantizer produces one (compressed-tensors clamps a
+    scale to at least its dtype's eps), so a subnormal scale is a damaged or hand-made file."""
     s = scale.detach().to(torch.float64).reshape(-1)
-    bad = ~(torch.isfinite(s) & (s > 0))
+    tiny = torch.finfo(scale.dtype).tiny if scale.dtype.is_floating_point else 0.0
+    bad = ~(torch.isfinite(s) & (s > 0) & (s >= tiny))
     if bool(bad.any()):
         row = int(bad.nonzero()[0, 0])
         v = float(s[row])
-        kind = "NaN" if v != v else ("infinite" if v in (float("inf"), float("-inf")) else ("zero" if v == 0 else "negative"))
-        raise TensorError(f"{kind} scale {v!r} at output channel {row} ({int(bad.sum())} bad scale(s) in all)", file=file, tensor=name)
+        kind = "NaN" if v != v else ("infinite" if v in (float("inf"), float("-inf")) else
+                                     ("zero" if v == 0 else ("negative" if v < 0 else "subnormal")))
+        why = (f" (below {str(scale.dtype).removeprefix('torch.')}'s smallest normal {tiny:.4g}: requant and its "
+               "audit need normal scales)" if kind == "subnormal" else "")
+        raise TensorError(f"{kind} scale {v!r} at output channel {row}{why} ({int(bad.sum())} bad scale(s) in all)",
+                          file=file, tensor=name)
 
 
 __all__ = ["Checkpoint", "open_checkpoint", "CheckpointError", "SafetensorsFormatError", "model_order_key", "is_ignored", "check_scale_values"]

@@ -9,7 +9,7 @@ Requantization (nearest, ceiling, mse): q' = clamp(round_half_even(q * s / s'), 
   counted.
 
 Assumptions, checked on entry: q is int8 [out, in] (may contain -128); scale is [out, 1],
-bf16, fp16 or fp32, every value finite and > 0 (checkpoint.check_scale_values reports bad
+bf16, fp16 or fp32, every value finite, > 0 and normal (checkpoint.check_scale_values reports bad
 ones by name). The returned scale keeps the input's dtype.
 
 The arms (requant.arms lists them with their purpose):
