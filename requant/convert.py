@@ -143,6 +143,10 @@ def convert(src: str | os.PathLike, output: str | os.PathLike, arm: str = "neare
     otherwise SRC is hashed in background threads during the conversion. They must name
     exactly the files SRC has (checked: a listing, no reading).
 
+    SRC's own SHA256SUMS, when it has one, must list exactly its files (checked before any
+    work) with their bytes (checked once they are hashed, before the rename): a mismatch is a
+    ManifestError and nothing is written, as audit, eval, determinism, card and push refuse it.
+
     on_note(msg) hears about what dead runs left beside OUT (removed, or left alone and named:
     requant.output.sweep_stale); a RuntimeWarning by default. An interrupt once OUT is complete
     is a requant.output.OutputInterrupted saying so."""
@@ -167,6 +171,9 @@ def convert(src: str | os.PathLike, output: str | os.PathLike, arm: str = "neare
 
     if src_entries is not None and set(src_entries) != set(mf.covered_files(ckpt.path)):
         raise CheckpointError("the given source hashes do not name the checkpoint's files", file=ckpt.path)
+    stored = mf.read(ckpt.path)  # SRC's own SHA256SUMS: its files must be the ones it lists
+    if stored is not None:  # the listing now, before any work; the bytes once they are hashed, before the rename
+        mf.check_against(ckpt.path, stored)
     constrained = arm != "unconstrained"
     with AtomicOutput(out, force, on_note) as dest:
         source_hashes = shard_hashes = None
@@ -188,10 +195,12 @@ def convert(src: str | os.PathLike, output: str | os.PathLike, arm: str = "neare
                 job.sync()
             finally:
                 job.close()  # safe: no worker is running any more
+            entries = src_entries if source_hashes is None else source_hashes.result()
+            if stored is not None:
+                mf.check_against(ckpt.path, stored, entries)
             digest, prov = provenance.record(ckpt, dest.tmp, out, arm=arm, src_label=str(src),
                                              source_dir=None if source is None else str(source),
-                                             source_entries=src_entries if source_hashes is None
-                                             else source_hashes.result())
+                                             source_entries=entries)
             order = {lin: i for i, lin in enumerate(ckpt.quantized_linears)}
             result = ConvertResult(output=out, arm=arm, source=str(src), provenance=prov, source_digest=digest,
                                    layers=dict(sorted(job.stats.items(), key=lambda kv: order[kv[0]])), bytes_total=total)

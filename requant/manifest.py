@@ -337,6 +337,22 @@ def verify(root: str | os.PathLike, name: str | os.PathLike = MANIFEST, *, jobs:
     return Check(str(name), digest_of(data), missing, extra, differing, found)
 
 
+def check_against(root: str | os.PathLike, stored: tuple[dict[str, str], bytes],
+                  entries: dict[str, Entry] | None = None) -> None:
+    """ManifestError (naming the first missing, unlisted or differing file) unless root's files
+    are what its stored manifest (read()'s pair) lists: by name only (entries None: a listing,
+    no reading), or name and bytes from `entries` already hashed from those files (convert
+    hashes its source beside the conversion, and must still refuse bytes the manifest does not
+    vouch for)."""
+    listed, data = stored
+    names = entries if entries is not None else covered_files(root)
+    differing = [p for p, e in entries.items() if p in listed and e.sha256 != listed[p]] if entries is not None else []
+    missing, extra = [p for p in listed if p not in names], [p for p in names if p not in listed]
+    check = Check(MANIFEST, digest_of(data), missing, extra, differing, entries or {})
+    if not check.ok:
+        raise ManifestError(check.describe(), file=shown(Path(root)))
+
+
 def identity(root: str | os.PathLike, *, jobs: int | None = None, progress: Callable[[int], None] | None = None,
              entries_out: dict[str, Entry] | None = None) -> dict:
     """The fields a report records to tie itself to a checkpoint's bytes:
