@@ -159,12 +159,16 @@ def hf_decode(model, prompts: list[torch.Tensor], new_tokens: int) -> float:
 # -- one checkpoint -----------------------------------------------------------------------------
 
 def bench_checkpoint(path: str, args, record: dict, flush) -> None:
+    from requant.tokenizer import byte_ids_allowed
+
+    with byte_ids_allowed():  # the synthetic Qwen3-shaped checkpoints have no tokenizer: byte ids, as their reports say
+        _bench_checkpoint(path, args, record, flush)
+
+
+def _bench_checkpoint(path: str, args, record: dict, flush) -> None:
     from requant.checkpoint import open_checkpoint
     from requant.determinism import run_determinism
     from requant.runtime import load_model
-    from requant.tokenizer import allow_byte_ids
-
-    allow_byte_ids()  # the synthetic Qwen3-shaped checkpoints have no tokenizer: byte ids, as their reports say
     dev = args.device
     ckpt = open_checkpoint(path)
     entry = {"checkpoint": str(ckpt.path), "name": Path(str(ckpt.path)).name, "config": {k: ckpt.config.get(k) for k in (
@@ -302,7 +306,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     from requant import DEFAULT_CHECKPOINT
-    from requant.audit.suite import environment, parse_backends
+    from requant.backends import environment, parse_backends
 
     cuda = args.device.startswith("cuda")
     args.backends = list(parse_backends(args.backends or ("cutlass,triton" if cuda else "reference")))

@@ -300,7 +300,7 @@ def check_scale_values(file, name: str, scale: torch.Tensor) -> None:
     output channel, so a subnormal one (below 2**-126 in bf16/fp32, 2**-14 in fp16) means
     weights of about 1e-36 (bf16) that the int8 grid cannot represent meaningfully; it has
     fewer significant bits than its dtype promises, and its power-of-two exponent lies outside
-    the normal range that requant's arithmetic (requant.exponents) and the audit's fault
+    the normal range that requant's arithmetic (requant.scales.exponents) and the audit's fault
     catalogue assume, where the catalogue's bounds then fail (false positives) although
     nothing is wrong with the kernels. No quantizer produces one (compressed-tensors clamps a
     scale to at least its dtype's eps), so a subnormal scale is a damaged or hand-made file."""

@@ -13,7 +13,7 @@
     requant.workers runs them in a bounded thread pool.
   * Every source byte is read once here (requant.safetensors_io.pread_exact into reused
     buffers). Nothing is hashed on the way: the provenance is the plain sha256 of whole
-    files (requant.manifest), which cannot be split across parallel segments, so
+    files (requant.evidence.manifest), which cannot be split across parallel segments, so
     requant.convert hashes the source files in background threads beside these units.
   * Errors name the file: a failed read names the source shard and tensor (TensorError),
     a failed write the output shard (as OUT/<shard>) and tensor (OutputError).
@@ -32,9 +32,9 @@ import numpy as np
 
 from requant.checkpoint import SKIP_DIRS, Checkpoint
 from requant.errors import OutputError, TensorError
-from requant.from_source import quantize_from_source
-from requant.manifest import walk_files
-from requant.requantizer import LinearStats, Requantizer
+from requant.evidence.manifest import walk_files
+from requant.scales.from_source import quantize_from_source
+from requant.scales.requantizer import LinearStats, Requantizer
 from requant.safetensors_io import os_reason, pread_exact, tensor_to_bytes
 from requant.workers import Aborted, run_units, shutdown
 
@@ -71,7 +71,7 @@ def _pwrite_all(fd: int, data, offset: int) -> None:
 def copy_other_files(ckpt: Checkpoint, tmp: Path, out: Path) -> None:
     """Copy every file that is not a shard (config and index included) byte for byte,
     following symlinks inside the checkpoint (Hub snapshots link into the blob cache) and
-    refusing one that leads out of it (requant.manifest.walk_files, before anything is copied)."""
+    refusing one that leads out of it (requant.evidence.manifest.walk_files, before anything is copied)."""
     skip = set(ckpt.shards)
     for rel, src in walk_files(ckpt.path, SKIP_DIRS).items():
         if rel in skip:

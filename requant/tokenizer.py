@@ -22,8 +22,8 @@ When byte-level ids are used, and when a missing tokenizer.json is refused:
     checkpoint that has one but no tokenizer.json has lost its tokenizer: byte ids would
     "work" and report nonsense (a perplexity of 1e43, text like "<|746|>"). That is a
     TokenizerError naming the missing file, unless the caller says that the ids are bytes:
-    byte_level=True, or allow_byte_ids() for the whole process (the command line's
-    --byte-tokens; the runtime benchmark, whose large synthetic models have no tokenizer).
+    byte_level=True, or within byte_ids_allowed() (the command line's --byte-tokens; the
+    runtime benchmark, whose large synthetic models have no tokenizer).
   * a directory of None (a model built in memory, with no checkpoint) is byte-level.
 Links: a tokenizer file that links out of the checkpoint is refused (requant.links).
 
@@ -34,6 +34,7 @@ else config.json's eos_token_id, else None.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 from pathlib import Path
@@ -44,11 +45,17 @@ BYTE_LEVEL_MAX_VOCAB = 512
 _byte_ids_allowed = False
 
 
-def allow_byte_ids(allowed: bool = True) -> None:
-    """Let every later load_tokenizer use byte-level ids for a checkpoint without
-    tokenizer.json whatever its vocabulary (see the module docstring)."""
+@contextlib.contextmanager
+def byte_ids_allowed(allowed: bool = True):
+    """Within the block, every load_tokenizer uses byte-level ids for a checkpoint without
+    tokenizer.json whatever its vocabulary (see the module docstring); restored on exit, so
+    that one command's --byte-tokens never outlives it."""
     global _byte_ids_allowed
-    _byte_ids_allowed = bool(allowed)
+    before, _byte_ids_allowed = _byte_ids_allowed, bool(allowed)
+    try:
+        yield
+    finally:
+        _byte_ids_allowed = before
 
 
 class TokenizerError(ValueError):
@@ -153,7 +160,7 @@ class Tokenizer:
 
 def load_tokenizer(checkpoint_dir, vocab_size: int, *, byte_level: bool = False) -> Tokenizer:
     """tokenizer.json from checkpoint_dir when it has one, else byte-level ids where they are
-    the model's vocabulary or the caller says so (byte_level, allow_byte_ids), else a
+    the model's vocabulary or the caller says so (byte_level, byte_ids_allowed), else a
     TokenizerError (see the module docstring). checkpoint_dir may be None (byte-level)."""
     directory = Path(checkpoint_dir) if checkpoint_dir is not None else None
     path = directory / "tokenizer.json" if directory is not None else None

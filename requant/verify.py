@@ -20,7 +20,7 @@ import torch
 
 from requant.checkpoint import SKIP_DIRS
 from requant.errors import CheckpointError, LayoutError
-from requant.manifest import walk_files
+from requant.evidence.manifest import walk_files
 from requant.safetensors_io import SafetensorsFile, read_header
 
 

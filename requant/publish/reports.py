@@ -9,7 +9,7 @@ are written about those bytes):
     requant-convert.json       written by `requant convert` into its output (the per-Linear statistics)
 
 Every report records `manifest_digest`, the digest of the checkpoint it measured
-(requant.manifest). A report is tied to:
+(requant.evidence.manifest). A report is tied to:
   * "this"   - these bytes (its digest is this checkpoint's manifest digest);
   * "source" - the checkpoint this one was converted from (the digest of SHA256SUMS.source):
                an eval or determinism run on the native checkpoint measures every arm, this one included;
@@ -20,7 +20,7 @@ given explicitly that is tied to other bytes is an error; one merely found besid
 checkpoint is set aside with a warning, and its section says "not measured" and why.
 
 Each kind has required keys (from the formats of `requant audit`, `requant eval` and
-`requant determinism`, issue 8 sections 3 and 4); a missing one is an error naming the file
+`requant determinism`); a missing one is an error naming the file
 and the key, never a card with a hole in it.
 """
 

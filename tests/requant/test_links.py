@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from requant import DEFAULT_CHECKPOINT
-from requant import manifest as mf
+from requant.evidence import manifest as mf
 from requant.checkpoint import open_checkpoint
 from requant.cli import app
 from requant.convert import convert

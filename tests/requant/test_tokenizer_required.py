@@ -30,14 +30,12 @@ def test_missing_tokenizer_json_is_refused_for_a_real_vocabulary(no_tokenizer):
     assert str(no_tokenizer) in str(exc.value) and "\n" not in str(exc.value)
 
 
-def test_byte_ids_only_when_asked_for(no_tokenizer, monkeypatch):
+def test_byte_ids_only_when_asked_for(no_tokenizer):
     tok = load_tokenizer(no_tokenizer, 8192, byte_level=True)
     assert tok.kind == "byte-level" and tok.encode("thé") == list("thé".encode("utf-8"))
-    monkeypatch.setattr(tokenizer, "_byte_ids_allowed", False)
-    tokenizer.allow_byte_ids()
-    assert load_tokenizer(no_tokenizer, 8192).kind == "byte-level"
-    tokenizer.allow_byte_ids(False)
-    with pytest.raises(TokenizerError):
+    with tokenizer.byte_ids_allowed():
+        assert load_tokenizer(no_tokenizer, 8192).kind == "byte-level"
+    with pytest.raises(TokenizerError):  # the permission ends with its block
         load_tokenizer(no_tokenizer, 8192)
 
 
