@@ -26,7 +26,8 @@ def test_a_source_that_differs_from_its_manifest_is_refused(tmp_path, micro, arm
         convert(micro, tmp_path / "out", arm)
     assert leftovers(tmp_path, "out") == [] and tree_bytes(micro) == before
     res = runner.invoke(app, ["convert", str(micro), "-o", str(tmp_path / "out"), "--arm", arm])
-    assert res.exit_code != 0 and "config.json differs" in res.output and "Traceback" not in res.output
+    assert res.exit_code == 2 and "config.json differs" in res.stderr and "Traceback" not in res.output
+    assert res.stderr.startswith("error: ") and res.stderr.count("\n") == 1
     assert leftovers(tmp_path, "out") == []
 
 

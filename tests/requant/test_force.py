@@ -30,7 +30,8 @@ def test_force_never_deletes_a_directory_that_is_not_a_checkpoint(tmp_path, micr
         convert(micro, out, "nearest", force=True)
     assert tree_bytes(out) == before and leftovers(tmp_path, "out") == ["out"]
     res = runner.invoke(app, ["convert", str(micro), "-o", str(out), "--force"])
-    assert res.exit_code != 0 and "is not a checkpoint" in " ".join(res.output.split()), res.output
+    assert res.exit_code == 2 and res.stderr.startswith("error: ") and res.stderr.count("\n") == 1, res.output
+    assert "is not a checkpoint" in res.stderr
     assert tree_bytes(out) == before and leftovers(tmp_path, "out") == ["out"]
 
 

@@ -43,12 +43,12 @@ def linked_out(tmp_path, secret):
 
 
 def _one_error_line(res, *words):
-    assert res.exit_code in (1, 2), res.output
+    assert res.exit_code == 2, res.output
     assert "Traceback" not in res.output
-    text = " ".join(res.output.split())
-    assert text.count("error:") == 1, res.output
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), res.stderr
     for w in words:
-        assert w in text, text
+        assert w in lines[0], lines[0]
 
 
 def test_manifest_refuses_a_link_out_of_the_checkpoint(linked_out, secret):

@@ -31,8 +31,8 @@ def test_a_subnormal_scale_is_refused_naming_file_tensor_and_channel(tmp_path, m
     assert leftovers(tmp_path, "out") == [] and tree_bytes(micro) == before
     for args in (["inspect", str(micro)], ["audit", str(micro), "--backends", "reference", "--prompts", "1"]):
         res = runner.invoke(app, args)
-        assert res.exit_code != 0 and "Traceback" not in res.output, res.output
-        assert "subnormal scale" in res.output and " ".join(res.output.split()).count("error:") == 1
+        assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+        assert res.stderr.startswith("error: ") and res.stderr.count("\n") == 1 and "subnormal scale" in res.stderr
 
 
 def test_the_smallest_normal_scale_is_accepted(micro):

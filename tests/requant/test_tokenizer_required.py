@@ -49,7 +49,8 @@ def test_determinism_refuses_a_checkpoint_that_lost_its_tokenizer(no_tokenizer):
     res = runner.invoke(app, ["determinism", str(no_tokenizer), "--backends", "reference", "--prompts", "1",
                               "--new-tokens", "1"])
     assert res.exit_code == 2, res.output
-    assert "tokenizer.json: missing" in res.output and "Traceback" not in res.output
+    assert "tokenizer.json: missing" in res.stderr and "Traceback" not in res.output
+    assert res.stderr.startswith("error: ") and res.stderr.count("\n") == 1
 
 
 def test_eval_refuses_a_checkpoint_that_lost_its_tokenizer(no_tokenizer, monkeypatch):
@@ -61,10 +62,12 @@ def test_eval_refuses_a_checkpoint_that_lost_its_tokenizer(no_tokenizer, monkeyp
     monkeypatch.setattr(run, "load_tasks", no_work)  # the refusal comes before the tasks, the hashing and the arms
     res = runner.invoke(app, ["eval", str(no_tokenizer), "--arms", "native", "--limit", "1"])
     assert res.exit_code == 2, res.output
-    assert "tokenizer.json: missing" in res.output and "Traceback" not in res.output
+    assert "tokenizer.json: missing" in res.stderr and "Traceback" not in res.output
+    assert res.stderr.startswith("error: ") and res.stderr.count("\n") == 1
 
 
 def test_audit_refuses_a_checkpoint_that_lost_its_tokenizer(no_tokenizer):
     res = runner.invoke(app, ["audit", str(no_tokenizer), "--backends", "reference", "--prompts", "1"])
     assert res.exit_code == 2, res.output
-    assert "tokenizer.json: missing" in res.output and "Traceback" not in res.output
+    assert "tokenizer.json: missing" in res.stderr and "Traceback" not in res.output
+    assert res.stderr.startswith("error: ") and res.stderr.count("\n") == 1
