@@ -31,8 +31,9 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from requant.commands._common import (EXIT_FAILED, BackendsOpt, CkptArg, DeviceOpt, JsonOpt, ReportOpt, RevisionOpt, ThreadsOpt,
-                                      UsageError, cannot_run, check_device, command_line, default_device, err, fail,
+from requant.commands._common import (EXIT_FAILED, BackendsOpt, ByteTokensOpt, CkptArg, DeviceOpt, JsonOpt, ReportOpt,
+                                      RevisionOpt, ThreadsOpt, UsageError, byte_tokens_option, cannot_run, check_device,
+                                      check_output_dir, check_output_file, command_line, default_device, err, fail,
                                       set_threads, write_json_atomic)
 
 console = err()
@@ -109,6 +110,7 @@ def _print_summary(result: dict) -> None:
         print(f"converted checkpoint, arm {conv['arm']}{'' if conv.get('servable', True) else ' (NOT servable)'}: {conv['regimes']}")
 
 
+@byte_tokens_option
 def audit(
     ckpt: CkptArg = None,
     backends: BackendsOpt = None,
@@ -119,10 +121,13 @@ def audit(
     device: DeviceOpt = None,
     revision: RevisionOpt = None,
     threads: ThreadsOpt = None,
+    byte_tokens: ByteTokensOpt = False,
 ) -> None:
     """Bitwise CUTLASS-vs-Triton comparison per Linear on real activations, and the
     fault-injection suite scored against the pinned prediction matrix."""
     with cannot_run():
+        check_output_file(json_out, "--json")  # before any work: a bad path costs nothing and writes nothing
+        check_output_dir(report, "--report")
         if plan:
             from requant.audit.suite import plan_from_config
 
@@ -170,7 +175,7 @@ def audit(
                                on_phase=lambda msg: progress.console.log(msg))
     command = command_line("audit", [ckpt], {
         "--backends": spec, "--prompts": prompts, "--json": json_out, "--report": report, "--device": device,
-        "--revision": revision, "--threads": threads})
+        "--revision": revision, "--threads": threads, "--byte-tokens": byte_tokens})
     result["command"] = command
     with cannot_run():
         if json_out is not None:

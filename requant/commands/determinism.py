@@ -23,8 +23,9 @@ from typing import Annotated, Optional
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from requant.commands._common import (EXIT_FAILED, BackendsOpt, CkptArg, DeviceOpt, JsonOpt, RevisionOpt, ThreadsOpt, UsageError,
-                                      cannot_run, check_device, command_line, default_device, err, set_threads,
+from requant.commands._common import (EXIT_FAILED, BackendsOpt, ByteTokensOpt, CkptArg, DeviceOpt, JsonOpt, RevisionOpt,
+                                      ThreadsOpt, UsageError, byte_tokens_option, cannot_run, check_device,
+                                      check_output_file, command_line, default_device, err, set_threads,
                                       write_json_atomic)
 
 
@@ -42,6 +43,7 @@ def check_backend_device(pair: tuple[str, ...], device: str, act_backend: str) -
             raise UsageError("--act-backend triton needs a CUDA GPU (or TRITON_INTERPRET=1 on CPU); on CPU use --act-backend reference")
 
 
+@byte_tokens_option
 def determinism(
     ckpt: CkptArg = None,
     backends: BackendsOpt = None,
@@ -52,11 +54,13 @@ def determinism(
     act_backend: Annotated[str, typer.Option("--act-backend", help="quantize_activations backend shared by both sides (reference or triton: the same bits)")] = "reference",
     revision: RevisionOpt = None,
     threads: ThreadsOpt = None,
+    byte_tokens: ByteTokensOpt = False,
 ) -> None:
     """Greedy generations with each backend of the pair, native and pow2: byte-identical or not,
     and each prompt alone vs inside the batch."""
     console = err()
     with cannot_run():
+        check_output_file(json_out, "--json")  # before any work: a bad path costs nothing and writes nothing
         from requant import DEFAULT_CHECKPOINT
         from requant.backends import parse_backends
         from requant.checkpoint import open_checkpoint
@@ -88,7 +92,8 @@ def determinism(
                                      on_phase=lambda msg: progress.console.log(msg))
     result["command"] = command_line("determinism", [ckpt], {
         "--backends": spec, "--prompts": prompts, "--new-tokens": new_tokens, "--json": json_out, "--device": device,
-        "--revision": revision, "--threads": threads, "--act-backend": None if act_backend == "reference" else act_backend})
+        "--revision": revision, "--threads": threads, "--act-backend": None if act_backend == "reference" else act_backend,
+        "--byte-tokens": byte_tokens})
     if json_out is not None:
         with cannot_run():
             write_json_atomic(json_out, result)

@@ -96,3 +96,28 @@ def test_an_interrupt_after_the_rename_says_the_output_is_complete(tmp_path, mon
         convert(micro, out, "nearest", force=force)
     assert isinstance(exc.value, KeyboardInterrupt) and "\n" not in str(exc.value)
     assert tree_bytes(out) == tree_bytes(ref) and leftovers(tmp_path, "out") == ["out"]
+
+
+def test_the_command_says_which_interrupt_happened(tmp_path, monkeypatch, micro):
+    from typer.testing import CliRunner
+
+    from requant.cli import app
+
+    out = tmp_path / "out"
+    real = requant.output.fsync_path
+
+    def interrupted(path):
+        if path == out.parent and out.is_dir():  # after the rename
+            raise KeyboardInterrupt
+        return real(path)
+
+    monkeypatch.setattr(requant.output, "fsync_path", interrupted)
+    res = CliRunner().invoke(app, ["convert", str(micro), "-o", str(out)])
+    assert res.exit_code == 130, res.output
+    errors = [ln for ln in res.stderr.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and "written completely" in errors[0] and "nothing was written" not in res.stderr
+    assert (out / "SHA256SUMS").is_file() and leftovers(tmp_path, "out") == ["out"]
+    monkeypatch.setattr(requant.output, "fsync_path", real)
+    (tmp_path / ".out2.requant-tmp-0123456789ab").mkdir()  # a leftover that cannot be told: named, as a warning
+    res = CliRunner().invoke(app, ["convert", str(micro), "-o", str(tmp_path / "out2")])
+    assert res.exit_code == 0 and "warning:" in res.stderr and "no lock" in res.stderr, res.output

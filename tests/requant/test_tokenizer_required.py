@@ -22,6 +22,12 @@ def no_tokenizer(tmp_path):
     return d
 
 
+def _one_error_line(res):
+    assert "Traceback" not in res.output
+    errors = [ln for ln in res.stderr.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and "tokenizer.json: missing" in errors[0] and "--byte-tokens" in errors[0], res.stderr
+
+
 def test_missing_tokenizer_json_is_refused_for_a_real_vocabulary(no_tokenizer):
     vocab = json.loads((no_tokenizer / "config.json").read_text())["vocab_size"]
     assert vocab > tokenizer.BYTE_LEVEL_MAX_VOCAB
@@ -49,8 +55,7 @@ def test_determinism_refuses_a_checkpoint_that_lost_its_tokenizer(no_tokenizer):
     res = runner.invoke(app, ["determinism", str(no_tokenizer), "--backends", "reference", "--prompts", "1",
                               "--new-tokens", "1"])
     assert res.exit_code == 2, res.output
-    assert "tokenizer.json: missing" in res.stderr and "Traceback" not in res.output
-    assert res.stderr.startswith("error: ") and res.stderr.count("\n") == 1
+    _one_error_line(res)
 
 
 def test_eval_refuses_a_checkpoint_that_lost_its_tokenizer(no_tokenizer, monkeypatch):
@@ -62,12 +67,21 @@ def test_eval_refuses_a_checkpoint_that_lost_its_tokenizer(no_tokenizer, monkeyp
     monkeypatch.setattr(run, "load_tasks", no_work)  # the refusal comes before the tasks, the hashing and the arms
     res = runner.invoke(app, ["eval", str(no_tokenizer), "--arms", "native", "--limit", "1"])
     assert res.exit_code == 2, res.output
-    assert "tokenizer.json: missing" in res.stderr and "Traceback" not in res.output
-    assert res.stderr.startswith("error: ") and res.stderr.count("\n") == 1
+    _one_error_line(res)
 
 
 def test_audit_refuses_a_checkpoint_that_lost_its_tokenizer(no_tokenizer):
     res = runner.invoke(app, ["audit", str(no_tokenizer), "--backends", "reference", "--prompts", "1"])
     assert res.exit_code == 2, res.output
-    assert "tokenizer.json: missing" in res.stderr and "Traceback" not in res.output
-    assert res.stderr.startswith("error: ") and res.stderr.count("\n") == 1
+    _one_error_line(res)
+
+
+def test_byte_tokens_option_for_one_command_only(no_tokenizer, tmp_path):
+    out = tmp_path / "d.json"
+    res = runner.invoke(app, ["determinism", str(no_tokenizer), "--backends", "reference", "--prompts", "1",
+                              "--new-tokens", "1", "--byte-tokens", "--json", str(out)])
+    assert res.exit_code in (0, 1), res.output  # it ran (the verdict is not the point here)
+    data = json.loads(out.read_text())
+    assert data["tokenizer"]["kind"] == "byte-level" and "--byte-tokens" in data["command"]
+    with pytest.raises(TokenizerError):  # the permission did not outlive the command
+        load_tokenizer(no_tokenizer, 8192)
