@@ -140,7 +140,7 @@ def audit(
         from requant import DEFAULT_CHECKPOINT
         from requant.audit.capture import prompts as prompt_list
         from requant.audit.suite import CELLS_PER_LAYER
-        from requant.backends import parse_backends
+        from requant.backends import check_runnable, parse_backends
         from requant.checkpoint import open_checkpoint
         from requant.evidence.identity import with_progress
         from requant.runtime import check_layout
@@ -149,8 +149,7 @@ def audit(
         dev = check_device(device or default_device())
         spec = backends or ("cutlass,triton" if dev.startswith("cuda") else "reference")
         pair = parse_backends(spec)
-        if "cutlass" in pair and not dev.startswith("cuda"):
-            raise UsageError("the cutlass backend needs a CUDA GPU; on CPU use --backends reference")
+        check_runnable(pair, dev, "reference")
         set_threads(threads, dev)
         prompt_list(prompts)  # validate N before loading (or downloading) anything big
         src = DEFAULT_CHECKPOINT if ckpt is None else ckpt

@@ -29,20 +29,6 @@ from requant.commands._common import (EXIT_FAILED, BackendsOpt, ByteTokensOpt, C
                                       write_json_atomic)
 
 
-def check_backend_device(pair: tuple[str, ...], device: str, act_backend: str) -> None:
-    """Refuse a backend the device cannot run, before anything is loaded."""
-    import os
-
-    if "cutlass" in pair and not device.startswith("cuda"):
-        raise UsageError("the cutlass backend needs a CUDA GPU; on CPU use --backends reference")
-    interpret = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-    if not device.startswith("cuda") and not interpret:
-        if "triton" in pair:
-            raise UsageError("the triton backend needs a CUDA GPU (or TRITON_INTERPRET=1 on CPU); on CPU use --backends reference")
-        if act_backend == "triton":
-            raise UsageError("--act-backend triton needs a CUDA GPU (or TRITON_INTERPRET=1 on CPU); on CPU use --act-backend reference")
-
-
 @byte_tokens_option
 def determinism(
     ckpt: CkptArg = None,
@@ -62,7 +48,7 @@ def determinism(
     with cannot_run():
         check_output_file(json_out, "--json")  # before any work: a bad path costs nothing and writes nothing
         from requant import DEFAULT_CHECKPOINT
-        from requant.backends import parse_backends
+        from requant.backends import check_runnable, parse_backends
         from requant.checkpoint import open_checkpoint
         from requant.determinism import all_scales_pow2, run_determinism, work_units
         from requant.evidence.identity import with_progress
@@ -72,7 +58,7 @@ def determinism(
         dev = check_device(device or default_device())
         spec = backends or ("cutlass,triton" if dev.startswith("cuda") else "reference")
         pair = parse_backends(spec)
-        check_backend_device(pair, dev, act_backend)
+        check_runnable(pair, dev, act_backend)
         if new_tokens < 1:
             raise UsageError("--new-tokens must be at least 1")
         prompt_list(prompts)  # validate N before loading (or downloading) anything big

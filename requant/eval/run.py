@@ -288,6 +288,9 @@ def run_eval(ckpt: str | None, arms: list[str], *, source: str | None = None, ta
             raise UsageError(f"--device {dev}: no CUDA device here")
     be = backend or default_backend(dev)
     check_backend(be, act_backend)
+    from requant.backends import check_runnable
+
+    check_runnable((be,), dev, act_backend, option="--backend")
     if not dev.startswith("cuda"):
         if be == "cutlass":
             raise UsageError("the cutlass backend needs a CUDA GPU (sm90); on CPU use reference-triton-order or reference-cutlass-order")
