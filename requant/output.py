@@ -47,9 +47,8 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
-from requant.errors import OutputError
+from requant.errors import OutputError, os_reason
 from requant.links import shown
-from requant.safetensors_io import os_reason
 
 LOCK_SUFFIX = ".lock"
 

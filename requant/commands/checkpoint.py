@@ -18,7 +18,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from requant import DEFAULT_CHECKPOINT
-from requant.scales.arms import ARMS, SERVABLE
+from requant.scales import ARMS, SERVABLE  # names only: importing the CLI must not import torch
 from requant.commands._common import (EXIT_FAILED, UsageError, cannot_run, check_output_dir, check_output_file, err, out,
                                       sigterm_as_interrupt, warn, write_json_atomic)
 

@@ -47,10 +47,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from requant.scales import ARMS, SERVABLE  # noqa: F401 (re-exported: requant.scales.requantizer.ARMS)
 from requant.scales.exponents import ceil_exponent, nearest_exponent, pow2_candidates, pow2_scale, shift_histogram
 
-ARMS = ("unconstrained", "nearest", "ceiling", "mse", "probe")
-SERVABLE = {"unconstrained": True, "nearest": True, "ceiling": True, "mse": True, "probe": False}
 SCALE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 MSE_OFFSETS = (0, -1, 1, -2, -3)  # relative to the ceiling exponent, in tie-break order
 BLOCK_ELEMENTS = 1 << 18  # elements per block of rows in the hot loop
