@@ -23,7 +23,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from requant.commands._common import (ByteTokensOpt, CkptArg, DeviceOpt, JsonOpt, ReportOpt, ThreadsOpt, byte_tokens_option,
-                                      cannot_run, check_device, check_output_dir, check_output_file, command_line, err, out)
+                                      cannot_run, check_device, check_output_dir, check_output_file, command_line, err, out,
+                                      warn)
 from requant.eval.report import fmt_number
 
 console = err()
@@ -114,3 +115,5 @@ def eval_command(
             for f in write_report(result, report):
                 console.print(f"wrote {f}")
     _print_table(result)
+    for w in result.get("warnings", []):
+        warn(w)
