@@ -43,6 +43,19 @@ def test_an_error_piped_to_a_file_is_one_line(tmp_path):
     assert text.count("\n") == 1 and text.startswith("error: ") and str(long) in text
 
 
+def test_a_refused_tensor_piped_to_a_file_is_one_line(tmp_path, micro):
+    from tests.requant.test_bad_input import _set_scale
+
+    _set_scale(micro, float("nan"))  # the case: "...NaN scale \nnan at output channel 3"
+    err = tmp_path / "stderr.txt"
+    with open(err, "wb") as f:
+        rc = subprocess.run([sys.executable, "-m", "requant.cli", "determinism", str(micro), "--backends", "reference"],
+                            stdout=subprocess.DEVNULL, stderr=f, env=dict(os.environ, COLUMNS="80")).returncode
+    text = err.read_text()
+    assert rc == 2 and text.count("\n") == 1 and text.startswith("error: "), text
+    assert "NaN scale nan at output channel 3" in text and len(text) > 80
+
+
 def test_a_newline_in_a_file_name_is_escaped(tmp_path):
     d = tmp_path / "two\nlines"
     res = runner.invoke(app, ["inspect", str(d)])
