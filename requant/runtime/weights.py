@@ -169,10 +169,15 @@ class Bf16Dir:
     """A plain (unquantized) Qwen3 safetensors directory, read with the safetensors library."""
 
     def __init__(self, path: Path, config: dict):
+        from requant.links import check_inside
+
         self.path = path
         self.config = config
         index = path / "model.safetensors.index.json"
         single = path / "model.safetensors"
+        for f in (path / "config.json", index, single):  # no link out of the directory (requant.links)
+            if f.is_symlink():
+                check_inside(path, f)
         if index.is_file():
             try:
                 wm = json.loads(index.read_text())["weight_map"]
@@ -183,6 +188,7 @@ class Bf16Dir:
                     raise ValueError(f"{index}: shard name {shard!r} is not a plain file name")
                 if not (path / shard).is_file():
                     raise ValueError(f"{index}: names shard {shard!r}, which does not exist")
+                check_inside(path, path / shard)
             self.weight_map = dict(wm)
         elif single.is_file():
             from safetensors import safe_open

@@ -156,3 +156,16 @@ def test_push_dry_run_lists_no_file_from_outside(linked_out, secret, hub):
     res = runner.invoke(app, ["push", str(linked_out), "requant-test/x", "--dry-run", "--force"])
     _one_error_line(res, "notes.txt")
     assert hub.requests == [] and SECRET.decode() not in res.output
+
+
+def test_a_bf16_source_linked_out_is_refused(tmp_path):
+    from requant.runtime.weights import Bf16Dir
+
+    src = tmp_path / "bf16"
+    shutil.copytree(DEFAULT_CHECKPOINT.parent / "default-bf16", src)
+    away = tmp_path / "away"
+    away.mkdir()
+    shutil.move(src / "model.safetensors", away / "model.safetensors")
+    os.symlink(away / "model.safetensors", src / "model.safetensors")
+    with pytest.raises(LinkError, match="model.safetensors"):
+        Bf16Dir(src, {})
