@@ -5,10 +5,10 @@ determinism, card and push do, and writes nothing. References: hashlib over the 
 import pytest
 from typer.testing import CliRunner
 
-from requant.evidence import manifest as mf
 from requant.cli import app
 from requant.convert import convert
 from requant.errors import CheckpointError
+from requant.evidence import manifest as mf
 
 from .conftest import leftovers, tree_bytes
 

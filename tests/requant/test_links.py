@@ -11,11 +11,11 @@ import pytest
 from typer.testing import CliRunner
 
 from requant import DEFAULT_CHECKPOINT
-from requant.evidence import manifest as mf
 from requant.checkpoint import open_checkpoint
 from requant.cli import app
 from requant.convert import convert
 from requant.errors import CheckpointError
+from requant.evidence import manifest as mf
 from requant.links import LinkError
 from requant.verify import verify
 
