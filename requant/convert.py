@@ -50,15 +50,15 @@ from pathlib import Path
 from typing import Callable
 
 import requant
-from requant.evidence import manifest as mf
 from requant import streaming
-from requant.evidence import provenance
 from requant.checkpoint import open_checkpoint
-from requant.errors import CheckpointError, OutputError
-from requant.output import AtomicOutput, OutputInterrupted, check_output
+from requant.errors import CheckpointError, OutputError, os_reason
+from requant.evidence import manifest as mf
+from requant.evidence import provenance
 from requant.evidence.provenance import PROVENANCE_KEY
-from requant.scales.requantizer import ARMS, SERVABLE, LinearStats
-from requant.safetensors_io import os_reason
+from requant.output import AtomicOutput, OutputInterrupted, check_output
+from requant.scales import ARMS, SERVABLE
+from requant.scales.requantizer import LinearStats
 
 __all__ = ["convert", "ConvertResult", "PROVENANCE_KEY", "CONVERT_REPORT"]
 

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-from requant.errors import SafetensorsFormatError, TensorError, os_reason  # noqa: F401 (os_reason: re-exported)
+from requant.errors import SafetensorsFormatError, TensorError, os_reason
 
 # safetensors dtype string -> (torch dtype, item size in bytes)
 DTYPES: dict[str, tuple[torch.dtype, int]] = {

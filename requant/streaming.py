@@ -31,11 +31,11 @@ from typing import Callable
 import numpy as np
 
 from requant.checkpoint import SKIP_DIRS, Checkpoint
-from requant.errors import OutputError, TensorError
+from requant.errors import OutputError, TensorError, os_reason
 from requant.evidence.manifest import walk_files
+from requant.safetensors_io import pread_exact, tensor_to_bytes
 from requant.scales.from_source import quantize_from_source
 from requant.scales.requantizer import LinearStats, Requantizer
-from requant.safetensors_io import os_reason, pread_exact, tensor_to_bytes
 from requant.workers import Aborted, run_units, shutdown
 
 # Pieces small enough to stay in the CPU cache between read, requantize and write

@@ -45,8 +45,8 @@ import torch
 
 from requant.errors import CheckpointError, OutputError
 from requant.output import AtomicOutput, output_path, refuse_unless_replaceable
-from requant.scales.from_source import rtn_quantize
 from requant.qwen3 import Qwen3Arch
+from requant.scales.from_source import rtn_quantize
 from requant.scheme import quantization_config
 
 LINEAR_STD = 0.02

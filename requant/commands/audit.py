@@ -31,10 +31,29 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from requant.commands._common import (EXIT_FAILED, BackendsOpt, ByteTokensOpt, CkptArg, DeviceOpt, JsonOpt, ReportOpt,
-                                      RevisionOpt, ThreadsOpt, UsageError, byte_tokens_option, cannot_run, check_device,
-                                      check_output_dir, check_output_file, command_line, default_device, err, fail,
-                                      set_threads, write_json_atomic)
+from requant.commands._common import (
+    EXIT_FAILED,
+    BackendsOpt,
+    ByteTokensOpt,
+    CkptArg,
+    DeviceOpt,
+    JsonOpt,
+    ReportOpt,
+    RevisionOpt,
+    ThreadsOpt,
+    UsageError,
+    byte_tokens_option,
+    cannot_run,
+    check_device,
+    check_output_dir,
+    check_output_file,
+    command_line,
+    default_device,
+    err,
+    fail,
+    set_threads,
+    write_json_atomic,
+)
 
 console = err()
 

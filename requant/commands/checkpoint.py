@@ -18,9 +18,19 @@ from rich.markup import escape
 from rich.table import Table
 
 from requant import DEFAULT_CHECKPOINT
+from requant.commands._common import (
+    EXIT_FAILED,
+    UsageError,
+    cannot_run,
+    check_output_dir,
+    check_output_file,
+    err,
+    out,
+    sigterm_as_interrupt,
+    warn,
+    write_json_atomic,
+)
 from requant.scales import ARMS, SERVABLE  # names only: importing the CLI must not import torch
-from requant.commands._common import (EXIT_FAILED, UsageError, cannot_run, check_output_dir, check_output_file, err, out,
-                                      sigterm_as_interrupt, warn, write_json_atomic)
 
 Arm = Enum("Arm", {a: a for a in ARMS}, type=str)
 

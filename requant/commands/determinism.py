@@ -23,10 +23,26 @@ from typing import Annotated, Optional
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from requant.commands._common import (EXIT_FAILED, BackendsOpt, ByteTokensOpt, CkptArg, DeviceOpt, JsonOpt, RevisionOpt,
-                                      ThreadsOpt, UsageError, byte_tokens_option, cannot_run, check_device,
-                                      check_output_file, command_line, default_device, err, set_threads,
-                                      write_json_atomic)
+from requant.commands._common import (
+    EXIT_FAILED,
+    BackendsOpt,
+    ByteTokensOpt,
+    CkptArg,
+    DeviceOpt,
+    JsonOpt,
+    RevisionOpt,
+    ThreadsOpt,
+    UsageError,
+    byte_tokens_option,
+    cannot_run,
+    check_device,
+    check_output_file,
+    command_line,
+    default_device,
+    err,
+    set_threads,
+    write_json_atomic,
+)
 
 
 @byte_tokens_option

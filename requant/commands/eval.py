@@ -22,9 +22,23 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from requant.commands._common import (ByteTokensOpt, CkptArg, DeviceOpt, JsonOpt, ReportOpt, ThreadsOpt, byte_tokens_option,
-                                      cannot_run, check_device, check_output_dir, check_output_file, command_line, err, out,
-                                      warn)
+from requant.commands._common import (
+    ByteTokensOpt,
+    CkptArg,
+    DeviceOpt,
+    JsonOpt,
+    ReportOpt,
+    ThreadsOpt,
+    byte_tokens_option,
+    cannot_run,
+    check_device,
+    check_output_dir,
+    check_output_file,
+    command_line,
+    err,
+    out,
+    warn,
+)
 from requant.eval.report import fmt_number
 
 console = err()
@@ -76,7 +90,14 @@ def eval_command(
     with cannot_run():  # before any work (an hour of CPU with the defaults): a bad path costs nothing
         check_output_file(json_out, "--json")
         check_output_dir(report, "--report")
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     from requant.eval.report import write_json, write_report
     from requant.eval.run import parse_arms, run_eval

@@ -32,8 +32,8 @@ from typing import Callable
 
 import numpy as np
 
-from requant.eval.bootstrap import Docs, paired_bootstrap
 from requant.errors import UsageError
+from requant.eval.bootstrap import Docs, paired_bootstrap
 from requant.eval.task import HELDOUT_TASK
 
 NATIVE, BF16 = "native", "bf16"

@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from requant.scales import ARMS, SERVABLE  # noqa: F401 (re-exported: requant.scales.requantizer.ARMS)
+from requant.scales import ARMS
 from requant.scales.exponents import ceil_exponent, nearest_exponent, pow2_candidates, pow2_scale, shift_histogram
 
 SCALE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
