@@ -1,0 +1,137 @@
+"""Run the tensor-parallel model at several degrees in one set of processes.
+
+    results = run(Spec(ckpt, degrees=(1, 2, 4), backend="reference-triton-order", prompts=ids))
+    results[("int32", 2)].logits        # fp32 [T_i, vocab] per prompt, from rank 0
+    results[("int32", 2)].ids, .steps   # greedy ids per prompt; fp32 [B, vocab] per step
+
+How: torch.multiprocessing spawns max(degrees) processes (start method "spawn"), joined
+into one world through a TCPStore that the parent opens first on an ephemeral loopback port
+(port 0: the kernel picks a free one, and the parent holds it, so there is no window in
+which another program could take it). Every degree d runs on the subgroup of ranks 0..d-1
+(the others wait at a barrier), so one launch and one checkpoint load per process serve
+every degree, reduce mode and run. Backend: gloo on the CPU (run in the tests); NCCL with one
+GPU per rank (cuda:<rank>) on CUDA -- written for the 2-GPU machine, not run here. Rank 0
+writes the results to a file in a private temporary directory; the parent reads it.
+Robustness: the process group and the store time out (timeout_s), the parent kills the
+workers when the whole run exceeds timeout_s, and a worker's exception comes back as a
+RuntimeError naming its rank and its last line.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+__all__ = ["Result", "Spec", "run"]
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One tp-check launch: a W8A8 checkpoint directory, what to run, on which device."""
+
+    ckpt: str
+    prompts: tuple[tuple[int, ...], ...]
+    degrees: tuple[int, ...] = (1, 2, 4)
+    reduces: tuple[str, ...] = ("int32",)
+    backend: str = "reference-triton-order"
+    act_backend: str = "reference"
+    regime: str = "native"
+    new_tokens: int = 8
+    device: str = "cpu"
+    reduction: str = "auto"
+    threads: int = 1
+
+
+@dataclass
+class Result:
+    logits: list[torch.Tensor]
+    ids: list[list[int]]
+    steps: list[torch.Tensor] = field(default_factory=list)
+
+
+def _worker(rank: int, world: int, port: int, spec: Spec, out: str, timeout_s: float) -> None:
+    import torch.distributed as dist
+
+    from requant.checkpoint import open_checkpoint
+    from requant.runtime.weights import check_layout, load_dense, load_linears
+    from requant.tp.engine import Comm, ShardedModel
+
+    torch.set_num_threads(spec.threads)
+    cuda = spec.device == "cuda"
+    if cuda:
+        torch.cuda.set_device(rank)
+    elif "GLOO_SOCKET_IFNAME" not in os.environ and Path("/sys/class/net/lo").exists():
+        os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # loopback only: no name lookup of the host
+    timeout = datetime.timedelta(seconds=timeout_s)
+    store = dist.TCPStore("127.0.0.1", port, world, is_master=False, timeout=timeout)
+    dist.init_process_group("nccl" if cuda else "gloo", store=store, rank=rank, world_size=world, timeout=timeout)
+    try:
+        groups = {d: dist.new_group(list(range(d))) for d in sorted(set(spec.degrees))}  # every rank, same order
+        ckpt = open_checkpoint(spec.ckpt)
+        check_layout(ckpt)
+        dense = load_dense(ckpt, "cpu")
+        linears = load_linears(ckpt, spec.regime, "cpu")
+        device = torch.device(f"cuda:{rank}") if cuda else None
+        prompts = [list(p) for p in spec.prompts]
+        results: dict[tuple[str, int], Result] = {}
+        for reduce in spec.reduces:
+            for d in spec.degrees:
+                if rank < d:
+                    m = ShardedModel.build(ckpt.config, dense, linears, Comm(groups[d]), device=device,
+                                           backend=spec.backend, act_backend=spec.act_backend, reduce=reduce,
+                                           reduction=spec.reduction)
+                    logits = m.logits(prompts)
+                    ids, steps = m.generate(prompts, spec.new_tokens)
+                    if rank == 0:
+                        # bf16 is exact for the logits (bf16 values as fp32) and halves the file
+                        results[(reduce, d)] = Result([t.to(torch.bfloat16).cpu() for t in logits], ids,
+                                                      [t.to(torch.bfloat16).cpu() for t in steps])
+                    del m
+                dist.barrier()
+        if rank == 0:
+            tmp = out + ".tmp"
+            torch.save({k: (r.logits, r.ids, r.steps) for k, r in results.items()}, tmp)
+            os.replace(tmp, out)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def run(spec: Spec, timeout_s: float = 300.0) -> dict[tuple[str, int], Result]:
+    """Every (reduce, degree) of spec, on max(degrees) processes; see the module docstring."""
+    import torch.distributed as dist
+    import torch.multiprocessing as mp
+
+    world = max(spec.degrees)
+    if spec.device == "cuda" and torch.cuda.device_count() < world:
+        raise ValueError(f"tp {world} needs {world} CUDA devices, this machine has {torch.cuda.device_count()}")
+    td = datetime.timedelta(seconds=timeout_s)
+    store = dist.TCPStore("127.0.0.1", 0, world, is_master=True, wait_for_workers=False, timeout=td)
+    with tempfile.TemporaryDirectory(prefix="requant-tp-") as tmp:
+        out = str(Path(tmp) / "results.pt")
+        ctx = mp.start_processes(_worker, args=(world, store.port, spec, out, timeout_s), nprocs=world, join=False,
+                                 start_method="spawn")
+        deadline = time.monotonic() + timeout_s
+        try:
+            while not ctx.join(timeout=0.5):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"tensor-parallel run did not finish within {timeout_s:g} s")
+        except mp.ProcessRaisedException as exc:
+            last = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
+            raise RuntimeError(f"tensor-parallel rank {exc.error_index} failed: {last[-1] if last else exc}") from None
+        except mp.ProcessExitedException as exc:
+            raise RuntimeError(f"tensor-parallel rank {exc.error_index} exited with code {exc.exit_code}") from None
+        finally:
+            for p in ctx.processes:
+                if p.is_alive():
+                    p.kill()
+                    p.join(5)
+        raw = torch.load(out, weights_only=True)
+    del store
+    return {k: Result(logits, ids, steps) for k, (logits, ids, steps) in raw.items()}
