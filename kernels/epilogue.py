@@ -3,6 +3,7 @@
     acc = int_mm(a, w)                                   # int32 [M, N], exact
     y   = apply_epilogue(acc, s_a, s_w, order_of(name))  # bf16 [M, N]
     # equals requant.kernels.scaled_mm(a, w, s_a, s_w, backend=name), bit for bit
+    q, s = quantize_slice(x[:, k0:k1], absmax)           # = quantize_activations(x) sliced
 
 Why split: a row-parallel Linear under tensor parallelism holds a slice of K on each rank.
 Summing the ranks' int32 accumulators is exact integer addition (associative: any order,
@@ -24,18 +25,20 @@ NUMERICS.
   Each is the reference's own epilogue function (imported, not rewritten), which the
   real kernels equal bit for bit (kernels/cutlass and kernels/triton docstrings, their
   tests); the tests here check the composition against scaled_mm itself.
+  quantize_slice: per-token quantization is an elementwise function of an element and its
+  row's absmax (kernels/reference.py), so a K-slice of rows quantized together with one
+  appended element per row equal to the whole row's absmax (the slice's own absmax is at
+  most that) gets the whole row's scale s and, on its columns, the whole row's q, from
+  the registered quantize backend itself; the appended column is dropped. absmax is a
+  value of x's dtype (the max of |x| is one of its elements), so the append is exact.
 """
 
 import torch
-from requant.kernels.reference import (
-    MAX_K,
-    accumulate,
-    epilogue_cutlass_order,
-    epilogue_exact,
-    epilogue_triton_order,
-)
 
-__all__ = ["ORDERS", "ORDER_OF", "apply_epilogue", "int_mm", "order_of"]
+from requant.kernels import quantize_activations
+from requant.kernels.reference import MAX_K, accumulate, epilogue_cutlass_order, epilogue_exact, epilogue_triton_order
+
+__all__ = ["ORDERS", "ORDER_OF", "apply_epilogue", "int_mm", "order_of", "quantize_slice"]
 
 _EPILOGUES = {"cutlass": epilogue_cutlass_order, "triton": epilogue_triton_order, "exact": epilogue_exact}
 ORDERS = tuple(_EPILOGUES)
@@ -100,3 +103,13 @@ def apply_epilogue(acc: torch.Tensor, s_a: torch.Tensor, s_w: torch.Tensor, orde
         raise ValueError(f"scales must be s_a [{acc.shape[0]}, 1] and s_w [{acc.shape[1]}, 1], "
                          f"got {tuple(s_a.shape)} and {tuple(s_w.shape)}")
     return fn(acc, s_a, s_w)
+
+
+def quantize_slice(x: torch.Tensor, absmax: torch.Tensor, backend: str = "reference") -> tuple[torch.Tensor, torch.Tensor]:
+    """(q int8 [M, k], s fp32 [M, 1]) of a K-slice x [M, k] of rows whose whole absmax
+    (max |x| over the full row, [M, 1], >= the slice's own) is given: the columns and the
+    scale that quantize_activations gives the whole rows (module docstring)."""
+    if absmax.shape != (x.shape[0], 1):
+        raise ValueError(f"absmax must be [{x.shape[0]}, 1], got {tuple(absmax.shape)}")
+    q, s = quantize_activations(torch.cat([x, absmax.to(x.dtype)], dim=1), backend=backend)
+    return q[:, :-1].contiguous(), s

@@ -1,9 +1,10 @@
 """Tensor parallelism that cannot change a bit: W8A8 Qwen3 sharded over torch.distributed,
 with the row-parallel Linears' int32 accumulators all-reduced before the epilogue.
 
-    from requant.tp import Spec, run, compare
-    res = run(Spec(ckpt_dir, prompts=ids, degrees=(1, 2, 4), reduces=("int32", "bf16")))
-    compare(res[("int32", 1)], res[("int32", 4)])["identical"]      # True
+    from requant.tp import Run, Spec, compare, run
+    r = Run("reference-triton-order", regime="native", reduce="int32")
+    res = run(Spec(ckpt_dir, prompts=ids, degrees=(1, 2, 4), runs=(r,)))
+    compare(res[(r, 1)], res[(r, 4)])["identical"]      # True
     # `requant tp-check [CKPT] --tp 1,2,4 --backend NAME` is this, from the command line
 
 Modules: shard.py (which rank holds what; the weight slicing), engine.py (one rank's
@@ -27,19 +28,8 @@ repository's CI; benchmarks/gpu_tp.sh is the script for a 2-GPU machine.
 
 from requant.tp.compare import compare
 from requant.tp.engine import REDUCES, Comm, ShardedModel
-from requant.tp.launch import Result, Spec, run
+from requant.tp.launch import Result, Run, Spec, run
 from requant.tp.shard import Plan, check_degree, plan, shard
 
-__all__ = [
-           "REDUCES",
-           "Comm",
-           "Plan",
-           "Result",
-           "ShardedModel",
-           "Spec",
-           "check_degree",
-           "compare",
-           "plan",
-           "run",
-           "shard",
-]
+__all__ = ["REDUCES", "Comm", "Plan", "Result", "Run", "ShardedModel", "Spec", "check_degree", "compare", "plan", "run",
+           "shard"]

@@ -18,7 +18,7 @@ NUMERICS (reduce="int32", the default: every TP degree gives the TP-1 bits).
   slices are all-gathered (a copy, no arithmetic).
   Row-parallel Linears (o_proj, down_proj), on a K-slice of the input:
     absmax = MAX all-reduce over ranks of the local per-token absmax   (max is exact)
-    (q, s) = quantize_activations([x_local | absmax])[:, :-1]          (the registered backend)
+    (q, s) = kernels.epilogue.quantize_slice(x_local, absmax)          (the registered quantizer)
     acc    = SUM all-reduce, in int32, of kernels.epilogue.int_mm(q, w_local)
     y      = apply_epilogue(acc, s, s_w, order of the backend)         (once, on the full sum)
   Why the appended column: per-token quantization is an elementwise function of x and its
@@ -55,7 +55,7 @@ import torch
 import torch.distributed as dist
 
 from requant import kernels
-from requant.kernels.epilogue import apply_epilogue, int_mm, order_of
+from requant.kernels.epilogue import apply_epilogue, int_mm, order_of, quantize_slice
 from requant.qwen3 import Qwen3Arch
 from requant.runtime.ops import (
     apply_rope,
@@ -167,8 +167,7 @@ class ShardedModel:
             return kernels.quantize_activations(x, backend=self.act_backend)
         amax = x.abs().amax(dim=1, keepdim=True).to(torch.float32)  # exact: |bf16| and max
         self.comm.all_reduce(amax, dist.ReduceOp.MAX)
-        q, s = kernels.quantize_activations(torch.cat([x, amax.to(x.dtype)], dim=1), backend=self.act_backend)
-        return q[:, :-1].contiguous(), s
+        return quantize_slice(x, amax, backend=self.act_backend)
 
     def _row(self, x: torch.Tensor, name: str) -> torch.Tensor:
         """Row-parallel Linear on this rank's K-slice x; the full output on every rank."""

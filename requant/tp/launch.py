@@ -1,15 +1,16 @@
 """Run the tensor-parallel model at several degrees in one set of processes.
 
-    results = run(Spec(ckpt, degrees=(1, 2, 4), backend="reference-triton-order", prompts=ids))
-    results[("int32", 2)].logits        # fp32 [T_i, vocab] per prompt, from rank 0
-    results[("int32", 2)].ids, .steps   # greedy ids per prompt; fp32 [B, vocab] per step
+    results = run(Spec(ckpt, prompts=ids, degrees=(1, 2, 4), runs=(Run("reference-triton-order"),)))
+    r = results[(Run("reference-triton-order"), 2)]
+    r.logits                            # prefill logits [T_i, vocab] per prompt (bf16 values)
+    r.ids, r.steps                      # greedy ids per prompt; logits [B, vocab] per step
 
 How: torch.multiprocessing spawns max(degrees) processes (start method "spawn"), joined
 into one world through a TCPStore that the parent opens first on an ephemeral loopback port
 (port 0: the kernel picks a free one, and the parent holds it, so there is no window in
 which another program could take it). Every degree d runs on the subgroup of ranks 0..d-1
 (the others wait at a barrier), so one launch and one checkpoint load per process serve
-every degree, reduce mode and run. Backend: gloo on the CPU (run in the tests); NCCL with one
+every degree and every Run (backend, regime, reduce mode). Backend: gloo on the CPU (run in the tests); NCCL with one
 GPU per rank (cuda:<rank>) on CUDA -- written for the 2-GPU machine, not run here. Rank 0
 writes the results to a file in a private temporary directory; the parent reads it.
 Robustness: the process group and the store time out (timeout_s), the parent kills the
@@ -19,6 +20,7 @@ RuntimeError naming its rank and its last line.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import os
 import tempfile
@@ -28,20 +30,28 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["Result", "Spec", "run"]
+__all__ = ["Result", "Run", "Spec", "run"]
+
+
+@dataclass(frozen=True)
+class Run:
+    """One model variant: a scaled_mm backend, a weight regime, a row-parallel reduction."""
+
+    backend: str = "reference-triton-order"
+    regime: str = "native"
+    reduce: str = "int32"
+    act_backend: str = "reference"
 
 
 @dataclass(frozen=True)
 class Spec:
-    """One tp-check launch: a W8A8 checkpoint directory, what to run, on which device."""
+    """One launch: a W8A8 checkpoint directory, the prompts (token ids), the TP degrees, the
+    variants, the number of greedy tokens, the device ("cpu": gloo; "cuda": NCCL)."""
 
     ckpt: str
     prompts: tuple[tuple[int, ...], ...]
     degrees: tuple[int, ...] = (1, 2, 4)
-    reduces: tuple[str, ...] = ("int32",)
-    backend: str = "reference-triton-order"
-    act_backend: str = "reference"
-    regime: str = "native"
+    runs: tuple[Run, ...] = (Run(),)
     new_tokens: int = 8
     device: str = "cpu"
     reduction: str = "auto"
@@ -76,35 +86,37 @@ def _worker(rank: int, world: int, port: int, spec: Spec, out: str, timeout_s: f
         ckpt = open_checkpoint(spec.ckpt)
         check_layout(ckpt)
         dense = load_dense(ckpt, "cpu")
-        linears = load_linears(ckpt, spec.regime, "cpu")
+        linears = {}  # per regime, loaded once
         device = torch.device(f"cuda:{rank}") if cuda else None
         prompts = [list(p) for p in spec.prompts]
-        results: dict[tuple[str, int], Result] = {}
-        for reduce in spec.reduces:
+        results: dict[tuple[Run, int], Result] = {}
+        for r in spec.runs:
+            if r.regime not in linears:
+                linears[r.regime] = load_linears(ckpt, r.regime, "cpu")
             for d in spec.degrees:
                 if rank < d:
-                    m = ShardedModel.build(ckpt.config, dense, linears, Comm(groups[d]), device=device,
-                                           backend=spec.backend, act_backend=spec.act_backend, reduce=reduce,
+                    m = ShardedModel.build(ckpt.config, dense, linears[r.regime], Comm(groups[d]), device=device,
+                                           backend=r.backend, act_backend=r.act_backend, reduce=r.reduce,
                                            reduction=spec.reduction)
                     logits = m.logits(prompts)
                     ids, steps = m.generate(prompts, spec.new_tokens)
                     if rank == 0:
-                        # bf16 is exact for the logits (bf16 values as fp32) and halves the file
-                        results[(reduce, d)] = Result([t.to(torch.bfloat16).cpu() for t in logits], ids,
-                                                      [t.to(torch.bfloat16).cpu() for t in steps])
+                        # bf16 holds the logits exactly (bf16 values as fp32) in half the bytes
+                        results[(r, d)] = Result([t.to(torch.bfloat16).cpu() for t in logits], ids,
+                                                 [t.to(torch.bfloat16).cpu() for t in steps])
                     del m
                 dist.barrier()
         if rank == 0:
             tmp = out + ".tmp"
-            torch.save({k: (r.logits, r.ids, r.steps) for k, r in results.items()}, tmp)
+            torch.save([(dataclasses.astuple(k), d, r.logits, r.ids, r.steps) for (k, d), r in results.items()], tmp)
             os.replace(tmp, out)
         dist.barrier()
     finally:
         dist.destroy_process_group()
 
 
-def run(spec: Spec, timeout_s: float = 300.0) -> dict[tuple[str, int], Result]:
-    """Every (reduce, degree) of spec, on max(degrees) processes; see the module docstring."""
+def run(spec: Spec, timeout_s: float = 300.0) -> dict[tuple[Run, int], Result]:
+    """Every (Run, degree) of spec, on max(degrees) processes; see the module docstring."""
     import torch.distributed as dist
     import torch.multiprocessing as mp
 
@@ -134,4 +146,4 @@ def run(spec: Spec, timeout_s: float = 300.0) -> dict[tuple[str, int], Result]:
                     p.join(5)
         raw = torch.load(out, weights_only=True)
     del store
-    return {k: Result(logits, ids, steps) for k, (logits, ids, steps) in raw.items()}
+    return {(Run(*k), d): Result(logits, ids, steps) for k, d, logits, ids, steps in raw}
