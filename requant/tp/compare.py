@@ -8,13 +8,18 @@ compare(ref, got) -> a JSON-ready dict:
   logits_max_abs_diff    the largest |difference| of a prefill logit (0.0 when identical)
   tokens_first_diff      {"prompt", "step"} of the first differing greedy token, or None
   steps_first_diff       {"step", "prompt"} of the first decode step whose logits differ, or None
+digest(logits, ids, steps) -> sha256 hex of the bits of all three (equal digests: identical runs), for
+runs whose logits are too large to keep (benchmarks) or that ran in other launches.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+
 import torch
 
-__all__ = ["bits_equal", "compare"]
+__all__ = ["bits_equal", "compare", "digest"]
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
@@ -58,3 +63,14 @@ def compare(ref, got) -> dict:
     return {"identical": first is None and tokens is None and steps is None, "logits_first_diff": first,
             "logits_differing": differing, "logits_max_abs_diff": worst, "tokens_first_diff": tokens,
             "steps_first_diff": steps}
+
+
+def digest(logits: list[torch.Tensor], ids: list[list[int]], steps: list[torch.Tensor]) -> str:
+    h = hashlib.sha256()
+    for group in (logits, steps):
+        h.update(f"{len(group)};".encode())
+        for t in group:
+            h.update(f"{tuple(t.shape)}{t.dtype};".encode())
+            h.update(_bits(t.detach().cpu()).numpy().tobytes())
+    h.update(json.dumps(ids).encode())
+    return h.hexdigest()

@@ -272,6 +272,11 @@ class ShardedModel:
             flat = self.prefill(tensors)
         return list(torch.split(flat, [len(t) for t in tensors]))
 
+    def new_cache(self, batch: int, positions: int) -> _Cache:
+        """An empty KV cache of this rank's KV heads for `positions` (rounded up to a power of two)."""
+        return _Cache(self.arch.layers, batch, self.plan.local_kv_heads, _pow2_at_least(positions), self.arch.head_dim,
+                      self.device)
+
     def generate(self, prompts, max_new_tokens: int) -> tuple[list[list[int]], list[torch.Tensor]]:
         """Greedy decoding with a KV cache (no stop token): the new ids per prompt and the
         fp32 logits [B, vocab] each step's tokens were chosen from (ties: the lowest id)."""
@@ -280,9 +285,7 @@ class ShardedModel:
         steps: list[torch.Tensor] = []
         if max_new_tokens <= 0:
             return ids, steps
-        capacity = _pow2_at_least(max(len(t) for t in tensors) + max_new_tokens)
-        cache = _Cache(self.arch.layers, len(tensors), self.plan.local_kv_heads, capacity, self.arch.head_dim,
-                       self.device)
+        cache = self.new_cache(len(tensors), max(len(t) for t in tensors) + max_new_tokens)
         with torch.no_grad():
             logits = self.prefill(tensors, cache=cache, last_only=True)
             for step in range(max_new_tokens):

@@ -56,6 +56,8 @@ class Spec:
     device: str = "cpu"
     reduction: str = "auto"
     threads: int = 1
+    time_reps: int = 0  # > 0: also time prefill and decode (best of this many), for benchmarks
+    keep_logits: bool = True  # False: return ids, digest and timing only (large models)
 
 
 @dataclass
@@ -63,6 +65,42 @@ class Result:
     logits: list[torch.Tensor]
     ids: list[list[int]]
     steps: list[torch.Tensor] = field(default_factory=list)
+    timing: dict = field(default_factory=dict)
+    digest: str = ""  # requant.tp.compare.digest of the logits, ids and step logits
+
+
+def _time(m, prompts: list[list[int]], new_tokens: int, reps: int, group, cuda: bool) -> dict:
+    """Best-of-reps wall times of one packed prefill (no cache) and of new_tokens - 1 decode
+    steps after a cached prefill, all ranks starting together (a barrier of the group)."""
+    import torch.distributed as dist
+
+    tensors = [torch.as_tensor(p, dtype=torch.long) for p in prompts]
+
+    def sync():
+        if cuda:
+            torch.cuda.synchronize()
+        dist.barrier(group=group)
+
+    best_p = best_d = float("inf")
+    steps = max(new_tokens - 1, 1)
+    with torch.no_grad():
+        for _ in range(reps):
+            sync()
+            t0 = time.perf_counter()
+            m.prefill(tensors)
+            sync()
+            best_p = min(best_p, time.perf_counter() - t0)
+            cache = m.new_cache(len(tensors), max(len(t) for t in tensors) + steps + 1)
+            nxt = torch.argmax(m.prefill(tensors, cache=cache, last_only=True), dim=-1)
+            sync()
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                nxt = torch.argmax(m.decode_step(nxt, cache), dim=-1)
+            sync()
+            best_d = min(best_d, time.perf_counter() - t0)
+    tokens = sum(len(t) for t in tensors)
+    return {"prefill_s": best_p, "prefill_tok_s": tokens / best_p, "decode_s": best_d, "decode_steps": steps,
+            "decode_tok_s": len(tensors) * steps / best_d}
 
 
 def _worker(rank: int, world: int, port: int, spec: Spec, out: str, timeout_s: float) -> None:
@@ -70,6 +108,7 @@ def _worker(rank: int, world: int, port: int, spec: Spec, out: str, timeout_s: f
 
     from requant.checkpoint import open_checkpoint
     from requant.runtime.weights import check_layout, load_dense, load_linears
+    from requant.tp.compare import digest
     from requant.tp.engine import Comm, ShardedModel
 
     torch.set_num_threads(spec.threads)
@@ -100,15 +139,21 @@ def _worker(rank: int, world: int, port: int, spec: Spec, out: str, timeout_s: f
                                            reduction=spec.reduction)
                     logits = m.logits(prompts)
                     ids, steps = m.generate(prompts, spec.new_tokens)
+                    timing = _time(m, prompts, spec.new_tokens, spec.time_reps, groups[d], cuda) if spec.time_reps else {}
                     if rank == 0:
                         # bf16 holds the logits exactly (bf16 values as fp32) in half the bytes
-                        results[(r, d)] = Result([t.to(torch.bfloat16).cpu() for t in logits], ids,
-                                                 [t.to(torch.bfloat16).cpu() for t in steps])
+                        logits = [t.to(torch.bfloat16).cpu() for t in logits]
+                        steps = [t.to(torch.bfloat16).cpu() for t in steps]
+                        dg = digest(logits, ids, steps)
+                        if not spec.keep_logits:
+                            logits, steps = [], []
+                        results[(r, d)] = Result(logits, ids, steps, timing, dg)
                     del m
                 dist.barrier()
         if rank == 0:
             tmp = out + ".tmp"
-            torch.save([(dataclasses.astuple(k), d, r.logits, r.ids, r.steps) for (k, d), r in results.items()], tmp)
+            torch.save([(dataclasses.astuple(k), d, (r.logits, r.ids, r.steps, r.timing, r.digest))
+                        for (k, d), r in results.items()], tmp)
             os.replace(tmp, out)
         dist.barrier()
     finally:
@@ -146,4 +191,4 @@ def run(spec: Spec, timeout_s: float = 300.0) -> dict[tuple[Run, int], Result]:
                     p.join(5)
         raw = torch.load(out, weights_only=True)
     del store
-    return {(Run(*k), d): Result(logits, ids, steps) for k, d, logits, ids, steps in raw}
+    return {(Run(*k), d): Result(*r) for k, d, r in raw}
