@@ -14,6 +14,7 @@ from requant.audit.faults import FAMILY_TITLES, VARIANTS
 from requant.audit.matrix import PINNED_SHA256, REGIMES
 from requant.audit.scoring import HIST_BINS, bin_label
 from requant.identity import markdown_lines as identity_lines
+from requant.output import write_files_atomic, write_json_atomic
 from requant.tokenizer import summary as tokenizer_summary
 
 
@@ -38,10 +39,7 @@ def scope_note(result: dict) -> str:
 
 
 def write_json(result: dict, path: Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=1) + "\n")
-    return path
+    return write_json_atomic(path, result)
 
 
 def _table(header: list[str], rows: list[list]) -> list[str]:
@@ -151,7 +149,7 @@ def plot_heatmap(result: dict, path: Path) -> Path:
     ax.set_title("fraction of observable cells in which each check fired (grey: no observable cell)")
     fig.colorbar(im, ax=ax, shrink=0.6)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, format="png")
     plt.close(fig)
     return path
 
@@ -180,7 +178,7 @@ def plot_histograms(result: dict, path: Path) -> Path:
         ax.legend(fontsize=6)
     fig.suptitle("changed output elements by distance from the reference (bf16 spacings)")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=100, format="png")
     plt.close(fig)
     return path
 
@@ -188,10 +186,11 @@ def plot_histograms(result: dict, path: Path) -> Path:
 def write_report(result: dict, directory: Path, command: str | None = None) -> list[Path]:
     """audit.json, audit.md, detection_heatmap.png, ulp_histograms.png under `directory`."""
     d = Path(directory)
-    d.mkdir(parents=True, exist_ok=True)
-    out = [write_json(result, d / "audit.json")]
-    (d / "audit.md").write_text(markdown(result, command))
-    out.append(d / "audit.md")
-    out.append(plot_heatmap(result, d / "detection_heatmap.png"))
-    out.append(plot_histograms(result, d / "ulp_histograms.png"))
-    return out
+    text = json.dumps(result, indent=1) + "\n"
+    md = markdown(result, command)
+    return write_files_atomic([
+        (d / "audit.json", lambda tmp: tmp.write_text(text, encoding="utf-8")),
+        (d / "audit.md", lambda tmp: tmp.write_text(md, encoding="utf-8")),
+        (d / "detection_heatmap.png", lambda tmp: plot_heatmap(result, tmp)),
+        (d / "ulp_histograms.png", lambda tmp: plot_histograms(result, tmp)),
+    ])

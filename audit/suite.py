@@ -26,29 +26,13 @@ from requant.audit.faults import VARIANTS, LayerCase, inject, reference_case
 from requant.audit.matrix import REGIMES, Matrix, baseline_variant, load_matrix
 from requant.audit.records import BACKEND_KERNELS, REFERENCE_KERNEL, Activations, KernelDesc, Run, Weights, output_distance, output_equal
 from requant.audit.scoring import CellResult, Scorer, ulp_histogram
+from requant.backends import environment
 from requant.identity import checkpoint_identity
 from requant.qwen3 import Qwen3Arch
 from requant.runtime import Model, load_dense, load_linears
 from requant.tokenizer import load_tokenizer
 
 CELLS_PER_LAYER = len(VARIANTS) * len(REGIMES)
-REFERENCE_PAIR = ("reference-cutlass-order", "reference-triton-order")
-
-
-def parse_backends(spec: str) -> tuple[str, str]:
-    """'reference' -> the two reference-order emulations; otherwise exactly two names."""
-    spec = spec.strip()
-    if spec == "reference":
-        return REFERENCE_PAIR
-    names = tuple(s.strip() for s in spec.split(",") if s.strip())
-    if len(names) != 2:
-        raise ValueError(f"--backends takes two comma-separated names or 'reference', got {spec!r}")
-    known = kernels.scaled_mm_backends()
-    for n in names:
-        if n not in known:
-            raise ValueError(f"unknown backend {n!r}; known: {', '.join(known)}")
-        baseline_variant(n)  # raises for a backend with no documented epilogue order
-    return names
 
 
 def plan_from_config(config: dict) -> dict:
@@ -72,25 +56,6 @@ def plan_from_config(config: dict) -> dict:
         "shapes": [{"out": o, "in": i, "count": c} for (o, i), c in distinct.items()],
         "linears": {n: list(s) for n, s in shapes.items()},
     }
-
-
-def environment(device: str) -> dict:
-    """Versions and device name, recorded with every result."""
-    import platform
-
-    env = {"python": platform.python_version(), "torch": torch.__version__}
-    try:
-        import triton
-
-        env["triton"] = triton.__version__
-    except ImportError:
-        env["triton"] = None
-    if str(device).startswith("cuda") and torch.cuda.is_available():
-        env["gpu"] = torch.cuda.get_device_name(torch.device(device))
-        env["cuda"] = torch.version.cuda
-    else:
-        env["cpu"] = platform.processor() or platform.machine()
-    return env
 
 
 def backend_kernel(name: str) -> KernelDesc:
@@ -139,8 +104,18 @@ def converted_info(config: dict) -> dict | None:
 
 def run_audit(ckpt, backends: tuple[str, str], n_prompts: int, device: str, advance=None, on_phase=None,
               matrix: Matrix | None = None, keep_cells: bool = True, identity: dict | None = None) -> dict:
-    """The whole audit on an opened checkpoint (requant.checkpoint.Checkpoint or alike).
-    `identity` is checkpoint_identity(ckpt) when the caller computed it already."""
+    """The whole audit on an opened checkpoint; returns the result dict (JSON-ready).
+
+    Args:
+        ckpt: a requant.checkpoint.Checkpoint (or alike: config, quantized_linears, tensors).
+        backends: the pair of scaled_mm backends compared per layer (requant.backends.parse_backends).
+        n_prompts: calibration prompts prefilled to capture each Linear's int8 operands.
+        device: torch device the operands and kernels live on.
+        advance(n): progress over the cells; on_phase(message): phase lines.
+        matrix: the prediction matrix to score against (default: the pinned one).
+        keep_cells: keep every cell's result in the output (large at 8B/14B).
+        identity: checkpoint_identity(ckpt) when the caller computed it already.
+    """
     t0 = time.perf_counter()
     identity = identity if identity is not None else checkpoint_identity(ckpt)
     matrix = matrix or load_matrix()

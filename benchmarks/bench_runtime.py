@@ -300,7 +300,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     from requant import DEFAULT_CHECKPOINT
-    from requant.audit.suite import environment, parse_backends
+    from requant.backends import environment, parse_backends
 
     cuda = args.device.startswith("cuda")
     args.backends = list(parse_backends(args.backends or ("cutlass,triton" if cuda else "reference")))

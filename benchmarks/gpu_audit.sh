@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU measurements for the audit (issue 4): the real pair (cutlass, triton) on a
+# GPU measurements for the audit: the real pair (cutlass, triton) on a
 # Qwen3-1.7B-shaped synthetic checkpoint (random weights with outlier channels, the real
 # config) and on the embedded default. Run from anywhere on the GPU machine (one H200, no
 # network), with the repo's wheels already installed:

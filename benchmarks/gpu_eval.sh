@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One GPU call (one H200, no network, <= 9.5 minutes) for the evidence about the embedded
-# default (issues 8 and 9) and the runtime benchmark of the Qwen3-1.7B-shaped synthetic
-# checkpoint (issue 8, section 5). From the repository root, wheels already installed:
+# default and the runtime benchmark of the Qwen3-1.7B-shaped synthetic
+# checkpoint. From the repository root, after `source benchmarks/gpu_setup.sh`:
 #
 #     REQUANT_COMMIT=$(bash benchmarks/commit_id.sh) OUT=/some/dir bash benchmarks/gpu_eval.sh
 #

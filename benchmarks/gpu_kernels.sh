@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU run for issue 3 (kernels), on the device machine, from the repository root:
+# GPU run of the kernels, on the device machine, from the repository root:
 #   bash benchmarks/gpu_kernels.sh [pytest-args...]
 # Installs the nvidia-cutlass wheel from .whl/ (filled by ../shared/tools/gpu-wheels.sh),
 # builds the CUTLASS extension once, runs the GPU tests, the benchmark, then the Triton
@@ -9,10 +9,7 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/requant_gpu_out}
 mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .whl/nvidia_cutlass-*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD:${PYTHONPATH:-}
-export REQUANT_CUTLASS_CACHE=${REQUANT_CUTLASS_CACHE:-/tmp/requant_cutlass} MAX_JOBS=${MAX_JOBS:-16}
+source benchmarks/gpu_setup.sh || exit 1
 { date -u; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.draw,temperature.gpu --format=csv
   python3 -c "import torch,triton;print('torch',torch.__version__,'cuda',torch.version.cuda,'triton',triton.__version__)"
   nvcc --version | tail -2

@@ -1,11 +1,10 @@
 #!/usr/bin/env bash
-# GPU run of the runtime (issue 8, sections 4 and 5): `requant determinism` with the real
+# GPU run of the runtime: `requant determinism` with the real
 # pair (cutlass, triton) on the embedded default, then benchmarks/bench_runtime.py (speed,
 # pow2/native ratio, transformers bf16 baseline, determinism counts) on the Qwen3-1.7B- and
 # 8B-shaped synthetic checkpoints. Run from the repo root on the GPU machine (one H200):
 #
-#     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/nvidia_cutlass-*.whl
-#     export PYTHONPATH=/tmp/site:$PWD REQUANT_CUTLASS_CACHE=/tmp/requant_cutlass MAX_JOBS=16
+#     source benchmarks/gpu_setup.sh || exit 1
 #     OUT=/some/dir REQUANT_COMMIT=<commit> bash benchmarks/gpu_runtime.sh
 #
 # The synthetic checkpoints are generated first when absent (CKPT_ROOT, default /tmp):

@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
-# GPU run for issue 10 (kernel speed) and issue 8's eager host overhead, on one H200, from the
+# GPU run of the kernel speed benchmark and the eager host overhead, on one H200, from the
 # repository root, no network, no .git needed, finishing inside TOTAL_S (default 540 s) wall:
 #   REQUANT_COMMIT=<sha> OUT=<dir> bash benchmarks/gpu_speed.sh
-# Needs .whl/ (from ../shared/tools/gpu-wheels.sh) when the nvidia-cutlass headers are not
-# importable yet; they are installed into /tmp/site as benchmarks/gpu_kernels.sh does.
+# Needs .whl/ (from ../shared/tools/gpu-wheels.sh): benchmarks/gpu_setup.sh installs it.
 # Steps, each time-limited (never past TOTAL_S), logged, and run even when an earlier one failed:
 #   1. environment (nvidia-smi, versions, REQUANT_COMMIT: the machine gets no .git)
 #   2. CUTLASS JIT build, timed (stale lock removed first), per-unit times from ninja's log
@@ -25,8 +24,7 @@ START=$SECONDS
 # 540 s: the caller's limit is 600 s, with the wheel install before this script and the
 # copy-back after it. Build 70-90 s, tests ~60 s, the report ~10 s: the benchmark gets the rest.
 TOTAL_S=${TOTAL_S:-540}
-export PYTHONPATH=/tmp/site:$PWD:${PYTHONPATH:-}
-export REQUANT_CUTLASS_CACHE=${REQUANT_CUTLASS_CACHE:-/tmp/requant_cutlass} MAX_JOBS=${MAX_JOBS:-16}
+source "$(dirname "$0")/gpu_setup.sh" || exit 1
 REQUANT_COMMIT=$(bash "$(dirname "$0")/commit_id.sh")  # $REQUANT_COMMIT, else git, else unknown
 export REQUANT_COMMIT
 STEPS=()
@@ -59,11 +57,6 @@ step() {  # step NAME LIMIT_S RESERVE_S COMMAND...: run with min(LIMIT, left - R
   timeout 60 python3 -c "import torch,triton;print('torch',torch.__version__,'cuda',torch.version.cuda,'triton',triton.__version__)"
   nvcc --version | tail -2; nproc; free -g | head -2
 } >> "$LOG" 2>&1
-
-if ! python3 -c "import cutlass_library" 2>/dev/null; then
-  step install-cutlass 60 480 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/nvidia_cutlass-*.whl
-fi
 
 # A killed build leaves torch's FileBaton lock behind and every later build would wait on it.
 rm -f "$REQUANT_CUTLASS_CACHE/lock"

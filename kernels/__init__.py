@@ -60,10 +60,28 @@ def _resolve(table: dict, kind: str, name: str):
 
 
 def scaled_mm_backends() -> list[str]:
+    """The registered scaled_mm backend names."""
     return list(_SCALED_MM)
 
 
+def quantize_backends() -> list[str]:
+    """The registered quantize_activations backend names."""
+    return list(_QUANTIZE)
+
+
 def scaled_mm(a: torch.Tensor, w: torch.Tensor, s_a: torch.Tensor, s_w: torch.Tensor, backend: str = "reference-cutlass-order") -> torch.Tensor:
+    """y = epilogue(sum_k a[m, k] * w[n, k], s_a[m], s_w[n]) in the backend's documented order.
+
+    Args:
+        a: int8 [M, K] activations (per-token quantized).
+        w: int8 [N, K] weights (per output channel).
+        s_a: fp32 [M, 1] activation scales.
+        s_w: fp32 [N, 1] weight scales.
+        backend: a name of scaled_mm_backends(); see the module docstring for the orders.
+
+    Returns:
+        bf16 [M, N], on the operands' device.
+    """
     fn = _RESOLVED.get(("scaled_mm", backend))
     if fn is None:
         fn = _resolve(_SCALED_MM, "scaled_mm", backend)

@@ -132,16 +132,26 @@ def convert(src: str | os.PathLike, output: str | os.PathLike, arm: str = "neare
             revision: str | None = None, source: str | os.PathLike | None = None, jobs: int | None = None,
             progress: Callable[[int], None] | None = None, on_start: Callable[[int], None] | None = None,
             src_entries: dict[str, mf.Entry] | None = None) -> ConvertResult:
-    """Convert SRC into OUTPUT under `arm`. Raises CheckpointError on bad input or output.
+    """Convert SRC into OUTPUT under `arm`, atomically. Raises CheckpointError on bad input or output.
 
-    progress(n) is called with each batch of bytes processed (from worker threads);
-    on_start(total_bytes) once before work begins (with --source, the total includes the
-    bytes that the origin proof reads).
+    Args:
+        src: a W8A8 checkpoint directory or Hub repo id (compressed-tensors int-quantized).
+        output: the directory to create; never inside SRC, replaced only with force.
+        arm: unconstrained | nearest | ceiling | mse | probe (requant.arms.ARMS).
+        force: replace an existing OUTPUT.
+        revision: the Hub revision when SRC is a repo id.
+        source: the original bf16 weights to requantize from (their origin is proven first).
+        jobs: worker threads (default: CPU count, at most 8).
+        progress: called with each batch of bytes processed (from worker threads).
+        on_start: called once with the total bytes before work begins (with `source`, the
+            total includes the bytes the origin proof reads).
+        src_entries: the manifest entries of SRC's directory when the caller has just hashed
+            it (requant eval converts one checkpoint into every arm); otherwise SRC is hashed
+            in background threads. They must name exactly SRC's files (checked by listing).
 
-    src_entries: the manifest entries of SRC's directory, when the caller has just hashed it
-    (requant eval converts one checkpoint into every arm after computing its identity);
-    otherwise SRC is hashed in background threads during the conversion. They must name
-    exactly the files SRC has (checked: a listing, no reading)."""
+    Returns:
+        ConvertResult: per-layer statistics, the output path, bytes and time.
+    """
     if arm not in ARMS:
         raise CheckpointError(f"unknown arm {arm!r}; known: {', '.join(ARMS)}")
     t0 = time.perf_counter()

@@ -102,7 +102,7 @@ def run_determinism(ckpt, backends: tuple[str, str], n_prompts: int = 8, new_tok
     benchmark's), used with backends set by name instead of loading the weights again.
     identity: requant.identity.checkpoint_identity(ckpt) when the caller computed it
     already (the command does, before the run); computed here otherwise."""
-    from requant.audit.suite import environment
+    from requant.backends import environment
     from requant.identity import checkpoint_identity
     from requant.runtime import check_layout, load_model
 

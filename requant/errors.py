@@ -44,3 +44,8 @@ class LayoutError(CheckpointError):
 
 class OutputError(CheckpointError):
     """A request about the output that requant refuses (exists, inside the source, ...)."""
+
+
+class UsageError(Exception):
+    """A request refused before (or instead of) doing the work: a bad option value, a
+    backend the device cannot run, an arm name that does not exist. Commands exit 2."""

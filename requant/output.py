@@ -16,9 +16,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import tempfile
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 from requant.errors import OutputError
@@ -143,3 +146,43 @@ class AtomicOutput:
                 fsync_path(d)  # the renames (and any directories made for OUT) are durable
         except OSError as exc:
             raise OutputError(f"output written, but syncing its directory failed: {os_reason(exc)}", file=self.out) from exc
+
+
+# -- report files ----------------------------------------------------------------------
+def temp_beside(path: Path, suffix: str = ".tmp") -> Path:
+    """An empty temporary file in `path`'s directory (made if missing), with the permissions
+    a plain open() would give (mkstemp's are 0600)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.fchmod(fd, 0o666 & ~umask)
+    os.close(fd)
+    return Path(tmp)
+
+
+def write_files_atomic(items: list[tuple[Path, Callable[[Path], None]]]) -> list[Path]:
+    """Each (destination, render) pair: render(temporary path) for every item first, then the
+    temporaries are renamed over their destinations; on any failure none is renamed and the
+    temporaries are removed. Reports are then all new or all old, never half-written."""
+    temps: list[tuple[Path, Path]] = []
+    try:
+        for dest, render in items:
+            dest = Path(dest)
+            tmp = temp_beside(dest, dest.suffix + ".tmp")
+            temps.append((tmp, dest))
+            render(tmp)
+    except BaseException:
+        for tmp, _ in temps:
+            tmp.unlink(missing_ok=True)
+        raise
+    for tmp, dest in temps:
+        os.replace(tmp, dest)
+    return [dest for _, dest in temps]
+
+
+def write_json_atomic(path: str | os.PathLike, obj, indent: int = 1) -> Path:
+    """`obj` as JSON (indented, newline-terminated) at `path`, atomically."""
+    text = json.dumps(obj, indent=indent) + "\n"
+    (written,) = write_files_atomic([(Path(path), lambda tmp: tmp.write_text(text, encoding="utf-8"))])
+    return written

@@ -64,7 +64,8 @@ def audited_pow2(tmp_path_factory) -> Path:
 
     from requant import DEFAULT_CHECKPOINT
     from requant.audit.report import write_json
-    from requant.audit.suite import REFERENCE_PAIR, run_audit
+    from requant.audit.suite import run_audit
+    from requant.backends import REFERENCE_PAIR
     from requant.checkpoint import open_checkpoint
     from requant.convert import convert
 

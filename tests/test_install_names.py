@@ -1,7 +1,7 @@
 """What `pip install requant` puts into site-packages: the one name `requant`, nothing else.
 
-The repository keeps kernels/, audit/ and cli.py at its top level; pyproject.toml maps them
-to requant.kernels, requant.audit and requant.cli. A top-level `kernels` would shadow Hugging
+The repository keeps kernels/, audit/ and model_cards/ at its top level; pyproject.toml maps
+them to requant.kernels, requant.audit and requant.model_cards. A top-level `kernels` would shadow Hugging
 Face's kernels package (transformers imports it), and `audit`/`cli` are names other packages
 use. Independent evidence: the wheel setuptools really builds from a copy of this checkout
 (its file list), that wheel installed into a fresh directory and imported from outside the
@@ -54,8 +54,7 @@ def test_wheel_holds_only_the_requant_name(wheel):
                  "requant/kernels/cutlass/w8a8_sm90.cu", "requant/audit/prediction_matrix.json", "requant/data/default/config.json",
                  "requant/model_cards/requant_w8a8.md.j2", "requant/publish/card.py"):
         assert must in names, must
-    cli = zipfile.ZipFile(wheel).read("requant/cli.py")
-    assert cli == (ROOT / "cli.py").read_bytes()  # a copy of the top-level file, not a link
+    assert zipfile.ZipFile(wheel).read("requant/cli.py") == (ROOT / "requant" / "cli.py").read_bytes()
     entry = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
     assert "requant = requant.cli:app" in entry
 

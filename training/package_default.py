@@ -9,7 +9,7 @@ config.json). Two checkpoints are written into --out-dir:
                  Qwen3 keys, no quantization_config), model.safetensors (bf16), the tokenizer
                  files. It is the `--source` of `requant convert`.
   default/       the W8A8 compressed-tensors checkpoint: every decoder Linear quantized with
-                 llm-compressor's RTN arithmetic (requant.synthetic.rtn_quantize: int8 [out,
+                 llm-compressor's RTN arithmetic (requant.from_source.rtn_quantize: int8 [out,
                  in] weights that may hold -128, bf16 scales absmax/127.5 [out, 1]); lm_head
                  is tied to the embeddings and stays unquantized (ignore ["lm_head"]); the
                  embeddings and norms are the bf16 source's tensors, byte for byte; the real
@@ -52,7 +52,8 @@ import torch
 if __package__ in (None, ""):  # run as a script: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from requant.synthetic import model_config, plan, rtn_quantize, write_json  # noqa: E402
+from requant.from_source import rtn_quantize  # noqa: E402
+from requant.synthetic import model_config, plan, write_json  # noqa: E402
 from training import arch  # noqa: E402
 from training.train_tokenizer import TOKENIZER_DIR, TOKENIZER_SHA256, sha256_file  # noqa: E402
 

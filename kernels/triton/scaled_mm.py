@@ -54,9 +54,9 @@ CONFIGS = {
     "mid": (64, 128, 128, 8, 4, 4, "tma"),
     "medium_s3": (128, 128, 128, 8, 8, 3, "tma"),
     # Alternatives the benchmarks time (never picked by config_for):
-    "medium_ptr_s3": (128, 128, 128, 8, 8, 3, "ptr"),  # issue 10's plain kernel, our epilogue
+    "medium_ptr_s3": (128, 128, 128, 8, 8, 3, "ptr"),  # the plain tutorial-style kernel, our epilogue
     "medium": (128, 128, 128, 8, 8, 4, "tma"),  # 4 stages: 128 KiB, one program per SM
-    "large": (128, 256, 128, 8, 8, 4, "tma"),  # the M > 1024 choice before issue 10 ...
+    "large": (128, 256, 128, 8, 8, 4, "tma"),  # the former M > 1024 choice ...
     "large_persist": (128, 256, 128, 16, 8, 4, "persist"),  # ... and for N >= 4096
     "small_ptr": (64, 64, 128, 8, 4, 4, "ptr"),
 }
@@ -79,32 +79,19 @@ def _wave_fill(tiles: int, slots: int = SMS) -> float:
 
 @functools.lru_cache(maxsize=4096)
 def config_for(m: int, n: int) -> str:
-    """The tile for an [m, n] output. Measured on one H200 (Triton 3.6) with
-    benchmarks/tune_triton.py over every Qwen3-1.7B/8B/14B Linear at M = 512, 2048, 8192
-    and at 8192^3 (benchmarks/results/kernels_triton_tune.json = round 1, ...tune2.json =
-    round 2; TOPS per shape, every pair below from one round), and in issue 10:
-      * M <= 16 / M <= 128: unchanged from the first benchmark (decode: weight stream;
-        64x64 keeps enough programs for N = 1024).
-      * 129 <= M <= 1024: 64x128x128, 4 warps, 4 stages (96 KiB smem: two programs fit on
-        an SM) once it gives >= 132 tiles, else 64x64x128 with 6 stages. Round 1 at M = 512,
-        64x128 vs the old 128x128: Qwen3-8B q,o 1051 vs 865, gate,up 1027 vs 896, down
-        1219 vs 1052; 14B gate,up 955 vs 826; 1.7B gate,up 728 vs 723 (old: 64x64).
-        Below 132 tiles (1.7B q,o/down, every k,v), round 2, 64x64 with 6 stages vs 4
-        stages vs 64x128: 1.7B q,o 547 / 516 / 471, down 838 / 724 / 665, 14B k,v
-        428 / 373 / 330. Issue 10 (same process, do_bench): at 512 x 4096 x 12288 this
-        gave 925 TOPS against 900 for the plain 128x128x128 / 8 warps / 3 stages tile.
-      * M > 1024: 128x128x128, 8 warps, 3 stages ("medium_s3"; 96 KiB, two programs per
-        SM), non-persistent. Issue 10 measured that plain tile ahead of the former choice
-        (128x256, persistent for N >= 4096) by 12-15%: 8192^3 1237 vs 1117 TOPS,
-        2048 x 4096 x 12288 1262 vs 1095, 2048 x 5120 x 17408 1236 vs 1078, 4096 x 12288 x
-        4096 1299 vs 1121. The 4-stage 128x128 (128 KiB, one program per SM) was behind in
-        the tuning rounds (8B gate,up M = 2048: 930 vs 1100 persistent 128x256), so the
-        third stage's smem is what the second resident program needs.
-        Wave quantization stays: with SLOTS = 264 programs in flight, the 64x128 tile is
-        taken instead when the 128x128 grid fills its last wave so poorly that
-        fill(128x128) * MEDIUM_TILE_GAIN < fill(64x128): N = 1024 (k,v) at M = 2048 gives
-        128 tiles of 128x128 for 264 slots (fill 0.48; 64x128: 256 tiles, 0.97). Round 1
-        measured the same effect with 128x256 tiles: 8B k,v M = 2048 1069 (64x128) vs 566.
+    """The tile for an [m, n] output (any choice gives the same bits; this is speed alone).
+
+      * M <= 16: "decode" (the weight stream); M <= 128: "small" (64x64 keeps enough
+        programs for N = 1024).
+      * 129 <= M <= 1024: "mid", 64x128x128 with 4 warps and 4 stages (96 KiB of shared
+        memory, two programs per SM), once it gives >= 132 tiles; else "small_s6", 64x64x128
+        with 6 stages.
+      * M > 1024: "medium_s3", 128x128x128 with 8 warps and 3 stages (96 KiB, two programs
+        per SM), non-persistent -- unless its last wave is so poorly filled that
+        fill(128x128) * MEDIUM_TILE_GAIN < fill(64x128) over SLOTS programs in flight
+        (N = 1024 at M = 2048: 128 tiles for 264 slots), then "mid".
+    The measurements behind each rule (benchmarks/tune_triton.py, bench_speed.py; one H200)
+    are in docs/kernels.md.
     """
     if m <= 16:
         return "decode"
@@ -257,8 +244,16 @@ def scaled_mm(a: torch.Tensor, w: torch.Tensor, s_a: torch.Tensor, s_w: torch.Te
     """a int8 [M, K], w int8 [N, K], s_a fp32 [M, 1], s_w fp32 [N, 1] -> bf16 [M, N].
 
     `config` overrides the tile choice (a key of CONFIGS); it never changes bits.
-    `cached=False` launches through Triton's JITFunction on every call (the host path before
-    issue 10, kept for the benchmark's before/after); see _launch.py. Same bits either way.
+    `cached=False` launches through Triton's JITFunction on every call (the plain host path,
+    kept for the benchmark's before/after); see _launch.py. Same bits either way.
+
+    Args:
+        a: int8 [M, K] activations, quantized per token.
+        w: int8 [N, K] weights, per output channel.
+        s_a: fp32 [M, 1] activation scales.
+        s_w: fp32 [N, 1] weight scales.
+        config: a key of CONFIGS to force a tile (benchmarks); None picks by config_for.
+        cached: use the cached launch path (default) or Triton's JITFunction launch.
     """
     index = _launch.device_index(a)  # refuses tensors the backend cannot run on
     check_operands(a, w, s_a, s_w)

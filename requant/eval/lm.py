@@ -40,7 +40,7 @@ from lm_eval import utils as lm_utils
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 
-from requant.eval.model import load_model
+from requant.runtime import load_model
 
 AUTO_BATCH = 8  # what batch_size=auto means here (no memory probing)
 

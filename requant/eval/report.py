@@ -12,19 +12,9 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from pathlib import Path
 
-
-def _temp_beside(path: Path, suffix: str) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.fchmod(fd, 0o666 & ~umask)
-    os.close(fd)
-    return Path(tmp)
+from requant.output import write_files_atomic, write_json_atomic
 
 
 def fmt_number(v, digits=4) -> str:
@@ -111,39 +101,22 @@ def plot(result: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def _render(result: dict, kind: str, dest: Path) -> Path:
-    tmp = _temp_beside(dest, "." + kind)
-    try:
-        if kind == "json":
-            tmp.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
-        elif kind == "md":
-            tmp.write_text(markdown(result), encoding="utf-8")
-        else:
-            plot(result, tmp)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return tmp
+def _renderer(result: dict, kind: str):
+    if kind == "json":
+        text = json.dumps(result, indent=1) + "\n"
+        return lambda tmp: tmp.write_text(text, encoding="utf-8")
+    if kind == "md":
+        text = markdown(result)
+        return lambda tmp: tmp.write_text(text, encoding="utf-8")
+    return lambda tmp: plot(result, tmp)
 
 
 def write_json(result: dict, path: Path) -> Path:
-    path = Path(path)
-    os.replace(_render(result, "json", path), path)
-    return path
+    return write_json_atomic(path, result)
 
 
 def write_report(result: dict, directory: Path) -> list[Path]:
     """eval.json, eval.md, eval.png in `directory`: all rendered, then all renamed."""
     d = Path(directory)
     dests = [(d / "eval.json", "json"), (d / "eval.md", "md")] + ([(d / "eval.png", "png")] if result.get("primary_task") else [])
-    temps: list[Path] = []
-    try:
-        for dest, kind in dests:
-            temps.append(_render(result, kind, dest))
-    except BaseException:
-        for t in temps:
-            t.unlink(missing_ok=True)
-        raise
-    for (dest, _), tmp in zip(dests, temps):
-        os.replace(tmp, dest)
-    return [dest for dest, _ in dests]
+    return write_files_atomic([(dest, _renderer(result, kind)) for dest, kind in dests])

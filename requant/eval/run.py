@@ -13,7 +13,7 @@ tasks pass through: their aggregate metrics are recorded per arm, without interv
 Everything that can be refused is checked before any model is loaded: arm names, the
 backend, CKPT (opened and validated by requant.checkpoint), the source directory (a bf16
 Qwen3: config.json without quantization_config, Qwen3 fields, bf16 Linear weights, the
-same vocabulary and tokenizer as CKPT) and the task names. Refusals are EvalUsageError
+same vocabulary and tokenizer as CKPT) and the task names. Refusals are UsageError
 (or CheckpointError), one line each.
 """
 
@@ -33,14 +33,11 @@ from typing import Callable
 import numpy as np
 
 from requant.eval.bootstrap import Docs, paired_bootstrap
+from requant.errors import UsageError
 from requant.eval.task import HELDOUT_TASK
 
 NATIVE, BF16 = "native", "bf16"
 PPL_KEYS = ("word_perplexity", "byte_perplexity")
-
-
-class EvalUsageError(Exception):
-    """A request `requant eval` refuses, reported as one line."""
 
 
 def known_arms() -> list[str]:
@@ -52,12 +49,12 @@ def known_arms() -> list[str]:
 def parse_arms(text: str) -> list[str]:
     arms = [a.strip() for a in text.split(",") if a.strip()]
     if not arms:
-        raise EvalUsageError("--arms is empty")
+        raise UsageError("--arms is empty")
     for a in arms:
         if a not in known_arms():
-            raise EvalUsageError(f"unknown arm {a!r}; known: {', '.join(known_arms())}")
+            raise UsageError(f"unknown arm {a!r}; known: {', '.join(known_arms())}")
     if len(set(arms)) != len(arms):
-        raise EvalUsageError(f"--arms names an arm twice: {text}")
+        raise UsageError(f"--arms names an arm twice: {text}")
     if NATIVE not in arms:
         arms = [NATIVE] + arms  # every delta is against native
     return arms
@@ -67,11 +64,10 @@ def check_backend(name: str, act_name: str = "reference") -> None:
     from requant import kernels
 
     if name not in kernels.scaled_mm_backends():
-        raise EvalUsageError(f"unknown backend {name!r}; known: {', '.join(kernels.scaled_mm_backends())}")
-    # the kernels registry has no public list of activation quantizers (yet): its table
-    acts = kernels.quantize_backends() if hasattr(kernels, "quantize_backends") else list(kernels._QUANTIZE)
+        raise UsageError(f"unknown backend {name!r}; known: {', '.join(kernels.scaled_mm_backends())}")
+    acts = kernels.quantize_backends()
     if act_name not in acts:
-        raise EvalUsageError(f"unknown act backend {act_name!r}; known: {', '.join(acts)}")
+        raise UsageError(f"unknown act backend {act_name!r}; known: {', '.join(acts)}")
 
 
 def _bf16_tensors(path: Path) -> dict[str, str]:
@@ -83,15 +79,15 @@ def _bf16_tensors(path: Path) -> dict[str, str]:
         try:
             files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
         except (ValueError, KeyError, TypeError, AttributeError):
-            raise EvalUsageError(f"{index}: not a shard index with a weight_map") from None
+            raise UsageError(f"{index}: not a shard index with a weight_map") from None
     elif (path / "model.safetensors").is_file():
         files = ["model.safetensors"]
     else:
-        raise EvalUsageError(f"--source {path}: no model.safetensors or model.safetensors.index.json")
+        raise UsageError(f"--source {path}: no model.safetensors or model.safetensors.index.json")
     out = {}
     for f in files:
         if "/" in f or not f.endswith(".safetensors") or not (path / f).is_file():
-            raise EvalUsageError(f"--source {path}: shard {f!r} is missing or not a plain file name")
+            raise UsageError(f"--source {path}: shard {f!r} is missing or not a plain file name")
         for name, info in read_header(path / f).tensors.items():
             out[name] = info.dtype
     return out
@@ -104,32 +100,32 @@ def check_source(source: Path, ckpt_config: dict) -> None:
     source = Path(source)
     cfg_path = source / "config.json"
     if not source.is_dir():
-        raise EvalUsageError(f"--source {source}: not a directory")
+        raise UsageError(f"--source {source}: not a directory")
     if not cfg_path.is_file():
-        raise EvalUsageError(f"--source {source}: no config.json")
+        raise UsageError(f"--source {source}: no config.json")
     try:
         cfg = json.loads(cfg_path.read_text())
     except (ValueError, UnicodeDecodeError) as exc:
-        raise EvalUsageError(f"{cfg_path}: not valid JSON: {exc}") from None
+        raise UsageError(f"{cfg_path}: not valid JSON: {exc}") from None
     if not isinstance(cfg, dict):
-        raise EvalUsageError(f"{cfg_path}: not a JSON object")
+        raise UsageError(f"{cfg_path}: not a JSON object")
     if "quantization_config" in cfg:
-        raise EvalUsageError(f"{cfg_path}: has a quantization_config; --source is the unquantized bf16 original")
+        raise UsageError(f"{cfg_path}: has a quantization_config; --source is the unquantized bf16 original")
     if cfg.get("model_type") not in (None, "qwen3"):
-        raise EvalUsageError(f"{cfg_path}: model_type {cfg.get('model_type')!r} is not qwen3")
+        raise UsageError(f"{cfg_path}: model_type {cfg.get('model_type')!r} is not qwen3")
     try:
         arch = Qwen3Arch.from_config(cfg)
     except ValueError as exc:
-        raise EvalUsageError(f"{cfg_path}: {exc}") from None
+        raise UsageError(f"{cfg_path}: {exc}") from None
     if int(cfg["vocab_size"]) != int(ckpt_config.get("vocab_size", -1)):
-        raise EvalUsageError(f"{cfg_path}: vocab_size {cfg['vocab_size']} differs from the checkpoint's {ckpt_config.get('vocab_size')}")
+        raise UsageError(f"{cfg_path}: vocab_size {cfg['vocab_size']} differs from the checkpoint's {ckpt_config.get('vocab_size')}")
     tensors = _bf16_tensors(source)
     for name in arch.linear_shapes():
         dt = tensors.get(name + ".weight")
         if dt is None:
-            raise EvalUsageError(f"--source {source}: no tensor {name + '.weight'!r}")
+            raise UsageError(f"--source {source}: no tensor {name + '.weight'!r}")
         if dt != "BF16":
-            raise EvalUsageError(f"--source {source}: tensor {name + '.weight'!r} is {dt}, not BF16")
+            raise UsageError(f"--source {source}: tensor {name + '.weight'!r} is {dt}, not BF16")
 
 
 def tokenizer_files(path: Path) -> dict[str, bytes]:
@@ -156,12 +152,12 @@ def load_tasks(tasks: list[str]):
     tm = task_manager(tasks)
     unknown = [t for t in tasks if t not in tm.all_tasks]
     if unknown:
-        raise EvalUsageError(f"unknown task {unknown[0]!r} (neither {HELDOUT_TASK} nor an lm-eval task)")
+        raise UsageError(f"unknown task {unknown[0]!r} (neither {HELDOUT_TASK} nor an lm-eval task)")
     try:
         with quiet_lm_eval():
             tm.load(list(tasks))  # downloads / caches a Hub dataset now, before any model is loaded
     except Exception as exc:  # lm-eval and datasets raise many types; all mean "cannot load it"
-        raise EvalUsageError(f"task {','.join(tasks)} could not be loaded: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from None
+        raise UsageError(f"task {','.join(tasks)} could not be loaded: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from None
     return tm
 
 
@@ -238,11 +234,29 @@ def run_eval(ckpt: str | None, arms: list[str], *, source: str | None = None, ta
              max_length: int | None = None, progress_for: Callable[[str], Callable[[int, int], None]] | None = None,
              on_phase: Callable[[str], None] | None = None, passthrough_bootstrap: int = 100000,
              threads: int | None = None, hash_progress: Callable[[int, int], None] | None = None) -> dict:
-    """Validate, evaluate every arm (and bf16), bootstrap; return the result dict (see the command).
+    """Validate, evaluate every arm (and bf16), bootstrap; return the result dict.
 
     After validation and before any arm runs, the checkpoint's identity (requant.identity:
     manifest digest, tool version, git commit) is computed: a SHA256SUMS that does not match
-    the files stops the run there. hash_progress(done, total) follows those bytes."""
+    the files stops the run there.
+
+    Args:
+        ckpt: W8A8 checkpoint directory or Hub repo id; None is the embedded default.
+        arms: "native" and converter arms; native is added when missing (deltas are against it).
+        source: the bf16 Qwen3 directory the checkpoint was quantized from: adds a "bf16" row.
+        tasks: lm-eval task names (requant-heldout ships with requant and needs no network).
+        backend, act_backend: scaled_mm and quantize_activations backends (default: triton on
+            a GPU, reference-triton-order on CPU; reference).
+        device: torch device (default: cuda if available).
+        limit: score only the first N documents of each task.
+        replicates, seed: the paired bootstrap over documents.
+        batch_size, max_length: rolling windows per runtime call, and their length in tokens.
+        progress_for(arm) -> update(done, total); on_phase(message); hash_progress(done, total).
+        threads: torch CPU threads (see requant.commands._common.set_threads).
+
+    Raises:
+        UsageError for a bad request, CheckpointError for a bad checkpoint.
+    """
     import importlib.metadata
 
     from requant import DEFAULT_CHECKPOINT
@@ -254,47 +268,47 @@ def run_eval(ckpt: str | None, arms: list[str], *, source: str | None = None, ta
     arms = list(arms)
     for a in arms:
         if a not in known_arms():
-            raise EvalUsageError(f"unknown arm {a!r}; known: {', '.join(known_arms())}")
+            raise UsageError(f"unknown arm {a!r}; known: {', '.join(known_arms())}")
     if NATIVE not in arms:
         arms = [NATIVE] + arms
     tasks = list(tasks)
     if not tasks:
-        raise EvalUsageError("--tasks is empty")
+        raise UsageError("--tasks is empty")
     if limit is not None and limit < 1:
-        raise EvalUsageError("--limit must be at least 1")
+        raise UsageError("--limit must be at least 1")
     if replicates < 1:
-        raise EvalUsageError("--bootstrap must be at least 1")
+        raise UsageError("--bootstrap must be at least 1")
     if batch_size < 1:
-        raise EvalUsageError("--batch-size must be at least 1")
+        raise UsageError("--batch-size must be at least 1")
     dev = device or default_device()
     if dev.startswith("cuda"):
         import torch
 
         if not torch.cuda.is_available():
-            raise EvalUsageError(f"--device {dev}: no CUDA device here")
+            raise UsageError(f"--device {dev}: no CUDA device here")
     be = backend or default_backend(dev)
     check_backend(be, act_backend)
     if not dev.startswith("cuda"):
         if be == "cutlass":
-            raise EvalUsageError("the cutlass backend needs a CUDA GPU (sm90); on CPU use reference-triton-order or reference-cutlass-order")
+            raise UsageError("the cutlass backend needs a CUDA GPU (sm90); on CPU use reference-triton-order or reference-cutlass-order")
         if "triton" in (be, act_backend) and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
-            raise EvalUsageError("the triton backend on CPU needs TRITON_INTERPRET=1 (Triton's interpreter, slow); "
+            raise UsageError("the triton backend on CPU needs TRITON_INTERPRET=1 (Triton's interpreter, slow); "
                                  "the CPU default is reference-triton-order, the same bits")
     # On CPU one torch thread by default, as the audit: the runtime's tensors are small and,
     # measured on a loaded 2-core machine, intra-op threads spinning against other work made
     # a micro-model evaluation 3x slower (24 s vs 7 s of model time).
     n_threads = threads if threads is not None else (1 if dev == "cpu" else 0)
     if n_threads < 0:
-        raise EvalUsageError("--threads must be >= 0")
+        raise UsageError("--threads must be >= 0")
     src = str(DEFAULT_CHECKPOINT if ckpt is None else ckpt)
     checkpoint = open_checkpoint(src)  # CheckpointError: missing or invalid
     if source is not None:
         check_source(Path(source), checkpoint.config)
         if tokenizer_files(Path(source)) != tokenizer_files(checkpoint.path):
-            raise EvalUsageError(f"--source {source}: its tokenizer.json differs from the checkpoint's (perplexities would not be comparable)")
+            raise UsageError(f"--source {source}: its tokenizer.json differs from the checkpoint's (perplexities would not be comparable)")
     positions = int(checkpoint.config.get("max_position_embeddings") or 2048)
     if max_length is not None and not 1 <= max_length <= positions:
-        raise EvalUsageError(f"--max-length must be between 1 and the model's {positions} positions")
+        raise UsageError(f"--max-length must be between 1 and the model's {positions} positions")
     say("resolving tasks " + ",".join(tasks))
     tm = load_tasks(tasks)
     src_entries: dict = {}

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from requant import manifest as mf
-from requant.publish import PublishError
+from requant.publish import PublishError, PushRefused
 from requant.publish.card import audit_ok, card_marker, checkpoint_facts, render
 from requant.publish.reports import DEFAULT_NAMES, collect
 
@@ -109,13 +109,13 @@ def plan(ckpt_dir: str | Path, repo_id: str, *, revision: str | None = None, for
     facts = checkpoint_facts(ckpt_dir, progress=progress)
     ckpt = facts.path
     if not facts.servable or facts.arm == "probe":
-        raise PublishError(f"arm {facts.arm!r} is not servable (an ablation); requant never pushes it, --force included", file=ckpt)
+        raise PushRefused(f"arm {facts.arm!r} is not servable (an ablation); requant never pushes it, --force included", file=ckpt)
     reasons = _audit_reasons(ckpt, facts.manifest_digest)
     if not facts.all_pow2:
         reasons.append(f"only {facts.pow2_channels:,} of {facts.channels:,} weight scales are powers of two "
                        "(not a power-of-two checkpoint: `requant convert` it first)")
     if reasons and not force:
-        raise PublishError("refusing to push: " + "; ".join(reasons) + " (--force overrides)", file=ckpt)
+        raise PushRefused("refusing to push: " + "; ".join(reasons) + " (--force overrides)", file=ckpt)
     out = Plan(ckpt, repo_id, revision, facts.manifest_digest, facts.arm, [], reasons if force else [])
     for e in facts.entries.values():
         out.files.append(Upload(e.path, e.size, e.sha256, ckpt / e.path))

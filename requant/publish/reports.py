@@ -20,7 +20,7 @@ given explicitly that is tied to other bytes is an error; one merely found besid
 checkpoint is set aside with a warning, and its section says "not measured" and why.
 
 Each kind has required keys (from the formats of `requant audit`, `requant eval` and
-`requant determinism`, issue 8 sections 3 and 4); a missing one is an error naming the file
+`requant determinism`); a missing one is an error naming the file
 and the key, never a card with a hole in it.
 """
 

@@ -53,7 +53,8 @@ def default_audit():
     from requant import DEFAULT_CHECKPOINT
     from requant.checkpoint import open_checkpoint
 
-    from requant.audit.suite import REFERENCE_PAIR, run_audit
+    from requant.audit.suite import run_audit
+    from requant.backends import REFERENCE_PAIR
 
     with one_thread():
         return run_audit(open_checkpoint(DEFAULT_CHECKPOINT), REFERENCE_PAIR, 3, "cpu")

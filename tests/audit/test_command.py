@@ -1,4 +1,4 @@
-"""audit/command.py through typer's CliRunner (a private app with the same function that
+"""requant/commands/audit.py through typer's CliRunner (a private app with the same function that
 cli.py registers). --plan is checked against the Qwen3-1.7B config (196 Linears, 8,232
 cells); the full run against the scorecard and the report files."""
 
@@ -7,7 +7,7 @@ import json
 import typer
 from typer.testing import CliRunner
 
-from requant.audit.command import audit
+from requant.commands.audit import audit
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
 app.command("audit")(audit)

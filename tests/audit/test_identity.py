@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from requant import DEFAULT_CHECKPOINT
 from requant.arms import requantize
-from requant.audit.command import audit
+from requant.commands.audit import audit
 from requant.audit.report import markdown
 from requant.checkpoint import open_checkpoint
 from tests.digests import manifest_digest_by_hand

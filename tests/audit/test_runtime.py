@@ -63,7 +63,8 @@ def test_audit_uses_and_records_a_tokenizer_json(tmp_path):
     from tokenizers import Tokenizer
 
     from requant.audit.report import markdown
-    from requant.audit.suite import REFERENCE_PAIR, run_audit
+    from requant.audit.suite import run_audit
+    from requant.backends import REFERENCE_PAIR
     from tests.requant.toy_tokenizer import write_byte_bpe
 
     ck = tmp_path / "ck"
@@ -83,7 +84,7 @@ def test_a_broken_tokenizer_is_a_usage_error(tmp_path):
     import typer
     from typer.testing import CliRunner
 
-    from requant.audit.command import audit
+    from requant.commands.audit import audit
 
     ck = tmp_path / "ck"
     shutil.copytree(DEFAULT_CHECKPOINT, ck)

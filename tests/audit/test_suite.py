@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 from requant.audit.matrix import load_matrix
 from requant.audit.scoring import Scorer
-from requant.audit.suite import CELLS_PER_LAYER, REFERENCE_PAIR, audit_layer, parse_backends
+from requant.audit.suite import CELLS_PER_LAYER, audit_layer
+from requant.backends import REFERENCE_PAIR, parse_backends
 from tests.audit.conftest import make_operands
 
 MATRIX = load_matrix()

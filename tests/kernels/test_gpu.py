@@ -177,7 +177,7 @@ def test_cutlass_strided_and_offset_operands():
 @pytest.mark.parametrize("m", [129, 512, 1000])
 @pytest.mark.parametrize("model,lin,n,k", CASES)
 def test_cutlass_mid_tile_every_qwen3_shape(model, lin, n, k, m):
-    """The 64x128 Pingpong tile (new in issue 10), forced on every Qwen3 Linear, with the
+    """The 64x128 Pingpong tile, forced on every Qwen3 Linear, with the
     scheduler swizzles 1 and 8: bitwise equal to the emulated CUTLASS order."""
     from requant.kernels import cutlass as ck
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from requant.kernels.bf16 import is_power_of_two
 from requant.arms import ARMS, MSE_OFFSETS, ceil_exponent, nearest_exponent, quantize_from_source, requantize, requantize_with_stats
-from requant.synthetic import rtn_quantize
+from requant.from_source import rtn_quantize
 
 SETTINGS = settings(max_examples=60, deadline=None, database=None)  # no ./.hypothesis in the repo
 

@@ -255,8 +255,8 @@ def test_cli_reports_without_traceback(tmp_path, micro, case):
 
     file, needle = case(micro)
     res = CliRunner().invoke(app, ["convert", str(micro), "-o", str(tmp_path / "out")])
-    assert res.exit_code == 1
+    assert res.exit_code == 2
     assert "Traceback" not in res.output and needle in res.output and "error" in res.output
     assert not (tmp_path / "out").exists()
     res = CliRunner().invoke(app, ["inspect", str(micro)])
-    assert res.exit_code == 1 and needle in res.output
+    assert res.exit_code == 2 and needle in res.output

@@ -1,6 +1,6 @@
-"""The typer CLI (cli.app when the audit command is importable, else the same three
-requant commands assembled the same way). Reference for values: the library functions
-(requant.convert.convert, requant.inspect, requant.verify) and the input files."""
+"""The checkpoint commands (requant/commands/checkpoint.py) through the assembled app
+(requant.cli.app). Reference for values: the library functions (requant.convert.convert,
+requant.inspect, requant.verify) and the input files."""
 
 import json
 import signal
@@ -9,22 +9,12 @@ import sys
 import time
 
 import pytest
-import typer
 from typer.testing import CliRunner
 
 from requant import DEFAULT_CHECKPOINT
+from requant.cli import app
 
 from .conftest import tree_bytes
-
-try:
-    from requant.cli import app
-except ImportError:  # audit/command.py not there yet: same commands, same assembly
-    from requant.commands import convert, inspect, verify
-
-    app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
-    app.command("convert")(convert)
-    app.command("inspect")(inspect)
-    app.command("verify")(verify)
 
 runner = CliRunner()
 
@@ -43,7 +33,7 @@ def test_convert_default_with_json(tmp_path):
     assert "42 quantized Linears" in res.output
     assert tree_bytes(DEFAULT_CHECKPOINT) == before  # the source is untouched
     res = runner.invoke(app, ["convert", "-o", str(out)])
-    assert res.exit_code == 1 and "--force" in res.output
+    assert res.exit_code == 2 and "--force" in res.output
     res = runner.invoke(app, ["convert", "-o", str(out), "--force", "--arm", "ceiling", "-q"])
     assert res.exit_code == 0, res.output
 
@@ -92,7 +82,7 @@ def test_bad_arm_and_missing_source(tmp_path):
     res = runner.invoke(app, ["convert", "-o", str(tmp_path / "o"), "--arm", "floor"])
     assert res.exit_code != 0
     res = runner.invoke(app, ["convert", str(tmp_path / "nope"), "-o", str(tmp_path / "o")])
-    assert res.exit_code == 1 and "no such directory" in res.output and "Traceback" not in res.output
+    assert res.exit_code == 2 and "no such directory" in res.output and "Traceback" not in res.output
 
 
 SLOW_CONVERT = r"""
@@ -103,7 +93,7 @@ def slow(self, *a, **k):
     time.sleep(0.05)
     return real(self, *a, **k)
 requant.arms.Requantizer.rows = slow
-from requant.commands import convert
+from requant.commands.checkpoint import convert
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
 app.command("convert")(convert)
 app.command("noop")(lambda: None)

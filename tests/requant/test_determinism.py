@@ -1,4 +1,4 @@
-"""`requant determinism` (requant/determinism.py, requant/determinism_command.py) through
+"""`requant determinism` (requant/determinism.py, requant/commands/determinism.py) through
 typer's CliRunner, with the two emulated epilogue orders on the CPU.
 
 References: hashlib over struct-packed little-endian int64 ids for the digests; a
@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from requant import DEFAULT_CHECKPOINT
 from requant.determinism import first_divergence, ids_sha256
-from requant.determinism_command import determinism
+from requant.commands.determinism import determinism
 from requant.prompts import prompts
 from requant.tokenizer import load_tokenizer
 

@@ -20,7 +20,8 @@ from typer.testing import CliRunner
 from requant.cli import app
 from requant.convert import convert
 from requant.errors import TensorError
-from requant.synthetic import generate, model_config, plan, rtn_quantize, write_json
+from requant.from_source import rtn_quantize
+from requant.synthetic import generate, model_config, plan, write_json
 
 from .conftest import MICRO, load_all, tree_bytes
 
@@ -76,7 +77,7 @@ def _refused(tmp_path, ckpt, source, tensor, *needles):
         assert needle in msg, msg
     assert not parent.exists()  # nothing written, not even OUT's parent
     res = runner.invoke(app, ["convert", str(ckpt), "--source", str(source), "-o", str(parent / "out"), "--arm", "nearest"])
-    assert res.exit_code == 1, res.output
+    assert res.exit_code == 2, res.output
     lines = [ln for ln in res.output.splitlines() if ln.strip()]
     assert len(lines) == 1 and "Traceback" not in res.output and tensor in lines[0] and needles[0] in lines[0], res.output
     assert not parent.exists()

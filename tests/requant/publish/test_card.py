@@ -94,7 +94,7 @@ def test_license_file_travels(pow2_copy):
     ck = pow2_copy
     (ck / "LICENSE").write_text(APACHE + "\nTERMS AND CONDITIONS FOR USE ...\n")
     res, _ = _card(ck)  # LICENSE is not in SHA256SUMS: refused, naming it
-    assert res.exit_code == 1 and "LICENSE not listed" in res.stderr
+    assert res.exit_code == 2 and "LICENSE not listed" in res.stderr
     mf.write(ck)  # what `requant manifest CKPT --write` does
     res, _ = _card(ck)
     assert res.exit_code == 0 and ModelCard.load(ck / "README.md").data.license == "apache-2.0"
@@ -102,7 +102,7 @@ def test_license_file_travels(pow2_copy):
     (ck / "LICENSE").write_text("The Qwen Research License\n...")
     (ck / "README.md").unlink()
     res, _ = _card(ck)
-    assert res.exit_code == 1 and "LICENSE differs" in res.stderr and not (ck / "README.md").exists()
+    assert res.exit_code == 2 and "LICENSE differs" in res.stderr and not (ck / "README.md").exists()
     (ck / "SHA256SUMS").unlink()  # no manifest: the card computes one and writes it
     res, _ = _card(ck)
     assert res.exit_code == 0 and mf.verify(ck).ok
@@ -145,7 +145,7 @@ def test_explicit_report_for_other_bytes_is_an_error(pow2_copy, tmp_path):
     other = write(tmp_path / "eval.json", eval_report("sha256:" + "0" * 64))
     readme = (ck / "README.md").read_text()  # the source's README, copied by convert
     res, text = _card(ck, "--eval", str(other))
-    assert res.exit_code == 1 and text == readme  # nothing written
+    assert res.exit_code == 2 and text == readme  # nothing written
     assert "eval.json" in res.stderr and "measured other bytes" in res.stderr and "Traceback" not in res.output
     assert len([ln for ln in res.stderr.splitlines() if ln.startswith("error:")]) == 1
 
@@ -157,7 +157,7 @@ def test_report_missing_a_key_is_an_error(pow2_copy):
     write(ck / "requant-eval.json", rep)
     readme = (ck / "README.md").read_text()
     res, text = _card(ck)
-    assert res.exit_code == 1 and text == readme  # nothing written
+    assert res.exit_code == 2 and text == readme  # nothing written
     assert "requant-eval.json" in res.stderr and "'arms.ceiling.bits_per_byte'" in res.stderr
 
 

@@ -167,9 +167,9 @@ def test_broken_audit_report_is_never_overridden(hub, tmp_path):
     audit = {"manifest_digest": mf.identity(ck)["manifest_digest"]}
     (ck / "requant-audit.json").write_text(json.dumps(audit))
     res = _push(ck)
-    assert res.exit_code == 1 and "requant-audit.json" in res.stderr and "missing key" in res.stderr  # not a real audit
+    assert res.exit_code == 2 and "requant-audit.json" in res.stderr and "missing key" in res.stderr  # not a real audit
     res = _push(ck, "--force", "--dry-run")
-    assert res.exit_code == 1  # a broken report is never overridden
+    assert res.exit_code == 2  # a broken report is never overridden
 
 
 def test_non_pow2_scales_refused(hub, pow2_copy):
@@ -181,7 +181,7 @@ def test_non_pow2_scales_refused(hub, pow2_copy):
     t[name] = t[name] * 1.5
     save_file(t, str(ck / "model.safetensors"), metadata={"format": "pt"})
     res = _push(ck)
-    assert res.exit_code == 1 and "model.safetensors differs" in res.stderr  # first, the manifest
+    assert res.exit_code == 2 and "model.safetensors differs" in res.stderr  # first, the manifest
     _, digest = mf.write(ck)
     _tamper_audit(ck, manifest_digest=digest)  # isolate the scale rule
     res = _push(ck)
@@ -202,13 +202,13 @@ def test_probe_is_never_pushed(hub, tmp_path):
 def test_manifest_mismatch_refused(hub, pow2_copy):
     (pow2_copy / "config.json").write_bytes((pow2_copy / "config.json").read_bytes() + b" ")
     res = _push(pow2_copy, "--force")
-    assert res.exit_code == 1 and "config.json differs" in res.stderr and hub.requests == []
+    assert res.exit_code == 2 and "config.json differs" in res.stderr and hub.requests == []
 
 
 @pytest.mark.parametrize("repo", ["noslash", "a/b/c", "bad name/x", "ab/-y", "x/", "a/b..c"])
 def test_bad_repo_ids(hub, pow2_copy, repo):
     res = _push(pow2_copy, repo=repo)
-    assert res.exit_code == 1 and len(_error_lines(res)) == 1 and "repo id" in res.stderr, res.output
+    assert res.exit_code == 2 and len(_error_lines(res)) == 1 and "repo id" in res.stderr, res.output
     assert hub.requests == []
 
 
@@ -224,7 +224,7 @@ def test_failed_upload_changes_nothing_local(hub, pow2_copy, method, kind, statu
     hub.fail(method, kind, status, "injected", echo_auth=True)
     before = tree_bytes(pow2_copy)
     res = _push(pow2_copy)
-    assert res.exit_code == 1 and expect in res.stderr, res.output
+    assert res.exit_code == 2 and expect in res.stderr, res.output
     assert len(_error_lines(res)) == 1 and "Traceback" not in res.output
     assert tree_bytes(pow2_copy) == before  # no card, no manifest written
     assert f"Bearer {TOKEN}" in [a for _, _, a in hub.requests]  # the token was sent...
@@ -241,7 +241,7 @@ def test_network_failure(pow2_copy, tmp_path, monkeypatch):
     point_hub_library_at(monkeypatch, {"HF_ENDPOINT": f"http://127.0.0.1:{port}", "HF_HOME": str(tmp_path / "home"), "HF_TOKEN": TOKEN})
     before = tree_bytes(pow2_copy)
     res = _push(pow2_copy)
-    assert res.exit_code == 1 and "could not reach the Hub" in res.stderr and len(_error_lines(res)) == 1, res.output
+    assert res.exit_code == 2 and "could not reach the Hub" in res.stderr and len(_error_lines(res)) == 1, res.output
     assert tree_bytes(pow2_copy) == before
     _no_leak(res)
 
@@ -249,7 +249,7 @@ def test_network_failure(pow2_copy, tmp_path, monkeypatch):
 def test_no_token(hub, pow2_copy, monkeypatch):
     monkeypatch.delenv("HF_TOKEN")
     res = _push(pow2_copy)
-    assert res.exit_code == 1 and "no Hugging Face token" in res.stderr and hub.requests == []
+    assert res.exit_code == 2 and "no Hugging Face token" in res.stderr and hub.requests == []
 
 
 def test_revision_branch_and_private(hub, pow2_copy):

@@ -1,4 +1,4 @@
-"""`requant audit`: the typer command (assembled into the CLI by cli.py).
+"""`requant audit`: per-Linear bitwise comparison of a kernel pair and the fault-injection suite.
 
     requant audit [CKPT] [--backends cutlass,triton | --backends reference] [--prompts N]
                   [--json OUT] [--report DIR] [--plan] [--device DEV] [--revision REV]
@@ -24,32 +24,18 @@ pow2 = the stored power-of-two scales).
 from __future__ import annotations
 
 import json
-import shlex
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-console = Console(stderr=True)
+from requant.commands._common import (EXIT_FAILED, BackendsOpt, CkptArg, DeviceOpt, JsonOpt, ReportOpt, RevisionOpt, ThreadsOpt,
+                                      UsageError, cannot_run, check_device, command_line, default_device, err, fail,
+                                      set_threads, write_json_atomic)
 
-
-class AuditUsageError(Exception):
-    """A request the audit refuses, reported as a message."""
-
-
-def _default_backends() -> str:
-    import torch
-
-    return "cutlass,triton" if torch.cuda.is_available() else "reference"
-
-
-def _default_device() -> str:
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
+console = err()
 
 
 def _load_config(ckpt: Optional[str]) -> tuple[dict, str]:
@@ -68,11 +54,11 @@ def _load_config(ckpt: Optional[str]) -> tuple[dict, str]:
             c = open_checkpoint(ckpt)  # a Hub repo id: resolve it, then read its config
             return c.config, str(c.path / "config.json")
     if not p.is_file():
-        raise AuditUsageError(f"{p}: no config.json")
+        raise UsageError(f"{p}: no config.json")
     try:
         return json.loads(p.read_text()), str(p)
     except ValueError as exc:
-        raise AuditUsageError(f"{p}: not valid JSON: {exc}") from None
+        raise UsageError(f"{p}: not valid JSON: {exc}") from None
 
 
 def _print_plan(plan: dict, where: str) -> None:
@@ -124,21 +110,19 @@ def _print_summary(result: dict) -> None:
 
 
 def audit(
-    ckpt: Annotated[Optional[str], typer.Argument(help="checkpoint directory or Hub repo id (default: the embedded default)")] = None,
-    backends: Annotated[Optional[str], typer.Option("--backends", help="two scaled_mm backends 'A,B', or 'reference' (default: cutlass,triton on a GPU, else reference)")] = None,
+    ckpt: CkptArg = None,
+    backends: BackendsOpt = None,
     prompts: Annotated[int, typer.Option("--prompts", help="calibration prompts to run (prefill)")] = 8,
-    json_out: Annotated[Optional[Path], typer.Option("--json", help="write the audit JSON here")] = None,
-    report: Annotated[Optional[Path], typer.Option("--report", help="write JSON, Markdown and PNG plots into this directory")] = None,
+    json_out: JsonOpt = None,
+    report: ReportOpt = None,
     plan: Annotated[bool, typer.Option("--plan", help="print cell count and shapes from config.json, run nothing")] = False,
-    device: Annotated[Optional[str], typer.Option("--device", help="torch device (default: cuda if available, else cpu)")] = None,
-    revision: Annotated[Optional[str], typer.Option("--revision", help="Hub revision when CKPT is a repo id")] = None,
-    threads: Annotated[Optional[int], typer.Option("--threads", help="torch CPU threads (default: 1 on a CPU device, torch's default otherwise; 0 = torch's default)")] = None,
+    device: DeviceOpt = None,
+    revision: RevisionOpt = None,
+    threads: ThreadsOpt = None,
 ) -> None:
     """Bitwise CUTLASS-vs-Triton comparison per Linear on real activations, and the
     fault-injection suite scored against the pinned prediction matrix."""
-    from requant.errors import CheckpointError
-
-    try:
+    with cannot_run():
         if plan:
             from requant.audit.suite import plan_from_config
 
@@ -146,77 +130,57 @@ def audit(
             p = plan_from_config(config)
             _print_plan(p, where)
             if json_out is not None:
-                json_out.parent.mkdir(parents=True, exist_ok=True)
-                json_out.write_text(json.dumps(p, indent=1) + "\n")
+                write_json_atomic(json_out, p)
             return
-        import torch
-
-        from requant.audit.suite import parse_backends
         from requant import DEFAULT_CHECKPOINT
-        from requant.checkpoint import open_checkpoint
-
-        pair = parse_backends(backends or _default_backends())
-        dev = device or _default_device()
-        if dev.startswith("cuda") and not torch.cuda.is_available():
-            raise AuditUsageError(f"--device {dev}: no CUDA device here")
-        if "cutlass" in pair and not dev.startswith("cuda"):
-            raise AuditUsageError("the cutlass backend needs a CUDA GPU; on CPU use --backends reference")
-        # On CPU the audit's tensors are small (the embedded default: <= 0.4 M elements per
-        # op); measured on a shared 2-core machine, intra-op threads spinning against other
-        # load made the default audit 8-15x slower (93 s vs 7.6 s). One thread is the default.
-        n_threads = threads if threads is not None else (1 if dev == "cpu" else 0)
-        if n_threads < 0:
-            raise AuditUsageError("--threads must be >= 0")
-        if n_threads:
-            torch.set_num_threads(n_threads)
         from requant.audit.capture import prompts as prompt_list
-        from requant.audit.runtime import check_layout
         from requant.audit.suite import CELLS_PER_LAYER
+        from requant.backends import parse_backends
+        from requant.checkpoint import open_checkpoint
+        from requant.identity import with_progress
+        from requant.runtime import check_layout
+        from requant.tokenizer import load_tokenizer
 
+        dev = check_device(device or default_device())
+        spec = backends or ("cutlass,triton" if dev.startswith("cuda") else "reference")
+        pair = parse_backends(spec)
+        if "cutlass" in pair and not dev.startswith("cuda"):
+            raise UsageError("the cutlass backend needs a CUDA GPU; on CPU use --backends reference")
+        set_threads(threads, dev)
         prompt_list(prompts)  # validate N before loading (or downloading) anything big
         src = DEFAULT_CHECKPOINT if ckpt is None else ckpt
         checkpoint = open_checkpoint(src, revision=revision)
         check_layout(checkpoint)
-        from requant.identity import with_progress
-        from requant.tokenizer import load_tokenizer  # a tokenizer that cannot encode the prompts: a usage error, before the run
-
+        # a tokenizer that cannot encode the prompts is a usage error, before the run
         tok = load_tokenizer(checkpoint.path, int(checkpoint.config["vocab_size"]))
         [tok.encode(t) for t in prompt_list(prompts)]
         identity = with_progress(checkpoint, console)  # before the long run: a SHA256SUMS that does not match fails here
-    except (CheckpointError, AuditUsageError, ValueError) as exc:
-        console.print(f"[bold red]error:[/bold red] {exc}")
-        raise typer.Exit(2) from None
 
     from requant.audit.report import write_json, write_report
     from requant.audit.suite import run_audit
 
     total = len(checkpoint.quantized_linears) * CELLS_PER_LAYER
     console.print(f"auditing {checkpoint.path} with {pair[0]} vs {pair[1]} on {dev}: {len(checkpoint.quantized_linears)} Linears, {total} cells")
-    try:
+    with cannot_run():  # a tensor that turned out unreadable while running
         with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), TimeRemainingColumn(), console=console, transient=False) as progress:
             task = progress.add_task("cells", total=total)
             result = run_audit(checkpoint, pair, prompts, dev, identity=identity,
                                advance=lambda n: progress.advance(task, n),
                                on_phase=lambda msg: progress.console.log(msg))
-    except CheckpointError as exc:  # a tensor that turned out unreadable while running
-        console.print(f"[bold red]error:[/bold red] {exc}")
-        raise typer.Exit(2) from None
-    args = [] if ckpt is None else [ckpt]
-    args += ["--backends", backends or _default_backends(), "--prompts", str(prompts)]
-    for flag, value in (("--json", json_out), ("--report", report), ("--device", device), ("--revision", revision), ("--threads", threads)):
-        if value is not None:
-            args += [flag, str(value)]
-    command = " ".join(["requant audit"] + [shlex.quote(a) for a in args])
+    command = command_line("audit", [ckpt], {
+        "--backends": spec, "--prompts": prompts, "--json": json_out, "--report": report, "--device": device,
+        "--revision": revision, "--threads": threads})
     result["command"] = command
-    if json_out is not None:
-        write_json(result, json_out)
-    if report is not None:
-        for f in write_report(result, report, command):
-            console.print(f"wrote {f}")
+    with cannot_run():
+        if json_out is not None:
+            write_json(result, json_out)
+        if report is not None:
+            for f in write_report(result, report, command):
+                console.print(f"wrote {f}")
     _print_summary(result)
     card = result["scorecard"]
     ok = card["matrix_pinned"] and card["false_positives"] == 0 and card["false_negatives"] == 0 and \
         result["per_layer_summary"]["pow2"]["bitwise_equal"] == result["per_layer_summary"]["pow2"]["layers"]
     if not ok:
-        raise typer.Exit(1)
+        raise typer.Exit(EXIT_FAILED)

@@ -1,9 +1,9 @@
-"""The publishing sub-commands of the `requant` CLI: manifest, card, push.
+"""`requant manifest | card | push`: the publishing commands.
 
 Thin typer wrappers over requant.manifest, requant.publish.card and requant.publish.push:
-progress (rich, stderr) while hashing, tables for people on stdout, JSON with --json, and
-every refusal or failure as one red line on stderr with exit status 1 (typer's own usage
-errors exit 2). Nothing here ever prints a token.
+progress (rich, stderr) while hashing, tables for people on stdout, JSON with --json. Exit
+codes as in requant.commands._common: a manifest mismatch or a push its rules refuse is 1,
+an input that cannot be read 2. Nothing here ever prints a token.
 """
 
 from __future__ import annotations
@@ -15,44 +15,39 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 from rich.table import Table
 
-from requant.commands import _err, _fail  # one error line format for every command
-from requant.errors import CheckpointError
-
-
-def _out() -> Console:
-    return Console(file=sys.stdout, highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 200)
+from requant.commands._common import EXIT_FAILED, cannot_run, err, fail, out, warn
 
 
 def _run(fn):
-    try:
-        return fn()
-    except CheckpointError as exc:
-        _fail(str(exc))
-    except OSError as exc:
-        _fail(f"{exc.filename}: {exc.strerror or exc}" if exc.filename else str(exc))
-    except KeyboardInterrupt:
-        _fail("interrupted; nothing was written", 130)
+    """fn() with refusals as the error line: a push that requant's rules refuse
+    (requant.publish.PushRefused) exits 1; an input that cannot be read or written exits 2."""
+    from requant.publish import PushRefused
+
+    with cannot_run():
+        try:
+            return fn()
+        except PushRefused as exc:
+            fail(str(exc), EXIT_FAILED)
 
 
 @contextmanager
 def _hashing(root: Path, what: str):
     """A byte progress bar (stderr, only on a terminal) for hashing the files under root."""
-    err = _err()
+    console = err()
     total = sum(p.stat().st_size for p in Path(root).rglob("*") if p.is_file()) if Path(root).is_dir() else 0
-    with Progress(TextColumn(what), BarColumn(), DownloadColumn(), TransferSpeedColumn(), console=err,
-                  transient=True, disable=not err.is_terminal) as progress:
+    with Progress(TextColumn(what), BarColumn(), DownloadColumn(), TransferSpeedColumn(), console=console,
+                  transient=True, disable=not console.is_terminal) as progress:
         task = progress.add_task(what, total=total)
         yield lambda n: progress.advance(task, n)
 
 
 def _warn(lines) -> None:
     for line in lines:
-        _err().print(f"[bold yellow]warning:[/] {escape(line)}")
+        warn(line)
 
 
 def manifest(
@@ -69,43 +64,43 @@ def manifest(
     are not covered (they are written about the checkpoint, after it)."""
     from requant import manifest as mf
 
-    out = _out()
+    stdout = out()
     if write:
         with _hashing(ckpt, "sha256") as cb:
             entries = _run(lambda: mf.compute(ckpt, progress=cb))
         path, digest = _run(lambda: mf.write(ckpt, entries))
         if as_json:
-            out.file.write(json.dumps({"written": str(path), "manifest_digest": digest, "files": len(entries)}, indent=2) + "\n")
+            stdout.file.write(json.dumps({"written": str(path), "manifest_digest": digest, "files": len(entries)}, indent=2) + "\n")
         else:
-            out.print(f"wrote {escape(str(path))}: {len(entries)} files, manifest digest {digest}")
+            stdout.print(f"wrote {escape(str(path))}: {len(entries)} files, manifest digest {digest}")
         return
     if against is None and not (ckpt / mf.MANIFEST).exists():
         with _hashing(ckpt, "sha256") as cb:
             entries = _run(lambda: mf.compute(ckpt, progress=cb))
         digest = mf.digest_of(mf.render(entries))
         if as_json:
-            out.file.write(json.dumps({"manifest": None, "manifest_digest": digest,
+            stdout.file.write(json.dumps({"manifest": None, "manifest_digest": digest,
                                        "files": {e.path: {"sha256": e.sha256, "size": e.size} for e in entries.values()}}, indent=2) + "\n")
             return
-        out.file.write(mf.render(entries).decode("utf-8"))
-        out.print(f"no {mf.MANIFEST} in {escape(str(ckpt))}; the one above has digest {digest} (--write writes it)")
+        stdout.file.write(mf.render(entries).decode("utf-8"))
+        stdout.print(f"no {mf.MANIFEST} in {escape(str(ckpt))}; the one above has digest {digest} (--write writes it)")
         return
     name = against.resolve() if against is not None else mf.MANIFEST
     with _hashing(ckpt, "sha256") as cb:
         check = _run(lambda: mf.verify(ckpt, name, progress=cb))
     if as_json:
-        out.file.write(json.dumps({"manifest": str(check.manifest), "manifest_digest": check.digest, "ok": check.ok,
+        stdout.file.write(json.dumps({"manifest": str(check.manifest), "manifest_digest": check.digest, "ok": check.ok,
                                    "first_problem": check.first_problem, "missing": check.missing, "not_listed": check.extra,
                                    "differing": check.differing}, indent=2) + "\n")
     elif check.ok:
-        out.print(f"[green]ok[/]: {escape(check.describe())}")
+        stdout.print(f"[green]ok[/]: {escape(check.describe())}")
     else:
-        out.print(f"[red]mismatch[/]: {escape(check.describe())}")
+        stdout.print(f"[red]mismatch[/]: {escape(check.describe())}")
         for kind, rels in (("missing", check.missing), ("not listed", check.extra), ("differs", check.differing)):
             for rel in rels:
-                out.print(f"  {kind}: {escape(rel)}")
+                stdout.print(f"  {kind}: {escape(rel)}")
     if not check.ok:
-        raise typer.Exit(1)
+        raise typer.Exit(EXIT_FAILED)
 
 
 def card(
@@ -136,10 +131,10 @@ def card(
         return
     if not facts.manifest_stored:
         path, digest = _run(lambda: mf.write(ckpt, facts.entries))
-        _out().print(f"wrote {escape(str(path))} (manifest digest {digest})")
+        out().print(f"wrote {escape(str(path))} (manifest digest {digest})")
     path = _run(lambda: write_card(ckpt, rendered))
     measured = ", ".join(f"{k} {'measured' if k in rendered.reports.found else 'not measured'}" for k in ("audit", "determinism", "eval"))
-    _out().print(f"wrote {escape(str(path))} ({measured}; license {rendered.metadata.get('license')})")
+    out().print(f"wrote {escape(str(path))} ({measured}; license {rendered.metadata.get('license')})")
 
 
 def push(
@@ -165,20 +160,20 @@ def push(
     if p.overridden:
         _warn([f"--force: pushing although {r}" for r in p.overridden])
     for note in p.notes:
-        _err().print(f"note: {escape(note)}")
-    out = _out()
+        err().print(f"note: {escape(note)}")
+    stdout = out()
     if dry_run:
         table = Table(title=f"would upload to {escape(repo_id)}" + (f" (branch {escape(revision)})" if revision else ""))
         for col, just in (("file", "left"), ("bytes", "right"), ("sha256", "left"), ("", "left")):
             table.add_column(col, justify=just)
         for u in p.files:
             table.add_row(escape(u.path_in_repo), f"{u.size:,}", u.sha256, escape(u.note))
-        out.print(table)
-        out.print(f"{len(p.files)} files, {p.total_bytes:,} bytes; manifest digest {p.manifest_digest}. "
+        stdout.print(table)
+        stdout.print(f"{len(p.files)} files, {p.total_bytes:,} bytes; manifest digest {p.manifest_digest}. "
                   "Dry run: nothing was contacted or written.")
         return
     url = _run(lambda: push_mod.upload(p, private=private, commit_message=commit_message))
     written = _run(lambda: push_mod.write_back(p))
     for path in written:
-        _err().print(f"wrote {escape(str(path))} (as pushed)")
-    out.print(url)
+        err().print(f"wrote {escape(str(path))} (as pushed)")
+    stdout.print(url)

@@ -15,26 +15,25 @@ arm) and messages go to stderr; the table to stdout.
 
 from __future__ import annotations
 
-import shlex
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from requant.commands._common import (CkptArg, DeviceOpt, JsonOpt, ReportOpt, ThreadsOpt, cannot_run, check_device,
+                                      command_line, err, out)
 from requant.eval.report import fmt_number
-from requant.eval.run import EvalUsageError
 
-console = Console(stderr=True, soft_wrap=True)  # an error stays one line at any width
+console = err()
 DEFAULT_ARMS = "native,nearest,ceiling,mse,probe"
 
 
 def _print_table(result: dict) -> None:
-    out = Console(highlight=False, soft_wrap=True)
+    stdout = out()
     if not result.get("primary_task"):
-        out.print("no perplexity task: lm-eval metrics are in the JSON (per_task)")
+        stdout.print("no perplexity task: lm-eval metrics are in the JSON (per_task)")
         return
     t = Table(title=f"{result['primary_task']}: {result['documents']} documents, 90% paired bootstrap vs native")
     for col in ("arm", "word ppl", "byte ppl", "bits/byte", "Δ word ppl", "90% interval"):
@@ -46,15 +45,15 @@ def _print_table(result: dict) -> None:
                   fmt_number(a["byte_perplexity"]), fmt_number(a["bits_per_byte"]),
                   "-" if a.get("delta_pct") is None else f"{a['delta_pct']:+.3f}%",
                   "-" if not ci else f"[{ci[0]:+.3f}%, {ci[1]:+.3f}%]")
-    out.print(t)
+    stdout.print(t)
     share = result["decomposition"].get("probe_mismatch_share")
     if share is not None:
         ci = result["decomposition"].get("ci90")
-        out.print(f"probe mismatch share: {share:.4f}" + (f" (90% interval [{ci[0]:.4f}, {ci[1]:.4f}])" if ci else ""))
+        stdout.print(f"probe mismatch share: {share:.4f}" + (f" (90% interval [{ci[0]:.4f}, {ci[1]:.4f}])" if ci else ""))
 
 
 def eval_command(
-    ckpt: Annotated[Optional[str], typer.Argument(help="W8A8 checkpoint directory or Hub repo id (default: the embedded default)")] = None,
+    ckpt: CkptArg = None,
     arms: Annotated[str, typer.Option("--arms", help="comma-separated: native and converter arms (unconstrained, nearest, ceiling, mse, probe); native is always included")] = DEFAULT_ARMS,
     source: Annotated[Optional[Path], typer.Option("--source", help="the unquantized bf16 Qwen3 directory: adds a 'bf16' row (dense Linears)")] = None,
     tasks: Annotated[str, typer.Option("--tasks", help="comma-separated lm-eval tasks; requant-heldout is shipped and offline, others need lm-eval's datasets")] = "requant-heldout",
@@ -65,15 +64,14 @@ def eval_command(
     seed: Annotated[int, typer.Option("--seed", help="bootstrap seed")] = 0,
     batch_size: Annotated[int, typer.Option("--batch-size", help="windows per runtime call")] = 4,
     max_length: Annotated[Optional[int], typer.Option("--max-length", help="rolling window length in tokens (default: the model's max_length)")] = None,
-    json_out: Annotated[Optional[Path], typer.Option("--json", help="write the result JSON here")] = None,
-    report: Annotated[Optional[Path], typer.Option("--report", help="write eval.json, eval.md, eval.png into this directory")] = None,
-    device: Annotated[Optional[str], typer.Option("--device", help="torch device (default: cuda if available, else cpu)")] = None,
-    threads: Annotated[Optional[int], typer.Option("--threads", help="torch CPU threads (default: 1 on a CPU device, torch's default otherwise; 0 = torch's default)")] = None,
+    json_out: JsonOpt = None,
+    report: ReportOpt = None,
+    device: DeviceOpt = None,
+    threads: ThreadsOpt = None,
 ) -> None:
     """Perplexity of each scale arm through lm-eval, with paired bootstrap intervals against native."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    from requant.errors import CheckpointError
     from requant.eval.report import write_json, write_report
     from requant.eval.run import parse_arms, run_eval
 
@@ -89,37 +87,25 @@ def eval_command(
             progress.update(bars[arm], completed=done, total=total)
         return update
 
-    try:
+    with cannot_run():  # the runtime or the LM refusing a checkpoint or a model argument: ValueError
         arm_list = parse_arms(arms)
+        if device is not None:
+            check_device(device)
         with progress:
             result = run_eval(ckpt, arm_list, source=None if source is None else str(source), tasks=task_list, backend=backend,
                               act_backend=act_backend, device=device, limit=limit, replicates=bootstrap, seed=seed,
                               batch_size=batch_size, max_length=max_length, progress_for=progress_for,
                               threads=threads, on_phase=lambda msg: progress.console.print(escape(msg)),
                               hash_progress=progress_for("manifest digest (sha256 of every file)", "bytes"))
-    except (EvalUsageError, CheckpointError) as exc:
-        console.print(f"[bold red]error:[/bold red] {escape(str(exc))}")
-        raise typer.Exit(2) from None
-    except ValueError as exc:  # the runtime or the LM refusing a checkpoint or a model argument
-        console.print(f"[bold red]error:[/bold red] {escape(str(exc))}")
-        raise typer.Exit(2) from None
-    args = [] if ckpt is None else [ckpt]
-    args += ["--arms", arms, "--tasks", tasks]
-    for flag, value in (("--source", source), ("--backend", backend), ("--limit", limit), ("--max-length", max_length),
-                        ("--json", json_out), ("--report", report), ("--device", device), ("--threads", threads)):
-        if value is not None:
-            args += [flag, str(value)]
-    if act_backend != "reference":
-        args += ["--act-backend", act_backend]
-    args += ["--bootstrap", str(bootstrap), "--seed", str(seed), "--batch-size", str(batch_size)]
-    result["command"] = " ".join(["requant eval"] + [shlex.quote(a) for a in args])
-    try:
+    result["command"] = command_line("eval", [ckpt], {
+        "--arms": arms, "--tasks": tasks, "--source": source, "--backend": backend, "--limit": limit,
+        "--max-length": max_length, "--json": json_out, "--report": report, "--device": device, "--threads": threads,
+        "--act-backend": None if act_backend == "reference" else act_backend,
+        "--bootstrap": bootstrap, "--seed": seed, "--batch-size": batch_size})
+    with cannot_run():
         if json_out is not None:
             console.print(f"wrote {write_json(result, json_out)}")
         if report is not None:
             for f in write_report(result, report):
                 console.print(f"wrote {f}")
-    except OSError as exc:
-        console.print(f"[bold red]error:[/bold red] {escape(str(exc))}")
-        raise typer.Exit(2) from None
     _print_table(result)

@@ -1,74 +1,27 @@
-"""The checkpoint sub-commands of the `requant` CLI: convert, inspect, verify.
+"""`requant convert | inspect | verify`: the checkpoint commands.
 
-Thin typer wrappers: parse options, call requant.convert / requant.inspect /
-requant.verify, render the result (rich tables on stdout, progress and errors on
-stderr, JSON where a machine reads it). A CheckpointError becomes one clear red line on
-stderr and exit status 1, never a traceback; an interrupt exits 130 after the converter
-has removed its temporary directory.
+Thin typer wrappers over requant.convert, requant.inspect and requant.verify: rich tables
+on stdout, progress and errors on stderr, JSON where a machine reads it. Exit codes as in
+requant.commands._common: a refused checkpoint is exit 2, `verify` finding a difference
+exit 1, an interrupt 130 after the converter has removed its temporary directory.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import signal
-import sys
-import threading
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from requant import DEFAULT_CHECKPOINT
 from requant.arms import ARMS, SERVABLE
-from requant.errors import CheckpointError
+from requant.commands._common import EXIT_FAILED, cannot_run, err, out, sigterm_as_interrupt, warn, write_json_atomic
 
 Arm = Enum("Arm", {a: a for a in ARMS}, type=str)
-
-
-def _out() -> Console:
-    return Console(file=sys.stdout, highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 160)
-
-
-def _err() -> Console:
-    return Console(file=sys.stderr, highlight=False, soft_wrap=True)
-
-
-def _fail(msg: str, code: int = 1):
-    _err().print(f"[bold red]error:[/] {escape(msg)}")
-    raise typer.Exit(code)
-
-
-def _run(fn):
-    try:
-        return fn()
-    except CheckpointError as exc:
-        _fail(str(exc))
-    except KeyboardInterrupt:
-        _fail("interrupted; nothing was written", 130)
-    except OSError as exc:
-        _fail(f"{exc.filename or ''}: {exc.strerror or exc}" if exc.filename else str(exc))
-
-
-@contextlib.contextmanager
-def _sigterm_as_interrupt():
-    """Treat SIGTERM like Ctrl-C while converting, so the temporary directory is removed."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum, frame):
-        raise KeyboardInterrupt
-
-    old = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old)
 
 
 def _fmt_shifts(shifts: dict) -> str:
@@ -116,10 +69,10 @@ def convert(
     from requant.convert import convert as do_convert
 
     arm_name = arm.value if isinstance(arm, Enum) else str(arm)
-    err = _err()
+    console = err()
     src_arg = src if src is not None else str(DEFAULT_CHECKPOINT)
     progress = Progress(TextColumn("[bold]convert[/] " + escape(arm_name)), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                        TimeRemainingColumn(), console=err, transient=True, disable=not err.is_terminal)
+                        TimeRemainingColumn(), console=console, transient=True, disable=not console.is_terminal)
     task = {}
 
     def on_start(total):
@@ -129,18 +82,16 @@ def convert(
         if "id" in task:
             progress.update(task["id"], advance=n)
 
-    def work():
-        with progress, _sigterm_as_interrupt():
-            return do_convert(src_arg, output, arm_name, force=force, revision=revision, source=source, jobs=jobs,
-                              progress=advance, on_start=on_start)
-
-    result = _run(work)
+    with cannot_run(), progress, sigterm_as_interrupt():
+        result = do_convert(src_arg, output, arm_name, force=force, revision=revision, source=source, jobs=jobs,
+                            progress=advance, on_start=on_start)
     report = result.to_dict()
-    if json_report is not None:
-        _run(lambda: json_report.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8"))
-    if plot is not None:
-        _run(lambda: _plot(result, plot))
-    out = _out()
+    with cannot_run():
+        if json_report is not None:
+            write_json_atomic(json_report, report, indent=2)
+        if plot is not None:
+            _plot(result, plot)
+    stdout = out()
     if not quiet and result.layers:
         table = Table(title=f"requant convert --arm {arm_name}", show_lines=False)
         for col, just in (("layer", "left"), ("channels", "right"), ("scales changed", "right"), ("exponent shifts", "left"),
@@ -148,14 +99,14 @@ def convert(
             table.add_column(col, justify=just)
         for name, st in result.layers.items():
             table.add_row(name, str(st.rows), str(st.scales_changed), _fmt_shifts(st.exponent_shifts), str(st.weights_clipped), f"{st.rel_error:.3e}")
-        out.print(table)
+        stdout.print(table)
     t = report["totals"]
-    out.print(f"{t['linears']} quantized Linears, {t['channels']} channels: {t['scales_changed']} scales changed, "
+    stdout.print(f"{t['linears']} quantized Linears, {t['channels']} channels: {t['scales_changed']} scales changed, "
               f"shifts {_fmt_shifts(t['exponent_shifts'])}, {t['weights_clipped']} weights clipped, "
               f"relative weight error {t['rel_weight_error']:.3e}")
-    out.print(f"wrote {escape(str(result.output))} ({result.bytes_total / 1e6:.1f} MB in {result.elapsed_s:.2f} s)")
+    stdout.print(f"wrote {escape(str(result.output))} ({result.bytes_total / 1e6:.1f} MB in {result.elapsed_s:.2f} s)")
     if not SERVABLE[arm_name]:
-        err.print("[bold yellow]warning:[/] arm 'probe' rewrites scales without requantizing the weights: an ablation, NOT servable")
+        warn("arm 'probe' rewrites scales without requantizing the weights: an ablation, NOT servable")
 
 
 def inspect(
@@ -166,10 +117,11 @@ def inspect(
     """Describe a W8A8 checkpoint: architecture, Linears, scale dtype, power-of-two scales, int8 range."""
     from requant.inspect import inspect_checkpoint
 
-    info = _run(lambda: inspect_checkpoint(src, revision=revision))
-    out = _out()
+    with cannot_run():
+        info = inspect_checkpoint(src, revision=revision)
+    stdout = out()
     if as_json:
-        out.file.write(json.dumps(info, indent=2) + "\n")
+        stdout.file.write(json.dumps(info, indent=2) + "\n")
         return
     table = Table(show_header=False, title=escape(info["path"]))
     table.add_column("", style="bold")
@@ -190,7 +142,7 @@ def inspect(
     ]
     for k, v in rows:
         table.add_row(k, escape(v))
-    out.print(table)
+    stdout.print(table)
 
 
 def verify(
@@ -198,23 +150,24 @@ def verify(
     b: Annotated[Path, typer.Argument(help="Second checkpoint directory.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ):
-    """Exit 0 when two checkpoints are byte-identical; otherwise list what differs, tensor by tensor."""
+    """Exit 0 when two checkpoints are byte-identical, 1 listing what differs (tensor by tensor), 2 when one cannot be read."""
     from requant.verify import verify as do_verify
 
-    report = _run(lambda: do_verify(a, b))
-    out = _out()
+    with cannot_run():
+        report = do_verify(a, b)
+    stdout = out()
     if as_json:
-        out.file.write(json.dumps(report, indent=2) + "\n")
+        stdout.file.write(json.dumps(report, indent=2) + "\n")
     elif report["identical"]:
-        out.print(f"[green]identical[/]: {escape(str(a))} and {escape(str(b))} are byte for byte the same")
+        stdout.print(f"[green]identical[/]: {escape(str(a))} and {escape(str(b))} are byte for byte the same")
     else:
-        out.print(f"[red]different[/]: {escape(str(a))} vs {escape(str(b))}")
+        stdout.print(f"[red]different[/]: {escape(str(a))} vs {escape(str(b))}")
         for rel in report["only_in_a"]:
-            out.print(f"  only in A: {escape(rel)}")
+            stdout.print(f"  only in A: {escape(rel)}")
         for rel in report["only_in_b"]:
-            out.print(f"  only in B: {escape(rel)}")
+            stdout.print(f"  only in B: {escape(rel)}")
         for rel in report["differing_files"]:
-            out.print(f"  file differs: {escape(rel)}")
+            stdout.print(f"  file differs: {escape(rel)}")
         for d in report["tensors"]:
             if d["what"] == "values":
                 detail = f"{d['elements_differing']} of {d['elements']} elements differ (first at flat index {d['first_index']})"
@@ -222,10 +175,10 @@ def verify(
                 detail = f"{d['a']} vs {d['b']}"
             else:
                 detail = d["what"]
-            out.print(f"  tensor {escape(d['tensor'])}: {escape(detail)}")
+            stdout.print(f"  tensor {escape(d['tensor'])}: {escape(detail)}")
         for e in report["errors"]:
-            out.print(f"  unreadable: {escape(e)}")
+            stdout.print(f"  unreadable: {escape(e)}")
         if report.get("note"):
-            out.print(f"  note: {escape(report['note'])}")
+            stdout.print(f"  note: {escape(report['note'])}")
     if not report["identical"]:
-        raise typer.Exit(1)
+        raise typer.Exit(EXIT_FAILED)

@@ -1,0 +1,54 @@
+"""Backend pairs for the commands that compare two GEMM kernels, and the environment record.
+
+`parse_backends("cutlass,triton")` -> the pair; "reference" -> the two emulations of the
+documented epilogue orders (what runs without a GPU). A backend must declare the order it
+implements (requant.kernels.EMULATION_OF): a comparison is only meaningful against a
+known formula. `environment(device)` is the versions-and-device record every report keeps.
+"""
+
+from __future__ import annotations
+
+import platform
+
+__all__ = ["REFERENCE_PAIR", "parse_backends", "environment"]
+
+REFERENCE_PAIR = ("reference-cutlass-order", "reference-triton-order")
+
+
+def parse_backends(spec: str) -> tuple[str, str]:
+    """'reference' -> REFERENCE_PAIR; otherwise exactly two registered backend names, each
+    with a documented epilogue order. ValueError naming --backends otherwise."""
+    from requant import kernels
+
+    spec = spec.strip()
+    if spec == "reference":
+        return REFERENCE_PAIR
+    names = tuple(s.strip() for s in spec.split(",") if s.strip())
+    if len(names) != 2:
+        raise ValueError(f"--backends takes two comma-separated names or 'reference', got {spec!r}")
+    known = kernels.scaled_mm_backends()
+    for n in names:
+        if n not in known:
+            raise ValueError(f"unknown backend {n!r}; known: {', '.join(known)}")
+        if n not in kernels.EMULATION_OF:
+            raise ValueError(f"backend {n!r} implements no known epilogue order (requant.kernels.EMULATION_OF)")
+    return names
+
+
+def environment(device: str) -> dict:
+    """Versions and device name, recorded with every result."""
+    import torch
+
+    env = {"python": platform.python_version(), "torch": torch.__version__}
+    try:
+        import triton
+
+        env["triton"] = triton.__version__
+    except ImportError:
+        env["triton"] = None
+    if str(device).startswith("cuda") and torch.cuda.is_available():
+        env["gpu"] = torch.cuda.get_device_name(torch.device(device))
+        env["cuda"] = torch.version.cuda
+    else:
+        env["cpu"] = platform.processor() or platform.machine()
+    return env

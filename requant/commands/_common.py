@@ -1,0 +1,174 @@
+"""What every `requant` command shares: consoles, the error line, exit codes, the atomic
+JSON writer and the option types that repeat.
+
+EXIT CODES (one policy for every command)
+    0  done, or the check passed
+    1  it ran and the check failed (verify differs, manifest mismatch, audit scorecard,
+       determinism, push refused by its rules, conform: not a known legal formula)
+    2  it could not run: a usage error, a missing or malformed input, a SHA256SUMS that
+       does not match before a run. One line `error: ...` on stderr, no traceback.
+  130  interrupted (Ctrl-C or SIGTERM); what was being written is removed.
+
+Messages are single lines whatever the terminal: the consoles soft-wrap (rich never
+inserts a newline into a long line) and control characters in names are escaped.
+Importing this module does not import torch (`requant --help` stays fast).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shlex
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Annotated, NoReturn, Optional
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from requant.errors import CheckpointError, UsageError
+from requant.output import write_json_atomic
+
+__all__ = [
+    "EXIT_OK", "EXIT_FAILED", "EXIT_ERROR", "EXIT_INTERRUPTED", "UsageError",
+    "out", "err", "fail", "warn", "plain", "cannot_run", "sigterm_as_interrupt", "write_json_atomic",
+    "default_device", "check_device", "set_threads", "command_line",
+    "CkptArg", "DeviceOpt", "ThreadsOpt", "BackendsOpt", "RevisionOpt", "JsonOpt", "ReportOpt",
+]
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_ERROR = 2
+EXIT_INTERRUPTED = 130
+
+
+# -- consoles and lines ------------------------------------------------------------------
+def out() -> Console:
+    """stdout for people: tables and summary lines (never hard-wrapped when piped)."""
+    return Console(file=sys.stdout, highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 200)
+
+
+def err() -> Console:
+    """stderr: progress bars, warnings and the error line."""
+    return Console(file=sys.stderr, highlight=False, soft_wrap=True)
+
+
+def plain(text: object) -> str:
+    """`text` made safe for one rich line: markup escaped, control characters (a newline in a
+    file name, say) shown as escapes instead of breaking the line."""
+    s = str(text)
+    if any(ord(c) < 32 or ord(c) == 127 for c in s):
+        s = "".join(c if ord(c) >= 32 and ord(c) != 127 else repr(c)[1:-1] for c in s)
+    return escape(s)
+
+
+def fail(msg: str, code: int = EXIT_ERROR) -> NoReturn:
+    """Print `error: msg` as one line on stderr and exit with `code`."""
+    err().print(f"[bold red]error:[/] {plain(msg)}")
+    raise typer.Exit(code)
+
+
+def warn(msg: str) -> None:
+    err().print(f"[bold yellow]warning:[/] {plain(msg)}")
+
+
+def _os_message(exc: OSError) -> str:
+    return f"{exc.filename}: {exc.strerror or exc}" if exc.filename else str(exc)
+
+
+@contextlib.contextmanager
+def cannot_run(interrupted: str = "interrupted; nothing was written"):
+    """Refusals inside the block become the error line and exit 2; an interrupt exits 130.
+    Anything else escaping is a bug in requant and keeps its traceback."""
+    try:
+        yield
+    except KeyError as exc:  # a backend or name lookup: its message is the first argument
+        fail(str(exc.args[0]) if exc.args else repr(exc))
+    except (CheckpointError, UsageError, ValueError) as exc:
+        fail(str(exc))
+    except OSError as exc:
+        fail(_os_message(exc))
+    except KeyboardInterrupt:
+        fail(interrupted, EXIT_INTERRUPTED)
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt():
+    """Treat SIGTERM like Ctrl-C inside the block, so cleanup code runs."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+# -- devices and threads -----------------------------------------------------------------
+def default_device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def check_device(device: str) -> str:
+    """`device` if torch can use it here; UsageError naming --device otherwise."""
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise UsageError(f"--device {device!r}: not a torch device (cpu, cuda, cuda:N)") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise UsageError(f"--device {device}: no CUDA device here")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise UsageError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) here")
+    elif dev.type != "cpu":
+        raise UsageError(f"--device {device}: requant runs on cpu or cuda")
+    return device
+
+
+def set_threads(threads: Optional[int], device: str) -> None:
+    """--threads: default 1 on a CPU device (the tensors are small; intra-op threads spinning
+    against other load were measured 8-15x slower on a shared 2-core machine), torch's
+    default otherwise; 0 means torch's default."""
+    n = threads if threads is not None else (1 if str(device) == "cpu" else 0)
+    if n < 0:
+        raise UsageError("--threads must be >= 0")
+    if n:
+        import torch
+
+        torch.set_num_threads(n)
+
+
+def command_line(name: str, positional: list | None = None, options: dict | None = None) -> str:
+    """The `requant NAME ...` line recorded in a report: positionals, then each option whose
+    value is not None (True flags as the bare flag, False flags left out)."""
+    args = [str(p) for p in positional or [] if p is not None]
+    for flag, value in (options or {}).items():
+        if value is None or value is False:
+            continue
+        args += [flag] if value is True else [flag, str(value)]
+    return " ".join([f"requant {name}"] + [shlex.quote(a) for a in args])
+
+
+# -- option types that repeat ------------------------------------------------------------
+CkptArg = Annotated[Optional[str], typer.Argument(
+    help="Checkpoint directory or Hub repo id (default: the embedded default).", show_default=False)]
+DeviceOpt = Annotated[Optional[str], typer.Option(
+    "--device", help="torch device (default: cuda if available, else cpu).")]
+ThreadsOpt = Annotated[Optional[int], typer.Option(
+    "--threads", help="torch CPU threads (default: 1 on a CPU device, torch's default otherwise; 0 = torch's default).")]
+BackendsOpt = Annotated[Optional[str], typer.Option(
+    "--backends", help="Two scaled_mm backends 'A,B', or 'reference' (default: cutlass,triton on a GPU, else reference).")]
+RevisionOpt = Annotated[Optional[str], typer.Option("--revision", help="Hub revision when the checkpoint is a repo id.")]
+JsonOpt = Annotated[Optional[Path], typer.Option("--json", help="Write the JSON record here (atomically).")]
+ReportOpt = Annotated[Optional[Path], typer.Option("--report", help="Write JSON, Markdown and PNG files into this directory.")]

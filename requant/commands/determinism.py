@@ -1,0 +1,101 @@
+"""`requant determinism`: greedy generations across a backend pair, native and pow2.
+
+    requant determinism [CKPT] [--backends cutlass,triton | reference] [--prompts 8]
+                        [--new-tokens 64] [--json OUT] [--device DEV] [--act-backend NAME]
+                        [--revision REV] [--threads N]
+
+No CKPT: the embedded default. `--backends reference` is the pair
+reference-cutlass-order,reference-triton-order (the default without a CUDA GPU); with one,
+the default pair is cutlass,triton. Markdown on stdout, ending with the summary line
+("pow2: 8/8 identical; native: k/8"); progress on stderr; `--json` writes the record
+atomically. Exit status: 0 when pow2 is identical across the pair for every prompt and
+every prompt decodes the same alone as inside the batch (both regimes, both backends);
+1 when it ran but one of those failed; 2 on a usage or checkpoint error (one line), a
+SHA256SUMS that does not match the checkpoint's files included (checked before the run).
+The JSON ties the generations to the checkpoint's bytes and to the code
+(requant.identity: manifest, manifest_digest, tool_version, git_commit), as the audit's does.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from requant.commands._common import (EXIT_FAILED, BackendsOpt, CkptArg, DeviceOpt, JsonOpt, RevisionOpt, ThreadsOpt, UsageError,
+                                      cannot_run, check_device, command_line, default_device, err, set_threads,
+                                      write_json_atomic)
+
+
+def check_backend_device(pair: tuple[str, ...], device: str, act_backend: str) -> None:
+    """Refuse a backend the device cannot run, before anything is loaded."""
+    import os
+
+    if "cutlass" in pair and not device.startswith("cuda"):
+        raise UsageError("the cutlass backend needs a CUDA GPU; on CPU use --backends reference")
+    interpret = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    if not device.startswith("cuda") and not interpret:
+        if "triton" in pair:
+            raise UsageError("the triton backend needs a CUDA GPU (or TRITON_INTERPRET=1 on CPU); on CPU use --backends reference")
+        if act_backend == "triton":
+            raise UsageError("--act-backend triton needs a CUDA GPU (or TRITON_INTERPRET=1 on CPU); on CPU use --act-backend reference")
+
+
+def determinism(
+    ckpt: CkptArg = None,
+    backends: BackendsOpt = None,
+    prompts: Annotated[int, typer.Option("--prompts", help="built-in calibration prompts to decode (1-16)")] = 8,
+    new_tokens: Annotated[int, typer.Option("--new-tokens", help="tokens to generate per prompt (greedy, no stop at eos)")] = 64,
+    json_out: JsonOpt = None,
+    device: DeviceOpt = None,
+    act_backend: Annotated[str, typer.Option("--act-backend", help="quantize_activations backend shared by both sides (reference or triton: the same bits)")] = "reference",
+    revision: RevisionOpt = None,
+    threads: ThreadsOpt = None,
+) -> None:
+    """Greedy generations with each backend of the pair, native and pow2: byte-identical or not,
+    and each prompt alone vs inside the batch."""
+    console = err()
+    with cannot_run():
+        from requant import DEFAULT_CHECKPOINT
+        from requant.backends import parse_backends
+        from requant.checkpoint import open_checkpoint
+        from requant.determinism import all_scales_pow2, run_determinism, work_units
+        from requant.identity import with_progress
+        from requant.prompts import prompts as prompt_list
+        from requant.runtime import check_layout
+
+        dev = check_device(device or default_device())
+        spec = backends or ("cutlass,triton" if dev.startswith("cuda") else "reference")
+        pair = parse_backends(spec)
+        check_backend_device(pair, dev, act_backend)
+        if new_tokens < 1:
+            raise UsageError("--new-tokens must be at least 1")
+        prompt_list(prompts)  # validate N before loading (or downloading) anything big
+        set_threads(threads, dev)
+        checkpoint = open_checkpoint(DEFAULT_CHECKPOINT if ckpt is None else ckpt, revision=revision)
+        check_layout(checkpoint)
+        units = work_units(prompts, 1 if all_scales_pow2(checkpoint) else 2)
+        identity = with_progress(checkpoint, console)  # before the long run: a SHA256SUMS that does not match fails here
+
+    console.print(f"determinism of {checkpoint.path}: {pair[0]} vs {pair[1]} on {dev}, {prompts} prompts x {new_tokens} tokens")
+    with cannot_run():  # e.g. a tokenizer the model cannot embed, an unknown act backend
+        with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                      TimeElapsedColumn(), TimeRemainingColumn(), console=console) as progress:
+            task = progress.add_task("greedy runs", total=units)
+            result = run_determinism(checkpoint, pair, prompts, new_tokens, dev, act_backend=act_backend, identity=identity,
+                                     advance=lambda n=1: progress.advance(task, n),
+                                     on_phase=lambda msg: progress.console.log(msg))
+    result["command"] = command_line("determinism", [ckpt], {
+        "--backends": spec, "--prompts": prompts, "--new-tokens": new_tokens, "--json": json_out, "--device": device,
+        "--revision": revision, "--threads": threads, "--act-backend": None if act_backend == "reference" else act_backend})
+    if json_out is not None:
+        with cannot_run():
+            write_json_atomic(json_out, result)
+        console.print(f"wrote {json_out}")
+    from requant.determinism import markdown
+
+    print(markdown(result, result["command"]))
+    print(result["summary"])
+    if not result["ok"]:
+        raise typer.Exit(EXIT_FAILED)
