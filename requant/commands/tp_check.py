@@ -45,6 +45,7 @@ from requant.commands._common import (
     err,
     fail,
     set_threads,
+    sigterm_as_interrupt,
     write_json_atomic,
 )
 
@@ -166,7 +167,8 @@ def tp_check(
     spec = Spec(str(checkpoint.path), ids, degrees=degrees, runs=(run_spec,), new_tokens=new_tokens,
                 device="cuda" if cuda else "cpu", threads=threads or 1)
     try:
-        results = run(spec, timeout_s=timeout)
+        with sigterm_as_interrupt():
+            results = run(spec, timeout_s=timeout)
     except (RuntimeError, TimeoutError) as exc:
         fail(str(exc))
     except KeyboardInterrupt:

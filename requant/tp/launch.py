@@ -14,8 +14,11 @@ every degree and every Run (backend, regime, reduce mode). Backend: gloo on the 
 GPU per rank (cuda:<rank>) on CUDA -- written for the 2-GPU machine, not run here. Rank 0
 writes the results to a file in a private temporary directory; the parent reads it.
 Robustness: the process group and the store time out (timeout_s), the parent kills the
-workers when the whole run exceeds timeout_s, and a worker's exception comes back as a
-RuntimeError naming its rank and its last line.
+workers when the whole run exceeds timeout_s, when one of them fails, or when it is itself
+interrupted (the workers are daemonic: they end with it), and a worker's exception comes back
+as a RuntimeError naming its rank and its last line. Spawned workers import the caller's main
+module again, so a script calling run() needs the `if __name__ == "__main__":` guard (the
+requant command line has it).
 """
 
 from __future__ import annotations
@@ -173,7 +176,7 @@ def run(spec: Spec, timeout_s: float = 300.0) -> dict[tuple[Run, int], Result]:
     with tempfile.TemporaryDirectory(prefix="requant-tp-") as tmp:
         out = str(Path(tmp) / "results.pt")
         ctx = mp.start_processes(_worker, args=(world, store.port, spec, out, timeout_s), nprocs=world, join=False,
-                                 start_method="spawn")
+                                 daemon=True, start_method="spawn")
         deadline = time.monotonic() + timeout_s
         try:
             while not ctx.join(timeout=0.5):
