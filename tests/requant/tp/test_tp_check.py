@@ -26,17 +26,17 @@ runner = CliRunner()
 
 def test_int32_identical_exit_0_and_json(tmp_path):
     out = tmp_path / "tp.json"
-    res = runner.invoke(app, ["tp-check", "--tp", "2,4", "--prompts", "2", "--new-tokens", "4", "--json", str(out)])
+    res = runner.invoke(app, ["tp-check", "--tp", "2", "--prompts", "2", "--new-tokens", "4", "--json", str(out)])
     assert res.exit_code == 0, res.output
-    assert res.output.strip().splitlines()[-1] == "tp 1,2,4: logits and tokens bitwise identical"
+    assert res.output.strip().splitlines()[-1] == "tp 1,2: logits and tokens bitwise identical"
     rec = json.loads(out.read_text())
-    assert rec["tp"] == [1, 2, 4] and rec["reduce"] == "int32" and rec["identical"] is True
-    assert [c["tp"] for c in rec["per_degree"]] == [1, 2, 4]
+    assert rec["tp"] == [1, 2] and rec["reduce"] == "int32" and rec["identical"] is True
+    assert [c["tp"] for c in rec["per_degree"]] == [1, 2]
     for c in rec["per_degree"]:
         assert c["identical"] and c["logits_first_diff"] is None and c["tokens_first_diff"] is None
         assert c["digest"] == rec["per_degree"][0]["digest"]
     assert rec["collectives"] == "gloo" and rec["backend"] == "reference-triton-order" and rec["new_tokens"] == 4
-    assert rec["command"].startswith("requant tp-check --tp 2,4") and rec["manifest_digest"].startswith("sha256:")
+    assert rec["command"].startswith("requant tp-check --tp 2 ") and rec["manifest_digest"].startswith("sha256:")
 
 
 def test_bf16_reduce_differs_exit_1(tmp_path):
