@@ -5,17 +5,21 @@
 # Qwen3-1.7B/8B(/14B)-shaped synthetic checkpoints; then benchmarks/bench_tp.py (prefill and
 # decode tokens/s, int32 vs bf16 all-reduce in the same launch, NCCL_ALGO and the channel
 # count varied, digests compared across the NCCL settings). Written for when that kind is
-# lent; NOT RUN yet. Run from the repo root on the GPU machine:
+# lent; NOT RUN yet. Run from the repo root on the GPU machine (nvidia-h200-x2):
 #
-#     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/nvidia_cutlass-*.whl
-#     export PYTHONPATH=/tmp/site:$PWD REQUANT_CUTLASS_CACHE=/tmp/requant_cutlass MAX_JOBS=16
+#     source benchmarks/gpu_setup.sh || exit 1
 #     OUT=/some/dir REQUANT_COMMIT=<commit> bash benchmarks/gpu_tp.sh
 #
 # One call may not run past 600 s: STEPS picks the steps (default "generate build tests check
-# bench"); SIZES the synthetic shapes (default "qwen3-1.7b qwen3-8b"; add qwen3-14b when the
-# budget allows: generating it takes minutes and ~15 GB of disk, loading it twice as long as
-# 8B). A first call with STEPS="generate build" and a second with the rest fits two 10-minute
-# calls. NCCL settings for the benchmark: NCCL_SETTINGS (bench_tp.py --nccl; default there).
+# shapes bench": check = tp-check on the embedded default, every backend x regime x reduce;
+# shapes = tp-check on the synthetic checkpoints); SIZES the synthetic shapes (default
+# "qwen3-1.7b qwen3-8b"; add qwen3-14b when the budget allows: generating it takes minutes and
+# ~15 GB of disk). Estimated plan, three calls of <= 10 minutes on a fresh machine:
+#     STEPS="generate build tests check"   then   STEPS="build shapes"   then   STEPS="build bench"
+# (build is instant once cached, but the cache lives on the machine: a new machine rebuilds).
+# NCCL settings for the benchmark: NCCL_SETTINGS (bench_tp.py --nccl; default there). The
+# benchmark runs the pow2 regime only (speed does not depend on the scales; BENCH_ARGS adds
+# e.g. "--regimes native,pow2 --reps 5").
 # NVLink multicast stays off (NCCL_NVLS_ENABLE=0) as the lent machines require.
 # Each step has a timeout, logs its wall time and exit status to timings.txt, and the script
 # goes on after a failure. Files in $OUT (8): env.txt, timings.txt, gpu_tests.log,
@@ -28,11 +32,14 @@ cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 CKPT_ROOT="${CKPT_ROOT:-/tmp}"
 SIZES="${SIZES-qwen3-1.7b qwen3-8b}"
-STEPS="${STEPS-generate build tests check bench}"
+STEPS="${STEPS-generate build tests check shapes bench}"
 BENCH_ARGS="${BENCH_ARGS:-}"
 NCCL_SETTINGS="${NCCL_SETTINGS:-}"
 TIMINGS="$OUT/timings.txt"
-REQUANT="${REQUANT:-python3 -m requant.cli}"   # the CLI (an installed `requant` works too)
+REQUANT="${REQUANT:-python3 cli.py}"   # the CLI (the installed `requant` works too)
+DEVICE="${DEVICE:-cuda}"                # cpu + reference BACKENDS: a dry run of the script's plumbing
+BACKENDS="${BACKENDS:-cutlass triton}"
+TP="${TP:-1,2}"
 touch "$TIMINGS"
 
 now() { date +%s%N; }
@@ -82,14 +89,14 @@ check() {  # check LABEL CKPT ARGS... : one tp-check, its summary line and JSON 
     local json="$OUT/.tp_check.json"
     rm -f "$json"
     # shellcheck disable=SC2086
-    step "check_$label" 300 bash -c "$REQUANT tp-check '$ckpt' --tp 1,2 --device cuda --json '$json' $* 2>&1 \
+    step "check_$label" 300 bash -c "$REQUANT tp-check '$ckpt' --tp $TP --device $DEVICE --json '$json' $* 2>&1 \
         | tee -a '$OUT/tp_check.log'; exit \${PIPESTATUS[0]}"
     [ -f "$json" ] && { python3 -c "import json, sys; print(json.dumps(json.load(open(sys.argv[1]))))" "$json" \
         >> "$OUT/tp_check.jsonl"; rm -f "$json"; }
 }
 
 if has check; then
-    for be in cutlass triton; do
+    for be in $BACKENDS; do
         for regime in native pow2; do
             for red in int32 bf16; do
                 check "default_${be}_${regime}_${red}" requant/data/default --backend "$be" --regime "$regime" \
@@ -97,11 +104,17 @@ if has check; then
             done
         done
     done
+fi
+
+if has shapes; then
     for dir in "${CKPTS[@]}"; do
         name=$(basename "$dir")
-        check "${name}_cutlass_pow2_int32" "$dir" --backend cutlass --regime pow2 --new-tokens 16
-        check "${name}_triton_native_int32" "$dir" --backend triton --regime native --new-tokens 16
-        check "${name}_cutlass_native_bf16" "$dir" --backend cutlass --regime native --reduce bf16 --new-tokens 16
+        for be in $BACKENDS; do
+            check "${name}_${be}_pow2_int32" "$dir" --backend "$be" --regime pow2 --new-tokens 16
+            check "${name}_${be}_native_int32" "$dir" --backend "$be" --regime native --new-tokens 16
+        done
+        check "${name}_${BACKENDS%% *}_native_bf16" "$dir" --backend "${BACKENDS%% *}" --regime native --reduce bf16 \
+            --new-tokens 16
     done
 fi
 
@@ -110,7 +123,7 @@ if has bench && [ ${#CKPTS[@]} -gt 0 ]; then
     [ -n "$NCCL_SETTINGS" ] && nccl=(--nccl "$NCCL_SETTINGS")
     # every NCCL setting on the smallest shape; NCCL's default on the larger ones (pow2 only)
     # shellcheck disable=SC2086
-    step bench_tp_small 590 python3 benchmarks/bench_tp.py "${CKPTS[0]}" --out "$OUT" "${nccl[@]}" $BENCH_ARGS \
+    step bench_tp_small 590 python3 benchmarks/bench_tp.py "${CKPTS[0]}" --out "$OUT" --regimes pow2 "${nccl[@]}" $BENCH_ARGS \
         >> "$OUT/bench.log" 2>&1
     if [ ${#CKPTS[@]} -gt 1 ]; then
         mkdir -p "$OUT/.big"
