@@ -44,6 +44,7 @@ class Run:
     regime: str = "native"
     reduce: str = "int32"
     act_backend: str = "reference"
+    dense: tuple[str, ...] = ()  # quantized Linears to run as dense bf16 ones (requant.tp.shard.as_dense)
 
 
 @dataclass(frozen=True)
@@ -113,6 +114,7 @@ def _worker(rank: int, world: int, port: int, spec: Spec, out: str, timeout_s: f
     from requant.runtime.weights import check_layout, load_dense, load_linears
     from requant.tp.compare import digest
     from requant.tp.engine import Comm, ShardedModel
+    from requant.tp.shard import as_dense
 
     torch.set_num_threads(spec.threads)
     cuda = spec.device == "cuda"
@@ -137,7 +139,8 @@ def _worker(rank: int, world: int, port: int, spec: Spec, out: str, timeout_s: f
                 linears[r.regime] = load_linears(ckpt, r.regime, "cpu")
             for d in spec.degrees:
                 if rank < d:
-                    m = ShardedModel.build(ckpt.config, dense, linears[r.regime], Comm(groups[d]), device=device,
+                    dn, lin = as_dense(dense, linears[r.regime], r.dense) if r.dense else (dense, linears[r.regime])
+                    m = ShardedModel.build(ckpt.config, dn, lin, Comm(groups[d]), device=device,
                                            backend=r.backend, act_backend=r.act_backend, reduce=r.reduce,
                                            reduction=spec.reduction)
                     logits = m.logits(prompts)
@@ -194,4 +197,4 @@ def run(spec: Spec, timeout_s: float = 300.0) -> dict[tuple[Run, int], Result]:
                     p.join(5)
         raw = torch.load(out, weights_only=True)
     del store
-    return {(Run(*k), d): Result(*r) for k, d, r in raw}
+    return {(Run(*k[:4], tuple(k[4])), d): Result(*r) for k, d, r in raw}

@@ -29,7 +29,7 @@ import torch
 
 from requant.qwen3 import Qwen3Arch
 
-__all__ = ["Plan", "check_degree", "plan", "shard"]
+__all__ = ["Plan", "as_dense", "check_degree", "plan", "shard"]
 
 COLUMN = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj")
 ROW = ("self_attn.o_proj", "mlp.down_proj")
@@ -133,3 +133,18 @@ def shard(dense: dict[str, torch.Tensor], linears: dict[str, tuple[torch.Tensor,
         else:
             out_lin[name] = (w[rows[0]:rows[1]].contiguous(), s_w[rows[0]:rows[1]].contiguous())
     return out_dense, out_lin
+
+
+def as_dense(dense: dict[str, torch.Tensor], linears: dict[str, tuple[torch.Tensor, torch.Tensor]],
+             names: tuple[str, ...]) -> tuple[dict[str, torch.Tensor], dict[str, tuple[torch.Tensor, torch.Tensor]]]:
+    """The model with the quantized Linears `names` turned into dense bf16 Linears
+    (bf16(fp32(w) * s_w), their dequantized weights), as a checkpoint that leaves them
+    unquantized would hold them: what-ifs and the tests of the dense paths. New dicts; the
+    inputs are not modified. KeyError names a Linear that is not quantized."""
+    d, lin = dict(dense), dict(linears)
+    for n in names:
+        if n not in lin:
+            raise KeyError(f"{n!r} is not a quantized Linear of this model")
+        w, s_w = lin.pop(n)
+        d[n + ".weight"] = (w.to(torch.float32) * s_w).to(torch.bfloat16)
+    return d, lin

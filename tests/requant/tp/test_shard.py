@@ -13,6 +13,7 @@ from requant.checkpoint import open_checkpoint
 from requant.qwen3 import Qwen3Arch
 from requant.runtime import arch_from_config, load_dense, load_linears
 from requant.tp import check_degree, plan, shard
+from requant.tp.shard import as_dense
 
 
 @pytest.fixture(scope="module")
@@ -72,3 +73,15 @@ def test_shards_reassemble_the_model(model, tp):
     for k in dense:
         if k != "lm_head.weight":
             assert all(d[k] is dense[k] for d, _ in parts)  # replicated, shared
+
+
+def test_as_dense_dequantizes_without_touching_the_inputs(model):
+    _, dense, linears = model
+    name = "model.layers.0.mlp.down_proj"
+    d, lin = as_dense(dense, linears, (name,))
+    w, s_w = linears[name]
+    assert name in linears and name not in lin and name + ".weight" not in dense
+    # reference: w * s_w in float64, rounded once to bf16 (s_w is a bf16 scale, so the fp32 product is exact too)
+    assert torch.equal(d[name + ".weight"], (w.double() * s_w.double()).to(torch.bfloat16))
+    with pytest.raises(KeyError, match="not a quantized Linear"):
+        as_dense(dense, linears, ("lm_head",))

@@ -13,15 +13,23 @@ import torch
 from requant import DEFAULT_CHECKPOINT
 from requant.checkpoint import open_checkpoint
 from requant.prompts import prompts
-from requant.runtime import load_model
+from requant.runtime import Model, load_model
 from requant.tp import Run, Spec, compare, run
 from requant.tp.compare import bits_equal
+from requant.tp.shard import as_dense
 
 NEW = 6
 RUNS = (Run("reference-triton-order"), Run("reference-cutlass-order"), Run("reference"),
         Run("reference-triton-order", "pow2"),
+        # unquantized Linears (as a checkpoint's ignore list leaves them): dense row- and column-parallel paths
+        Run("reference-cutlass-order", dense=("model.layers.0.self_attn.o_proj", "model.layers.1.mlp.down_proj",
+                                              "model.layers.2.self_attn.k_proj", "model.layers.3.mlp.up_proj")),
         Run("reference-triton-order", reduce="bf16"))
 INT32 = [r for r in RUNS if r.reduce == "int32"]
+
+
+def _name(r):
+    return f"{r.backend}-{r.regime}" + ("-dense" if r.dense else "")
 
 
 @pytest.fixture(scope="module")
@@ -48,9 +56,11 @@ def _one_thread():
     torch.set_num_threads(n)
 
 
-@pytest.mark.parametrize("r", INT32, ids=lambda r: f"{r.backend}-{r.regime}")
+@pytest.mark.parametrize("r", INT32, ids=_name)
 def test_tp1_is_the_runtime(results, ckpt, ids, r):
     m = load_model(ckpt, regime=r.regime, backend=r.backend)
+    if r.dense:  # the runtime's Model on the same tensors
+        m = Model(ckpt.config, *as_dense(m.dense, m.linears, r.dense), backend=r.backend, path=ckpt.path)
     want = m.logits([list(p) for p in ids])
     gen = m.generate([list(p) for p in ids], NEW, keep_logits=True)
     got = results[(r, 1)]
@@ -60,7 +70,7 @@ def test_tp1_is_the_runtime(results, ckpt, ids, r):
 
 
 @pytest.mark.parametrize("tp", [2, 4])
-@pytest.mark.parametrize("r", INT32, ids=lambda r: f"{r.backend}-{r.regime}")
+@pytest.mark.parametrize("r", INT32, ids=_name)
 def test_int32_reduce_is_bitwise_tp1(results, r, tp):
     c = compare(results[(r, 1)], results[(r, tp)])
     assert c == {"identical": True, "logits_first_diff": None, "logits_differing": 0, "logits_max_abs_diff": 0.0,
@@ -76,6 +86,7 @@ def test_bf16_reduce(results):
     thousands of outputs of every row-parallel Linear, and any moved output reaches the
     logits, so that they all agree is not a possibility; hence the assertion that they differ."""
     bf16 = RUNS[-1]
+    assert bf16.reduce == "bf16"
     base = results[(Run("reference-triton-order"), 1)]
     assert compare(base, results[(bf16, 1)])["identical"]
     for tp in (2, 4):
