@@ -68,13 +68,18 @@ def test_bf16_reduce_differs_exit_1(tmp_path):
 def test_usage_errors_exit_2_with_one_line(args, what):
     res = runner.invoke(app, ["tp-check", *args])
     assert res.exit_code == 2, res.output
-    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: ") and what in lines[0], res.output
+    assert res.stdout == ""
 
 
-def test_missing_checkpoint_exit_2(tmp_path):
-    res = runner.invoke(app, ["tp-check", str(tmp_path / "absent")])
-    assert res.exit_code == 2 and res.output.startswith("error: ") and "Traceback" not in res.output
+@pytest.mark.parametrize("args,what", [(["/nonexistent/requant-checkpoint"], "nonexistent"),
+                                       (["--device", "banana"], "--device")])
+def test_missing_checkpoint_or_bad_device_exit_2(args, what):
+    res = runner.invoke(app, ["tp-check", *args])
+    assert res.exit_code == 2 and "Traceback" not in res.output
+    (line,) = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert line.startswith("error: ") and what in line
 
 
 def test_parse_degrees_and_summary():
