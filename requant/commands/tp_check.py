@@ -20,7 +20,7 @@ stdout: one line per degree, then the summary line
 a backend the device cannot run, a worker that failed or timed out; one `error:` line).
 --json: the record, atomically: tp, reduce, identical, per_degree (per degree: identical,
 logits_first_diff {prompt, position}, tokens_first_diff {prompt, step}, steps_first_diff
-{step, prompt}, logits_differing, logits_max_abs_diff, digest), the settings, the command,
+{step, prompt}, logits_differing, logits_total, logits_max_abs_diff, prompts_tokens_differ, digest), the settings, the command,
 the environment and the checkpoint's identity (manifest_digest, tool_version, git_commit).
 """
 
@@ -68,12 +68,13 @@ def _where(c: dict) -> str:
     if c["logits_first_diff"] is not None:
         f = c["logits_first_diff"]
         parts.append(f"prefill logits differ from prompt {f['prompt']} position {f['position']} "
-                     f"({c['logits_differing']} values, max |diff| {c['logits_max_abs_diff']:g})")
+                     f"({c['logits_differing']} of {c['logits_total']} values, max |diff| {c['logits_max_abs_diff']:g})")
     else:
         parts.append("prefill logits identical")
     if c["tokens_first_diff"] is not None:
         f = c["tokens_first_diff"]
-        parts.append(f"tokens differ from prompt {f['prompt']} step {f['step']}")
+        parts.append(f"tokens differ in {c['prompts_tokens_differ']} prompt(s), first at step {f['step']} of prompt "
+                     f"{f['prompt']}")
     else:
         parts.append("tokens identical")
     if c["steps_first_diff"] is not None:

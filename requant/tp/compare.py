@@ -4,9 +4,11 @@ compare(ref, got) -> a JSON-ready dict:
   identical              prefill logits, greedy ids and every decode step's logits equal, bit for bit
   logits_first_diff      {"prompt", "position"} of the first prefill position (prompt order, then
                          position) with any differing logit bit, or None
-  logits_differing       how many prefill logits differ (elements)
+  logits_differing       how many prefill logits differ (elements), of logits_total
   logits_max_abs_diff    the largest |difference| of a prefill logit (0.0 when identical)
-  tokens_first_diff      {"prompt", "step"} of the first differing greedy token, or None
+  tokens_first_diff      {"prompt", "step"} of the earliest differing greedy token (lowest step,
+                         then lowest prompt), or None
+  prompts_tokens_differ  how many prompts' greedy sequences differ anywhere
   steps_first_diff       {"step", "prompt"} of the first decode step whose logits differ, or None
 digest(logits, ids, steps) -> sha256 hex of the bits of all three (equal digests: identical runs), for
 runs whose logits are too large to keep (benchmarks) or that ran in other launches.
@@ -46,12 +48,15 @@ def compare(ref, got) -> dict:
             differing += int(diff.sum())
             worst = max(worst, float((a.to(torch.float32) - b.to(torch.float32)).abs().max()))
     tokens = None
+    prompts_differ = 0
     for i, (a, b) in enumerate(zip(ref.ids, got.ids)):
         j = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), None)
         if j is None and len(a) != len(b):
             j = min(len(a), len(b))
-        if j is not None and (tokens is None or j < tokens["step"]):
-            tokens = {"prompt": i, "step": j}
+        if j is not None:
+            prompts_differ += 1
+            if tokens is None or j < tokens["step"]:
+                tokens = {"prompt": i, "step": j}
     steps = None
     for s, (a, b) in enumerate(zip(ref.steps, got.steps)):
         diff = (_bits(a) != _bits(b)).any(dim=1)
@@ -61,7 +66,8 @@ def compare(ref, got) -> dict:
     if steps is None and len(ref.steps) != len(got.steps):
         steps = {"step": min(len(ref.steps), len(got.steps)), "prompt": 0}
     return {"identical": first is None and tokens is None and steps is None, "logits_first_diff": first,
-            "logits_differing": differing, "logits_max_abs_diff": worst, "tokens_first_diff": tokens,
+            "logits_differing": differing, "logits_total": sum(t.numel() for t in ref.logits),
+            "logits_max_abs_diff": worst, "tokens_first_diff": tokens, "prompts_tokens_differ": prompts_differ,
             "steps_first_diff": steps}
 
 
