@@ -13,7 +13,7 @@ from requant.audit.checks import CHECK_TITLES, LAYER_CHECK_IDS
 from requant.audit.faults import FAMILY_TITLES, VARIANTS
 from requant.audit.matrix import PINNED_SHA256, REGIMES
 from requant.audit.scoring import HIST_BINS, bin_label
-from requant.identity import markdown_lines as identity_lines
+from requant.evidence.identity import markdown_lines as identity_lines
 from requant.output import write_files_atomic, write_json_atomic
 from requant.tokenizer import summary as tokenizer_summary
 

@@ -27,7 +27,7 @@ from requant.audit.matrix import REGIMES, Matrix, baseline_variant, load_matrix
 from requant.audit.records import BACKEND_KERNELS, REFERENCE_KERNEL, Activations, KernelDesc, Run, Weights, output_distance, output_equal
 from requant.audit.scoring import CellResult, Scorer, ulp_histogram
 from requant.backends import environment
-from requant.identity import checkpoint_identity
+from requant.evidence.identity import checkpoint_identity
 from requant.qwen3 import Qwen3Arch
 from requant.runtime import Model, load_dense, load_linears
 from requant.tokenizer import load_tokenizer

@@ -86,7 +86,7 @@ def markdown(record: dict) -> str:
 
 
 def main(argv=None) -> int:
-    from requant.buildinfo import git_commit
+    from requant.evidence.buildinfo import git_commit
     from requant.checkpoint import open_checkpoint
     from requant.runtime.weights import arch_from_config
     from requant.tp import Run, Spec, check_degree, run

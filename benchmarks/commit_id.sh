@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Print the commit of this working tree, for the env.txt of a GPU run (the same rule as
-# requant.buildinfo.git_commit, which the reports use):
+# requant.evidence.buildinfo.git_commit, which the reports use):
 #   * $REQUANT_COMMIT when it is a commit id (7 to 64 lowercase hex, optionally "-dirty"):
 #     the GPU machine gets a copy of the working tree, sometimes with a stale .git beside it
 #     (it once named an older commit and called the copy dirty), so a declared commit wins;

@@ -1,7 +1,7 @@
 """requant: power-of-two INT8 weight scales for deterministic W8A8 inference.
 
 Read a compressed-tensors W8A8 checkpoint exactly (requant.checkpoint), requantize its weight
-scales to powers of two (requant.arms, requant.convert), audit a kernel pair bitwise
+scales to powers of two (requant.scales.arms, requant.convert), audit a kernel pair bitwise
 (requant.audit), run it (requant.runtime), evaluate it (requant.eval) and publish it
 (requant.publish). `DEFAULT_CHECKPOINT` is the small trained Qwen3 W8A8 checkpoint embedded
 in the package, used when a command is given no checkpoint.

@@ -2,18 +2,18 @@
 
 How, and why this way (each step in its own module):
   * Validate everything first (requant.checkpoint.open_checkpoint: config, every shard
-    header, every scale; with --source, requant.origin proves the source weights are the
+    header, every scale; with --source, requant.evidence.origin proves the source weights are the
     checkpoint's origin) so that a bad input fails before a byte is written.
   * Stream (requant.streaming): requantizing never changes a tensor's dtype or shape, so
     every output shard keeps its input's header bytes and offsets and is filled with pwrite;
     pass-through tensors are copied in 1 MB pieces, quantized Linears requantized one at a
-    time (requant.arms) in blocks of rows. Memory is bounded by one weight per worker plus
+    time (requant.scales.arms) in blocks of rows. Memory is bounded by one weight per worker plus
     small buffers, not by the model.
   * In parallel (requant.workers): the work is cut into ~64 MB segments of consecutive
     tensors (fixed by the headers) run in a bounded thread pool. A failure is reported
     deterministically: the first failing segment in file order, once every worker has
     stopped.
-  * Provenance anyone can check (requant.provenance, requant.manifest): while the units
+  * Provenance anyone can check (requant.evidence.provenance, requant.evidence.manifest): while the units
     run, background threads compute the plain sha256 of every source file (one sequential
     pass per file: sha256 cannot be split across parallel segments). Once the shards are
     written and their sizes checked, they are read back and hashed in background threads
@@ -36,7 +36,7 @@ How, and why this way (each step in its own module):
     `requant verify SRC OUT` stays a byte-exact proof of the reader and writer (the
     output's manifest is the source's; `requant manifest OUT --write` adds one).
   * With `source` (a directory of the original bf16 weights), quantized Linears are made
-    from those instead of the int8 ones (requant.arms.quantize_from_source); with the
+    from those instead of the int8 ones (requant.scales.arms.quantize_from_source); with the
     unconstrained arm this is llm-compressor's RTN and reproduces an RTN-made SRC.
 """
 
@@ -50,13 +50,14 @@ from pathlib import Path
 from typing import Callable
 
 import requant
-from requant import manifest as mf
-from requant import provenance, streaming
+from requant.evidence import manifest as mf
+from requant import streaming
+from requant.evidence import provenance
 from requant.checkpoint import open_checkpoint
 from requant.errors import CheckpointError, OutputError
 from requant.output import AtomicOutput, check_output
-from requant.provenance import PROVENANCE_KEY
-from requant.requantizer import ARMS, SERVABLE, LinearStats
+from requant.evidence.provenance import PROVENANCE_KEY
+from requant.scales.requantizer import ARMS, SERVABLE, LinearStats
 from requant.safetensors_io import os_reason
 
 __all__ = ["convert", "ConvertResult", "PROVENANCE_KEY", "CONVERT_REPORT"]
@@ -137,7 +138,7 @@ def convert(src: str | os.PathLike, output: str | os.PathLike, arm: str = "neare
     Args:
         src: a W8A8 checkpoint directory or Hub repo id (compressed-tensors int-quantized).
         output: the directory to create; never inside SRC, replaced only with force.
-        arm: unconstrained | nearest | ceiling | mse | probe (requant.arms.ARMS).
+        arm: unconstrained | nearest | ceiling | mse | probe (requant.scales.arms.ARMS).
         force: replace an existing OUTPUT.
         revision: the Hub revision when SRC is a repo id.
         source: the original bf16 weights to requantize from (their origin is proven first).
@@ -161,7 +162,7 @@ def convert(src: str | os.PathLike, output: str | os.PathLike, arm: str = "neare
     src_weights = None
     total = sum(f.file_size for f in ckpt.shards.values())
     if source is not None:
-        from requant.origin import open_source_weights, proof_bytes, prove_origin
+        from requant.evidence.origin import open_source_weights, proof_bytes, prove_origin
 
         src_weights = open_source_weights(source, ckpt)
         check_output(Path(source), out, force)

@@ -100,10 +100,10 @@ def run_determinism(ckpt, backends: tuple[str, str], n_prompts: int = 8, new_tok
     """The whole measurement on an opened checkpoint (requant.checkpoint.Checkpoint).
     models: already loaded {"native": Model, "pow2": Model} of this checkpoint (the
     benchmark's), used with backends set by name instead of loading the weights again.
-    identity: requant.identity.checkpoint_identity(ckpt) when the caller computed it
+    identity: requant.evidence.identity.checkpoint_identity(ckpt) when the caller computed it
     already (the command does, before the run); computed here otherwise."""
     from requant.backends import environment
-    from requant.identity import checkpoint_identity
+    from requant.evidence.identity import checkpoint_identity
     from requant.runtime import check_layout, load_model
 
     t0 = time.perf_counter()
@@ -169,7 +169,7 @@ def _cell(text: str, width: int = 60) -> str:
 
 def markdown(result: dict, command: str | None = None) -> str:
     """A Markdown summary for people (the JSON is the record)."""
-    from requant.identity import markdown_lines as identity_lines
+    from requant.evidence.identity import markdown_lines as identity_lines
     from requant.tokenizer import summary as tokenizer_summary
 
     a, b = result["backends"]

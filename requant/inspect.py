@@ -15,7 +15,7 @@ import os
 import numpy as np
 
 from requant.kernels.bf16 import is_power_of_two
-from requant.arms import ceil_exponent
+from requant.scales.arms import ceil_exponent
 from requant.checkpoint import Checkpoint, open_checkpoint
 from requant.convert import PROVENANCE_KEY
 from requant.safetensors_io import pread_exact

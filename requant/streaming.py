@@ -13,7 +13,7 @@
     requant.workers runs them in a bounded thread pool.
   * Every source byte is read once here (requant.safetensors_io.pread_exact into reused
     buffers). Nothing is hashed on the way: the provenance is the plain sha256 of whole
-    files (requant.manifest), which cannot be split across parallel segments, so
+    files (requant.evidence.manifest), which cannot be split across parallel segments, so
     requant.convert hashes the source files in background threads beside these units.
   * Errors name the file: a failed read names the source shard and tensor (TensorError),
     a failed write the output shard (as OUT/<shard>) and tensor (OutputError).
@@ -32,8 +32,8 @@ import numpy as np
 
 from requant.checkpoint import SKIP_DIRS, Checkpoint
 from requant.errors import OutputError, TensorError
-from requant.from_source import quantize_from_source
-from requant.requantizer import LinearStats, Requantizer
+from requant.scales.from_source import quantize_from_source
+from requant.scales.requantizer import LinearStats, Requantizer
 from requant.safetensors_io import os_reason, pread_exact, tensor_to_bytes
 from requant.workers import Aborted, run_units, shutdown
 

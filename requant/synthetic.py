@@ -6,7 +6,7 @@ weights that contain -128, bf16 per-channel scales [out, 1], `__metadata__`
 {"format": "pt"}, the safetensors library's layout (it writes the files), shards with a
 transformers-style index, and a real compressed-tensors quantization_config.
 
-The arithmetic (`requant.from_source.rtn_quantize`) is
+The arithmetic (`requant.scales.from_source.rtn_quantize`) is
 llm-compressor's minmax observer + compressed-tensors' quantize for symmetric int8
 per-channel weights, in the weight's own dtype (bf16):
     absmax = max(|min(w, 0)|, |max(w, 0)|) per output channel  (= max |w|, exact in bf16)
@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from requant.from_source import rtn_quantize
+from requant.scales.from_source import rtn_quantize
 from requant.qwen3 import Qwen3Arch
 from requant.scheme import quantization_config
 

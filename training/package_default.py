@@ -9,7 +9,7 @@ config.json). Two checkpoints are written into --out-dir:
                  Qwen3 keys, no quantization_config), model.safetensors (bf16), the tokenizer
                  files. It is the `--source` of `requant convert`.
   default/       the W8A8 compressed-tensors checkpoint: every decoder Linear quantized with
-                 llm-compressor's RTN arithmetic (requant.from_source.rtn_quantize: int8 [out,
+                 llm-compressor's RTN arithmetic (requant.scales.from_source.rtn_quantize: int8 [out,
                  in] weights that may hold -128, bf16 scales absmax/127.5 [out, 1]); lm_head
                  is tied to the embeddings and stays unquantized (ignore ["lm_head"]); the
                  embeddings and norms are the bf16 source's tensors, byte for byte; the real
@@ -23,7 +23,7 @@ indent 2, and here also tokenizer.json, tokenizer_config.json and generation_con
 copied from training/tokenizer/ (sha256 checked), and a README.md (README_TEMPLATE: YAML front
 matter with the license, Apache-2.0 as the project's, which `requant card` carries into the
 cards of conversions; the model, its data and its recipe). README.md is not covered by a
-manifest (requant.manifest), so it can be reworded without changing the checkpoints' digests.
+manifest (requant.evidence.manifest), so it can be reworded without changing the checkpoints' digests.
 Hence running this twice gives the same
 bytes, and `requant convert OUT/default --source OUT/default-bf16 --arm unconstrained`
 reproduces OUT/default byte for byte; the script checks both facts on what it wrote
@@ -52,7 +52,7 @@ import torch
 if __package__ in (None, ""):  # run as a script: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from requant.from_source import rtn_quantize  # noqa: E402
+from requant.scales.from_source import rtn_quantize  # noqa: E402
 from requant.synthetic import model_config, plan, write_json  # noqa: E402
 from training import arch  # noqa: E402
 from training.train_tokenizer import TOKENIZER_DIR, TOKENIZER_SHA256, sha256_file  # noqa: E402

@@ -137,7 +137,7 @@ def audit(
         from requant.audit.suite import CELLS_PER_LAYER
         from requant.backends import parse_backends
         from requant.checkpoint import open_checkpoint
-        from requant.identity import with_progress
+        from requant.evidence.identity import with_progress
         from requant.runtime import check_layout
         from requant.tokenizer import load_tokenizer
 

@@ -18,7 +18,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from requant import DEFAULT_CHECKPOINT
-from requant.arms import ARMS, SERVABLE
+from requant.scales.arms import ARMS, SERVABLE
 from requant.commands._common import EXIT_FAILED, cannot_run, err, out, sigterm_as_interrupt, warn, write_json_atomic
 
 Arm = Enum("Arm", {a: a for a in ARMS}, type=str)

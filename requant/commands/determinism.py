@@ -13,7 +13,7 @@ every prompt decodes the same alone as inside the batch (both regimes, both back
 1 when it ran but one of those failed; 2 on a usage or checkpoint error (one line), a
 SHA256SUMS that does not match the checkpoint's files included (checked before the run).
 The JSON ties the generations to the checkpoint's bytes and to the code
-(requant.identity: manifest, manifest_digest, tool_version, git_commit), as the audit's does.
+(requant.evidence.identity: manifest, manifest_digest, tool_version, git_commit), as the audit's does.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def determinism(
         from requant.backends import parse_backends
         from requant.checkpoint import open_checkpoint
         from requant.determinism import all_scales_pow2, run_determinism, work_units
-        from requant.identity import with_progress
+        from requant.evidence.identity import with_progress
         from requant.prompts import prompts as prompt_list
         from requant.runtime import check_layout
 

@@ -8,7 +8,7 @@
 No CKPT: the embedded default. Exit status 0 when the evaluation ran; 2 on a usage or
 checkpoint error (one line on stderr, no traceback), a SHA256SUMS that does not match the
 checkpoint's files included (checked before any arm runs). The JSON ties the numbers to
-the checkpoint's bytes and to the code (requant.identity: manifest, manifest_digest,
+the checkpoint's bytes and to the code (requant.evidence.identity: manifest, manifest_digest,
 tool_version, git_commit), as the audit's does. Progress (a bar over documents per
 arm) and messages go to stderr; the table to stdout.
 """

@@ -1,6 +1,6 @@
 """`requant manifest | card | push`: the publishing commands.
 
-Thin typer wrappers over requant.manifest, requant.publish.card and requant.publish.push:
+Thin typer wrappers over requant.evidence.manifest, requant.publish.card and requant.publish.push:
 progress (rich, stderr) while hashing, tables for people on stdout, JSON with --json. Exit
 codes as in requant.commands._common: a manifest mismatch or a push its rules refuse is 1,
 an input that cannot be read 2. Nothing here ever prints a token.
@@ -62,7 +62,7 @@ def manifest(
     or differing file. Without SHA256SUMS (and without --write) it prints the manifest that
     would be written and its digest. README.md, .gitattributes and the requant-*.json reports
     are not covered (they are written about the checkpoint, after it)."""
-    from requant import manifest as mf
+    from requant.evidence import manifest as mf
 
     stdout = out()
     if write:
@@ -118,7 +118,7 @@ def card(
     requant-eval.json, requant-determinism.json, requant-convert.json. A missing report is
     named in the card as not measured. Also writes CKPT/SHA256SUMS when there is none (the
     card quotes its digest)."""
-    from requant import manifest as mf
+    from requant.evidence import manifest as mf
     from requant.publish.card import checkpoint_facts, render, write_card
 
     with _hashing(ckpt, "sha256") as cb:

@@ -115,7 +115,7 @@ def tp_check(
         from requant import DEFAULT_CHECKPOINT, kernels
         from requant.checkpoint import open_checkpoint
         from requant.commands.determinism import check_backend_device
-        from requant.identity import with_progress
+        from requant.evidence.identity import with_progress
         from requant.prompts import prompts as prompt_list
         from requant.runtime import REGIMES, arch_from_config, check_layout
         from requant.tokenizer import load_tokenizer

@@ -36,7 +36,7 @@ def _ci(ci) -> str:
 
 
 def markdown(result: dict) -> str:
-    from requant.identity import markdown_lines as identity_lines
+    from requant.evidence.identity import markdown_lines as identity_lines
 
     lines = [f"# requant eval: {result['checkpoint']}", ""]
     task = result.get("primary_task")

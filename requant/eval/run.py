@@ -41,7 +41,7 @@ PPL_KEYS = ("word_perplexity", "byte_perplexity")
 
 
 def known_arms() -> list[str]:
-    from requant.arms import ARMS
+    from requant.scales.arms import ARMS
 
     return [NATIVE] + [a for a in ARMS]
 
@@ -210,9 +210,9 @@ def evaluate_row(path: str, tm, tasks: list[str], *, backend: str, act_backend: 
 
 
 def _identity(checkpoint, hash_progress: Callable[[int, int], None] | None, entries_out: dict) -> dict:
-    """requant.identity.checkpoint_identity, reporting (bytes done, bytes total); the files'
+    """requant.evidence.identity.checkpoint_identity, reporting (bytes done, bytes total); the files'
     hashes go into entries_out (every arm's conversion reuses them)."""
-    from requant.identity import bytes_to_hash, checkpoint_identity
+    from requant.evidence.identity import bytes_to_hash, checkpoint_identity
 
     if hash_progress is None:
         return checkpoint_identity(checkpoint, entries_out=entries_out)
@@ -236,7 +236,7 @@ def run_eval(ckpt: str | None, arms: list[str], *, source: str | None = None, ta
              threads: int | None = None, hash_progress: Callable[[int, int], None] | None = None) -> dict:
     """Validate, evaluate every arm (and bf16), bootstrap; return the result dict.
 
-    After validation and before any arm runs, the checkpoint's identity (requant.identity:
+    After validation and before any arm runs, the checkpoint's identity (requant.evidence.identity:
     manifest digest, tool version, git commit) is computed: a SHA256SUMS that does not match
     the files stops the run there.
 
@@ -359,7 +359,7 @@ def run_eval(ckpt: str | None, arms: list[str], *, source: str | None = None, ta
         per_task[t] = entry
     primary = next((t for t in tasks if "arms" in per_task[t]), None)
     cfg = results[NATIVE]["config"]
-    from requant.arms import SERVABLE
+    from requant.scales.arms import SERVABLE
 
     result = {
         "tool": "requant eval",

@@ -1,6 +1,6 @@
 """Publishing a requant checkpoint: its model card and its upload to the Hub.
 
-    requant manifest CKPT [--write]     SHA256SUMS: check it, or write it (requant.manifest)
+    requant manifest CKPT [--write]     SHA256SUMS: check it, or write it (requant.evidence.manifest)
     requant card CKPT                   CKPT/README.md from the checkpoint and its reports (card.py)
     requant push CKPT REPO_ID           refuse without evidence for these bytes, else upload (push.py)
 

@@ -40,7 +40,7 @@ from pathlib import Path
 
 import torch
 
-from requant import manifest as mf
+from requant.evidence import manifest as mf
 from requant.publish import PublishError
 from requant.publish.reports import Reports, collect
 
@@ -181,7 +181,7 @@ def _n(x) -> str:
 
 
 def _made_by(d: dict) -> str:
-    """' Made by requant V at `commit`.' from a report's build keys (requant.identity), or ''."""
+    """' Made by requant V at `commit`.' from a report's build keys (requant.evidence.identity), or ''."""
     if not d.get("tool_version"):
         return ""
     return f" Made by requant {d['tool_version']}" + (f" at `{d['git_commit']}`" if d.get("git_commit") else "") + "."

@@ -9,7 +9,7 @@ are written about those bytes):
     requant-convert.json       written by `requant convert` into its output (the per-Linear statistics)
 
 Every report records `manifest_digest`, the digest of the checkpoint it measured
-(requant.manifest). A report is tied to:
+(requant.evidence.manifest). A report is tied to:
   * "this"   - these bytes (its digest is this checkpoint's manifest digest);
   * "source" - the checkpoint this one was converted from (the digest of SHA256SUMS.source):
                an eval or determinism run on the native checkpoint measures every arm, this one included;

@@ -5,7 +5,7 @@ Two dictionaries describe a loaded model:
   dense    {tensor name: bf16 tensor}: embeddings, norms, and every Linear that runs dense
            (`lm_head` when the checkpoint does not quantize it; every Linear of a bf16 model)
   linears  {module name: (int8 w [out, in], fp32 s_w [out, 1])}: the quantized Linears of one
-           regime. native = the checkpoint's own scales; pow2 = requant.arms' nearest arm,
+           regime. native = the checkpoint's own scales; pow2 = requant.scales.arms' nearest arm,
            i.e. exactly what `requant convert --arm nearest` writes, made in memory.
 
 A bf16 directory is recognised by a config.json without quantization_config; its tensors
@@ -112,7 +112,7 @@ def load_dense(ckpt, device) -> dict[str, torch.Tensor]:
 
 
 def _requantize_one(args):
-    from requant.arms import requantize
+    from requant.scales.arms import requantize
 
     q, s = args
     return requantize(q, s, "nearest")
@@ -120,7 +120,7 @@ def _requantize_one(args):
 
 def load_linears(ckpt, regime: str, device, threads: int | None = None) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """Every quantized Linear of one regime: native = the checkpoint's scales; pow2 = the
-    converter's nearest arm (requant.arms.requantize), i.e. what `requant convert` writes.
+    converter's nearest arm (requant.scales.arms.requantize), i.e. what `requant convert` writes.
     pow2 requantizes on the CPU in a thread pool (numpy releases the GIL; same bytes)."""
     if regime not in REGIMES:
         raise ValueError(f"unknown regime {regime!r}; known: {', '.join(REGIMES)}")

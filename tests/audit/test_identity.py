@@ -3,7 +3,7 @@ checkpoint as stored, and exits non-zero on an unpinned matrix.
 
 Independent references: a manifest digest computed by hand (tests/digests.py: hashlib over
 the files and the sha256sum line format); for "no second requantization", the stored scales
-checked as powers of two with torch.frexp and requant.arms.requantize(nearest) returning the
+checked as powers of two with torch.frexp and requant.scales.arms.requantize(nearest) returning the
 stored int8 weights and scales bit for bit."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import typer
 from typer.testing import CliRunner
 
 from requant import DEFAULT_CHECKPOINT
-from requant.arms import requantize
+from requant.scales.arms import requantize
 from requant.commands.audit import audit
 from requant.audit.report import markdown
 from requant.checkpoint import open_checkpoint
@@ -29,7 +29,7 @@ runner = CliRunner()
 
 
 def test_report_carries_digest_version_commit(default_audit):
-    from requant.buildinfo import build_info
+    from requant.evidence.buildinfo import build_info
 
     assert default_audit["manifest_digest"] == manifest_digest_by_hand(DEFAULT_CHECKPOINT)
     assert default_audit["manifest"] is None  # the embedded default has no SHA256SUMS: computed
@@ -61,7 +61,7 @@ def test_converted_checkpoint_is_audited_as_stored(audited_pow2):
 def test_manifest_mismatch_stops_the_audit_before_it_runs(tmp_path):
     import shutil
 
-    from requant import manifest as mf
+    from requant.evidence import manifest as mf
 
     ck = tmp_path / "ck"
     shutil.copytree(DEFAULT_CHECKPOINT, ck)

@@ -87,12 +87,12 @@ def test_bad_arm_and_missing_source(tmp_path):
 
 SLOW_CONVERT = r"""
 import sys, time, typer
-import requant.arms
-real = requant.arms.Requantizer.rows
+import requant.scales.arms
+real = requant.scales.arms.Requantizer.rows
 def slow(self, *a, **k):
     time.sleep(0.05)
     return real(self, *a, **k)
-requant.arms.Requantizer.rows = slow
+requant.scales.arms.Requantizer.rows = slow
 from requant.commands.checkpoint import convert
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
 app.command("convert")(convert)

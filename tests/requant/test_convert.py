@@ -2,7 +2,7 @@
 
 References: the input files themselves (unconstrained must reproduce them byte for byte),
 safetensors.torch.load_file for reading values independently of our reader, and
-requant.arms.requantize (property-tested against Fractions in test_arms.py) for the
+requant.scales.arms.requantize (property-tested against Fractions in test_arms.py) for the
 expected requantized tensors."""
 
 import hashlib
@@ -12,9 +12,9 @@ import shutil
 import pytest
 import torch
 
-import requant.arms
+import requant.scales.arms
 from requant.kernels.bf16 import is_power_of_two
-from requant.arms import requantize
+from requant.scales.arms import requantize
 from requant.checkpoint import open_checkpoint
 from requant.convert import PROVENANCE_KEY, convert
 from requant.errors import OutputError
@@ -171,7 +171,7 @@ def test_given_source_hashes_give_the_same_bytes(tmp_path, micro):
     conversion. Reference: the conversion that hashes its source itself (and hashlib, for
     SHA256SUMS.source). Entries that do not name the source's files are refused before
     anything is written."""
-    from requant import manifest as mf
+    from requant.evidence import manifest as mf
     from requant.errors import CheckpointError
 
     entries: dict = {}
@@ -213,7 +213,7 @@ def test_never_writes_inside_source(tmp_path, micro):
 @pytest.mark.parametrize("fixture", ["micro", "micro_sharded"])
 def test_interrupted_convert_leaves_nothing(request, tmp_path, monkeypatch, fixture, exc):
     src = request.getfixturevalue(fixture)
-    real = requant.arms.Requantizer.finish
+    real = requant.scales.arms.Requantizer.finish
     calls = []
 
     def flaky(self):
@@ -222,7 +222,7 @@ def test_interrupted_convert_leaves_nothing(request, tmp_path, monkeypatch, fixt
             raise exc
         return real(self)
 
-    monkeypatch.setattr(requant.arms.Requantizer, "finish", flaky)
+    monkeypatch.setattr(requant.scales.arms.Requantizer, "finish", flaky)
     parent = tmp_path / "outs"
     with pytest.raises(type(exc)):
         convert(src, parent / "out", "nearest")
@@ -237,7 +237,7 @@ def test_interrupted_force_keeps_the_old_output(tmp_path, monkeypatch, micro):
     def boom(self, *a, **kw):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(requant.arms.Requantizer, "rows", boom)
+    monkeypatch.setattr(requant.scales.arms.Requantizer, "rows", boom)
     with pytest.raises(RuntimeError):
         convert(micro, out, "nearest", force=True)
     assert tree_bytes(out) == before

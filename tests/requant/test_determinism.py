@@ -205,10 +205,10 @@ def test_usage_errors_are_one_line(args, word):
 def test_json_ties_the_generations_to_the_bytes_and_the_code(tmp_path):
     """manifest_digest, tool_version and git_commit, as the audit records them. References:
     the manifest digest by hand (tests/digests.py: hashlib over the files), the sha256 of the
-    stored SHA256SUMS by hashlib, requant.buildinfo.build_info() for the code. A SHA256SUMS
+    stored SHA256SUMS by hashlib, requant.evidence.buildinfo.build_info() for the code. A SHA256SUMS
     that does not match the files is a checkpoint error before any decoding (exit 2)."""
-    from requant import manifest as mf
-    from requant.buildinfo import build_info
+    from requant.evidence import manifest as mf
+    from requant.evidence.buildinfo import build_info
     from tests.digests import manifest_digest_by_hand
 
     src = write_walk_checkpoint(tmp_path / "walk")

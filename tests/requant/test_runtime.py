@@ -2,7 +2,7 @@
 
 References, per test: RoPE against the rotation formula; RMSNorm against its definition;
 tree_sum against a pairwise loop over Python floats rounded to fp32 with numpy; the pow2
-regime against requant.arms.requantize; prefill against a packed forward with a
+regime against requant.scales.arms.requantize; prefill against a packed forward with a
 block-diagonal causal mask written here from the Qwen3 formulas; KV-cache decoding
 against prefilling the whole sequence again; batch invariance against each prompt alone;
 dense rows against float64 dot products. transformers' Qwen3 is the reference in
@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from requant import DEFAULT_CHECKPOINT, kernels
-from requant.arms import requantize
+from requant.scales.arms import requantize
 from requant.checkpoint import open_checkpoint
 from requant.kernels.bf16 import bitwise_equal, is_power_of_two, ulp_distance
 from requant.prompts import prompts

@@ -13,7 +13,7 @@ import torch
 from requant import DEFAULT_CHECKPOINT, data_path
 from requant.checkpoint import open_checkpoint
 from requant.safetensors_io import read_header
-from requant.from_source import rtn_quantize
+from requant.scales.from_source import rtn_quantize
 from requant.synthetic import PRESETS, generate, plan
 
 from .conftest import tree_bytes

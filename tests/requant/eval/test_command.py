@@ -150,11 +150,11 @@ def test_unknown_task_exit_2(monkeypatch):
 def test_json_ties_the_numbers_to_the_bytes_and_the_code(micro_with_source, tmp_path):
     """manifest_digest, tool_version and git_commit, as the audit records them. References:
     the manifest digest by hand (tests/digests.py: hashlib over the files),
-    requant.buildinfo.build_info() for the code (the stored-SHA256SUMS case is shared code,
-    requant.identity, tested through determinism and the audit). A SHA256SUMS that does not
+    requant.evidence.buildinfo.build_info() for the code (the stored-SHA256SUMS case is shared code,
+    requant.evidence.identity, tested through determinism and the audit). A SHA256SUMS that does not
     match the files is a checkpoint error before any arm runs (exit 2)."""
-    from requant import manifest as mf
-    from requant.buildinfo import build_info
+    from requant.evidence import manifest as mf
+    from requant.evidence.buildinfo import build_info
     from tests.digests import manifest_digest_by_hand
 
     ckpt, _ = micro_with_source

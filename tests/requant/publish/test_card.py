@@ -17,7 +17,7 @@ import shutil
 from huggingface_hub import ModelCard, ModelCardData
 from typer.testing import CliRunner
 
-from requant import manifest as mf
+from requant.evidence import manifest as mf
 from requant.cli import app
 from tests.digests import manifest_digest_by_hand
 

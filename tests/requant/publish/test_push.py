@@ -21,7 +21,7 @@ from huggingface_hub import ModelCard
 from typer.testing import CliRunner
 
 from requant import DEFAULT_CHECKPOINT
-from requant import manifest as mf
+from requant.evidence import manifest as mf
 from requant.cli import app
 from tests.conftest import TOKEN, point_hub_library_at
 from tests.hubserver import FakeHub

@@ -4,10 +4,10 @@ Every report that is evidence about a checkpoint (`requant audit`, `requant eval
 `requant determinism`) carries the same four keys, so that a model card (requant.publish)
 can quote its numbers for exactly these bytes, or say that it cannot:
 
-    manifest, manifest_digest   requant.manifest.identity: the checkpoint's SHA256SUMS,
+    manifest, manifest_digest   requant.evidence.manifest.identity: the checkpoint's SHA256SUMS,
                                 checked against the files first, or, when it has none, the
                                 digest of the manifest computed now ("manifest": null)
-    tool_version, git_commit    requant.buildinfo.build_info
+    tool_version, git_commit    requant.evidence.buildinfo.build_info
 
 The commands compute them before the long run: a SHA256SUMS that does not match the files
 stops the command there (a usage/checkpoint error naming the first differing, missing or
@@ -20,8 +20,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from requant.buildinfo import build_info
-from requant.manifest import identity
+from requant.evidence.buildinfo import build_info
+from requant.evidence.manifest import identity
 
 
 def bytes_to_hash(ckpt) -> int:
@@ -32,7 +32,7 @@ def bytes_to_hash(ckpt) -> int:
 def checkpoint_identity(ckpt, progress: Callable[[int], None] | None = None, entries_out: dict | None = None) -> dict:
     """{manifest, manifest_digest, tool_version, git_commit} of an opened checkpoint (anything
     with a `.path`; without one the manifest keys are None). entries_out: see
-    requant.manifest.identity."""
+    requant.evidence.manifest.identity."""
     path = getattr(ckpt, "path", None)
     ident = (identity(path, progress=progress, entries_out=entries_out) if path is not None
              else {"manifest": None, "manifest_digest": None})

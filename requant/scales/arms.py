@@ -14,21 +14,21 @@ Arms:
                  construction that once reported +157% perplexity; an ablation, not servable.
 
 Pure functions on one Linear at a time, in three modules (this one is their public face;
-every name below stays importable from requant.arms):
-  requant.exponents    exponents from the float's bits (frexp, ceil/nearest exponent, 2^e
+every name below stays importable from requant.scales.arms):
+  requant.scales.exponents    exponents from the float's bits (frexp, ceil/nearest exponent, 2^e
                        in the scale's dtype): the derivations of exactness
-  requant.requantizer  the arms on int8 weights (Requantizer, requantize,
+  requant.scales.requantizer  the arms on int8 weights (Requantizer, requantize,
                        requantize_with_stats, LinearStats): q' = clamp(rint(q * s / s'))
                        computed exactly, and the statistics
-  requant.from_source  the arms on the original float weights (quantize_from_source) and
+  requant.scales.from_source  the arms on the original float weights (quantize_from_source) and
                        llm-compressor's RTN (rtn_quantize) that they start from
 """
 
 from __future__ import annotations
 
-from requant.exponents import ceil_exponent, frexp, nearest_exponent, pow2_candidates, pow2_scale, shift_histogram
-from requant.from_source import quantize_from_source, rtn_quantize
-from requant.requantizer import (ARMS, BLOCK_ELEMENTS, MSE_OFFSETS, SCALE_DTYPES, SERVABLE, LinearStats, Requantizer,
+from requant.scales.exponents import ceil_exponent, frexp, nearest_exponent, pow2_candidates, pow2_scale, shift_histogram
+from requant.scales.from_source import quantize_from_source, rtn_quantize
+from requant.scales.requantizer import (ARMS, BLOCK_ELEMENTS, MSE_OFFSETS, SCALE_DTYPES, SERVABLE, LinearStats, Requantizer,
                                  check_inputs, requantize, requantize_with_stats)
 
 __all__ = ["ARMS", "SERVABLE", "SCALE_DTYPES", "MSE_OFFSETS", "BLOCK_ELEMENTS", "LinearStats", "Requantizer", "check_inputs",

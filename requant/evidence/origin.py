@@ -14,7 +14,7 @@ checkpoint's shard and the tensor, and the source file):
     anything else) is in the source with the same dtype, the same shape and the same
     bytes. A differing norm is what SmoothQuant leaves behind, and the message says so;
   * every quantized Linear X: llm-compressor's RTN scale of the source weight
-    (requant.from_source.rtn_scale: absmax / 127.5 in the weight's dtype), cast to the
+    (requant.scales.from_source.rtn_scale: absmax / 127.5 in the weight's dtype), cast to the
     dtype of X.weight_scale, equals X.weight_scale byte for byte (the first differing
     output channel is named);
   * and RTN of the source weight at the checkpoint's own scale (rtn_at_scale, in the
@@ -42,7 +42,7 @@ import torch
 
 from requant.checkpoint import Checkpoint, read_weight_files
 from requant.errors import LayoutError, TensorError
-from requant.from_source import rtn_at_scale, rtn_scale
+from requant.scales.from_source import rtn_at_scale, rtn_scale
 from requant.safetensors_io import DTYPES, SafetensorsFile, TensorInfo, os_reason, pread_exact
 
 CHUNK = 1 << 20  # bytes per piece of a pass-through comparison

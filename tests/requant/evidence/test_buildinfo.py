@@ -1,4 +1,4 @@
-"""requant.buildinfo: the git commit of a checkout, `-dirty` for tracked changes, None otherwise.
+"""requant.evidence.buildinfo: the git commit of a checkout, `-dirty` for tracked changes, None otherwise.
 
 Independent reference: the commit id that `git commit` made in a throwaway repository, read
 with `git log` (a different git command from the one buildinfo runs)."""
@@ -11,7 +11,7 @@ import subprocess
 import pytest
 
 import requant
-from requant.buildinfo import build_info, git_commit
+from requant.evidence.buildinfo import build_info, git_commit
 
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="no git binary")
 

@@ -1,4 +1,4 @@
-"""requant.manifest and `requant manifest`: SHA256SUMS that anyone can check.
+"""requant.evidence.manifest and `requant manifest`: SHA256SUMS that anyone can check.
 
 Independent references: GNU coreutils `sha256sum -c` / `sha256sum` (the format and the
 digest), hashlib.sha256 over whole-file bytes (the per-file hash), and lines written here by
@@ -14,7 +14,7 @@ import subprocess
 import pytest
 from typer.testing import CliRunner
 
-from requant import manifest as mf
+from requant.evidence import manifest as mf
 from requant.cli import app
 
 runner = CliRunner()

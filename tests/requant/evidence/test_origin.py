@@ -1,4 +1,4 @@
-"""--source must prove it is the checkpoint's origin (requant.origin), or be refused.
+"""--source must prove it is the checkpoint's origin (requant.evidence.origin), or be refused.
 
 Checkpoints are built here from a true bf16 origin with requant.synthetic's pieces (plan,
 rtn_quantize, model_config) the way llm-compressor's recipes would: SmoothQuant-style (a
@@ -20,10 +20,10 @@ from typer.testing import CliRunner
 from requant.cli import app
 from requant.convert import convert
 from requant.errors import TensorError
-from requant.from_source import rtn_quantize
+from requant.scales.from_source import rtn_quantize
 from requant.synthetic import generate, model_config, plan, write_json
 
-from .conftest import MICRO, load_all, tree_bytes
+from ..conftest import MICRO, load_all, tree_bytes
 
 runner = CliRunner()
 INSTEAD = "requantize from its int8 weights instead (drop --source)"
@@ -221,10 +221,10 @@ def test_fp32_scales_made_from_bf16_rtn_are_accepted(tmp_path, origin):
 def test_streamed_blocks_find_the_same_first_difference(tmp_path, origin, monkeypatch):
     """Blocks of one row (far smaller than a Linear) and 2-byte pass-through pieces: the
     proof still accepts the origin and names the same element of a moved weight."""
-    import requant.origin
+    import requant.evidence.origin
 
-    monkeypatch.setattr(requant.origin, "BLOCK_BYTES", 1)
-    monkeypatch.setattr(requant.origin, "CHUNK", 2)
+    monkeypatch.setattr(requant.evidence.origin, "BLOCK_BYTES", 1)
+    monkeypatch.setattr(requant.evidence.origin, "CHUNK", 2)
     rtn, bf16 = origin
     convert(rtn, tmp_path / "ok", "unconstrained", source=bf16)
     assert tree_bytes(tmp_path / "ok") == tree_bytes(rtn)

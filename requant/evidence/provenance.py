@@ -4,7 +4,7 @@ One entry point, `record`, called by requant.convert once every shard is written
 source's files are hashed. For a constrained arm it writes, into the output:
 
   * SHA256SUMS.source: the plain sha256 of every file of the source checkpoint, in the
-    format and under the coverage rules of requant.manifest (`sha256sum -c` checks it
+    format and under the coverage rules of requant.evidence.manifest (`sha256sum -c` checks it
     against a copy of the source, `requant manifest SRC --against OUT/SHA256SUMS.source`
     too). Its digest (sha256 of its bytes, "sha256:<hex>") is the source digest: one
     number for every byte of the source, the same number the source's own SHA256SUMS
@@ -18,7 +18,7 @@ source's files are hashed. For a constrained arm it writes, into the output:
 Why plain sha256 of whole files and not a hash tree built while converting: a stranger
 can check plain sha256 with coreutils, and for a large file it is exactly the object id
 the Hub shows. It cannot be split across parallel segments, so requant.convert computes it
-in background threads (requant.manifest.BackgroundHashes) beside the conversion; the
+in background threads (requant.evidence.manifest.BackgroundHashes) beside the conversion; the
 source's pages are in the page cache by then, or read once more from a disk that the
 conversion's own CPU work leaves idle.
 
@@ -34,10 +34,10 @@ import json
 from pathlib import Path
 
 import requant
-from requant import manifest as mf
+from requant.evidence import manifest as mf
 from requant.checkpoint import CONFIG, Checkpoint
 from requant.errors import OutputError
-from requant.requantizer import SERVABLE
+from requant.scales.requantizer import SERVABLE
 from requant.safetensors_io import os_reason
 
 PROVENANCE_KEY = "requant"
@@ -83,7 +83,7 @@ def record(ckpt: Checkpoint, tmp: Path, out: Path, *, arm: str, src_label: str, 
            source_entries: dict[str, mf.Entry]) -> tuple[str, dict | None]:
     """(source digest, provenance dict or None) of one conversion of `ckpt` into the
     temporary output directory `tmp` (to become `out`). source_entries: the manifest
-    entries of the source's files (requant.manifest.BackgroundHashes over ckpt.path).
+    entries of the source's files (requant.evidence.manifest.BackgroundHashes over ckpt.path).
     For a constrained arm, SHA256SUMS.source and config.json (with the provenance) are
     written into tmp; a plain unconstrained conversion has no provenance (with --source it
     is returned, for the report, but nothing is written)."""

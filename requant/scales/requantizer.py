@@ -1,7 +1,7 @@
 """The requantizer: int8 weights and their per-channel scales under one arm.
 
 Requantization (nearest, ceiling, mse): q' = clamp(round_half_even(q * s / s'), -128, 127).
-  s' = 2^e (requant.exponents). r = s / s' is s with its exponent shifted: exact. q * r has
+  s' = 2^e (requant.scales.exponents). r = s / s' is s with its exponent shifted: exact. q * r has
   at most 8 + 8 significant bits for a bf16 scale (8 + 11 for fp16): exact in float32, so
   those run in float32; an fp32 scale (24 bits) needs up to 32 bits and runs in float64,
   also exact. numpy's rint rounds half to even. Ceiling has s' >= s, so |q * r| <= 128 and
@@ -12,7 +12,7 @@ Assumptions, checked on entry: q is int8 [out, in] (may contain -128); scale is 
 bf16, fp16 or fp32, every value finite and > 0 (checkpoint.check_scale_values reports bad
 ones by name). The returned scale keeps the input's dtype.
 
-The arms (requant.arms lists them with their purpose):
+The arms (requant.scales.arms lists them with their purpose):
   unconstrained  scales and weights kept
   nearest        s' = 2^nearest(log2 s), weights requantized
   ceiling        s' = 2^ceil(log2 s), weights requantized, never clips
@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from requant.exponents import ceil_exponent, nearest_exponent, pow2_candidates, pow2_scale, shift_histogram
+from requant.scales.exponents import ceil_exponent, nearest_exponent, pow2_candidates, pow2_scale, shift_histogram
 
 ARMS = ("unconstrained", "nearest", "ceiling", "mse", "probe")
 SERVABLE = {"unconstrained": True, "nearest": True, "ceiling": True, "mse": True, "probe": False}

@@ -1,4 +1,4 @@
-"""requant.arms: property tests (hypothesis). Reference: exact rational arithmetic with
+"""requant.scales.arms: property tests (hypothesis). Reference: exact rational arithmetic with
 Python's fractions.Fraction (round() on a Fraction rounds half to even), and
 kernels.bf16.is_power_of_two for the power-of-two check."""
 
@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from requant.kernels.bf16 import is_power_of_two
-from requant.arms import ARMS, MSE_OFFSETS, ceil_exponent, nearest_exponent, quantize_from_source, requantize, requantize_with_stats
-from requant.from_source import rtn_quantize
+from requant.scales.arms import ARMS, MSE_OFFSETS, ceil_exponent, nearest_exponent, quantize_from_source, requantize, requantize_with_stats
+from requant.scales.from_source import rtn_quantize
 
 SETTINGS = settings(max_examples=60, deadline=None, database=None)  # no ./.hypothesis in the repo
 
@@ -317,7 +317,7 @@ def test_all_arms_listed():
 def test_streaming_blocks_equal_whole_tensor(arm, data):
     """Requantizer fed in arbitrary blocks of rows (as the converter does) gives the same
     bytes and the same counts as one call on the whole weight."""
-    from requant.arms import Requantizer, requantize_with_stats
+    from requant.scales.arms import Requantizer, requantize_with_stats
 
     q, s = data.draw(linears(max_rows=12))
     q_ref, s_ref, st_ref = requantize_with_stats(q, s, arm)

@@ -1,0 +1,8 @@
+"""Power-of-two weight scales and the int8 weights under them.
+
+    exponents.py    exact power-of-two exponents of fp32/bf16 scales (frexp), per arm
+    arms.py         the arms (unconstrained, nearest, ceiling, mse, probe) and their statistics
+    requantizer.py  requantization of int8 rows to a new scale, exactly
+    from_source.py  RTN quantization of bf16 weights (llm-compressor's arithmetic) and
+                    quantization from the original weights under each arm
+"""
