@@ -42,7 +42,9 @@ reduce="bf16" (the usual scheme, for contrast): the same global-absmax quantizat
 INVARIANCE. By construction: the column-parallel slices and the int32 row-parallel sums
 (above), attention (each head reads only its own q, k, v; attend_decode is elementwise
 plus tree sums per head), everything replicated (norms, RoPE, residual adds, the
-embedding) since every rank holds the same residual stream. Measured, as in the runtime:
+embedding) since every rank holds the same residual stream (the collectives hand every rank
+the same result: exactly for MAX and int32 SUM; for the bf16 SUM because a ring or tree
+all-reduce reduces each element once and broadcasts it). Measured, as in the runtime:
 prefill attention's batched fp32 matmuls over H/tp heads instead of H (per-head GEMMs of
 one shape), and a dense (unquantized) lm_head's fp32 GEMM on N/tp columns instead of N
 (dense_rows' fixed [64, K] row blocks; a column's K order must not depend on N). The
