@@ -114,7 +114,7 @@ def tp_check(
     with cannot_run():
         from requant import DEFAULT_CHECKPOINT, kernels
         from requant.checkpoint import open_checkpoint
-        from requant.commands.determinism import check_backend_device
+        from requant.backends import check_runnable
         from requant.evidence.identity import with_progress
         from requant.prompts import prompts as prompt_list
         from requant.runtime import REGIMES, arch_from_config, check_layout
@@ -129,7 +129,7 @@ def tp_check(
         name = backend or ("cutlass" if cuda else "reference-triton-order")
         if name not in kernels.scaled_mm_backends():
             raise UsageError(f"--backend: unknown backend {name!r}; known: {', '.join(kernels.scaled_mm_backends())}")
-        check_backend_device((name,), dev, act_backend)
+        check_runnable((name,), dev, act_backend, option="--backend")
         if regime not in REGIMES:
             raise UsageError(f"--regime must be one of {', '.join(REGIMES)}, got {regime!r}")
         if reduce not in REDUCES:
