@@ -3,9 +3,10 @@ compared bit for bit with TP 1.
 
     requant tp-check [CKPT] [--tp 1,2,4] [--backend NAME] [--regime native|pow2]
                      [--reduce int32|bf16] [--new-tokens N] [--prompts N] [--json OUT]
-                     [--device cpu|cuda] [--act-backend NAME] [--threads N] [--timeout S]
+                     [--device cpu|cuda] [--comm gloo|nccl] [--act-backend NAME] [--threads N] [--timeout S]
 
---threads: torch CPU threads of each rank (default 1).
+--threads: torch CPU threads of each rank (default 1). --comm gloo on CUDA runs every rank on the one or few
+GPUs there are (collectives through the host): the real kernels under tensor parallelism without a GPU per rank.
 
 No CKPT: the embedded default. One launch of max(--tp) processes (requant.tp.launch): gloo
 on the CPU, NCCL with one GPU per rank on CUDA; every degree runs on ranks 0..d-1, TP 1
@@ -108,6 +109,9 @@ def tp_check(
     revision: RevisionOpt = None,
     threads: ThreadsOpt = None,
     timeout: Annotated[float, typer.Option("--timeout", help="seconds for the whole launch")] = 600.0,
+    comm: Annotated[str, typer.Option(
+        "--comm", help="collectives: nccl (one GPU per rank) or gloo (any device; on CUDA ranks share the GPUs); "
+                       "default nccl on CUDA, gloo on CPU")] = "auto",
 ) -> None:
     """Prefill logits and greedy tokens at each tensor-parallel degree, bitwise against TP 1."""
     console = err()
@@ -140,7 +144,10 @@ def tp_check(
             raise UsageError("--timeout must be positive")
         texts = prompt_list(prompts)
         set_threads(threads, dev)
-        if cuda:
+        if comm not in ("auto", "gloo", "nccl") or (comm == "nccl" and not cuda):
+            raise UsageError(f"--comm must be gloo, or nccl on a CUDA device, got {comm!r}")
+        nccl = cuda and comm != "gloo"
+        if nccl:
             import torch
 
             if torch.cuda.device_count() < max(degrees):
@@ -162,11 +169,11 @@ def tp_check(
 
     run_spec = Run(name, regime, reduce, act_backend)
     console.print(f"tp-check of {checkpoint.path}: tp {','.join(map(str, degrees))}, {name}, {regime}, {reduce} all-reduce, "
-                  f"{'NCCL' if cuda else 'gloo'} on {dev}, {prompts} prompts x {new_tokens} tokens")
+                  f"{'NCCL' if nccl else 'gloo'} on {dev}, {prompts} prompts x {new_tokens} tokens")
     from requant.tp import Spec, compare, run
 
     spec = Spec(str(checkpoint.path), ids, degrees=degrees, runs=(run_spec,), new_tokens=new_tokens,
-                device="cuda" if cuda else "cpu", threads=threads or 1)
+                device="cuda" if cuda else "cpu", comm="nccl" if nccl else "gloo", threads=threads or 1)
     try:
         with sigterm_as_interrupt():
             results = run(spec, timeout_s=timeout)
@@ -187,13 +194,13 @@ def tp_check(
         record = {
             "tp": list(degrees), "reduce": reduce, "identical": identical, "summary": summary, "per_degree": per_degree,
             "backend": name, "act_backend": act_backend, "regime": regime, "device": dev,
-            "collectives": "nccl" if cuda else "gloo", "checkpoint": str(checkpoint.path), "prompts": prompts,
+            "collectives": "nccl" if nccl else "gloo", "checkpoint": str(checkpoint.path), "prompts": prompts,
             "prompt_tokens": [len(p) for p in ids], "new_tokens": new_tokens,
             "command": command_line("tp-check", [ckpt], {
                 "--tp": tp, "--backend": backend, "--regime": None if regime == "native" else regime,
                 "--reduce": None if reduce == "int32" else reduce, "--new-tokens": new_tokens, "--prompts": prompts,
                 "--json": json_out, "--device": device, "--act-backend": None if act_backend == "reference" else act_backend,
-                "--revision": revision, "--threads": threads}),
+                "--revision": revision, "--threads": threads, "--comm": None if comm == "auto" else comm}),
             "environment": environment(dev), **identity,
         }
         with cannot_run():

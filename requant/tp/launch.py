@@ -10,8 +10,10 @@ into one world through a TCPStore that the parent opens first on an ephemeral lo
 (port 0: the kernel picks a free one, and the parent holds it, so there is no window in
 which another program could take it). Every degree d runs on the subgroup of ranks 0..d-1
 (the others wait at a barrier), so one launch and one checkpoint load per process serve
-every degree and every Run (backend, regime, reduce mode). Backend: gloo on the CPU (run in the tests); NCCL with one
-GPU per rank (cuda:<rank>) on CUDA -- written for the 2-GPU machine, not run here. Rank 0
+every degree and every Run (backend, regime, reduce mode). Communication (Spec.comm): gloo on the CPU (run in the
+tests); on CUDA either NCCL with one GPU per rank (cuda:<rank>; written for a multi-GPU machine) or gloo, whose
+collectives stage CUDA tensors through the host, with ranks sharing the GPUs there are (cuda:<rank % count>): slow,
+but it runs the real kernels under tensor parallelism on a single GPU. Rank 0
 writes the results to a file in a private temporary directory; the parent reads it.
 Robustness: the process group and the store time out (timeout_s), the parent kills the
 workers when the whole run exceeds timeout_s, when one of them fails, or when it is itself
@@ -50,7 +52,8 @@ class Run:
 @dataclass(frozen=True)
 class Spec:
     """One launch: a W8A8 checkpoint directory, the prompts (token ids), the TP degrees, the
-    variants, the number of greedy tokens, the device ("cpu": gloo; "cuda": NCCL)."""
+    variants, the number of greedy tokens, the device ("cpu" or "cuda") and the collectives'
+    library (comm: "nccl" or "gloo"; "auto" is gloo on the CPU, NCCL on CUDA)."""
 
     ckpt: str
     prompts: tuple[tuple[int, ...], ...]
@@ -58,6 +61,7 @@ class Spec:
     runs: tuple[Run, ...] = (Run(),)
     new_tokens: int = 8
     device: str = "cpu"
+    comm: str = "auto"
     reduction: str = "auto"
     threads: int = 1
     time_reps: int = 0  # > 0: also time prefill and decode (best of this many), for benchmarks
@@ -118,20 +122,22 @@ def _worker(rank: int, world: int, port: int, spec: Spec, out: str, timeout_s: f
 
     torch.set_num_threads(spec.threads)
     cuda = spec.device == "cuda"
+    comm = comm_of(spec)
+    gpu = rank % torch.cuda.device_count() if cuda else None
     if cuda:
-        torch.cuda.set_device(rank)
-    elif "GLOO_SOCKET_IFNAME" not in os.environ and Path("/sys/class/net/lo").exists():
+        torch.cuda.set_device(gpu)
+    if comm == "gloo" and "GLOO_SOCKET_IFNAME" not in os.environ and Path("/sys/class/net/lo").exists():
         os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # loopback only: no name lookup of the host
     timeout = datetime.timedelta(seconds=timeout_s)
     store = dist.TCPStore("127.0.0.1", port, world, is_master=False, timeout=timeout)
-    dist.init_process_group("nccl" if cuda else "gloo", store=store, rank=rank, world_size=world, timeout=timeout)
+    dist.init_process_group(comm, store=store, rank=rank, world_size=world, timeout=timeout)
     try:
         groups = {d: dist.new_group(list(range(d))) for d in sorted(set(spec.degrees))}  # every rank, same order
         ckpt = open_checkpoint(spec.ckpt)
         check_layout(ckpt)
         dense = load_dense(ckpt, "cpu")
         linears = {}  # per regime, loaded once
-        device = torch.device(f"cuda:{rank}") if cuda else None
+        device = torch.device(f"cuda:{gpu}") if cuda else None
         prompts = [list(p) for p in spec.prompts]
         results: dict[tuple[Run, int], Result] = {}
         for r in spec.runs:
@@ -166,13 +172,22 @@ def _worker(rank: int, world: int, port: int, spec: Spec, out: str, timeout_s: f
         dist.destroy_process_group()
 
 
+def comm_of(spec: Spec) -> str:
+    """The collectives' library of a launch: spec.comm, with "auto" resolved."""
+    if spec.comm == "auto":
+        return "nccl" if spec.device == "cuda" else "gloo"
+    if spec.comm not in ("gloo", "nccl") or (spec.comm == "nccl" and spec.device != "cuda"):
+        raise ValueError(f"comm {spec.comm!r} on {spec.device}: gloo runs anywhere, nccl on CUDA only")
+    return spec.comm
+
+
 def run(spec: Spec, timeout_s: float = 300.0) -> dict[tuple[Run, int], Result]:
     """Every (Run, degree) of spec, on max(degrees) processes; see the module docstring."""
     import torch.distributed as dist
     import torch.multiprocessing as mp
 
     world = max(spec.degrees)
-    if spec.device == "cuda" and torch.cuda.device_count() < world:
+    if comm_of(spec) == "nccl" and torch.cuda.device_count() < world:
         raise ValueError(f"tp {world} needs {world} CUDA devices, this machine has {torch.cuda.device_count()}")
     td = datetime.timedelta(seconds=timeout_s)
     store = dist.TCPStore("127.0.0.1", 0, world, is_master=True, wait_for_workers=False, timeout=td)

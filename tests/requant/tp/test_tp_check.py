@@ -64,6 +64,8 @@ def test_bf16_reduce_differs_exit_1(tmp_path):
     (["--regime", "ceiling"], "--regime must be one of native, pow2"),
     (["--new-tokens", "-1"], "--new-tokens must be >= 0"),
     (["--prompts", "17"], "--prompts at most 16"),
+    (["--comm", "nccl"], "--comm must be gloo, or nccl on a CUDA device"),
+    (["--comm", "mpi"], "--comm must be gloo, or nccl on a CUDA device"),
 ])
 def test_usage_errors_exit_2_with_one_line(args, what):
     res = runner.invoke(app, ["tp-check", *args])
