@@ -159,10 +159,16 @@ def hf_decode(model, prompts: list[torch.Tensor], new_tokens: int) -> float:
 # -- one checkpoint -----------------------------------------------------------------------------
 
 def bench_checkpoint(path: str, args, record: dict, flush) -> None:
+    from requant.tokenizer import byte_ids_allowed
+
+    with byte_ids_allowed():  # the synthetic Qwen3-shaped checkpoints have no tokenizer: byte ids, as their reports say
+        _bench_checkpoint(path, args, record, flush)
+
+
+def _bench_checkpoint(path: str, args, record: dict, flush) -> None:
     from requant.checkpoint import open_checkpoint
     from requant.determinism import run_determinism
     from requant.runtime import load_model
-
     dev = args.device
     ckpt = open_checkpoint(path)
     entry = {"checkpoint": str(ckpt.path), "name": Path(str(ckpt.path)).name, "config": {k: ckpt.config.get(k) for k in (

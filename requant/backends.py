@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import platform
 
-__all__ = ["REFERENCE_PAIR", "parse_backends", "environment"]
+__all__ = ["REFERENCE_PAIR", "parse_backends", "check_runnable", "environment"]
 
 REFERENCE_PAIR = ("reference-cutlass-order", "reference-triton-order")
 
@@ -26,6 +26,8 @@ def parse_backends(spec: str) -> tuple[str, str]:
     names = tuple(s.strip() for s in spec.split(",") if s.strip())
     if len(names) != 2:
         raise ValueError(f"--backends takes two comma-separated names or 'reference', got {spec!r}")
+    if names[0] == names[1]:  # a kernel compared with itself agrees with itself: a check that cannot fail
+        raise ValueError(f"--backends {spec!r} names {names[0]!r} twice: a comparison needs two different backends")
     known = kernels.scaled_mm_backends()
     for n in names:
         if n not in known:
@@ -33,6 +35,26 @@ def parse_backends(spec: str) -> tuple[str, str]:
         if n not in kernels.EMULATION_OF:
             raise ValueError(f"backend {n!r} implements no known epilogue order (requant.kernels.EMULATION_OF)")
     return names
+
+
+def check_runnable(backends: tuple[str, ...], device: str, act_backend: str, option: str = "--backends") -> None:
+    """UsageError naming the option at fault (`option` for the GEMM backends, --act-backend
+    for the activation one) when a backend cannot run on `device`, before anything is loaded."""
+    import os
+
+    from requant.errors import UsageError
+
+    cpu_hint = "--backends reference" if option == "--backends" else f"{option} reference-triton-order"
+    if "cutlass" in backends and not device.startswith("cuda"):
+        raise UsageError(f"{option}: the cutlass backend needs a CUDA GPU; on CPU use {cpu_hint}")
+    interpret = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    if not device.startswith("cuda") and not interpret:
+        if "triton" in backends:
+            raise UsageError(f"{option}: the triton backend needs a CUDA GPU (or TRITON_INTERPRET=1 on CPU); on CPU use "
+                             f"{cpu_hint}")
+        if act_backend == "triton":
+            raise UsageError("--act-backend triton needs a CUDA GPU (or TRITON_INTERPRET=1 on CPU); on CPU use "
+                             "--act-backend reference")
 
 
 def environment(device: str) -> dict:

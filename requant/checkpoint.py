@@ -9,11 +9,12 @@ then checks, before any tensor data is used by anyone:
     (requant.scheme, which names the offending field);
   * the weights are either one `model.safetensors` or the shards that
     `model.safetensors.index.json` names (plain file names only: no path traversal),
-    every shard exists and its header is valid (requant.safetensors_io);
+    every shard exists and its header is valid (requant.safetensors_io), and none of
+    these files is a link out of the checkpoint (requant.links);
   * the index and the shards agree tensor for tensor, and no tensor is stored twice;
   * every quantized Linear `X` has `X.weight` int8 [out, in] and `X.weight_scale`
     [out, 1] in bf16/fp16/fp32, and no zero points or static input scales;
-  * every scale is finite and positive (scales are small: they are all read here).
+  * every scale is finite, positive and normal (scales are small: they are all read here).
 
 Anything else is a `CheckpointError` naming the file and the tensor. After that,
 tensors are read one at a time with pread, so memory is bounded by what a caller holds.
@@ -34,6 +35,7 @@ import torch
 
 from requant import scheme as scheme_mod
 from requant.errors import CheckpointError, LayoutError, SafetensorsFormatError, TensorError
+from requant.links import check_inside
 from requant.safetensors_io import SafetensorsFile, read_header
 
 CONFIG = "config.json"
@@ -189,6 +191,9 @@ def read_weight_files(path: Path, what: str = "") -> tuple[dict[str, Safetensors
     in the shard the index names, and no shard holding a tensor the index places elsewhere)."""
     index_path = path / INDEX
     single_path = path / SINGLE
+    for p in (index_path, single_path):
+        if p.is_symlink():
+            check_inside(path, p)
     weight_map: dict[str, str] = {}
     shards: dict[str, SafetensorsFile] = {}
     if index_path.exists():
@@ -205,6 +210,7 @@ def read_weight_files(path: Path, what: str = "") -> tuple[dict[str, Safetensors
             if not sp.is_file():
                 first = next(t for t, s in weight_map.items() if s == shard)
                 raise LayoutError(f"{what}index names shard {shard!r}, which does not exist", file=index_path, tensor=first)
+            check_inside(path, sp)
             shards[shard] = read_header(sp)
         for tname, shard in weight_map.items():
             if tname not in shards[shard].tensors:
@@ -226,6 +232,8 @@ def open_checkpoint(src: str | os.PathLike, *, revision: str | None = None) -> C
     return a Checkpoint. Raises CheckpointError (naming file and tensor) on any fault."""
     path, from_hub = resolve_source(src, revision=revision)
     config_path = path / CONFIG
+    if config_path.is_symlink():
+        check_inside(path, config_path)
     config = _load_json(config_path, "config.json")
     if not isinstance(config, dict):
         raise LayoutError("config.json is not a JSON object", file=config_path)
@@ -285,14 +293,29 @@ def _find_linears(ckpt: Checkpoint) -> list[str]:
 
 
 def check_scale_values(file, name: str, scale: torch.Tensor) -> None:
-    """Every scale finite and strictly positive, else TensorError naming the first bad row."""
+    """Every scale finite, strictly positive and normal in its stored dtype, else TensorError
+    naming the first bad row.
+
+    Why subnormal scales are refused rather than carried: a scale is absmax / 127.5 of its
+    output channel, so a subnormal one (below 2**-126 in bf16/fp32, 2**-14 in fp16) means
+    weights of about 1e-36 (bf16) that the int8 grid cannot represent meaningfully; it has
+    fewer significant bits than its dtype promises, and its power-of-two exponent lies outside
+    the normal range that requant's arithmetic (requant.scales.exponents) and the audit's fault
+    catalogue assume, where the catalogue's bounds then fail (false positives) although
+    nothing is wrong with the kernels. No quantizer produces one (compressed-tensors clamps a
+    scale to at least its dtype's eps), so a subnormal scale is a damaged or hand-made file."""
     s = scale.detach().to(torch.float64).reshape(-1)
-    bad = ~(torch.isfinite(s) & (s > 0))
+    tiny = torch.finfo(scale.dtype).tiny if scale.dtype.is_floating_point else 0.0
+    bad = ~(torch.isfinite(s) & (s > 0) & (s >= tiny))
     if bool(bad.any()):
         row = int(bad.nonzero()[0, 0])
         v = float(s[row])
-        kind = "NaN" if v != v else ("infinite" if v in (float("inf"), float("-inf")) else ("zero" if v == 0 else "negative"))
-        raise TensorError(f"{kind} scale {v!r} at output channel {row} ({int(bad.sum())} bad scale(s) in all)", file=file, tensor=name)
+        kind = "NaN" if v != v else ("infinite" if v in (float("inf"), float("-inf")) else
+                                     ("zero" if v == 0 else ("negative" if v < 0 else "subnormal")))
+        why = (f" (below {str(scale.dtype).removeprefix('torch.')}'s smallest normal {tiny:.4g}: requant and its "
+               "audit need normal scales)" if kind == "subnormal" else "")
+        raise TensorError(f"{kind} scale {v!r} at output channel {row}{why} ({int(bad.sum())} bad scale(s) in all)",
+                          file=file, tensor=name)
 
 
 __all__ = ["Checkpoint", "open_checkpoint", "CheckpointError", "SafetensorsFormatError", "model_order_key", "is_ignored", "check_scale_values"]

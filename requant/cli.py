@@ -6,7 +6,7 @@ from typing import Annotated
 import typer
 
 from requant import __version__
-from requant.commands import audit, checkpoint, conform, determinism, eval, publish
+from requant.commands import audit, checkpoint, conform, determinism, eval, publish, tp_check
 
 app = typer.Typer(
     name="requant",
@@ -40,6 +40,7 @@ app.command("eval")(eval.eval_command)
 app.command("manifest")(publish.manifest)
 app.command("card")(publish.card)
 app.command("push")(publish.push)
+app.command("tp-check")(tp_check.tp_check)
 
 if __name__ == "__main__":
     app()

@@ -28,7 +28,7 @@ How, and why this way (each step in its own module):
     replaced, and a report about the source's bytes no longer matches the output's digest
     (requant card sets it aside, saying so). On any failure both hashers are cancelled
     (they stop within one 8 MB read) before the temporary output is removed.
-  * Atomically (requant.output): written into `.OUT.requant-tmp-*` next to OUT, fsynced,
+  * Atomically (requant.output): written into `.OUT.requant-tmp-*/output` next to OUT, fsynced,
     renamed; an error or interrupt leaves nothing, and an existing OUT is only replaced
     with force=True.
   * unconstrained reproduces every file byte for byte (config.json and the index are
@@ -50,15 +50,15 @@ from pathlib import Path
 from typing import Callable
 
 import requant
-from requant.evidence import manifest as mf
 from requant import streaming
-from requant.evidence import provenance
 from requant.checkpoint import open_checkpoint
-from requant.errors import CheckpointError, OutputError
-from requant.output import AtomicOutput, check_output
+from requant.errors import CheckpointError, OutputError, os_reason
+from requant.evidence import manifest as mf
+from requant.evidence import provenance
 from requant.evidence.provenance import PROVENANCE_KEY
-from requant.scales.requantizer import ARMS, SERVABLE, LinearStats
-from requant.safetensors_io import os_reason
+from requant.output import AtomicOutput, OutputInterrupted, check_output
+from requant.scales import ARMS, SERVABLE
+from requant.scales.requantizer import LinearStats
 
 __all__ = ["convert", "ConvertResult", "PROVENANCE_KEY", "CONVERT_REPORT"]
 
@@ -132,7 +132,7 @@ def _write_evidence(tmp: Path, out: Path, shard_entries: dict[str, mf.Entry], re
 def convert(src: str | os.PathLike, output: str | os.PathLike, arm: str = "nearest", *, force: bool = False,
             revision: str | None = None, source: str | os.PathLike | None = None, jobs: int | None = None,
             progress: Callable[[int], None] | None = None, on_start: Callable[[int], None] | None = None,
-            src_entries: dict[str, mf.Entry] | None = None) -> ConvertResult:
+            src_entries: dict[str, mf.Entry] | None = None, on_note: Callable[[str], None] | None = None) -> ConvertResult:
     """Convert SRC into OUTPUT under `arm`, atomically. Raises CheckpointError on bad input or output.
 
     Args:
@@ -149,6 +149,13 @@ def convert(src: str | os.PathLike, output: str | os.PathLike, arm: str = "neare
         src_entries: the manifest entries of SRC's directory when the caller has just hashed
             it (requant eval converts one checkpoint into every arm); otherwise SRC is hashed
             in background threads. They must name exactly SRC's files (checked by listing).
+        on_note: hears about what dead runs left beside OUTPUT (removed, or left alone and
+            named: requant.output.sweep_stale); a RuntimeWarning by default.
+
+    SRC's own SHA256SUMS, when it has one, must list exactly its files (checked before any
+    work) with their bytes (checked once they are hashed, before the rename): a mismatch is a
+    ManifestError and nothing is written, as audit, eval, determinism, card and push refuse it.
+    An interrupt once OUTPUT is complete is a requant.output.OutputInterrupted saying so.
 
     Returns:
         ConvertResult: per-layer statistics, the output path, bytes and time.
@@ -174,8 +181,11 @@ def convert(src: str | os.PathLike, output: str | os.PathLike, arm: str = "neare
 
     if src_entries is not None and set(src_entries) != set(mf.covered_files(ckpt.path)):
         raise CheckpointError("the given source hashes do not name the checkpoint's files", file=ckpt.path)
+    stored = mf.read(ckpt.path)  # SRC's own SHA256SUMS: its files must be the ones it lists
+    if stored is not None:  # the listing now, before any work; the bytes once they are hashed, before the rename
+        mf.check_against(ckpt.path, stored)
     constrained = arm != "unconstrained"
-    with AtomicOutput(out, force) as dest:
+    with AtomicOutput(out, force, on_note) as dest:
         source_hashes = shard_hashes = None
         try:
             if src_entries is None:  # plain sha256 of every source file, beside the units
@@ -195,10 +205,12 @@ def convert(src: str | os.PathLike, output: str | os.PathLike, arm: str = "neare
                 job.sync()
             finally:
                 job.close()  # safe: no worker is running any more
+            entries = src_entries if source_hashes is None else source_hashes.result()
+            if stored is not None:
+                mf.check_against(ckpt.path, stored, entries)
             digest, prov = provenance.record(ckpt, dest.tmp, out, arm=arm, src_label=str(src),
                                              source_dir=None if source is None else str(source),
-                                             source_entries=src_entries if source_hashes is None
-                                             else source_hashes.result())
+                                             source_entries=entries)
             order = {lin: i for i, lin in enumerate(ckpt.quantized_linears)}
             result = ConvertResult(output=out, arm=arm, source=str(src), provenance=prov, source_digest=digest,
                                    layers=dict(sorted(job.stats.items(), key=lambda kv: order[kv[0]])), bytes_total=total)
@@ -210,5 +222,8 @@ def convert(src: str | os.PathLike, output: str | os.PathLike, arm: str = "neare
                     hashes.cancel()
             raise
         dest.commit(synced=set(ckpt.shards))
-    result.elapsed_s = time.perf_counter() - t0
+    try:
+        result.elapsed_s = time.perf_counter() - t0
+    except KeyboardInterrupt:
+        raise OutputInterrupted(out) from None
     return result

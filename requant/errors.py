@@ -49,3 +49,8 @@ class OutputError(CheckpointError):
 class UsageError(Exception):
     """A request refused before (or instead of) doing the work: a bad option value, a
     backend the device cannot run, an arm name that does not exist. Commands exit 2."""
+
+
+def os_reason(exc: OSError) -> str:
+    """The operating system's words for a failed call ("No space left on device")."""
+    return exc.strerror or str(exc) or type(exc).__name__

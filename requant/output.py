@@ -12,20 +12,161 @@
   * OUT inside SRC (or SRC inside OUT) is refused. An existing OUT is only replaced with
     force=True, checked again just before the rename (an OUT that appeared meanwhile is an
     error); the old OUT is moved aside first and put back if the rename fails.
+  * A run that is killed (SIGKILL, a power cut) leaves its `.OUT.requant-tmp-*` behind, which
+    for a large model is gigabytes. Each such directory therefore has a lock file beside it
+    (`.OUT.requant-tmp-X.lock`, outside the directory so that it is never part of the
+    output), naming pid and host, on which its writer holds an flock for as long as it runs
+    (made under another name, locked, then renamed into place, so that it is never seen
+    unlocked while its writer lives; the directory is made after it). The next AtomicOutput
+    for the same OUT sweeps OUT's parent: a temporary directory whose lock it can take was
+    left by a dead run and is removed; one whose lock is held belongs to a live run and is
+    left alone; one with no lock (an older requant, or a run killed in the instant of
+    making its lock) and a moved-aside `.OUT.requant-old-*` (possibly the
+    only copy of the previous output) are left alone and named. Every removal and every
+    leftover is reported through `on_note` (a warning by default).
+  * An interrupt that arrives once the rename is done is an OutputInterrupted (a
+    KeyboardInterrupt): the output is complete, and its message says so, instead of the
+    "nothing was written" of an interrupt before it.
+  * --force replaces only what it can tell is a checkpoint (replaceable(): an empty
+    directory, a directory with config.json and .safetensors weights at its top level, or a
+    symlink, which is replaced as a link and whose target is left alone). Anything else (a
+    file, a directory of other things) is refused, before any work and again at the rename,
+    and nothing is touched: `-o ~/models --force` must never delete a directory of models.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
+import socket
 import tempfile
 import uuid
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
-from requant.errors import OutputError
-from requant.safetensors_io import os_reason
+from requant.errors import OutputError, os_reason
+from requant.links import shown
+
+LOCK_SUFFIX = ".lock"
+
+
+class OutputInterrupted(KeyboardInterrupt):
+    """An interrupt after the output was renamed into place: the output is complete."""
+
+    def __init__(self, out: Path, leftover: Path | None = None):
+        self.out = out
+        msg = f"interrupted after {shown(out)} was written completely (the output is intact)"
+        if leftover is not None and (leftover.exists() or leftover.is_symlink()):
+            msg += f"; the replaced output was not fully removed: {shown(leftover)}"
+        super().__init__(msg)
+
+
+def _default_note(msg: str) -> None:
+    warnings.warn(msg, RuntimeWarning, stacklevel=3)
+
+
+def _lock_of(tmp: Path) -> Path:
+    return tmp.with_name(tmp.name + LOCK_SUFFIX)
+
+
+def _take_lock(lock: Path) -> int:
+    """Create the lock file holding this process's flock (see the module docstring); its fd."""
+    staging = lock.with_name(f"{lock.name}.{os.getpid()}")
+    fd = os.open(staging, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.write(fd, f"pid {os.getpid()} host {socket.gethostname()}\n".encode())
+        os.replace(staging, lock)
+    except BaseException:
+        os.close(fd)
+        try:
+            os.unlink(staging)
+        except FileNotFoundError:
+            pass
+        raise
+    return fd
+
+
+def _try_lock(path: Path) -> tuple[int | None, str]:
+    """(fd holding the lock, owner) when path's writer is dead; (None, owner) while it lives."""
+    fd = os.open(path, os.O_RDWR)
+    owner = os.pread(fd, 200, 0).decode("utf-8", "replace").strip()
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None, owner
+    return fd, owner
+
+
+def sweep_stale(final: Path, on_note: Callable[[str], None]) -> None:
+    """Remove the temporary directories that dead runs left for `final` (OUT as output_path
+    spells it) and name the leftovers it may not remove (see the module docstring)."""
+    prefix_tmp, prefix_old = f".{final.name}.requant-tmp-", f".{final.name}.requant-old-"
+    try:
+        entries = sorted(final.parent.iterdir())
+    except OSError:
+        return
+    for d in entries:
+        if d.name.startswith(prefix_old):
+            on_note(f"{shown(d)}: a previous output moved aside by a run that did not finish; left alone (remove it "
+                    "once you know OUT is the output you want)")
+            continue
+        if not d.name.startswith(prefix_tmp) or d.is_symlink():
+            continue
+        if not d.is_dir():  # a lock whose directory is gone (killed in between): removed once its writer is dead
+            if d.name.endswith(LOCK_SUFFIX) and not d.with_name(d.name[: -len(LOCK_SUFFIX)]).is_dir():
+                try:
+                    fd, _ = _try_lock(d)
+                except OSError:
+                    continue
+                if fd is not None:
+                    d.unlink(missing_ok=True)
+                    os.close(fd)
+            continue
+        try:
+            fd, owner = _try_lock(_lock_of(d))
+        except OSError:
+            on_note(f"{shown(d)}: an unfinished output with no lock (not made by a running requant that can be "
+                    "identified); left alone: remove it if no conversion is writing here")
+            continue
+        if fd is None:
+            on_note(f"{shown(d)}: the unfinished output of a run still writing ({owner}); left alone")
+            continue
+        try:
+            size = sum(p.stat().st_size for p in d.rglob("*") if p.is_file() and not p.is_symlink())
+            shutil.rmtree(d, ignore_errors=True)
+            _lock_of(d).unlink(missing_ok=True)
+            on_note(f"removed {shown(d)}: {size:,} bytes left by a run that was killed ({owner or 'owner unknown'})")
+        finally:
+            os.close(fd)
+
+
+def replaceable(path: Path) -> str | None:
+    """None when --force may replace path (see the module docstring), else why not."""
+    if path.is_symlink():
+        return None
+    if not path.is_dir():
+        return "is not a directory"
+    try:
+        names = [p.name for p in path.iterdir()]
+    except OSError as exc:
+        return f"cannot be listed ({os_reason(exc)})"
+    if not names:
+        return None
+    if "config.json" in names and any(n.endswith(".safetensors") for n in names):
+        return None
+    return "is not a checkpoint (no config.json with .safetensors weights) and not empty"
+
+
+def refuse_unless_replaceable(out: Path, final: Path) -> None:
+    why = replaceable(final)
+    if why is not None:
+        raise OutputError(f"already exists and {why}; --force replaces only a checkpoint or an empty directory: "
+                          "remove it yourself or choose another output", file=out)
 
 
 def check_output(src: Path, out: Path, force: bool) -> None:
@@ -34,8 +175,10 @@ def check_output(src: Path, out: Path, force: bool) -> None:
         raise OutputError(f"output would be inside the source checkpoint {s}; requant never writes there", file=out)
     if o in s.parents:
         raise OutputError(f"output contains the source checkpoint {s}; replacing it would destroy the source", file=out)
-    if (out.exists() or out.is_symlink()) and not force:
-        raise OutputError("already exists; pass --force to replace it", file=out)
+    if out.exists() or out.is_symlink():
+        if not force:
+            raise OutputError("already exists; pass --force to replace it", file=out)
+        refuse_unless_replaceable(out, output_path(out))
 
 
 def output_path(output: str | os.PathLike) -> Path:
@@ -79,8 +222,10 @@ class AtomicOutput:
     moved-aside OUT back; leaving it after commit() removes the old OUT and fsyncs the
     parent directories. `out` is the spelling used in messages."""
 
-    def __init__(self, out: Path, force: bool):
+    def __init__(self, out: Path, force: bool, on_note: Callable[[str], None] | None = None):
         self.out = out
+        self.on_note = on_note or _default_note
+        self._lock_fd: int | None = None
         self.final = output_path(out)  # every filesystem operation uses this spelling
         self.force = force
         self.tmp: Path | None = None
@@ -95,9 +240,25 @@ class AtomicOutput:
             p = p.parent
         for d in reversed(self._created):
             d.mkdir()
-        self.tmp = self.final.parent / f".{self.final.name}.requant-tmp-{uuid.uuid4().hex[:12]}"
-        self.tmp.mkdir()
+        sweep_stale(self.final, self.on_note)
+        tmp = self.final.parent / f".{self.final.name}.requant-tmp-{uuid.uuid4().hex[:12]}"
+        self._lock_path = _lock_of(tmp)
+        self._lock_fd = _take_lock(self._lock_path)
+        try:
+            tmp.mkdir()
+        except BaseException:
+            self._release()
+            raise
+        self.tmp = tmp
         return self
+
+    def _release(self) -> None:
+        """Remove the lock file, then drop the flock (a sweeper that opened it meanwhile sees
+        it unlocked only once the directory it guarded is gone or renamed)."""
+        if self._lock_fd is not None:
+            self._lock_path.unlink(missing_ok=True)
+            os.close(self._lock_fd)
+            self._lock_fd = None
 
     def commit(self, synced: set[str]) -> None:
         """fsync everything under tmp (but the top-level files in `synced`), then rename
@@ -110,6 +271,7 @@ class AtomicOutput:
         if final.exists() or final.is_symlink():
             if not self.force:  # it appeared while we were converting: never replace it silently
                 raise OutputError("appeared while converting; pass --force to replace it", file=out)
+            refuse_unless_replaceable(out, final)  # it may have changed meanwhile
             old = final.parent / f".{final.name}.requant-old-{uuid.uuid4().hex[:12]}"
             try:
                 os.rename(final, old)
@@ -123,8 +285,20 @@ class AtomicOutput:
         self._committed = True
 
     def __exit__(self, exc_type, exc, tb) -> None:
+        try:
+            self._finish(exc_type)
+        except KeyboardInterrupt:
+            if self._committed:
+                raise OutputInterrupted(self.out, self._old) from None
+            raise
+        finally:
+            self._release()
+        if self._committed and exc_type is not None and issubclass(exc_type, KeyboardInterrupt):
+            raise OutputInterrupted(self.out) from None
+
+    def _finish(self, exc_type) -> None:
         final = self.final
-        if exc_type is not None or not self._committed:  # failed (or abandoned): leave nothing
+        if not self._committed:  # failed (or abandoned): leave nothing
             shutil.rmtree(self.tmp, ignore_errors=True)
             if self._old is not None and not (final.exists() or final.is_symlink()):
                 os.rename(self._old, final)  # put the replaced output back
@@ -135,12 +309,13 @@ class AtomicOutput:
                 except OSError:
                     break
             return
-        old = self._old
+        old = self._old  # committed: the output is complete, whatever came after the rename
         if old is not None:
             if old.is_dir() and not old.is_symlink():
                 shutil.rmtree(old, ignore_errors=True)
             else:
                 old.unlink()
+            self._old = None
         try:
             for d in [final.parent] + [c.parent for c in self._created]:
                 fsync_path(d)  # the renames (and any directories made for OUT) are durable

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-from requant.errors import SafetensorsFormatError, TensorError
+from requant.errors import SafetensorsFormatError, TensorError, os_reason
 
 # safetensors dtype string -> (torch dtype, item size in bytes)
 DTYPES: dict[str, tuple[torch.dtype, int]] = {
@@ -129,11 +129,6 @@ class SafetensorsFile:
         """One tensor, read from disk into its own memory (not a view of the file)."""
         info = self.info(name)
         return bytes_to_tensor(self.read_bytes(name), info)
-
-
-def os_reason(exc: OSError) -> str:
-    """The operating system's words for a failed call ("No space left on device")."""
-    return exc.strerror or str(exc) or type(exc).__name__
 
 
 def pread_exact(fd: int, view: memoryview, offset: int, *, file, tensor: str | None) -> None:

@@ -31,10 +31,11 @@ from typing import Callable
 import numpy as np
 
 from requant.checkpoint import SKIP_DIRS, Checkpoint
-from requant.errors import OutputError, TensorError
+from requant.errors import OutputError, TensorError, os_reason
+from requant.evidence.manifest import walk_files
+from requant.safetensors_io import pread_exact, tensor_to_bytes
 from requant.scales.from_source import quantize_from_source
 from requant.scales.requantizer import LinearStats, Requantizer
-from requant.safetensors_io import os_reason, pread_exact, tensor_to_bytes
 from requant.workers import Aborted, run_units, shutdown
 
 # Pieces small enough to stay in the CPU cache between read, requantize and write
@@ -69,21 +70,18 @@ def _pwrite_all(fd: int, data, offset: int) -> None:
 
 def copy_other_files(ckpt: Checkpoint, tmp: Path, out: Path) -> None:
     """Copy every file that is not a shard (config and index included) byte for byte,
-    following symlinks (Hub snapshots link into the blob cache)."""
+    following symlinks inside the checkpoint (Hub snapshots link into the blob cache) and
+    refusing one that leads out of it (requant.evidence.manifest.walk_files, before anything is copied)."""
     skip = set(ckpt.shards)
-    for root, dirs, files in os.walk(ckpt.path, followlinks=False):
-        dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS)
-        rel_root = Path(root).relative_to(ckpt.path)
-        for fn in sorted(files):
-            rel = rel_root / fn
-            if rel.parts == (fn,) and fn in skip:
-                continue
-            dst = tmp / rel
-            try:
-                dst.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(Path(root) / fn, dst)
-            except OSError as exc:
-                raise OutputError(f"copying {Path(root) / fn} failed: {os_reason(exc)}", file=out / rel) from exc
+    for rel, src in walk_files(ckpt.path, SKIP_DIRS).items():
+        if rel in skip:
+            continue
+        dst = tmp / rel
+        try:
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, dst)
+        except OSError as exc:
+            raise OutputError(f"copying {src} failed: {os_reason(exc)}", file=out / rel) from exc
 
 
 class Job:

@@ -15,19 +15,25 @@ per-channel weights, in the weight's own dtype (bf16):
 (round and clamp commute because the bounds are integers.) The absmax element maps to
 about +-127.5, so positive maxima land on 127 and negative ones on -128.
 
-Presets: tiny (the embedded default), qwen3-1.7b, qwen3-8b, qwen3-14b (the real configs).
+Presets: tiny (the old random default: 4 layers, byte-level vocab 512), qwen3-1.7b, qwen3-8b, qwen3-14b (the real configs).
 Weights ~ normal(0, 0.02) (embeddings and Linears), norms are ones; optional outlier
 channels (rows scaled up) and outlier weights (single elements scaled up) give a
 realistic spread of scales. One torch.Generator, seeded, draws every tensor in model
 order, so the files are reproducible bit for bit and independent of the sharding.
 
 Usage: python -m requant.synthetic PRESET OUT [--seed N] [--shard-size BYTES]
-                                    [--no-outliers] [--keep-source DIR]
+                                    [--no-outliers] [--keep-source DIR] [--force]
+
+Output: written atomically (requant.output.AtomicOutput: a temporary directory beside OUT,
+renamed into place). A non-empty OUT (or --keep-source DIR) is refused without --force, and
+--force replaces only a checkpoint or an empty directory, so that pointing the generator at
+a real checkpoint (the trained embedded default) cannot mix a random model into its files.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -37,8 +43,10 @@ from pathlib import Path
 
 import torch
 
-from requant.scales.from_source import rtn_quantize
+from requant.errors import CheckpointError, OutputError
+from requant.output import AtomicOutput, output_path, refuse_unless_replaceable
 from requant.qwen3 import Qwen3Arch
+from requant.scales.from_source import rtn_quantize
 from requant.scheme import quantization_config
 
 LINEAR_STD = 0.02
@@ -176,17 +184,39 @@ def write_json(path: Path, obj) -> None:
     path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
-def generate(preset: str | Preset, out: str | os.PathLike, *, seed: int = 0, shard_size: int | None = None,
-             outliers: bool = True, keep_source: str | os.PathLike | None = None) -> Path:
-    """Write a W8A8 checkpoint (and optionally its bf16 original) and return its path."""
-    from safetensors.torch import save_file
+def _check_target(path: Path, force: bool) -> None:
+    if not (path.exists() or path.is_symlink()):
+        return
+    if path.is_dir() and not path.is_symlink() and not any(path.iterdir()):
+        return
+    if not force:
+        raise OutputError("already exists and is not empty; pass --force to replace it", file=path)
+    refuse_unless_replaceable(path, output_path(path))
 
+
+def generate(preset: str | Preset, out: str | os.PathLike, *, seed: int = 0, shard_size: int | None = None,
+             outliers: bool = True, keep_source: str | os.PathLike | None = None, force: bool = False) -> Path:
+    """Write a W8A8 checkpoint (and optionally its bf16 original) and return its path (see the
+    module docstring for what may be replaced). OutputError when out or keep_source may not be."""
     p = PRESETS[preset] if isinstance(preset, str) else preset
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     src_dir = Path(keep_source) if keep_source else None
-    if src_dir:
-        src_dir.mkdir(parents=True, exist_ok=True)
+    for d in (out, src_dir):
+        if d is not None:
+            _check_target(d, force)
+    with contextlib.ExitStack() as stack:
+        dest = stack.enter_context(AtomicOutput(out, force=True))  # refused above unless empty or replaceable
+        src = stack.enter_context(AtomicOutput(src_dir, force=True)) if src_dir is not None else None
+        _write(p, dest.tmp, None if src is None else src.tmp, seed, shard_size, outliers)
+        if src is not None:
+            src.commit(synced=set())
+        dest.commit(synced=set())
+    return out
+
+
+def _write(p: Preset, out: Path, src_dir: Path | None, seed: int, shard_size: int | None, outliers: bool) -> None:
+    from safetensors.torch import save_file
+
     entries = plan(p)
     q_sizes = [_nbytes(k, s)[0] for _, k, s in entries]
     b_sizes = [_nbytes(k, s)[1] for _, k, s in entries]
@@ -218,7 +248,6 @@ def generate(preset: str | Preset, out: str | os.PathLike, *, seed: int = 0, sha
             src_map = {t: f for t, f in weight_map.items() if not t.endswith("_scale")}
             write_json(src_dir / "model.safetensors.index.json", {"metadata": {"total_size": sum(b_sizes)}, "weight_map": dict(sorted(src_map.items()))})
         write_json(src_dir / "config.json", model_config(p, quantized=False))
-    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -229,8 +258,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shard-size", type=int, default=None, help="max bytes per shard (default: one file)")
     ap.add_argument("--no-outliers", action="store_true")
     ap.add_argument("--keep-source", default=None, help="also write the bf16 originals here (for convert --source)")
+    ap.add_argument("--force", action="store_true", help="replace a non-empty OUT (only a checkpoint or an empty directory)")
     a = ap.parse_args(argv)
-    path = generate(a.preset, a.out, seed=a.seed, shard_size=a.shard_size, outliers=not a.no_outliers, keep_source=a.keep_source)
+    try:
+        path = generate(a.preset, a.out, seed=a.seed, shard_size=a.shard_size, outliers=not a.no_outliers,
+                        keep_source=a.keep_source, force=a.force)
+    except CheckpointError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     print(path)
     return 0
 

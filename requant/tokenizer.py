@@ -9,10 +9,23 @@ Two kinds, and every report says which one it used (describe()):
     `tokenizers` library (a core dependency). sha256 is the digest of that file's bytes, so a
     report names the exact tokenizer. An id the model cannot embed (>= the config's
     vocab_size) is an error naming the file, never silently clipped.
-  * "byte-level": only for a checkpoint with no tokenizer.json (the old random embedded
-    default is one): token id = UTF-8 byte value, clipped to vocab_size - 1 for a model with
-    fewer than 256 ids (a lossy fallback that is then recorded as such); sha256 is None.
-    decode() turns ids >= 256 (the default's specials: 256 bos, 257 eos) into "<|N|>".
+  * "byte-level": only for a checkpoint with no tokenizer.json: token id = UTF-8 byte value,
+    clipped to vocab_size - 1 for a model with fewer than 256 ids (a lossy fallback that is
+    then recorded as such); sha256 is None. decode() turns ids >= 256 (the synthetic
+    generator's specials: 256 bos, 257 eos) into "<|N|>".
+
+When byte-level ids are used, and when a missing tokenizer.json is refused:
+  * a model vocabulary of at most BYTE_LEVEL_MAX_VOCAB (512) ids is the byte-level one:
+    256 byte values and at most 256 specials, the layout requant.synthetic builds for its
+    small models. Byte-level ids are used without asking.
+  * a larger vocabulary belongs to a real tokenizer (Qwen3's has 151,936 ids), so a
+    checkpoint that has one but no tokenizer.json has lost its tokenizer: byte ids would
+    "work" and report nonsense (a perplexity of 1e43, text like "<|746|>"). That is a
+    TokenizerError naming the missing file, unless the caller says that the ids are bytes:
+    byte_level=True, or within byte_ids_allowed() (the command line's --byte-tokens; the
+    runtime benchmark, whose large synthetic models have no tokenizer).
+  * a directory of None (a model built in memory, with no checkpoint) is byte-level.
+Links: a tokenizer file that links out of the checkpoint is refused (requant.links).
 
 eos: generation_config.json's eos_token_id (an int or a list: all are kept in `eos_ids`,
 the first is `eos_id`), else tokenizer_config.json's eos_token looked up in tokenizer.json,
@@ -21,9 +34,28 @@ else config.json's eos_token_id, else None.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 from pathlib import Path
+
+from requant.links import check_inside, shown
+
+BYTE_LEVEL_MAX_VOCAB = 512
+_byte_ids_allowed = False
+
+
+@contextlib.contextmanager
+def byte_ids_allowed(allowed: bool = True):
+    """Within the block, every load_tokenizer uses byte-level ids for a checkpoint without
+    tokenizer.json whatever its vocabulary (see the module docstring); restored on exit, so
+    that one command's --byte-tokens never outlives it."""
+    global _byte_ids_allowed
+    before, _byte_ids_allowed = _byte_ids_allowed, bool(allowed)
+    try:
+        yield
+    finally:
+        _byte_ids_allowed = before
 
 
 class TokenizerError(ValueError):
@@ -31,6 +63,8 @@ class TokenizerError(ValueError):
 
 
 def _read_json(path: Path):
+    if path.is_symlink():
+        check_inside(path.parent, path)
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as exc:
@@ -124,18 +158,28 @@ class Tokenizer:
         return f"Tokenizer({self.kind}, vocab {self.vocab_size}, model vocab {self.model_vocab_size})"
 
 
-def load_tokenizer(checkpoint_dir, vocab_size: int) -> Tokenizer:
-    """tokenizer.json from checkpoint_dir when it has one, else byte-level ids (see the
-    module docstring). checkpoint_dir may be None (byte-level)."""
+def load_tokenizer(checkpoint_dir, vocab_size: int, *, byte_level: bool = False) -> Tokenizer:
+    """tokenizer.json from checkpoint_dir when it has one, else byte-level ids where they are
+    the model's vocabulary or the caller says so (byte_level, byte_ids_allowed), else a
+    TokenizerError (see the module docstring). checkpoint_dir may be None (byte-level)."""
     directory = Path(checkpoint_dir) if checkpoint_dir is not None else None
     path = directory / "tokenizer.json" if directory is not None else None
-    if path is None or not path.is_file():
+    if path is None or not (path.is_file() or path.is_symlink()):
+        if directory is not None and int(vocab_size) > BYTE_LEVEL_MAX_VOCAB and not (byte_level or _byte_ids_allowed):
+            raise TokenizerError(f"{shown(path)}: missing, and the model's vocabulary ({int(vocab_size)} ids) is not the "
+                                 f"byte-level one (at most {BYTE_LEVEL_MAX_VOCAB}): put the checkpoint's tokenizer.json "
+                                 "back, or pass --byte-tokens to use UTF-8 byte values as token ids")
         return Tokenizer("byte-level", vocab_size, eos_ids=_eos_ids(directory, None))
+    if path.is_symlink():
+        check_inside(directory, path)
     try:
         from tokenizers import Tokenizer as HFTokenizer
     except ImportError:
         raise TokenizerError(f"{path}: the `tokenizers` library is not installed (pip install tokenizers)") from None
-    raw = path.read_bytes()
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise TokenizerError(f"{shown(path)}: reading failed: {exc.strerror or exc}") from None
     try:
         backend = HFTokenizer.from_str(raw.decode("utf-8"))
     except Exception as exc:  # the library raises its own Exception subclasses for bad files

@@ -20,17 +20,14 @@ import torch
 
 from requant.checkpoint import SKIP_DIRS
 from requant.errors import CheckpointError, LayoutError
+from requant.evidence.manifest import walk_files
 from requant.safetensors_io import SafetensorsFile, read_header
 
 
 def _files(root: Path) -> dict[str, Path]:
-    out = {}
-    for dirpath, dirs, files in os.walk(root):
-        dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS)
-        for fn in files:
-            p = Path(dirpath) / fn
-            out[p.relative_to(root).as_posix()] = p
-    return out
+    # the manifest's file rules (links out of the checkpoint, symlinked directories and
+    # dangling links refused), with the directories a checkpoint never includes left out
+    return walk_files(root, SKIP_DIRS)
 
 
 def _tensors(files: dict[str, Path]) -> tuple[dict[str, tuple[SafetensorsFile, str]], list[str]]:

@@ -17,25 +17,28 @@ Importing this module does not import torch (`requant --help` stays fast).
 from __future__ import annotations
 
 import contextlib
+import functools
+import os
 import shlex
 import signal
 import sys
 import threading
 from pathlib import Path
-from typing import Annotated, NoReturn, Optional
+from typing import Annotated, Callable, NoReturn, Optional
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 
 from requant.errors import CheckpointError, UsageError
-from requant.output import write_json_atomic
+from requant.output import OutputInterrupted, write_json_atomic
 
 __all__ = [
     "EXIT_OK", "EXIT_FAILED", "EXIT_ERROR", "EXIT_INTERRUPTED", "UsageError",
     "out", "err", "fail", "warn", "plain", "cannot_run", "sigterm_as_interrupt", "write_json_atomic",
-    "default_device", "check_device", "set_threads", "command_line",
-    "CkptArg", "DeviceOpt", "ThreadsOpt", "BackendsOpt", "RevisionOpt", "JsonOpt", "ReportOpt",
+    "default_device", "check_device", "set_threads", "command_line", "check_output_file", "check_output_dir",
+    "byte_tokens_option", "CkptArg", "DeviceOpt", "ThreadsOpt", "BackendsOpt", "RevisionOpt", "JsonOpt", "ReportOpt",
+    "ByteTokensOpt",
 ]
 
 EXIT_OK = 0
@@ -90,6 +93,8 @@ def cannot_run(interrupted: str = "interrupted; nothing was written"):
         fail(str(exc))
     except OSError as exc:
         fail(_os_message(exc))
+    except OutputInterrupted as exc:  # after the output was renamed into place: say that it is complete
+        fail(str(exc), EXIT_INTERRUPTED)
     except KeyboardInterrupt:
         fail(interrupted, EXIT_INTERRUPTED)
 
@@ -160,6 +165,63 @@ def command_line(name: str, positional: list | None = None, options: dict | None
     return " ".join([f"requant {name}"] + [shlex.quote(a) for a in args])
 
 
+# -- output paths, checked before any work ------------------------------------------------
+def _writable_place(path: Path, option: str) -> None:
+    """The nearest existing directory above `path` (missing ones are made when writing) must be
+    a directory we may write into."""
+    d = path.parent
+    while not (d.exists() or d.is_symlink()) and d != d.parent:
+        d = d.parent
+    if not d.is_dir():
+        raise UsageError(f"{option} {path}: {d} is not a directory")
+    if not os.access(d, os.W_OK | os.X_OK):
+        raise UsageError(f"{option} {path}: {d} is not writable")
+
+
+def check_output_file(path: Optional[Path], option: str) -> None:
+    """UsageError naming `option` unless a file can be written at `path` (None: nothing to
+    check). Called before any work, so that a bad report path costs nothing and writes nothing."""
+    if path is None:
+        return
+    path = Path(path)
+    if path.is_dir():
+        raise UsageError(f"{option} {path}: is a directory, not a file")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise UsageError(f"{option} {path}: exists and is not writable")
+    _writable_place(path, option)
+
+
+def check_output_dir(path: Optional[Path], option: str) -> None:
+    """UsageError naming `option` unless `path` is (or can be made as) a writable directory."""
+    if path is None:
+        return
+    path = Path(path)
+    if path.exists() or path.is_symlink():
+        if not path.is_dir():
+            raise UsageError(f"{option} {path}: exists and is not a directory")
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise UsageError(f"{option} {path}: is not writable")
+        return
+    _writable_place(path, option)
+
+
+def byte_tokens_option(command: Callable) -> Callable:
+    """Decorate a command that has a `byte_tokens: ByteTokensOpt` parameter: with --byte-tokens,
+    byte ids are used for a checkpoint without tokenizer.json for the duration of that command
+    only (requant.tokenizer.byte_ids_allowed; nothing outlives it, in a test process either)."""
+
+    @functools.wraps(command)  # typer reads the parameters through __wrapped__
+    def run(*args, **kwargs):
+        if not kwargs.get("byte_tokens"):
+            return command(*args, **kwargs)
+        from requant.tokenizer import byte_ids_allowed
+
+        with byte_ids_allowed():
+            return command(*args, **kwargs)
+
+    return run
+
+
 # -- option types that repeat ------------------------------------------------------------
 CkptArg = Annotated[Optional[str], typer.Argument(
     help="Checkpoint directory or Hub repo id (default: the embedded default).", show_default=False)]
@@ -172,3 +234,6 @@ BackendsOpt = Annotated[Optional[str], typer.Option(
 RevisionOpt = Annotated[Optional[str], typer.Option("--revision", help="Hub revision when the checkpoint is a repo id.")]
 JsonOpt = Annotated[Optional[Path], typer.Option("--json", help="Write the JSON record here (atomically).")]
 ReportOpt = Annotated[Optional[Path], typer.Option("--report", help="Write JSON, Markdown and PNG files into this directory.")]
+ByteTokensOpt = Annotated[bool, typer.Option(
+    "--byte-tokens", help="Use UTF-8 byte values as token ids when the checkpoint has no tokenizer.json "
+    "(needed only for a vocabulary larger than the byte-level 512 ids).")]

@@ -34,9 +34,29 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from requant.commands._common import (EXIT_FAILED, BackendsOpt, CkptArg, DeviceOpt, JsonOpt, ReportOpt, RevisionOpt, ThreadsOpt,
-                                      UsageError, cannot_run, check_device, command_line, default_device, err, fail,
-                                      set_threads, write_json_atomic)
+from requant.commands._common import (
+    EXIT_FAILED,
+    BackendsOpt,
+    ByteTokensOpt,
+    CkptArg,
+    DeviceOpt,
+    JsonOpt,
+    ReportOpt,
+    RevisionOpt,
+    ThreadsOpt,
+    UsageError,
+    byte_tokens_option,
+    cannot_run,
+    check_device,
+    check_output_dir,
+    check_output_file,
+    command_line,
+    default_device,
+    err,
+    fail,
+    set_threads,
+    write_json_atomic,
+)
 
 console = err()
 
@@ -112,6 +132,7 @@ def _print_summary(result: dict) -> None:
         print(f"converted checkpoint, arm {conv['arm']}{'' if conv.get('servable', True) else ' (NOT servable)'}: {conv['regimes']}")
 
 
+@byte_tokens_option
 def audit(
     ckpt: CkptArg = None,
     backends: BackendsOpt = None,
@@ -122,12 +143,15 @@ def audit(
     device: DeviceOpt = None,
     revision: RevisionOpt = None,
     threads: ThreadsOpt = None,
+    byte_tokens: ByteTokensOpt = False,
     matrix: Annotated[str, typer.Option(
         "--matrix", help="Pinned prediction matrix: v2 (C1..C8, default) or v1 (C1..C7, the paper's).")] = "v2",
 ) -> None:
     """Bitwise CUTLASS-vs-Triton comparison per Linear on real activations, and the
     fault-injection suite scored against the pinned prediction matrix."""
     with cannot_run():
+        check_output_file(json_out, "--json")  # before any work: a bad path costs nothing and writes nothing
+        check_output_dir(report, "--report")
         if plan:
             from requant.audit.suite import plan_from_config
 
@@ -140,7 +164,7 @@ def audit(
         from requant import DEFAULT_CHECKPOINT
         from requant.audit.capture import prompts as prompt_list
         from requant.audit.suite import CELLS_PER_LAYER
-        from requant.backends import parse_backends
+        from requant.backends import check_runnable, parse_backends
         from requant.checkpoint import open_checkpoint
         from requant.evidence.identity import with_progress
         from requant.runtime import check_layout
@@ -149,8 +173,7 @@ def audit(
         dev = check_device(device or default_device())
         spec = backends or ("cutlass,triton" if dev.startswith("cuda") else "reference")
         pair = parse_backends(spec)
-        if "cutlass" in pair and not dev.startswith("cuda"):
-            raise UsageError("the cutlass backend needs a CUDA GPU; on CPU use --backends reference")
+        check_runnable(pair, dev, "reference")
         set_threads(threads, dev)
         from requant.audit.matrix import baseline_variant, load_matrix, matrix_path
 
@@ -182,7 +205,7 @@ def audit(
                                on_phase=lambda msg: progress.console.log(msg))
     command = command_line("audit", [ckpt], {
         "--backends": spec, "--prompts": prompts, "--json": json_out, "--report": report, "--device": device,
-        "--revision": revision, "--threads": threads, "--matrix": matrix})
+        "--revision": revision, "--threads": threads, "--byte-tokens": byte_tokens, "--matrix": matrix})
     result["command"] = command
     with cannot_run():
         if json_out is not None:

@@ -18,8 +18,19 @@ from rich.markup import escape
 from rich.table import Table
 
 from requant import DEFAULT_CHECKPOINT
-from requant.scales.arms import ARMS, SERVABLE
-from requant.commands._common import EXIT_FAILED, cannot_run, err, out, sigterm_as_interrupt, warn, write_json_atomic
+from requant.commands._common import (
+    EXIT_FAILED,
+    UsageError,
+    cannot_run,
+    check_output_dir,
+    check_output_file,
+    err,
+    out,
+    sigterm_as_interrupt,
+    warn,
+    write_json_atomic,
+)
+from requant.scales import ARMS, SERVABLE  # names only: importing the CLI must not import torch
 
 Arm = Enum("Arm", {a: a for a in ARMS}, type=str)
 
@@ -69,6 +80,13 @@ def convert(
     from requant.convert import convert as do_convert
 
     arm_name = arm.value if isinstance(arm, Enum) else str(arm)
+    with cannot_run():  # every output path and option before any work: a refusal costs nothing and writes nothing
+        check_output_file(json_report, "--json")
+        check_output_file(plot, "--plot")
+        if not (output.exists() or output.is_symlink()):  # an existing OUT: the --force rules (requant.output)
+            check_output_dir(output, "-o")
+        if jobs is not None and jobs < 1:
+            raise UsageError(f"--jobs {jobs}: must be at least 1 (leave it out for the CPU count)")
     console = err()
     src_arg = src if src is not None else str(DEFAULT_CHECKPOINT)
     progress = Progress(TextColumn("[bold]convert[/] " + escape(arm_name)), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
@@ -84,9 +102,9 @@ def convert(
 
     with cannot_run(), progress, sigterm_as_interrupt():
         result = do_convert(src_arg, output, arm_name, force=force, revision=revision, source=source, jobs=jobs,
-                            progress=advance, on_start=on_start)
+                            progress=advance, on_start=on_start, on_note=warn)
     report = result.to_dict()
-    with cannot_run():
+    with cannot_run(interrupted=f"interrupted after {output} was written completely; the --json/--plot files were not"):
         if json_report is not None:
             write_json_atomic(json_report, report, indent=2)
         if plot is not None:

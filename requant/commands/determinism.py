@@ -23,25 +23,29 @@ from typing import Annotated, Optional
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from requant.commands._common import (EXIT_FAILED, BackendsOpt, CkptArg, DeviceOpt, JsonOpt, RevisionOpt, ThreadsOpt, UsageError,
-                                      cannot_run, check_device, command_line, default_device, err, set_threads,
-                                      write_json_atomic)
+from requant.commands._common import (
+    EXIT_FAILED,
+    BackendsOpt,
+    ByteTokensOpt,
+    CkptArg,
+    DeviceOpt,
+    JsonOpt,
+    RevisionOpt,
+    ThreadsOpt,
+    UsageError,
+    byte_tokens_option,
+    cannot_run,
+    check_device,
+    check_output_file,
+    command_line,
+    default_device,
+    err,
+    set_threads,
+    write_json_atomic,
+)
 
 
-def check_backend_device(pair: tuple[str, ...], device: str, act_backend: str) -> None:
-    """Refuse a backend the device cannot run, before anything is loaded."""
-    import os
-
-    if "cutlass" in pair and not device.startswith("cuda"):
-        raise UsageError("the cutlass backend needs a CUDA GPU; on CPU use --backends reference")
-    interpret = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-    if not device.startswith("cuda") and not interpret:
-        if "triton" in pair:
-            raise UsageError("the triton backend needs a CUDA GPU (or TRITON_INTERPRET=1 on CPU); on CPU use --backends reference")
-        if act_backend == "triton":
-            raise UsageError("--act-backend triton needs a CUDA GPU (or TRITON_INTERPRET=1 on CPU); on CPU use --act-backend reference")
-
-
+@byte_tokens_option
 def determinism(
     ckpt: CkptArg = None,
     backends: BackendsOpt = None,
@@ -52,13 +56,15 @@ def determinism(
     act_backend: Annotated[str, typer.Option("--act-backend", help="quantize_activations backend shared by both sides (reference or triton: the same bits)")] = "reference",
     revision: RevisionOpt = None,
     threads: ThreadsOpt = None,
+    byte_tokens: ByteTokensOpt = False,
 ) -> None:
     """Greedy generations with each backend of the pair, native and pow2: byte-identical or not,
     and each prompt alone vs inside the batch."""
     console = err()
     with cannot_run():
+        check_output_file(json_out, "--json")  # before any work: a bad path costs nothing and writes nothing
         from requant import DEFAULT_CHECKPOINT
-        from requant.backends import parse_backends
+        from requant.backends import check_runnable, parse_backends
         from requant.checkpoint import open_checkpoint
         from requant.determinism import all_scales_pow2, run_determinism, work_units
         from requant.evidence.identity import with_progress
@@ -68,7 +74,7 @@ def determinism(
         dev = check_device(device or default_device())
         spec = backends or ("cutlass,triton" if dev.startswith("cuda") else "reference")
         pair = parse_backends(spec)
-        check_backend_device(pair, dev, act_backend)
+        check_runnable(pair, dev, act_backend)
         if new_tokens < 1:
             raise UsageError("--new-tokens must be at least 1")
         prompt_list(prompts)  # validate N before loading (or downloading) anything big
@@ -88,7 +94,8 @@ def determinism(
                                      on_phase=lambda msg: progress.console.log(msg))
     result["command"] = command_line("determinism", [ckpt], {
         "--backends": spec, "--prompts": prompts, "--new-tokens": new_tokens, "--json": json_out, "--device": device,
-        "--revision": revision, "--threads": threads, "--act-backend": None if act_backend == "reference" else act_backend})
+        "--revision": revision, "--threads": threads, "--act-backend": None if act_backend == "reference" else act_backend,
+        "--byte-tokens": byte_tokens})
     if json_out is not None:
         with cannot_run():
             write_json_atomic(json_out, result)

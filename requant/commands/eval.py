@@ -22,8 +22,23 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from requant.commands._common import (CkptArg, DeviceOpt, JsonOpt, ReportOpt, ThreadsOpt, cannot_run, check_device,
-                                      command_line, err, out)
+from requant.commands._common import (
+    ByteTokensOpt,
+    CkptArg,
+    DeviceOpt,
+    JsonOpt,
+    ReportOpt,
+    ThreadsOpt,
+    byte_tokens_option,
+    cannot_run,
+    check_device,
+    check_output_dir,
+    check_output_file,
+    command_line,
+    err,
+    out,
+    warn,
+)
 from requant.eval.report import fmt_number
 
 console = err()
@@ -52,6 +67,7 @@ def _print_table(result: dict) -> None:
         stdout.print(f"probe mismatch share: {share:.4f}" + (f" (90% interval [{ci[0]:.4f}, {ci[1]:.4f}])" if ci else ""))
 
 
+@byte_tokens_option
 def eval_command(
     ckpt: CkptArg = None,
     arms: Annotated[str, typer.Option("--arms", help="comma-separated: native and converter arms (unconstrained, nearest, ceiling, mse, probe); native is always included")] = DEFAULT_ARMS,
@@ -68,9 +84,20 @@ def eval_command(
     report: ReportOpt = None,
     device: DeviceOpt = None,
     threads: ThreadsOpt = None,
+    byte_tokens: ByteTokensOpt = False,
 ) -> None:
     """Perplexity of each scale arm through lm-eval, with paired bootstrap intervals against native."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    with cannot_run():  # before any work (an hour of CPU with the defaults): a bad path costs nothing
+        check_output_file(json_out, "--json")
+        check_output_dir(report, "--report")
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     from requant.eval.report import write_json, write_report
     from requant.eval.run import parse_arms, run_eval
@@ -101,7 +128,7 @@ def eval_command(
         "--arms": arms, "--tasks": tasks, "--source": source, "--backend": backend, "--limit": limit,
         "--max-length": max_length, "--json": json_out, "--report": report, "--device": device, "--threads": threads,
         "--act-backend": None if act_backend == "reference" else act_backend,
-        "--bootstrap": bootstrap, "--seed": seed, "--batch-size": batch_size})
+        "--bootstrap": bootstrap, "--seed": seed, "--batch-size": batch_size, "--byte-tokens": byte_tokens})
     with cannot_run():
         if json_out is not None:
             console.print(f"wrote {write_json(result, json_out)}")
@@ -109,3 +136,5 @@ def eval_command(
             for f in write_report(result, report):
                 console.print(f"wrote {f}")
     _print_table(result)
+    for w in result.get("warnings", []):
+        warn(w)

@@ -19,7 +19,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 from rich.table import Table
 
-from requant.commands._common import EXIT_FAILED, cannot_run, err, fail, out, warn
+from requant.commands._common import EXIT_FAILED, UsageError, cannot_run, err, fail, out, warn
 
 
 def _run(fn):
@@ -119,8 +119,16 @@ def card(
     named in the card as not measured. Also writes CKPT/SHA256SUMS when there is none (the
     card quotes its digest)."""
     from requant.evidence import manifest as mf
+    from requant.publish import PublishError
     from requant.publish.card import checkpoint_facts, render, write_card
+    from requant.publish.push import check_repo_id
 
+    if repo_id is not None:  # the rule push applies, before any work: a card must not name a repo push would refuse
+        with cannot_run():
+            try:
+                check_repo_id(repo_id)
+            except PublishError as exc:
+                raise UsageError(f"--repo-id {repo_id!r}: {exc.detail}") from None
     with _hashing(ckpt, "sha256") as cb:
         facts = _run(lambda: checkpoint_facts(ckpt, progress=cb))
     rendered = _run(lambda: render(ckpt, audit=audit, eval=eval_report, determinism=determinism, convert=convert_report,

@@ -32,8 +32,8 @@ from typing import Callable
 
 import numpy as np
 
-from requant.eval.bootstrap import Docs, paired_bootstrap
 from requant.errors import UsageError
+from requant.eval.bootstrap import Docs, paired_bootstrap
 from requant.eval.task import HELDOUT_TASK
 
 NATIVE, BF16 = "native", "bf16"
@@ -132,17 +132,48 @@ def tokenizer_files(path: Path) -> dict[str, bytes]:
     return {n: (Path(path) / n).read_bytes() for n in ("tokenizer.json",) if (Path(path) / n).is_file()}
 
 
+def _quiet_git_hash() -> str | None:
+    """lm-eval's git hash of the working directory, without git's "fatal: not a git repository"
+    on stderr when there is none (requant records its own commit: requant.evidence.buildinfo)."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["git", "describe", "--always"], capture_output=True, text=True, check=False)
+    except OSError:
+        return None
+    return (out.stdout.strip() or None) if out.returncode == 0 else None
+
+
 @contextmanager
 def quiet_lm_eval():
     """lm-eval logs at INFO/WARNING (e.g. a note on every custom_dataset task); the command
-    shows its own progress and messages. Errors still get through."""
+    shows its own progress and messages. Errors still get through. Two more of lm-eval's
+    writes to stderr are silenced for the duration of the block, where its modules have them
+    (other versions: left as they are): the tqdm bar of building each task's requests
+    (lm_eval.api.task.tqdm; requant shows a bar over documents per arm) and git's complaint
+    when the working directory is no git checkout (lm_eval.evaluator.get_git_commit_hash)."""
+    import functools
+    import importlib
+
     logger = logging.getLogger("lm_eval")
     level = logger.level
     logger.setLevel(logging.ERROR)
+    patched = []
+    for modname, attr, make in (("lm_eval.api.task", "tqdm", lambda f: functools.partial(f, disable=True)),
+                                ("lm_eval.evaluator", "get_git_commit_hash", lambda f: _quiet_git_hash)):
+        try:
+            mod = importlib.import_module(modname)
+        except ImportError:
+            continue
+        if callable(getattr(mod, attr, None)):
+            patched.append((mod, attr, getattr(mod, attr)))
+            setattr(mod, attr, make(getattr(mod, attr)))
     try:
         yield
     finally:
         logger.setLevel(level)
+        for mod, attr, original in reversed(patched):
+            setattr(mod, attr, original)
 
 
 def load_tasks(tasks: list[str]):
@@ -225,7 +256,9 @@ def _identity(checkpoint, hash_progress: Callable[[int, int], None] | None, entr
         hash_progress(done, total)
 
     hash_progress(0, total)
-    return checkpoint_identity(checkpoint, progress=advance, entries_out=entries_out)
+    ident = checkpoint_identity(checkpoint, progress=advance, entries_out=entries_out)
+    hash_progress(total, total)  # complete, so that the bar (and its timer) stops here, not at the end of the eval
+    return ident
 
 
 def run_eval(ckpt: str | None, arms: list[str], *, source: str | None = None, tasks: list[str] = (HELDOUT_TASK,),
@@ -288,6 +321,9 @@ def run_eval(ckpt: str | None, arms: list[str], *, source: str | None = None, ta
             raise UsageError(f"--device {dev}: no CUDA device here")
     be = backend or default_backend(dev)
     check_backend(be, act_backend)
+    from requant.backends import check_runnable
+
+    check_runnable((be,), dev, act_backend, option="--backend")
     if not dev.startswith("cuda"):
         if be == "cutlass":
             raise UsageError("the cutlass backend needs a CUDA GPU (sm90); on CPU use reference-triton-order or reference-cutlass-order")
@@ -302,6 +338,9 @@ def run_eval(ckpt: str | None, arms: list[str], *, source: str | None = None, ta
         raise UsageError("--threads must be >= 0")
     src = str(DEFAULT_CHECKPOINT if ckpt is None else ckpt)
     checkpoint = open_checkpoint(src)  # CheckpointError: missing or invalid
+    from requant.tokenizer import load_tokenizer
+
+    load_tokenizer(checkpoint.path, int(checkpoint.config["vocab_size"]))  # TokenizerError before any work: no silent byte ids
     if source is not None:
         check_source(Path(source), checkpoint.config)
         if tokenizer_files(Path(source)) != tokenizer_files(checkpoint.path):
@@ -386,5 +425,11 @@ def run_eval(ckpt: str | None, arms: list[str], *, source: str | None = None, ta
         "documents": per_task[primary]["documents"] if primary else None,
         "decomposition": per_task[primary]["decomposition"] if primary else {"probe_mismatch_share": None},
         "per_task": per_task,
+        "warnings": [],
     }
+    n_docs = result["documents"]
+    if n_docs is not None and n_docs < 2:  # every replicate resamples the one document: [x, x] says nothing
+        result["warnings"].append(f"{n_docs} document{'s' if n_docs != 1 else ''} scored (--limit {limit}): the 90% "
+                                  "intervals are degenerate (a bootstrap over documents needs several); use a larger "
+                                  "--limit, or none, for an interval that means something")
     return result

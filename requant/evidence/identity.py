@@ -17,16 +17,17 @@ every file once (a few seconds per GB); `with_progress` shows a byte bar for it 
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Callable
 
 from requant.evidence.buildinfo import build_info
-from requant.evidence.manifest import identity
+from requant.evidence.manifest import covered_files, identity
 
 
 def bytes_to_hash(ckpt) -> int:
-    """Bytes under the checkpoint's directory (a progress bar's total for checkpoint_identity)."""
-    return sum(p.stat().st_size for p in Path(ckpt.path).rglob("*") if p.is_file())
+    """Bytes of the files checkpoint_identity hashes (a progress bar's total for it): the files the
+    manifest covers, not every file under the directory (a card or a report is not hashed, and a
+    total that counted them would leave the bar short of complete)."""
+    return sum(p.stat().st_size for p in covered_files(ckpt.path).values())
 
 
 def checkpoint_identity(ckpt, progress: Callable[[int], None] | None = None, entries_out: dict | None = None) -> dict:

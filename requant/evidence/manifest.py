@@ -17,7 +17,8 @@ by the path's UTF-8 bytes, no other content). Why this format and not a JSON man
   tool checks a JSON manifest.)
 
 What it covers: every file under the checkpoint directory (recursively; symlinks to files
-are followed, as in a Hub snapshot) except the evidence written *about* those bytes, which
+inside the checkpoint are followed, and a Hub snapshot's links into its blobs; a link out of
+the checkpoint is refused: requant.links) except the evidence written *about* those bytes, which
 is made after them and would otherwise make the digest circular:
   the manifest itself, README.md (the model card, which quotes the digest), .gitattributes
   (the Hub writes its own), and requant's reports (REPORTS: requant-audit.json,
@@ -47,6 +48,7 @@ from pathlib import Path
 from typing import Callable
 
 from requant.errors import CheckpointError
+from requant.links import allowed_roots, check_inside, shown
 
 MANIFEST = "SHA256SUMS"
 SOURCE_MANIFEST = "SHA256SUMS.source"
@@ -72,30 +74,46 @@ class Entry:
 
 def _check_name(rel: str, where) -> None:
     if any(c in rel for c in "\n\r\\"):
-        raise ManifestError(f"file name {rel!r} holds a newline, carriage return or backslash, which a SHA256SUMS line cannot hold plainly", file=where)
+        raise ManifestError(f"file name {rel!r} holds a newline, carriage return or backslash, which a SHA256SUMS line cannot hold plainly", file=shown(where))
 
 
-def covered_files(root: str | os.PathLike) -> dict[str, Path]:
-    """{relative path: path} of every file the manifest covers, sorted by path."""
+def walk_files(root: str | os.PathLike, skip_dirs: frozenset[str] = SKIP_DIRS) -> dict[str, Path]:
+    """{relative path: path} of every file under root (directories in skip_dirs left out),
+    in walk order, refusing what a reader of the directory must not follow silently: a
+    symlinked directory, a name that is not a regular file (a dangling link), and a link
+    that resolves outside the checkpoint (requant.links; a Hub snapshot's blobs are inside).
+    The one walk behind the manifest, convert's copying and verify's comparison."""
     root = Path(root)
     if not root.is_dir():
         raise ManifestError("not a directory", file=root)
+    roots = allowed_roots(root)
     out: dict[str, Path] = {}
     for dirpath, dirs, files in os.walk(root):
         d = Path(dirpath)
-        dirs[:] = sorted(x for x in dirs if x not in SKIP_DIRS)
+        dirs[:] = sorted(x for x in dirs if x not in skip_dirs)
         for name in dirs:
             if (d / name).is_symlink():  # os.walk would skip it silently: never leave files out unsaid
-                raise ManifestError("a symlinked directory inside a checkpoint is not supported", file=d / name)
-        for fn in files:
+                raise ManifestError("a symlinked directory inside a checkpoint is not supported", file=shown(d / name))
+        for fn in sorted(files):
             p = d / fn
-            rel = p.relative_to(root).as_posix()
-            if d == root and fn in NOT_COVERED:
-                continue
             if not p.is_file():
-                raise ManifestError("not a regular file (a dangling symlink?)", file=p)
-            _check_name(rel, p)
-            out[rel] = p
+                raise ManifestError("not a regular file (a dangling symlink?)", file=shown(p))
+            if p.is_symlink():
+                check_inside(root, p, roots)
+            out[p.relative_to(root).as_posix()] = p
+    return out
+
+
+def covered_files(root: str | os.PathLike) -> dict[str, Path]:
+    """{relative path: path} of every file the manifest covers, sorted by path (every file
+    under root is checked by walk_files, the ones not covered too: push uploads them)."""
+    root = Path(root)
+    out: dict[str, Path] = {}
+    for rel, p in walk_files(root).items():
+        if "/" not in rel and rel in NOT_COVERED:
+            continue
+        _check_name(rel, p)
+        out[rel] = p
     return dict(sorted(out.items(), key=lambda kv: kv[0].encode("utf-8")))
 
 
@@ -317,6 +335,22 @@ def verify(root: str | os.PathLike, name: str | os.PathLike = MANIFEST, *, jobs:
     found = _hash_all({p: files[p] for p in listed if p in files}, jobs, progress)
     differing = [p for p, e in found.items() if e.sha256 != listed[p]]
     return Check(str(name), digest_of(data), missing, extra, differing, found)
+
+
+def check_against(root: str | os.PathLike, stored: tuple[dict[str, str], bytes],
+                  entries: dict[str, Entry] | None = None) -> None:
+    """ManifestError (naming the first missing, unlisted or differing file) unless root's files
+    are what its stored manifest (read()'s pair) lists: by name only (entries None: a listing,
+    no reading), or name and bytes from `entries` already hashed from those files (convert
+    hashes its source beside the conversion, and must still refuse bytes the manifest does not
+    vouch for)."""
+    listed, data = stored
+    names = entries if entries is not None else covered_files(root)
+    differing = [p for p, e in entries.items() if p in listed and e.sha256 != listed[p]] if entries is not None else []
+    missing, extra = [p for p in listed if p not in names], [p for p in names if p not in listed]
+    check = Check(MANIFEST, digest_of(data), missing, extra, differing, entries or {})
+    if not check.ok:
+        raise ManifestError(check.describe(), file=shown(Path(root)))
 
 
 def identity(root: str | os.PathLike, *, jobs: int | None = None, progress: Callable[[int], None] | None = None,

@@ -41,9 +41,9 @@ import numpy as np
 import torch
 
 from requant.checkpoint import Checkpoint, read_weight_files
-from requant.errors import LayoutError, TensorError
+from requant.errors import LayoutError, TensorError, os_reason
+from requant.safetensors_io import DTYPES, SafetensorsFile, TensorInfo, pread_exact
 from requant.scales.from_source import rtn_at_scale, rtn_scale
-from requant.safetensors_io import DTYPES, SafetensorsFile, TensorInfo, os_reason, pread_exact
 
 CHUNK = 1 << 20  # bytes per piece of a pass-through comparison
 BLOCK_BYTES = 1 << 20  # int8 bytes per block of rows of a Linear

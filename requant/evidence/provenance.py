@@ -34,11 +34,10 @@ import json
 from pathlib import Path
 
 import requant
-from requant.evidence import manifest as mf
 from requant.checkpoint import CONFIG, Checkpoint
-from requant.errors import OutputError
-from requant.scales.requantizer import SERVABLE
-from requant.safetensors_io import os_reason
+from requant.errors import OutputError, os_reason
+from requant.evidence import manifest as mf
+from requant.scales import SERVABLE
 
 PROVENANCE_KEY = "requant"
 _HEX = frozenset("0123456789abcdef")

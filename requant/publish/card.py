@@ -18,9 +18,12 @@ Front matter:
     pipeline_tag: text-generation.
   * tags: int8, w8a8, compressed-tensors, requant, plus power-of-two-scales when every weight
     scale of the checkpoint is a power of two (read from the weights, not from the provenance),
-    plus deterministic when, in addition, the audit of these bytes has every pow2 layer
-    bitwise equal, no false positive or negative, and the pinned matrix. A tag is a claim;
-    it is made only with its evidence.
+    plus deterministic when, in addition, the audit of these bytes was made by real kernels
+    (not the `reference-*` PyTorch emulations of their epilogue orders, which prove the
+    arithmetic but not the kernels that serve the model) and has every pow2 layer bitwise
+    equal, no false positive or negative, and the pinned matrix. A tag is a claim; it is made
+    only with its evidence. The card names the backends behind each report; an emulated
+    audit says so, and why the tag is absent.
 
 Body: what was done (requant-convert.json), the audit, determinism, perplexity, how to serve
 and re-check it, every file's sha256, license and provenance. A section without its report
@@ -242,9 +245,16 @@ def _audit(reports: Reports) -> tuple[dict | None, str | None]:
                  for f, v in sorted(fams.items())]
     pinned = card["matrix_pinned"]
     conv = d.get("converted")
+    emulated = emulated_backends(d)
+    kinds = ("PyTorch emulations of the CUTLASS and Triton epilogue orders, not the kernels themselves" if emulated
+             else "the two epilogue orders of CUTLASS and Triton")
     intro = (f"`requant audit` ran every quantized Linear on real activations with `{d['backends'][0]}` and "
-             f"`{d['backends'][1]}` (the two epilogue orders of CUTLASS and Triton), under the stored scales (native) "
+             f"`{d['backends'][1]}` ({kinds}), under the stored scales (native) "
              f"and under power-of-two scales (pow2). {_tie_note(rep, 'audit report')}")
+    if emulated:
+        intro += (" An audit by emulations proves the arithmetic, not the kernels that serve the model, so this card "
+                  "does not carry the `deterministic` tag: run `requant audit CKPT --backends cutlass,triton` on a GPU "
+                  "for that.")
     if conv:
         intro += (f" This is a converted checkpoint (arm `{conv.get('arm')}`): native = pow2 = the stored scales, so the "
                   "bitwise check C5 applies under native too, where the matrix expects it not to (counted as applicability "
@@ -329,12 +339,21 @@ def card_data(facts: Facts, lic: License, reports: Reports):
     if facts.all_pow2:
         tags.append("power-of-two-scales")
         audit = reports.found.get("audit")
-        if audit is not None and audit_ok(audit.data) is None:
+        if audit is not None and audit_ok(audit.data) is None and not emulated_backends(audit.data):
             tags.append("deterministic")
     bm = base_model(facts)
     extra = {"base_model_relation": "quantized"} if bm else {}
     return ModelCardData(base_model=bm, license=lic.license, license_name=lic.name, license_link=lic.link,
                          library_name=LIBRARY_NAME, pipeline_tag=PIPELINE_TAG, tags=tags, **extra)
+
+
+def emulated_backends(data: dict) -> list[str]:
+    """The backends of an audit report that are not real kernels (the reference-* emulations;
+    a report naming no pair counts as emulated: no claim without its evidence)."""
+    backends = data.get("backends")
+    if not (isinstance(backends, list) and len(backends) == 2 and all(isinstance(b, str) for b in backends)):
+        return ["(no backends recorded)"]
+    return [b for b in backends if b.startswith("reference")]
 
 
 def audit_ok(data: dict) -> str | None:
@@ -391,7 +410,9 @@ def render(ckpt_dir: str | Path, *, audit: Path | None = None, eval: Path | None
         ["base model", f"`{base_model(facts)}`" if base_model(facts) else "unknown"],
         ["conversion", arm_txt + ("" if facts.servable else " (**NOT servable**)")],
         ["power-of-two weight scales", f"{_n(facts.pow2_channels)} of {_n(facts.channels)}"],
-        ["audit", audit_rep.data["per_layer_summary"]["line"] if audit_rep else "not measured"],
+        ["audit", (audit_rep.data["per_layer_summary"]["line"]
+                   + (" (emulated kernels: " + ", ".join(f"`{b}`" for b in audit_rep.data.get("backends") or []) + ")"
+                      if emulated_backends(audit_rep.data) else "")) if audit_rep else "not measured"],
         ["manifest digest", f"`{facts.manifest_digest}` (`{mf.MANIFEST}`)"],
     ]
     prov = facts.provenance or {}

@@ -175,7 +175,9 @@ def scrub(text: str, token: str | None) -> str:
     """The text with the token (and any 'Bearer ...' credential) replaced by ***."""
     if token:
         text = text.replace(token, "***")
-    return re.sub(r"(?i)(bearer\s+)[^\s'\"]+", r"\1***", text)
+    # a credential is one run of token characters: stop at the punctuation that follows it, so that
+    # the scrub never swallows the separator before requant's own hint
+    return re.sub(r"(?i)(bearer\s+)[^\s'\";,()\[\]{}]+", r"\1***", text)
 
 
 def _hub_message(exc: BaseException, repo_id: str, endpoint: str) -> str:
@@ -185,9 +187,9 @@ def _hub_message(exc: BaseException, repo_id: str, endpoint: str) -> str:
         resp = getattr(exc, "response", None)
         status = getattr(resp, "status_code", None)
         server = (getattr(exc, "server_message", None) or "").strip().splitlines()
-        detail = f": {server[0]}" if server else ""
+        detail = f" (the Hub said: {server[0]!r})" if server else ""  # quoted: its words never run into ours
         if status == 401:
-            return f"the Hub rejected the credentials (401){detail}; set HF_TOKEN or run `hf auth login` with a write token"
+            return f"the Hub rejected the credentials (401){detail}. Hint: set HF_TOKEN or run `hf auth login` with a write token"
         if status == 403:
             return f"no write access to {repo_id} (403){detail}"
         if status == 404:

@@ -91,10 +91,27 @@ def check_layout(ckpt) -> None:
             raise ValueError(f"the checkpoint has no tensor {n!r} (the runtime runs Qwen3: q_norm/k_norm per head)")
 
 
+def _finite(ckpt, name: str) -> torch.Tensor:
+    """One non-quantized tensor, refused (TensorError naming its file and tensor) when it holds
+    a NaN or an infinity: otherwise every activation downstream is NaN and the error surfaces
+    far away, naming no file (a kernel's "activations contain NaN or infinity")."""
+    from requant.errors import TensorError
+
+    t = ckpt.tensor(name)
+    if t.is_floating_point():
+        bad = ~torch.isfinite(t.reshape(-1))
+        if bool(bad.any()):
+            i = int(bad.nonzero()[0, 0])
+            where = ckpt.shard_of(name).path if hasattr(ckpt, "shard_of") else getattr(ckpt, "path", None)
+            raise TensorError(f"{float(t.reshape(-1)[i])!r} at flat index {i} ({int(bad.sum())} non-finite value(s) in all): "
+                              "a non-quantized tensor must be finite", file=where, tensor=name)
+    return t
+
+
 def load_dense(ckpt, device) -> dict[str, torch.Tensor]:
-    """The non-quantized tensors of a W8A8 checkpoint, on device (bf16 as stored); a tied
-    lm_head reuses the embedding; a non-quantized decoder Linear (one the config's ignore
-    list names) is read as a dense weight too."""
+    """The non-quantized tensors of a W8A8 checkpoint, on device (bf16 as stored), each checked
+    finite as it is read (_finite); a tied lm_head reuses the embedding; a non-quantized decoder
+    Linear (one the config's ignore list names) is read as a dense weight too."""
     quantized = set(ckpt.quantized_linears)
     tie = bool(ckpt.config.get("tie_word_embeddings", False))
     names = set(ckpt.tensor_names())
@@ -102,10 +119,10 @@ def load_dense(ckpt, device) -> dict[str, torch.Tensor]:
     for n in dense_names(ckpt.config, quantized):
         if n == "lm_head.weight" and (tie or n not in names):
             continue
-        dense[n] = ckpt.tensor(n).to(device)
+        dense[n] = _finite(ckpt, n).to(device)
     for n in Qwen3Arch.from_config(ckpt.config).linear_shapes():
         if n not in quantized:
-            dense[n + ".weight"] = ckpt.tensor(n + ".weight").to(device)
+            dense[n + ".weight"] = _finite(ckpt, n + ".weight").to(device)
     if "lm_head" not in quantized and "lm_head.weight" not in dense:
         dense["lm_head.weight"] = dense["model.embed_tokens.weight"]
     return dense
@@ -152,10 +169,15 @@ class Bf16Dir:
     """A plain (unquantized) Qwen3 safetensors directory, read with the safetensors library."""
 
     def __init__(self, path: Path, config: dict):
+        from requant.links import check_inside
+
         self.path = path
         self.config = config
         index = path / "model.safetensors.index.json"
         single = path / "model.safetensors"
+        for f in (path / "config.json", index, single):  # no link out of the directory (requant.links)
+            if f.is_symlink():
+                check_inside(path, f)
         if index.is_file():
             try:
                 wm = json.loads(index.read_text())["weight_map"]
@@ -166,6 +188,7 @@ class Bf16Dir:
                     raise ValueError(f"{index}: shard name {shard!r} is not a plain file name")
                 if not (path / shard).is_file():
                     raise ValueError(f"{index}: names shard {shard!r}, which does not exist")
+                check_inside(path, path / shard)
             self.weight_map = dict(wm)
         elif single.is_file():
             from safetensors import safe_open

@@ -5,4 +5,11 @@
     requantizer.py  requantization of int8 rows to a new scale, exactly
     from_source.py  RTN quantization of bf16 weights (llm-compressor's arithmetic) and
                     quantization from the original weights under each arm
+
+Names only here (no torch), so that the command line can list the arms without importing torch.
 """
+
+ARMS = ("unconstrained", "nearest", "ceiling", "mse", "probe")
+SERVABLE = {"unconstrained": True, "nearest": True, "ceiling": True, "mse": True, "probe": False}
+
+__all__ = ["ARMS", "SERVABLE"]

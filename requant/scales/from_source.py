@@ -20,8 +20,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from requant.scales import ARMS
 from requant.scales.exponents import ceil_exponent, nearest_exponent, pow2_candidates, pow2_scale, shift_histogram
-from requant.scales.requantizer import ARMS, BLOCK_ELEMENTS, MSE_OFFSETS, LinearStats
+from requant.scales.requantizer import BLOCK_ELEMENTS, MSE_OFFSETS, LinearStats
 
 
 def rtn_scale(w: torch.Tensor, *, allow_zero: bool = False) -> torch.Tensor:

@@ -9,7 +9,7 @@ Requantization (nearest, ceiling, mse): q' = clamp(round_half_even(q * s / s'), 
   counted.
 
 Assumptions, checked on entry: q is int8 [out, in] (may contain -128); scale is [out, 1],
-bf16, fp16 or fp32, every value finite and > 0 (checkpoint.check_scale_values reports bad
+bf16, fp16 or fp32, every value finite, > 0 and normal (checkpoint.check_scale_values reports bad
 ones by name). The returned scale keeps the input's dtype.
 
 The arms (requant.scales.arms lists them with their purpose):
@@ -47,10 +47,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from requant.scales import ARMS
 from requant.scales.exponents import ceil_exponent, nearest_exponent, pow2_candidates, pow2_scale, shift_histogram
 
-ARMS = ("unconstrained", "nearest", "ceiling", "mse", "probe")
-SERVABLE = {"unconstrained": True, "nearest": True, "ceiling": True, "mse": True, "probe": False}
 SCALE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 MSE_OFFSETS = (0, -1, 1, -2, -3)  # relative to the ceiling exponent, in tie-break order
 BLOCK_ELEMENTS = 1 << 18  # elements per block of rows in the hot loop

@@ -191,6 +191,8 @@ def test_existing_output_needs_force(tmp_path, micro):
     out = tmp_path / "out"
     out.mkdir()
     (out / "keep.txt").write_text("x")
+    (out / "config.json").write_text("{}")  # recognisably a checkpoint: --force may replace it
+    (out / "model.safetensors").write_bytes(b"")
     with pytest.raises(OutputError, match="--force"):
         convert(micro, out, "nearest")
     assert (out / "keep.txt").exists()
@@ -388,7 +390,8 @@ def test_symlinked_output_is_replaced_in_its_own_directory(tmp_path, monkeypatch
 @pytest.mark.parametrize("force", [False, True])
 def test_output_appearing_during_conversion(tmp_path, monkeypatch, micro, force):
     """OUT created by someone else after the initial check: without force it is an error
-    and that OUT is left exactly as it is; with force it is replaced."""
+    and that OUT is left exactly as it is; with force it is replaced (when it is a checkpoint:
+    anything else is refused, tests/requant/test_force.py)."""
     import requant.output
 
     out = tmp_path / "out"
@@ -397,6 +400,9 @@ def test_output_appearing_during_conversion(tmp_path, monkeypatch, micro, force)
     def racing(root, skip):
         out.mkdir()
         (out / "theirs.txt").write_text("someone else's")
+        if force:
+            (out / "config.json").write_text("{}")
+            (out / "model.safetensors").write_bytes(b"")
         return real(root, skip)
 
     monkeypatch.setattr(requant.output, "fsync_tree", racing)

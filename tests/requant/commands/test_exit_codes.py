@@ -38,6 +38,7 @@ CANNOT_RUN = {
     "manifest": ["manifest", MISSING],
     "card": ["card", MISSING],
     "push": ["push", MISSING, "someone/model", "--dry-run"],
+    "tp-check": ["tp-check", MISSING],
 }
 
 
@@ -49,7 +50,7 @@ def test_missing_checkpoint_exits_2_with_one_line(command, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("command", ["audit", "determinism", "eval"])
+@pytest.mark.parametrize("command", ["audit", "determinism", "eval", "tp-check"])
 def test_bad_device_exits_2_naming_the_option(command):
     res = _invoke(command, "--device", "banana")
     assert res.exit_code == 2 and "--device" in _one_error_line(res)

@@ -99,11 +99,12 @@ def test_name_that_sha256sum_cannot_hold_plainly_is_refused(tmp_path):
 
 def test_symlinked_files_are_followed_like_a_hub_snapshot(tmp_path):
     """Reference: hashlib over the blob the link points to."""
-    blobs = tmp_path / "blobs"
-    blobs.mkdir()
+    repo = tmp_path / "models--o--n"  # huggingface_hub's cache layout: snapshots/REV/FILE -> ../../blobs/SHA
+    blobs = repo / "blobs"
+    blobs.mkdir(parents=True)
     (blobs / "abc").write_bytes(b"weights")
-    d = tmp_path / "snap"
-    d.mkdir()
+    d = repo / "snapshots" / "0123"
+    d.mkdir(parents=True)
     os.symlink(os.path.relpath(blobs / "abc", d), d / "model.safetensors")
     (entry,) = mf.compute(d).values()
     assert (entry.path, entry.sha256, entry.size) == ("model.safetensors", hashlib.sha256(b"weights").hexdigest(), 7)

@@ -1,0 +1,136 @@
+"""kernels/epilogue.py: the int32 accumulator / epilogue split that tensor parallelism uses.
+
+References: kernels.reference.accumulate_int64 (int64 arithmetic) for int_mm;
+requant.kernels.scaled_mm of each registered backend (the reference emulations, and Triton
+under its CPU interpreter) for int_mm + apply_epilogue; kernels.reference.quantize_activations
+of the whole rows (and the Triton quantizer) for quantize_slice.
+"""
+
+import itertools
+
+import pytest
+import torch
+
+from requant import kernels
+from requant.kernels import reference as ref
+from requant.kernels.bf16 import bitwise_equal
+from requant.kernels.epilogue import ORDER_OF, ORDERS, apply_epilogue, int_mm, order_of, quantize_slice
+from tests.kernels.operands import random_operands, tiny_rows
+
+REFERENCES = ("reference", "reference-cutlass-order", "reference-triton-order")
+
+
+def test_every_backend_has_its_documented_order():
+    assert set(ORDER_OF) == set(kernels.scaled_mm_backends())
+    assert set(ORDER_OF.values()) <= set(ORDERS)
+    for backend, emulation in kernels.EMULATION_OF.items():  # a kernel and its oracle share the order
+        assert order_of(backend) == order_of(emulation)
+    with pytest.raises(KeyError, match="unknown scaled_mm backend 'nope'"):
+        order_of("nope")
+
+
+@pytest.mark.parametrize("shape", [(1, 24, 48), (5, 40, 300), (37, 70, 1024)])
+def test_int_mm_is_the_exact_integer_sum(shape):
+    a, w, _, _ = random_operands(*shape, seed=sum(shape))
+    acc = int_mm(a, w)
+    assert acc.dtype == torch.int32
+    assert torch.equal(acc.to(torch.int64), ref.accumulate_int64(a, w))
+
+
+def test_int_mm_at_the_largest_k():
+    # every product -128 * -128 = 2**14 over MAX_K columns: the largest |acc| int32 must hold
+    a = torch.full((2, ref.MAX_K), -128, dtype=torch.int8)
+    w = torch.full((3, ref.MAX_K), -128, dtype=torch.int8)
+    w[1] = 127
+    acc = int_mm(a, w)
+    assert acc[0, 0].item() == ref.MAX_K * 2**14 and acc[0, 1].item() == -ref.MAX_K * 128 * 127
+    with pytest.raises(ValueError, match="exceeds"):
+        int_mm(torch.zeros(1, ref.MAX_K + 1, dtype=torch.int8), torch.zeros(1, ref.MAX_K + 1, dtype=torch.int8))
+
+
+@pytest.mark.parametrize("pow2", [False, True])
+@pytest.mark.parametrize("backend", REFERENCES)
+def test_split_equals_scaled_mm(backend, pow2):
+    for i, shape in enumerate([(1, 64, 256), (7, 48, 96), (33, 130, 520)]):
+        a, w, s_a, s_w = random_operands(*shape, seed=10 * i + pow2, pow2=pow2)
+        got = apply_epilogue(int_mm(a, w), s_a, s_w, order_of(backend))
+        assert bitwise_equal(got, kernels.scaled_mm(a, w, s_a, s_w, backend=backend)), (backend, shape)
+
+
+@pytest.mark.parametrize("backend", REFERENCES)
+def test_summed_k_slices_give_the_unsliced_bits(backend):
+    """The tensor-parallel claim at the kernel level: int32 partial accumulators of K-slices,
+    summed in any grouping and order, then one epilogue = scaled_mm on the whole K."""
+    a, w, s_a, s_w = random_operands(9, 72, 1536, seed=3)
+    want = kernels.scaled_mm(a, w, s_a, s_w, backend=backend)
+    for parts in (2, 3, 4, 8):
+        bounds = [round(i * 1536 / parts) for i in range(parts + 1)]
+        partial = [int_mm(a[:, lo:hi], w[:, lo:hi]) for lo, hi in itertools.pairwise(bounds)]
+        forward, backward = torch.zeros_like(partial[0]), torch.zeros_like(partial[0])
+        for p in partial:
+            forward += p
+        for p in reversed(partial):
+            backward += p
+        assert torch.equal(forward, backward)
+        assert bitwise_equal(apply_epilogue(forward, s_a, s_w, order_of(backend)), want), parts
+
+
+def test_triton_split_under_the_interpreter():
+    pytest.importorskip("triton")
+    a, w, s_a, s_w = random_operands(3, 24, 48, seed=5)
+    got = apply_epilogue(int_mm(a, w), s_a, s_w, order_of("triton"))
+    assert bitwise_equal(got, kernels.scaled_mm(a, w, s_a, s_w, backend="triton"))
+
+
+def _rows(dtype):
+    g = torch.Generator().manual_seed(2)
+    x = (torch.randn(6, 96, generator=g) * torch.logspace(-3, 3, 6)[:, None]).to(dtype)
+    x[2, 50] = 400.0  # the absmax of a row in the third slice only
+    x[3] = 0.0  # a zero row
+    tiny = torch.cat([tiny_rows(dtype)] * 16, dim=1)  # [7 or 6, 96]
+    return torch.cat([x, tiny])
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_quantize_slice_gives_the_whole_rows_operands(backend, dtype):
+    if backend == "triton":
+        pytest.importorskip("triton")
+    x = _rows(dtype)
+    q, s = kernels.quantize_activations(x, backend="reference")
+    absmax = x.abs().amax(dim=1, keepdim=True)
+    for parts in (2, 3, 4):
+        step = x.shape[1] // parts
+        for r in range(parts):
+            lo, hi = r * step, (r + 1) * step
+            # the tensor-parallel way: the MAX of the slices' own absmax values
+            amax = torch.stack([x[:, i * step:(i + 1) * step].abs().amax(1, keepdim=True) for i in range(parts)]).amax(0)
+            assert torch.equal(amax, absmax)
+            qs, ss = quantize_slice(x[:, lo:hi], amax.to(torch.float32), backend=backend)
+            assert torch.equal(qs, q[:, lo:hi]), (parts, r)
+            assert torch.equal(ss.view(torch.int32), s.view(torch.int32)), (parts, r)
+
+
+def test_bad_operands_are_named():
+    a, w, s_a, s_w = random_operands(2, 8, 16)
+    with pytest.raises(TypeError, match="int8"):
+        int_mm(a.float(), w)
+    with pytest.raises(ValueError, match="a \\[M, K\\] and w \\[N, K\\]"):
+        int_mm(a, w[:, :8])
+    acc = int_mm(a, w)
+    with pytest.raises(ValueError, match="unknown epilogue order 'fma'"):
+        apply_epilogue(acc, s_a, s_w, "fma")
+    with pytest.raises(TypeError, match="int32"):
+        apply_epilogue(acc.float(), s_a, s_w, "triton")
+    with pytest.raises(ValueError, match="s_a \\[2, 1\\]"):
+        apply_epilogue(acc, s_w, s_w, "triton")
+    with pytest.raises(ValueError, match="absmax must be"):
+        quantize_slice(torch.zeros(2, 4), torch.zeros(3, 1))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("shape", [(1, 24, 48), (16, 64, 256), (17, 40, 300), (130, 72, 1000)])
+def test_int_mm_cuda_is_exact(shape):
+    a, w, _, _ = random_operands(*shape, seed=sum(shape), device="cuda")
+    assert torch.equal(int_mm(a, w).cpu(), ref.accumulate(a.cpu(), w.cpu()))
