@@ -40,11 +40,10 @@ logits prefilled whole, in chunks after a cached prefix and decoded, bit for bit
 import torch
 import triton
 import triton.language as tl
-
 from requant.kernels.triton import _launch
 from requant.kernels.triton._bf16 import bf16_rne_bits
 
-__all__ = ["attention", "BLOCK_M", "BLOCK_N", "NUM_WARPS", "NUM_STAGES", "tokens_per_block"]
+__all__ = ["BLOCK_M", "BLOCK_N", "NUM_STAGES", "NUM_WARPS", "attention", "tokens_per_block"]
 
 BLOCK_M = 64
 BLOCK_N = 64

@@ -18,12 +18,11 @@ masked to zero and never stored.
 import torch
 import triton
 import triton.language as tl
-
 from requant.kernels.triton import _launch
 from requant.kernels.triton._bf16 import bf16_rne_bits
 from requant.kernels.triton.attention import _dot
 
-__all__ = ["dense", "BLOCK_M", "BLOCK_N", "BLOCK_K"]
+__all__ = ["BLOCK_K", "BLOCK_M", "BLOCK_N", "dense"]
 
 BLOCK_M = 64
 BLOCK_N = 128

@@ -40,13 +40,12 @@ FMA, so each fp32 operation rounds once, as in torch.
 import torch
 import triton
 import triton.language as tl
-
 from requant.kernels.reference import POISON_SCALE_BITS, TINY
 from requant.kernels.triton import _launch
 from requant.kernels.triton._bf16 import bf16_rne_bits
 from requant.kernels.triton.quantize import _round_half_even
 
-__all__ = ["add_rms_norm", "qk_norm_rope", "silu_mul_quantize", "row_block"]
+__all__ = ["add_rms_norm", "qk_norm_rope", "row_block", "silu_mul_quantize"]
 
 _TINY = tl.constexpr(TINY)
 _UP = tl.constexpr(1.0 / TINY)

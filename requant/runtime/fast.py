@@ -40,7 +40,7 @@ import torch
 from requant import kernels
 from requant.runtime.ops import rope_tables
 
-__all__ = ["FastWeights", "BUCKETS", "fast_supported"]
+__all__ = ["BUCKETS", "FastWeights", "fast_supported"]
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 _KEEP_DECODERS = 2

@@ -14,7 +14,7 @@ from requant.kernels.bf16 import round_fp32_to_bf16
 from requant.kernels.reference import quantize_activations
 from requant.runtime.ops import tree_sum
 
-__all__ = ["rms_norm_ieee", "add_rms_norm_ref", "qk_norm_rope_ref", "silu_mul_quantize_ref"]
+__all__ = ["add_rms_norm_ref", "qk_norm_rope_ref", "rms_norm_ieee", "silu_mul_quantize_ref"]
 
 
 def rms_norm_ieee(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:

@@ -20,10 +20,11 @@ import torch
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
-from requant import DEFAULT_CHECKPOINT  # noqa: E402
-from requant.kernels.bf16 import bitwise_equal  # noqa: E402
-from requant.prompts import prompts  # noqa: E402
-from requant.runtime import load_model  # noqa: E402
+from requant.kernels.bf16 import bitwise_equal
+
+from requant import DEFAULT_CHECKPOINT
+from requant.prompts import prompts
+from requant.runtime import load_model
 
 pytestmark = pytest.mark.gpu
 SM90 = torch.cuda.get_device_capability() == (9, 0)
@@ -48,6 +49,7 @@ def toks(model):
 
 def test_fused_kernels_equal_their_cpu_emulation():
     from requant.kernels.triton.fused import add_rms_norm, qk_norm_rope
+
     from requant.runtime.fast_ops import add_rms_norm_ref, qk_norm_rope_ref
     from requant.runtime.ops import rope_tables
 
@@ -93,7 +95,7 @@ def test_dense_and_silu_rows_do_not_depend_on_the_batch():
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_prefill_chunks_and_decode_give_the_same_logits(model, toks, backend):
     m = model.with_backends(backend)
-    seq = torch.tensor(sum(toks, []) * 2)[:300]  # 2 x 174 tokens
+    seq = torch.tensor([t for p in toks for t in p] * 2)[:300]  # 2 x 174 tokens
     whole = m.logits([seq])[0]
     cache = m.new_cache(1, 512)
     parts = [m.extend([seq[:40]], cache)]
