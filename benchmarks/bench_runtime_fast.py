@@ -63,6 +63,7 @@ def _ms(secs: list[float]) -> float:
 
 # -- models -----------------------------------------------------------------------------------
 
+
 def random_model(name: str, backend: str, device: str = "cuda"):
     """A requant Model (fast engine) with random W8A8 weights made on the GPU."""
     from requant.runtime.model import Model
@@ -73,10 +74,19 @@ def random_model(name: str, backend: str, device: str = "cuda"):
     g = torch.Generator(device).manual_seed(0)
 
     def normal(*shape):
-        return torch.randn(shape, generator=g, device=device, dtype=torch.float32).mul_(0.02).to(torch.bfloat16)
+        return (
+            torch.randn(shape, generator=g, device=device, dtype=torch.float32)
+            .mul_(0.02)
+            .to(torch.bfloat16)
+        )
 
-    dense = {"model.embed_tokens.weight": normal(p.vocab, p.hidden), "model.norm.weight": torch.ones(p.hidden, dtype=torch.bfloat16, device=device)}
-    dense["lm_head.weight"] = dense["model.embed_tokens.weight"] if p.tie else normal(p.vocab, p.hidden)
+    dense = {
+        "model.embed_tokens.weight": normal(p.vocab, p.hidden),
+        "model.norm.weight": torch.ones(p.hidden, dtype=torch.bfloat16, device=device),
+    }
+    dense["lm_head.weight"] = (
+        dense["model.embed_tokens.weight"] if p.tie else normal(p.vocab, p.hidden)
+    )
     linears = {}
     for i in range(p.layers):
         pre = f"model.layers.{i}."
@@ -85,9 +95,22 @@ def random_model(name: str, backend: str, device: str = "cuda"):
         for n in ("self_attn.q_norm.weight", "self_attn.k_norm.weight"):
             dense[pre + n] = torch.ones(p.head_dim, dtype=torch.bfloat16, device=device)
         for leaf, (out, inp) in p.layer_linear_shapes().items():
-            w = torch.randint(-127, 128, (out, inp), generator=g, device=device, dtype=torch.int8)
-            linears[pre + leaf] = (w, torch.full((out, 1), 2.0**-12, dtype=torch.float32, device=device))
-    return Model(cfg, dense, linears, backend=backend, act_backend="triton", regime="pow2", engine="fast")
+            w = torch.randint(
+                -127, 128, (out, inp), generator=g, device=device, dtype=torch.int8
+            )
+            linears[pre + leaf] = (
+                w,
+                torch.full((out, 1), 2.0**-12, dtype=torch.float32, device=device),
+            )
+    return Model(
+        cfg,
+        dense,
+        linears,
+        backend=backend,
+        act_backend="triton",
+        regime="pow2",
+        engine="fast",
+    )
 
 
 def hf_random(model):
@@ -97,24 +120,41 @@ def hf_random(model):
     config = transformers.Qwen3Config(**cfg, attn_implementation="sdpa")
     with torch.device("cuda"):
         try:
-            hf = transformers.Qwen3ForCausalLM._from_config(config, dtype=torch.bfloat16).eval()
+            hf = transformers.Qwen3ForCausalLM._from_config(
+                config, dtype=torch.bfloat16
+            ).eval()
         except TypeError:
-            hf = transformers.Qwen3ForCausalLM._from_config(config, torch_dtype=torch.bfloat16).eval()
+            hf = transformers.Qwen3ForCausalLM._from_config(
+                config, torch_dtype=torch.bfloat16
+            ).eval()
     return hf
 
 
 def weight_bytes(model) -> int:
     """Bytes of weights one decode step reads: every int8 Linear and its scales, the lm_head."""
     fw = model._fastw()
-    n = sum(t.numel() * t.element_size() for w in fw.layers for k in ("qkv", "o", "gu", "down") for t in w[k])
+    n = sum(
+        t.numel() * t.element_size()
+        for w in fw.layers
+        for k in ("qkv", "o", "gu", "down")
+        for t in w[k]
+    )
     lm = fw.lm_head
-    n += sum(t.numel() * t.element_size() for t in lm) if fw.lm_quantized else lm.numel() * lm.element_size()
+    n += (
+        sum(t.numel() * t.element_size() for t in lm)
+        if fw.lm_quantized
+        else lm.numel() * lm.element_size()
+    )
     return n
 
 
 # -- prefill and decode -------------------------------------------------------------------------
 
-PREFILL = {"1x2048": [2048], "8x512": [512] * 8, "mixed": [1024, 768, 512, 384, 256, 512, 640, 128]}
+PREFILL = {
+    "1x2048": [2048],
+    "8x512": [512] * 8,
+    "mixed": [1024, 768, 512, 384, 256, 512, 640, 128],
+}
 
 
 def requant_prefill(model, prompts):
@@ -150,7 +190,9 @@ def requant_decoder(model, prompts, steps: int, graphs: bool):
         dec.tok.zero_()
         dec.tok[:b] = logits.argmax(-1)
         dec.pos.zero_()
-        dec.pos[:b] = torch.tensor([len(p) for p in prompts], dtype=torch.int32, device="cuda")
+        dec.pos[:b] = torch.tensor(
+            [len(p) for p in prompts], dtype=torch.int32, device="cuda"
+        )
         dec.step()
         dec.step()  # eager first step, then the capture (graphs) and one replay
     return dec
@@ -172,7 +214,9 @@ def hf_decode_secs(hf, prompts, steps: int) -> float:
 
     from transformers import DynamicCache
 
-    warnings.filterwarnings("ignore", message=".*past_key_values.*", category=FutureWarning)
+    warnings.filterwarnings(
+        "ignore", message=".*past_key_values.*", category=FutureWarning
+    )
     ids = torch.stack(prompts)
     with torch.no_grad():
         try:
@@ -190,6 +234,37 @@ def hf_decode_secs(hf, prompts, steps: int) -> float:
     return time.perf_counter() - t
 
 
+def _families(prof, calls: int) -> dict:
+    """GPU ms per call by kernel family from a torch.profiler run of `calls` calls."""
+    fam: dict[str, float] = {}
+    for e in prof.key_averages():
+        us = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+        if not us or e.key.startswith("aten::"):  # CPU-side op entries, not kernels
+            continue
+        k = e.key
+        name = (
+            "int8 GEMM (cutlass)"
+            if "cutlass" in k.lower() or "w8a8" in k.lower()
+            else "int8 GEMM (triton)"
+            if "scaled_mm" in k
+            else "attention"
+            if "attention" in k
+            else "lm_head (dense)"
+            if "dense" in k
+            else "residual+RMSNorm+quant"
+            if "add_rms_norm" in k
+            else "q/k norm+RoPE+cache"
+            if "qk_norm_rope" in k
+            else "SiLU*up+quant"
+            if "silu" in k
+            else "quantize (o_proj input)"
+            if "quantize" in k
+            else "other"
+        )
+        fam[name] = fam.get(name, 0.0) + us / 1e3 / calls
+    return dict(sorted(fam.items(), key=lambda kv: -kv[1]))
+
+
 def decode_profile(model, prompts, steps: int = 4) -> dict:
     """GPU ms per eager decode step by kernel family."""
     from torch.profiler import ProfilerActivity, profile
@@ -199,25 +274,23 @@ def decode_profile(model, prompts, steps: int = 4) -> dict:
         for _ in range(steps):
             dec.step()
         _sync()
-    fam: dict[str, float] = {}
-    for e in prof.key_averages():
-        us = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
-        if not us or e.key.startswith("aten::"):  # CPU-side op entries, not kernels
-            continue
-        k = e.key
-        name = ("int8 GEMM (cutlass)" if "cutlass" in k.lower() or "w8a8" in k.lower() else
-                "int8 GEMM (triton)" if "scaled_mm" in k else
-                "attention" if "attention" in k else
-                "lm_head (dense)" if "dense" in k else
-                "residual+RMSNorm+quant" if "add_rms_norm" in k else
-                "q/k norm+RoPE+cache" if "qk_norm_rope" in k else
-                "SiLU*up+quant" if "silu" in k else
-                "quantize (o_proj input)" if "quantize" in k else "other: " + k[:60])
-        fam[name] = fam.get(name, 0.0) + us / 1e3 / steps
-    return dict(sorted(fam.items(), key=lambda kv: -kv[1]))
+    return _families(prof, steps)
+
+
+def prefill_profile(model, prompts, calls: int = 2) -> dict:
+    """GPU ms per prefill (last logits only) by kernel family."""
+    from torch.profiler import ProfilerActivity, profile
+
+    requant_prefill(model, prompts)
+    with torch.no_grad(), profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            requant_prefill(model, prompts)
+        _sync()
+    return _families(prof, calls)
 
 
 # -- invariance -----------------------------------------------------------------------------------
+
 
 def _same(a, b) -> bool:
     return a.shape == b.shape and torch.equal(a.view(torch.int32), b.view(torch.int32))
@@ -231,38 +304,69 @@ def invariance(model, other_backend: str | None, vocab: int) -> dict:
     with torch.no_grad():
         a = model.generate(prompts, 32, keep_logits=True, graphs=True)
         b = model.generate(prompts, 32, keep_logits=True, graphs=False)
-        out["graph_vs_eager"] = {"ids_identical": a.ids == b.ids, "steps": len(a.step_logits),
-                                 "logits_identical": sum(_same(x, y) for x, y in zip(a.step_logits, b.step_logits))}
+        out["graph_vs_eager"] = {
+            "ids_identical": a.ids == b.ids,
+            "steps": len(a.step_logits),
+            "logits_identical": sum(
+                _same(x, y) for x, y in zip(a.step_logits, b.step_logits)
+            ),
+        }
         seq = torch.randint(0, vocab, (400,), generator=g)
         whole = model.logits([seq])[0]
         cache = model.new_cache(1, 512)
         parts = [model.extend([seq[:100]], cache)]
         i = 100
         for c in (1, 3, 7) * 10:
-            parts.append(model.extend([seq[i:i + c]], cache))
+            parts.append(model.extend([seq[i : i + c]], cache))
             i += c
         while i < len(seq):
-            parts.append(model.decode_step(seq[i:i + 1], cache))
+            parts.append(model.decode_step(seq[i : i + 1], cache))
             i += 1
         got = torch.cat(parts)
-        out["prefill_chunks_decode"] = {"positions": len(seq), "identical": int((got.view(torch.int32) == whole.view(torch.int32)).all(-1).sum())}
+        out["prefill_chunks_decode"] = {
+            "positions": len(seq),
+            "identical": int(
+                (got.view(torch.int32) == whole.view(torch.int32)).all(-1).sum()
+            ),
+        }
         batch = model.logits(prompts)
-        out["alone_vs_batch_prefill"] = {"prompts": len(prompts), "identical": sum(_same(model.logits([p])[0], batch[j]) for j, p in enumerate(prompts))}
+        out["alone_vs_batch_prefill"] = {
+            "prompts": len(prompts),
+            "identical": sum(
+                _same(model.logits([p])[0], batch[j]) for j, p in enumerate(prompts)
+            ),
+        }
         alone = [model.generate([p], 32, keep_logits=True) for p in prompts[:3]]
-        out["alone_vs_batch_decode"] = {"prompts": 3, "identical": sum(
-            al.ids[0] == a.ids[j] and all(_same(al.step_logits[s][0], a.step_logits[s][j]) for s in range(32)) for j, al in enumerate(alone))}
+        out["alone_vs_batch_decode"] = {
+            "prompts": 3,
+            "identical": sum(
+                al.ids[0] == a.ids[j]
+                and all(
+                    _same(al.step_logits[s][0], a.step_logits[s][j]) for s in range(32)
+                )
+                for j, al in enumerate(alone)
+            ),
+        }
         if other_backend:
             o = model.with_backends(other_backend)
             c = o.generate(prompts, 64, keep_logits=True)
             d = model.generate(prompts, 64, keep_logits=True)
             out[f"{model.backend}_vs_{other_backend}"] = {
-                "prompts": len(prompts), "ids_identical": sum(x == y for x, y in zip(c.ids, d.ids)), "new_tokens": 64,
-                "step_logits_identical": sum(_same(x, y) for x, y in zip(c.step_logits, d.step_logits)),
-                "prefill_logits_identical": sum(_same(x, y) for x, y in zip(o.logits(prompts), batch))}
+                "prompts": len(prompts),
+                "ids_identical": sum(x == y for x, y in zip(c.ids, d.ids)),
+                "new_tokens": 64,
+                "step_logits_identical": sum(
+                    _same(x, y) for x, y in zip(c.step_logits, d.step_logits)
+                ),
+                "prefill_logits_identical": sum(
+                    _same(x, y) for x, y in zip(o.logits(prompts), batch)
+                ),
+            }
     return out
 
 
 # -- price of invariance ---------------------------------------------------------------------------
+
 
 def prices(model, reps: int) -> dict:
     from requant.kernels.triton.attention import attention, tokens_per_block
@@ -287,11 +391,20 @@ def prices(model, reps: int) -> dict:
     vc = torch.randn_like(kc)
     pos = torch.arange(t, dtype=torch.int32, device="cuda")
     per = tokens_per_block(a.heads, a.kv_heads)
-    blocks = torch.tensor([(i, min(per, t - i), 0) for i in range(0, t, per)], dtype=torch.int32, device="cuda")
-    ours = _time(lambda: attention(q, kc, vc, pos, blocks, a.head_dim ** -0.5), reps)
+    blocks = torch.tensor(
+        [(i, min(per, t - i), 0) for i in range(0, t, per)],
+        dtype=torch.int32,
+        device="cuda",
+    )
+    ours = _time(lambda: attention(q, kc, vc, pos, blocks, a.head_dim**-0.5), reps)
     qh = q.transpose(0, 1)[None]
     kh, vh = kc, vc
-    sdpa = _time(lambda: torch.nn.functional.scaled_dot_product_attention(qh, kh, vh, is_causal=True, enable_gqa=True), reps)
+    sdpa = _time(
+        lambda: torch.nn.functional.scaled_dot_product_attention(
+            qh, kh, vh, is_causal=True, enable_gqa=True
+        ),
+        reps,
+    )
     out["attention_2048"] = {"ours_ms": _ms(ours), "sdpa_ms": _ms(sdpa)}
     x = torch.randn(t, a.hidden, device="cuda").to(torch.bfloat16)
     nw = torch.ones(a.hidden, dtype=torch.bfloat16, device="cuda")
@@ -303,16 +416,32 @@ def prices(model, reps: int) -> dict:
 
 # -- one shape -------------------------------------------------------------------------------------
 
+
 def bench_shape(name: str, args, log) -> dict:
     import gc
 
-    entry = {"shape": name, "rows": {}, "decode_profile": {}}
+    entry = {
+        "shape": name,
+        "rows": {},
+        "decode_profile": {},
+        "profile_backend": args.backends[0],
+    }
     base = random_model(name, args.backends[0])
     base._fastw()  # the stacked weights, shared by the other backend's copy
-    models = {args.backends[0]: base, **{b: base.with_backends(b) for b in args.backends[1:]}}
+    models = {
+        args.backends[0]: base,
+        **{b: base.with_backends(b) for b in args.backends[1:]},
+    }
     a = base.arch
-    entry["config"] = {"hidden": a.hidden, "intermediate": a.intermediate, "layers": a.layers, "heads": a.heads,
-                       "kv_heads": a.kv_heads, "head_dim": a.head_dim, "vocab": a.vocab}
+    entry["config"] = {
+        "hidden": a.hidden,
+        "intermediate": a.intermediate,
+        "layers": a.layers,
+        "heads": a.heads,
+        "kv_heads": a.kv_heads,
+        "head_dim": a.head_dim,
+        "vocab": a.vocab,
+    }
     wb = weight_bytes(base)
     entry["weight_bytes_per_step"] = wb
     entry["weight_read_bound_ms"] = 1e3 * wb / args.hbm
@@ -322,10 +451,15 @@ def bench_shape(name: str, args, log) -> dict:
     for key, lens in PREFILL.items():
         prompts = [torch.randint(0, a.vocab, (n,), generator=g).cuda() for n in lens]
         work = sum(lens)
-        variants = {f"requant fast {b}": (lambda m=m, p=prompts: requant_prefill(m, p)) for b, m in models.items()}
+        variants = {
+            f"requant fast {b}": (lambda m=m, p=prompts: requant_prefill(m, p))
+            for b, m in models.items()
+        }
         if key == "1x2048" and args.reference:
             ref = base.with_backends(engine="reference")
-            variants["requant reference (before)"] = lambda r=ref, p=prompts: requant_prefill(r, p)
+            variants["requant reference (before)"] = lambda r=ref, p=prompts: (
+                requant_prefill(r, p)
+            )
         if hf is not None:
             variants["transformers bf16"] = lambda h=hf, p=prompts: hf_prefill(h, p)
         for fn in variants.values():
@@ -336,14 +470,29 @@ def bench_shape(name: str, args, log) -> dict:
                 times[k] += _time(fn, 1)
         for k in variants:
             rows.setdefault(k, {})[f"prefill {key}"] = _stats(work, times[k])
-        log(f"{name} prefill {key}: " + ", ".join(f"{k} {rows[k][f'prefill {key}']['median']:.0f}" for k in variants))
+        log(
+            f"{name} prefill {key}: "
+            + ", ".join(
+                f"{k} {rows[k][f'prefill {key}']['median']:.0f}" for k in variants
+            )
+        )
+        if key in ("1x2048", "8x512"):
+            entry.setdefault("prefill_profile", {})[key] = prefill_profile(
+                base, prompts
+            )
     for bsz in args.batches:
-        prompts = [torch.randint(0, a.vocab, (args.prompt_len,), generator=g).cuda() for _ in range(bsz)]
+        prompts = [
+            torch.randint(0, a.vocab, (args.prompt_len,), generator=g).cuda()
+            for _ in range(bsz)
+        ]
         work = bsz * args.steps
         for b, m in models.items():
             for graphs in (True, False):
                 k = f"requant fast {b} {'graph' if graphs else 'eager'}"
-                secs = [requant_decode_secs(m, prompts, args.steps, graphs) for _ in range(args.reps)]
+                secs = [
+                    requant_decode_secs(m, prompts, args.steps, graphs)
+                    for _ in range(args.reps)
+                ]
                 rows.setdefault(k, {})[f"decode b{bsz}"] = _stats(work, secs)
         if args.reference and bsz == 1:
             ref = base.with_backends(engine="reference")
@@ -356,19 +505,32 @@ def bench_shape(name: str, args, log) -> dict:
                 for _ in range(8):
                     nxt = ref.decode_step(nxt, cache).argmax(-1)
                 _sync()
-            rows.setdefault("requant reference (before)", {})["decode b1"] = _stats(8, [time.perf_counter() - t0])
+            rows.setdefault("requant reference (before)", {})["decode b1"] = _stats(
+                8, [time.perf_counter() - t0]
+            )
         if hf is not None:
             hf_decode_secs(hf, prompts, 2)
             secs = [hf_decode_secs(hf, prompts, args.steps) for _ in range(args.reps)]
-            rows.setdefault("transformers bf16", {})[f"decode b{bsz}"] = _stats(work, secs)
-        log(f"{name} decode b{bsz}: " + ", ".join(f"{k} {r[f'decode b{bsz}']['median']:.0f}" for k, r in rows.items() if f"decode b{bsz}" in r))
+            rows.setdefault("transformers bf16", {})[f"decode b{bsz}"] = _stats(
+                work, secs
+            )
+        log(
+            f"{name} decode b{bsz}: "
+            + ", ".join(
+                f"{k} {r[f'decode b{bsz}']['median']:.0f}"
+                for k, r in rows.items()
+                if f"decode b{bsz}" in r
+            )
+        )
         if bsz in (1, 64):
             entry["decode_profile"][f"b{bsz}"] = decode_profile(base, prompts)
     hf = None
     gc.collect()
     torch.cuda.empty_cache()
     if args.invariance:
-        entry["invariance"] = invariance(base, args.backends[1] if len(args.backends) > 1 else None, a.vocab)
+        entry["invariance"] = invariance(
+            base, args.backends[1] if len(args.backends) > 1 else None, a.vocab
+        )
         log(f"{name} invariance: {entry['invariance']}")
     entry["prices"] = prices(base, args.reps)
     log(f"{name} prices: {entry['prices']}")
@@ -377,32 +539,94 @@ def bench_shape(name: str, args, log) -> dict:
 
 
 def markdown(record: dict) -> str:
-    lines = ["# requant runtime, fast engine: benchmark", "", "```bash", record["command"], "```", "",
-             f"- commit {record.get('commit')}; {record['environment']}",
-             f"- prefill: last logits only; decode: prompts of {record['settings']['prompt_len']} random ids, "
-             f"{record['settings']['steps']} timed greedy steps; tokens/s, median of {record['settings']['reps']} [min-max]", ""]
+    lines = [
+        "# requant runtime, fast engine: benchmark",
+        "",
+        "```bash",
+        record["command"],
+        "```",
+        "",
+        f"- commit {record.get('commit')}; {record['environment']}",
+        (
+            f"- prefill: last logits only; decode: prompts of {record['settings']['prompt_len']} random ids, "
+            f"{record['settings']['steps']} timed greedy steps; tokens/s, median of {record['settings']['reps']} [min-max]"
+        ),
+        "",
+    ]
     for e in record["shapes"]:
-        lines += [f"## {e['shape']}", "", f"{e['config']}; weights read per decode step {e['weight_bytes_per_step'] / 1e9:.2f} GB "
-                  f"= {e['weight_read_bound_ms']:.2f} ms at {record['settings']['hbm'] / 1e12:.1f} TB/s", ""]
+        lines += [
+            f"## {e['shape']}",
+            "",
+            (
+                f"{e['config']}; weights read per decode step {e['weight_bytes_per_step'] / 1e9:.2f} GB "
+                f"= {e['weight_read_bound_ms']:.2f} ms at {record['settings']['hbm'] / 1e12:.1f} TB/s"
+            ),
+            "",
+        ]
         keys = []
         for r in e["rows"].values():
             keys += [k for k in r if k not in keys]
-        lines += ["| engine | " + " | ".join(keys) + " |", "| --- |" + " ---: |" * len(keys)]
+        lines += [
+            "| engine | " + " | ".join(keys) + " |",
+            "| --- |" + " ---: |" * len(keys),
+        ]
         for name, r in e["rows"].items():
-            lines.append(f"| {name} | " + " | ".join(f"{r[k]['median']:.0f} [{r[k]['min']:.0f}-{r[k]['max']:.0f}]" if k in r else "" for k in keys) + " |")
+            lines.append(
+                f"| {name} | "
+                + " | ".join(
+                    f"{r[k]['median']:.0f} [{r[k]['min']:.0f}-{r[k]['max']:.0f}]"
+                    if k in r
+                    else ""
+                    for k in keys
+                )
+                + " |"
+            )
         lines.append("")
         hf = e["rows"].get("transformers bf16")
         if hf:
-            lines += ["Ratio to transformers bf16 (median tokens/s):", "", "| engine | " + " | ".join(keys) + " |", "| --- |" + " ---: |" * len(keys)]
+            lines += [
+                "Ratio to transformers bf16 (median tokens/s):",
+                "",
+                "| engine | " + " | ".join(keys) + " |",
+                "| --- |" + " ---: |" * len(keys),
+            ]
             for name, r in e["rows"].items():
                 if name != "transformers bf16":
-                    lines.append(f"| {name} | " + " | ".join(f"{r[k]['median'] / hf[k]['median']:.2f}x" if k in r and k in hf else "" for k in keys) + " |")
+                    lines.append(
+                        f"| {name} | "
+                        + " | ".join(
+                            f"{r[k]['median'] / hf[k]['median']:.2f}x"
+                            if k in r and k in hf
+                            else ""
+                            for k in keys
+                        )
+                        + " |"
+                    )
             lines.append("")
+        for b, prof in e.get("prefill_profile", {}).items():
+            total = sum(prof.values())
+            lines += [
+                f"Prefill {b} GPU time ({e.get('profile_backend')}): {total:.2f} ms: "
+                + "; ".join(f"{k} {v:.2f}" for k, v in prof.items()),
+                "",
+            ]
         for b, prof in e.get("decode_profile", {}).items():
             total = sum(prof.values())
-            lines += [f"Decode GPU time per eager step, {b}: {total:.2f} ms: " + "; ".join(f"{k} {v:.2f}" for k, v in prof.items()), ""]
+            lines += [
+                f"Decode GPU time per eager step ({e.get('profile_backend', 'cutlass')}), {b}: {total:.2f} ms: "
+                + "; ".join(f"{k} {v:.2f}" for k, v in prof.items()),
+                "",
+            ]
         if e.get("invariance"):
-            lines += ["Invariance (bitwise): " + "; ".join(f"{k}: {v}" for k, v in e["invariance"].items()), ""]
+            lines += [
+                "Invariance (bitwise): "
+                + "; ".join(f"{k}: {v}" for k, v in e["invariance"].items()),
+                "",
+            ]
         if e.get("prices"):
-            lines += ["Price of invariance (ms, median): " + "; ".join(f"{k}: {v}" for k, v in e["prices"].items()), ""]
+            lines += [
+                "Price of invariance (ms, median): "
+                + "; ".join(f"{k}: {v}" for k, v in e["prices"].items()),
+                "",
+            ]
     return "\n".join(lines) + "\n"

@@ -43,7 +43,14 @@ import triton.language as tl
 from requant.kernels.triton import _launch
 from requant.kernels.triton._bf16 import bf16_rne_bits
 
-__all__ = ["BLOCK_M", "BLOCK_N", "NUM_STAGES", "NUM_WARPS", "attention", "tokens_per_block"]
+__all__ = [
+    "BLOCK_M",
+    "BLOCK_N",
+    "NUM_STAGES",
+    "NUM_WARPS",
+    "attention",
+    "tokens_per_block",
+]
 
 BLOCK_M = 64
 BLOCK_N = 64
@@ -59,14 +66,30 @@ def _dot(a, b, acc, INTERPRET: tl.constexpr):
     # fp32 products are summed by an explicit reduction (a fixed order for a fixed shape).
     # Compiled kernels use the MMA.
     if INTERPRET:
-        return acc + tl.sum(a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :], axis=1)
+        return acc + tl.sum(
+            a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :], axis=1
+        )
     return tl.dot(a, b, acc)
 
 
 @triton.jit
-def _attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, pos_ptr, blocks_ptr, cap, qk_scale,
-                      H: tl.constexpr, KV: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
-                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, INTERPRET: tl.constexpr):
+def _attention_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    o_ptr,
+    pos_ptr,
+    blocks_ptr,
+    cap,
+    qk_scale,
+    H: tl.constexpr,
+    KV: tl.constexpr,
+    D: tl.constexpr,
+    G: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):
     blk = tl.program_id(0)
     kvh = tl.program_id(1)
     tok0 = tl.load(blocks_ptr + blk * 3)
@@ -90,7 +113,10 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, pos_ptr, blocks_ptr, cap, qk_s
         live = n < hi
         kv_off = base + n.to(tl.int64)[:, None] * D + d[None, :]
         k = tl.load(k_ptr + kv_off, mask=live[:, None], other=0.0)
-        s = _dot(q, tl.trans(k), tl.zeros((BLOCK_M, BLOCK_N), tl.float32), INTERPRET) * qk_scale
+        s = (
+            _dot(q, tl.trans(k), tl.zeros((BLOCK_M, BLOCK_N), tl.float32), INTERPRET)
+            * qk_scale
+        )
         causal = n[None, :] <= pos[:, None]
         s = tl.where(causal, s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, 1))
@@ -103,19 +129,31 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, pos_ptr, blocks_ptr, cap, qk_s
         acc = _dot(pb, v, acc, INTERPRET)
         m = m_new
     out = tl.math.div_rn(acc, l_sum[:, None])
-    tl.store(o_ptr + (tok[:, None] * H + head[:, None]) * D + d[None, :], bf16_rne_bits(out), mask=valid[:, None])
+    tl.store(
+        o_ptr + (tok[:, None] * H + head[:, None]) * D + d[None, :],
+        bf16_rne_bits(out),
+        mask=valid[:, None],
+    )
 
 
 def tokens_per_block(heads: int, kv_heads: int) -> int:
     """Query tokens one program holds: BLOCK_M // (heads / kv_heads)."""
     g = heads // kv_heads
     if BLOCK_M % g:
-        raise ValueError(f"{heads} query heads per {kv_heads} KV heads: group {g} does not divide BLOCK_M {BLOCK_M}")
+        raise ValueError(
+            f"{heads} query heads per {kv_heads} KV heads: group {g} does not divide BLOCK_M {BLOCK_M}"
+        )
     return BLOCK_M // g
 
 
-def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor, blocks: torch.Tensor,
-              scale: float) -> torch.Tensor:
+def attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    pos: torch.Tensor,
+    blocks: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
     """See the module docstring. Returns bf16 [T, H * D]."""
     index = _launch.device_index(q)
     t, heads, d = q.shape
@@ -125,8 +163,39 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos
         return out
     g = heads // kv
     tokens_per_block(heads, kv)
-    args = (q, k_cache, v_cache, out.view(torch.int16), pos, blocks, k_cache.shape[2], float(scale * _LOG2E))
-    consts = {"H": heads, "KV": kv, "D": d, "G": g, "BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N, "INTERPRET": _launch.INTERPRET}
-    _launch.launch(_attention_kernel, (blocks.shape[0], kv, 1), args, consts,
-                   {"num_warps": NUM_WARPS, "num_stages": NUM_STAGES}, None, index)
+    args = (
+        q,
+        k_cache,
+        v_cache,
+        out.view(torch.int16),
+        pos,
+        blocks,
+        k_cache.shape[2],
+        float(scale * _LOG2E),
+    )
+    consts = {
+        "H": heads,
+        "KV": kv,
+        "D": d,
+        "G": g,
+        "BLOCK_M": BLOCK_M,
+        "BLOCK_N": BLOCK_N,
+        "INTERPRET": _launch.INTERPRET,
+    }
+    key = (
+        None
+        if index is None or _launch.INTERPRET
+        else _launch.launch_key(
+            "attention", "fixed", index, args, tuple(consts.values())
+        )
+    )
+    _launch.launch(
+        _attention_kernel,
+        (blocks.shape[0], kv, 1),
+        args,
+        consts,
+        {"num_warps": NUM_WARPS, "num_stages": NUM_STAGES},
+        key,
+        index,
+    )
     return out

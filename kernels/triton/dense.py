@@ -32,11 +32,23 @@ NUM_STAGES = 4
 
 
 @triton.jit(do_not_specialize=["M"])
-def _dense_kernel(x_ptr, w_ptr, o_ptr, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 INTERPRET: tl.constexpr):
+def _dense_kernel(
+    x_ptr,
+    w_ptr,
+    o_ptr,
+    M,
+    N,
+    K,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):
     pid = tl.program_id(0)
     num_m = tl.cdiv(M, BLOCK_M)
-    pid_m = pid % num_m  # the row blocks of one weight tile run next to each other (L2 reuse)
+    pid_m = (
+        pid % num_m
+    )  # the row blocks of one weight tile run next to each other (L2 reuse)
     pid_n = pid // num_m
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -54,25 +66,53 @@ def _dense_kernel(x_ptr, w_ptr, o_ptr, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: 
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
     bits = bf16_rne_bits(acc)
-    y = (bits.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
-    tl.store(o_ptr + rows[:, None] * N + cols[None, :], y, mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+    y = (bits.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(
+        tl.float32, bitcast=True
+    )
+    tl.store(
+        o_ptr + rows[:, None] * N + cols[None, :],
+        y,
+        mask=(offs_m[:, None] < M) & (offs_n[None, :] < N),
+    )
 
 
-def dense(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+def dense(
+    x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None
+) -> torch.Tensor:
     """See the module docstring; `out` an optional fp32 [M, N] destination."""
     index = _launch.device_index(x)
     m, k = x.shape
     n = w.shape[0]
     if x.dtype != torch.bfloat16 or w.dtype != torch.bfloat16 or w.shape[1] != k:
-        raise ValueError(f"dense: x {x.dtype} {tuple(x.shape)} and w {w.dtype} {tuple(w.shape)} must be bf16 [M, K], [N, K]")
+        raise ValueError(
+            f"dense: x {x.dtype} {tuple(x.shape)} and w {w.dtype} {tuple(w.shape)} must be bf16 [M, K], [N, K]"
+        )
     x = x.contiguous()
     w = w.contiguous()
     if out is None:
         out = torch.empty((m, n), dtype=torch.float32, device=x.device)
     if m == 0 or n == 0:
         return out
-    grid = (triton.cdiv(m, BLOCK_M) * triton.cdiv(n, BLOCK_N), 1, 1)
-    _launch.launch(_dense_kernel, grid, (x, w, out, m, n, k), {"BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N, "BLOCK_K": BLOCK_K,
-                                                                 "INTERPRET": _launch.INTERPRET},
-                   {"num_warps": NUM_WARPS, "num_stages": NUM_STAGES}, None, index)
+    grid = (-(-m // BLOCK_M) * -(-n // BLOCK_N), 1, 1)
+    args = (x, w, out, m, n, k)
+    consts = {
+        "BLOCK_M": BLOCK_M,
+        "BLOCK_N": BLOCK_N,
+        "BLOCK_K": BLOCK_K,
+        "INTERPRET": _launch.INTERPRET,
+    }
+    key = (
+        None
+        if index is None or _launch.INTERPRET
+        else _launch.launch_key("dense", "fixed", index, args, tuple(consts.values()))
+    )
+    _launch.launch(
+        _dense_kernel,
+        grid,
+        args,
+        consts,
+        {"num_warps": NUM_WARPS, "num_stages": NUM_STAGES},
+        key,
+        index,
+    )
     return out

@@ -6,8 +6,8 @@
     silu_mul_quantize(gate_up) -> (q int8 [T, I], s fp32 [T, 1])
 
 Every kernel runs one program per token row (qk_norm_rope: all heads of one token) with a block
-that covers the whole row: its size is a function of the row length alone (the next power
-of two), never of the number of rows. So a row's arithmetic is the same code on the same
+that covers the whole row (silu_mul_quantize: fixed slices of SILU_BLOCK_K): its size is a
+function of the row length alone (the next power of two), never of the number of rows. So a row's arithmetic is the same code on the same
 data whatever else is in the call: BATCH INVARIANCE by construction, no measurement needed.
 
 NUMERICS (each kernel equals its torch emulation in requant/runtime/fast_ops.py bit for bit;
@@ -15,9 +15,12 @@ tests/requant/test_runtime_fast.py runs them under TRITON_INTERPRET=1 in CI):
   * bf16 in and out through their bits (an int16 view): bf16 -> fp32 is `bits << 16` (exact),
     fp32 -> bf16 is round-to-nearest-even on the bits (_bf16.py). Triton's CPU interpreter
     truncates in `.to(tl.bfloat16)` and mis-converts bf16 subnormals in `.to(tl.float32)`.
-  * Sums of squares are the fixed pairwise tree of requant.runtime.ops.tree_sum (element i
-    plus element i + n/2, halving down to one; zero padding to a power of two is exact),
-    written as reshapes to [rows, 2, n/2] summed over the middle axis: one IEEE add each.
+  * Sums of squares are a fixed pairwise tree over adjacent elements (fast_ops.pairwise_sum:
+    element 2j plus element 2j + 1, halving down to one; zero padding to a power of two is
+    exact), written as reshapes to [rows, n/2, 2] summed over the last axis: one IEEE add each.
+    Adjacent pairs live in one thread first, then one warp, so the tree needs few block
+    barriers (5 against 23 for the reference path's tree_sum order, which pairs i with i + n/2:
+    measured on the sm90 SASS of a 4096-element row with 8 warps).
   * RMSNorm: var = ss / n (IEEE division), r = 1 / sqrt_rn(var + eps) (IEEE square root and
     division, not the approximate rsqrt), h = bf16(w * bf16(x * r)). This differs from the
     reference path's torch.rsqrt (which on CUDA is an approximation) by at most an ulp of r.
@@ -50,8 +53,8 @@ __all__ = ["add_rms_norm", "qk_norm_rope", "row_block", "silu_mul_quantize"]
 _TINY = tl.constexpr(TINY)
 _UP = tl.constexpr(1.0 / TINY)
 _POISON = tl.constexpr(POISON_SCALE_BITS)
-_INF = tl.constexpr(float("inf"))
 OPTIONS = {"enable_fp_fusion": False}
+SILU_BLOCK_K = 2048  # the SiLU kernel's slice of a row (fixed: never depends on the number of rows)
 
 
 def row_block(n: int) -> int:
@@ -66,48 +69,51 @@ def _warps(block: int) -> int:
 @triton.jit
 def bits_to_fp32(b):
     """int16 bf16 bits -> the same value in fp32 (exact)."""
-    return (b.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+    return (b.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(
+        tl.float32, bitcast=True
+    )
 
 
 @triton.jit
-def _halve(x, R: tl.constexpr, N: tl.constexpr):
-    # [R, N] -> [R, N // 2]: y[:, j] = x[:, j] + x[:, j + N // 2] (one add per element)
-    return tl.sum(tl.reshape(x, (R, 2, N // 2)), axis=1)
+def _pair(x, R: tl.constexpr, N: tl.constexpr):
+    # [R, N] -> [R, N // 2]: y[:, j] = x[:, 2 j] + x[:, 2 j + 1] (one add per element)
+    return tl.sum(tl.reshape(x, (R, N // 2, 2)), axis=2)
 
 
 @triton.jit
 def tree_sum_rows(x, R: tl.constexpr, N: tl.constexpr):
-    """[R, N] fp32 (N a power of two <= 32768) -> [R, 1]: requant.runtime.ops.tree_sum per row."""
+    """[R, N] fp32 (N a power of two <= 32768) -> [R, 1]: the adjacent pairwise tree of
+    requant.runtime.fast_ops.pairwise_sum per row."""
     if N >= 32768:
-        x = _halve(x, R, 32768)
+        x = _pair(x, R, 32768)
     if N >= 16384:
-        x = _halve(x, R, 16384)
+        x = _pair(x, R, 16384)
     if N >= 8192:
-        x = _halve(x, R, 8192)
+        x = _pair(x, R, 8192)
     if N >= 4096:
-        x = _halve(x, R, 4096)
+        x = _pair(x, R, 4096)
     if N >= 2048:
-        x = _halve(x, R, 2048)
+        x = _pair(x, R, 2048)
     if N >= 1024:
-        x = _halve(x, R, 1024)
+        x = _pair(x, R, 1024)
     if N >= 512:
-        x = _halve(x, R, 512)
+        x = _pair(x, R, 512)
     if N >= 256:
-        x = _halve(x, R, 256)
+        x = _pair(x, R, 256)
     if N >= 128:
-        x = _halve(x, R, 128)
+        x = _pair(x, R, 128)
     if N >= 64:
-        x = _halve(x, R, 64)
+        x = _pair(x, R, 64)
     if N >= 32:
-        x = _halve(x, R, 32)
+        x = _pair(x, R, 32)
     if N >= 16:
-        x = _halve(x, R, 16)
+        x = _pair(x, R, 16)
     if N >= 8:
-        x = _halve(x, R, 8)
+        x = _pair(x, R, 8)
     if N >= 4:
-        x = _halve(x, R, 4)
+        x = _pair(x, R, 4)
     if N >= 2:
-        x = _halve(x, R, 2)
+        x = _pair(x, R, 2)
     return x
 
 
@@ -123,8 +129,11 @@ def _rms_scale(x, n, eps, R: tl.constexpr, N: tl.constexpr):
 def _quantize_store(h, mask, q_ptrs, s_ptr):
     # kernels.reference.quantize_activations of one row h [1, B] (bf16 values in fp32, 0 where
     # masked): stores q through q_ptrs and s at s_ptr.
-    amax = tl.max(tl.abs(h), axis=1)
-    bad = tl.max(((h != h) | (tl.abs(h) == _INF)).to(tl.int32), axis=1) > 0
+    # One integer max over the magnitude bits gives both the absmax (the order of non-negative
+    # floats is the order of their bits) and the NaN/inf test (exponent all ones: >= inf's bits).
+    mag = tl.max(h.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=1)
+    bad = mag >= 0x7F800000
+    amax = mag.to(tl.float32, bitcast=True)
     zero = amax == 0.0
     up = tl.where(amax < _TINY, _UP, 1.0)
     safe = tl.where(zero, 1.0, amax)
@@ -139,9 +148,22 @@ def _quantize_store(h, mask, q_ptrs, s_ptr):
 
 
 @triton.jit
-def _add_rms_norm_kernel(x_ptr, d_ptr, w_ptr, h_ptr, q_ptr, s_ptr, rows_ptr, n, eps,
-                         BLOCK: tl.constexpr, HAS_D: tl.constexpr, WRITE_H: tl.constexpr, QUANT: tl.constexpr,
-                         ROW_MAP: tl.constexpr):
+def _add_rms_norm_kernel(
+    x_ptr,
+    d_ptr,
+    w_ptr,
+    h_ptr,
+    q_ptr,
+    s_ptr,
+    rows_ptr,
+    n,
+    eps,
+    BLOCK: tl.constexpr,
+    HAS_D: tl.constexpr,
+    WRITE_H: tl.constexpr,
+    QUANT: tl.constexpr,
+    ROW_MAP: tl.constexpr,
+):
     pid = tl.program_id(0).to(tl.int64)
     if ROW_MAP:
         row = tl.load(rows_ptr + pid).to(tl.int64)
@@ -166,7 +188,20 @@ def _add_rms_norm_kernel(x_ptr, d_ptr, w_ptr, h_ptr, q_ptr, s_ptr, rows_ptr, n, 
 
 
 @triton.jit
-def _norm_rope_rows(src, w_ptr, c, s, r_idx, offs, partner, sign, mask, eps, R: tl.constexpr, D: tl.constexpr):
+def _norm_rope_rows(
+    src,
+    w_ptr,
+    c,
+    s,
+    r_idx,
+    offs,
+    partner,
+    sign,
+    mask,
+    eps,
+    R: tl.constexpr,
+    D: tl.constexpr,
+):
     # RoPE(RMSNorm(x)) of the R x D heads at src (rows masked by `mask`), as int16 bf16 bits
     x = bits_to_fp32(tl.load(src + r_idx * D + offs, mask=mask, other=0))
     xp = bits_to_fp32(tl.load(src + r_idx * D + partner, mask=mask, other=0))
@@ -179,12 +214,31 @@ def _norm_rope_rows(src, w_ptr, c, s, r_idx, offs, partner, sign, mask, eps, R: 
 
 
 @triton.jit
-def _qk_norm_rope_kernel(qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, pos_ptr, rows_ptr, kc_ptr, vc_ptr, q_ptr, cap, eps,
-                         H: tl.constexpr, KV: tl.constexpr, D: tl.constexpr, HP: tl.constexpr, KVP: tl.constexpr):
+def _qk_norm_rope_kernel(
+    qkv_ptr,
+    qw_ptr,
+    kw_ptr,
+    cos_ptr,
+    sin_ptr,
+    pos_ptr,
+    rows_ptr,
+    kc_ptr,
+    vc_ptr,
+    q_ptr,
+    cap,
+    eps,
+    H: tl.constexpr,
+    KV: tl.constexpr,
+    D: tl.constexpr,
+    HP: tl.constexpr,
+    KVP: tl.constexpr,
+):
     t = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, D)[None, :]
     half = D // 2
-    partner = (offs + half) % D  # rotate_half: -y[i + D/2] for i < D/2, y[i - D/2] after
+    partner = (
+        offs + half
+    ) % D  # rotate_half: -y[i + D/2] for i < D/2, y[i - D/2] after
     sign = tl.where(offs < half, -1.0, 1.0)
     pos = tl.load(pos_ptr + t).to(tl.int64)
     c = tl.load(cos_ptr + pos * D + offs)
@@ -196,23 +250,55 @@ def _qk_norm_rope_kernel(qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, pos_ptr, row
     tl.store(q_ptr + (t * H + hq) * D + offs, out_q, mask=mq)
     hk = tl.arange(0, KVP)[:, None]
     mk = hk < KV
-    out_k = _norm_rope_rows(src + H * D, kw_ptr, c, s, hk, offs, partner, sign, mk, eps, KVP, D)
+    out_k = _norm_rope_rows(
+        src + H * D, kw_ptr, c, s, hk, offs, partner, sign, mk, eps, KVP, D
+    )
     row = tl.load(rows_ptr + t).to(tl.int64)
     slot = ((row * KV + hk) * cap + pos) * D + offs
     tl.store(kc_ptr + slot, out_k, mask=mk)
-    tl.store(vc_ptr + slot, tl.load(src + (H + KV) * D + hk * D + offs, mask=mk, other=0), mask=mk)
+    tl.store(
+        vc_ptr + slot,
+        tl.load(src + (H + KV) * D + hk * D + offs, mask=mk, other=0),
+        mask=mk,
+    )
 
 
 @triton.jit
-def _silu_mul_quantize_kernel(gu_ptr, q_ptr, s_ptr, n, BLOCK: tl.constexpr):
+def _silu_mul_quantize_kernel(gu_ptr, act_ptr, q_ptr, s_ptr, n, BLOCK_K: tl.constexpr):
+    # Two passes over the row in BLOCK_K slices (few registers, many programs per SM): the first
+    # writes act = bf16(SiLU(g) * u) to `act` and keeps the largest magnitude bits (an exact
+    # max, in any order), the second quantizes act as read back (each thread reads what it wrote).
     t = tl.program_id(0).to(tl.int64)
-    offs = tl.arange(0, BLOCK)[None, :]
-    mask = offs < n
-    g = bits_to_fp32(tl.load(gu_ptr + t * 2 * n + offs, mask=mask, other=0))
-    u = bits_to_fp32(tl.load(gu_ptr + t * 2 * n + n + offs, mask=mask, other=0))
-    act = bits_to_fp32(bf16_rne_bits(tl.math.div_rn(g, 1.0 + tl.exp(-g)) * u))
-    act = tl.where(mask, act, 0.0)
-    _quantize_store(act, mask, q_ptr + t * n + offs, s_ptr + t)
+    offs = tl.arange(0, BLOCK_K)
+    mag = tl.zeros((BLOCK_K,), tl.int32)
+    for k0 in range(0, n, BLOCK_K):
+        mask = k0 + offs < n
+        g = bits_to_fp32(tl.load(gu_ptr + t * 2 * n + k0 + offs, mask=mask, other=0))
+        u = bits_to_fp32(
+            tl.load(gu_ptr + t * 2 * n + n + k0 + offs, mask=mask, other=0)
+        )
+        bits = bf16_rne_bits(tl.math.div_rn(g, 1.0 + tl.exp(-g)) * u)
+        tl.store(act_ptr + t * n + k0 + offs, bits, mask=mask)
+        m = bits_to_fp32(bits).to(tl.int32, bitcast=True) & 0x7FFFFFFF
+        mag = tl.maximum(mag, tl.where(mask, m, 0))
+    mag = tl.max(mag, axis=0)
+    bad = mag >= 0x7F800000  # NaN or inf in the row: s = NaN, q = 0
+    amax = mag.to(tl.float32, bitcast=True)
+    zero = amax == 0.0
+    up = tl.where(amax < _TINY, _UP, 1.0)
+    safe = tl.where(zero, 1.0, amax)
+    s = tl.where(zero, 0.0, tl.math.div_rn(safe, 127.0 + tl.zeros_like(safe)))
+    inv = tl.where(zero, 0.0, tl.math.div_rn(127.0 + tl.zeros_like(safe), safe * up))
+    poison = tl.full((), _POISON, tl.int32).to(tl.float32, bitcast=True)
+    tl.store(s_ptr + t, tl.where(bad, poison, s))
+    tl.debug_barrier()
+    for k0 in range(0, n, BLOCK_K):
+        mask = k0 + offs < n
+        a = bits_to_fp32(tl.load(act_ptr + t * n + k0 + offs, mask=mask, other=0))
+        v = _round_half_even((a * up) * inv)
+        v = tl.minimum(tl.maximum(v, -128.0), 127.0)
+        v = tl.where(bad, 0.0, v)
+        tl.store(q_ptr + t * n + k0 + offs, v.to(tl.int8), mask=mask)
 
 
 def _index(t: torch.Tensor):
@@ -220,17 +306,36 @@ def _index(t: torch.Tensor):
 
 
 def _launch_plain(kernel, grid, args, consts, warps, index):
-    _launch.launch(kernel, grid, args, consts, dict(OPTIONS, num_warps=warps), None, index)
+    # cached launches (see _launch.py): the key holds every argument's specialization class
+    key = (
+        None
+        if index is None or _launch.INTERPRET
+        else _launch.launch_key(
+            kernel.fn.__name__, "fused", index, args, tuple(consts.values())
+        )
+    )
+    _launch.launch(
+        kernel, grid, args, consts, dict(OPTIONS, num_warps=warps), key, index
+    )
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
     if t.dtype != torch.bfloat16 or not t.is_contiguous():
-        raise ValueError(f"expected a contiguous bf16 tensor, got {t.dtype} {tuple(t.shape)}")
+        raise ValueError(
+            f"expected a contiguous bf16 tensor, got {t.dtype} {tuple(t.shape)}"
+        )
     return t.view(torch.int16)
 
 
-def add_rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float, delta: torch.Tensor | None = None, quantize: bool = True,
-                 write_h: bool = False, rows: torch.Tensor | None = None):
+def add_rms_norm(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    eps: float,
+    delta: torch.Tensor | None = None,
+    quantize: bool = True,
+    write_h: bool = False,
+    rows: torch.Tensor | None = None,
+):
     """x bf16 [T, n] (updated in place to bf16(x + delta) when delta is given), w bf16 [n].
     For each output row i (row rows[i] of x, or i): h = RMSNorm(x) (module docstring), and if
     `quantize` its per-token int8 quantization. Returns (h bf16 [R, n] or None, q int8 [R, n]
@@ -245,15 +350,43 @@ def add_rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float, delta: torch.Tens
     if r == 0:
         return h, q, s
     xb = _bits(x)
-    args = (xb, _bits(delta) if delta is not None else xb, _bits(w), _bits(h) if write_h else xb,
-            q if quantize else xb, s if quantize else xb, rows if rows is not None else xb, n, float(eps))
+    args = (
+        xb,
+        _bits(delta) if delta is not None else xb,
+        _bits(w),
+        _bits(h) if write_h else xb,
+        q if quantize else xb,
+        s if quantize else xb,
+        rows if rows is not None else xb,
+        n,
+        float(eps),
+    )
     block = row_block(n)
-    consts = {"BLOCK": block, "HAS_D": delta is not None, "WRITE_H": write_h, "QUANT": quantize, "ROW_MAP": rows is not None}
+    consts = {
+        "BLOCK": block,
+        "HAS_D": delta is not None,
+        "WRITE_H": write_h,
+        "QUANT": quantize,
+        "ROW_MAP": rows is not None,
+    }
     _launch_plain(_add_rms_norm_kernel, (r, 1, 1), args, consts, _warps(block), index)
     return h, q, s
 
 
-def qk_norm_rope(qkv, q_w, k_w, cos, sin, pos, rows, k_cache, v_cache, heads: int, kv_heads: int, eps: float) -> torch.Tensor:
+def qk_norm_rope(
+    qkv,
+    q_w,
+    k_w,
+    cos,
+    sin,
+    pos,
+    rows,
+    k_cache,
+    v_cache,
+    heads: int,
+    kv_heads: int,
+    eps: float,
+) -> torch.Tensor:
     """qkv bf16 [T, (H + 2 KV) * D] (q, k, v side by side); q_w, k_w bf16 [D]; cos, sin fp32
     [positions, D]; pos, rows int32 [T] (each token's position and its KV-cache row); caches
     bf16 [rows, KV, capacity, D]. Writes RoPE(RMSNorm(k)) and v to the cache at (row, pos) and
@@ -264,10 +397,36 @@ def qk_norm_rope(qkv, q_w, k_w, cos, sin, pos, rows, k_cache, v_cache, heads: in
     q = torch.empty((t, heads, d), dtype=torch.bfloat16, device=qkv.device)
     if t == 0:
         return q
-    args = (_bits(qkv), _bits(q_w), _bits(k_w), cos, sin, pos, rows, _bits(k_cache), _bits(v_cache), _bits(q),
-            k_cache.shape[2], float(eps))
-    consts = {"H": heads, "KV": kv_heads, "D": d, "HP": row_block(heads), "KVP": row_block(kv_heads)}
-    _launch_plain(_qk_norm_rope_kernel, (t, 1, 1), args, consts, 4, index)
+    args = (
+        _bits(qkv),
+        _bits(q_w),
+        _bits(k_w),
+        cos,
+        sin,
+        pos,
+        rows,
+        _bits(k_cache),
+        _bits(v_cache),
+        _bits(q),
+        k_cache.shape[2],
+        float(eps),
+    )
+    consts = {
+        "H": heads,
+        "KV": kv_heads,
+        "D": d,
+        "HP": row_block(heads),
+        "KVP": row_block(kv_heads),
+    }
+    # one warp per KV head (up to 8): each head's tree stays inside a warp (no block barriers)
+    _launch_plain(
+        _qk_norm_rope_kernel,
+        (t, 1, 1),
+        args,
+        consts,
+        min(8, row_block(kv_heads)),
+        index,
+    )
     return q
 
 
@@ -281,6 +440,15 @@ def silu_mul_quantize(gate_up: torch.Tensor):
     s = torch.empty((t, 1), dtype=torch.float32, device=gate_up.device)
     if t == 0:
         return q, s
-    block = row_block(n)
-    _launch_plain(_silu_mul_quantize_kernel, (t, 1, 1), (_bits(gate_up), q, s, n), {"BLOCK": block}, _warps(block), index)
+    act = torch.empty(
+        (t, n), dtype=torch.int16, device=gate_up.device
+    )  # bf16 bits of the product
+    _launch_plain(
+        _silu_mul_quantize_kernel,
+        (t, 1, 1),
+        (_bits(gate_up), act, q, s, n),
+        {"BLOCK_K": SILU_BLOCK_K},
+        4,
+        index,
+    )
     return q, s

@@ -50,8 +50,15 @@ def fast_supported(model) -> str | None:
     """Why `model` cannot run the fast path (None when it can)."""
     a = model.arch
     for i in range(a.layers):
-        for n in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
-                  "mlp.up_proj", "mlp.down_proj"):
+        for n in (
+            "self_attn.q_proj",
+            "self_attn.k_proj",
+            "self_attn.v_proj",
+            "self_attn.o_proj",
+            "mlp.gate_proj",
+            "mlp.up_proj",
+            "mlp.down_proj",
+        ):
             if f"model.layers.{i}.{n}" not in model.linears:
                 return f"model.layers.{i}.{n} is not quantized (the fast path runs W8A8 decoder layers only)"
     if (a.heads // a.kv_heads) > 64 or 64 % (a.heads // a.kv_heads):
@@ -73,7 +80,9 @@ def _stack(linears, names):
     w = torch.cat(ws).contiguous()
     s = torch.cat(ss).contiguous()
     a = 0
-    for n, part in zip(names, ws):  # the model's own entries become views of the stacked tensors (same values)
+    for n, part in zip(
+        names, ws
+    ):  # the model's own entries become views of the stacked tensors (same values)
         b = a + part.shape[0]
         linears[n] = (w[a:b], s[a:b])
         a = b
@@ -90,8 +99,12 @@ class _Decoder:
         self.tok = torch.zeros(bucket, dtype=torch.long, device=dev)
         self.pos = torch.zeros(bucket, dtype=torch.int32, device=dev)
         self.rows = torch.arange(bucket, dtype=torch.int32, device=dev)
-        self.blocks = torch.stack([self.rows, torch.ones_like(self.rows), self.rows], 1).contiguous()
-        self.logits = torch.empty(bucket, model.arch.vocab, dtype=torch.float32, device=dev)
+        self.blocks = torch.stack(
+            [self.rows, torch.ones_like(self.rows), self.rows], 1
+        ).contiguous()
+        self.logits = torch.empty(
+            bucket, model.arch.vocab, dtype=torch.float32, device=dev
+        )
         self.next = torch.zeros(bucket, dtype=torch.long, device=dev)
         self.fw = fw
         self.model = model
@@ -101,7 +114,17 @@ class _Decoder:
 
     def _step(self):
         fw, m = self.fw, self.model
-        fw.forward(m, self.tok, self.pos, self.rows, self.blocks, self.cache.k, self.cache.v, None, self.logits)
+        fw.forward(
+            m,
+            self.tok,
+            self.pos,
+            self.rows,
+            self.blocks,
+            self.cache.k,
+            self.cache.v,
+            None,
+            self.logits,
+        )
         self.next.copy_(torch.argmax(self.logits, dim=-1))
         self.tok.copy_(self.next)
         self.pos.add_(1)
@@ -111,7 +134,9 @@ class _Decoder:
             self._step()
             return
         if self.graph is None:
-            if self.eager_steps == 0:  # compiles and loads every kernel; a real step, same code
+            if (
+                self.eager_steps == 0
+            ):  # compiles and loads every kernel; a real step, same code
                 self.eager_steps += 1
                 self._step()
                 return
@@ -133,44 +158,89 @@ class FastWeights:
         self.layers = []
         for i in range(a.layers):
             p = f"model.layers.{i}."
-            qkv = _stack(lin, [p + "self_attn.q_proj", p + "self_attn.k_proj", p + "self_attn.v_proj"])
+            qkv = _stack(
+                lin,
+                [
+                    p + "self_attn.q_proj",
+                    p + "self_attn.k_proj",
+                    p + "self_attn.v_proj",
+                ],
+            )
             gu = _stack(lin, [p + "mlp.gate_proj", p + "mlp.up_proj"])
-            self.layers.append({
-                "in_norm": d[p + "input_layernorm.weight"].contiguous(),
-                "post_norm": d[p + "post_attention_layernorm.weight"].contiguous(),
-                "q_norm": d[p + "self_attn.q_norm.weight"].contiguous(),
-                "k_norm": d[p + "self_attn.k_norm.weight"].contiguous(),
-                "qkv": qkv, "o": lin[p + "self_attn.o_proj"], "gu": gu, "down": lin[p + "mlp.down_proj"]})
+            self.layers.append(
+                {
+                    "in_norm": d[p + "input_layernorm.weight"].contiguous(),
+                    "post_norm": d[p + "post_attention_layernorm.weight"].contiguous(),
+                    "q_norm": d[p + "self_attn.q_norm.weight"].contiguous(),
+                    "k_norm": d[p + "self_attn.k_norm.weight"].contiguous(),
+                    "qkv": qkv,
+                    "o": lin[p + "self_attn.o_proj"],
+                    "gu": gu,
+                    "down": lin[p + "mlp.down_proj"],
+                }
+            )
         self.final_norm = d["model.norm.weight"].contiguous()
         self.embed = d["model.embed_tokens.weight"]
         self.lm_quantized = "lm_head" in lin
-        self.lm_head = lin["lm_head"] if self.lm_quantized else d["lm_head.weight"].contiguous()
+        self.lm_head = (
+            lin["lm_head"] if self.lm_quantized else d["lm_head.weight"].contiguous()
+        )
         positions = torch.arange(model.max_length, device=model.device)
-        cos, sin = rope_tables(positions, a.head_dim, a.rope_theta)  # the reference path's tables
+        cos, sin = rope_tables(
+            positions, a.head_dim, a.rope_theta
+        )  # the reference path's tables
         self.cos = cos.reshape(model.max_length, a.head_dim).contiguous()
         self.sin = sin.reshape(model.max_length, a.head_dim).contiguous()
         self.decoders: dict = {}
 
     # -- one forward over packed tokens ------------------------------------------------------
-    def forward(self, model, ids, pos, rows, blocks, k_caches, v_caches, head_rows=None, out=None) -> torch.Tensor:
+    def forward(
+        self,
+        model,
+        ids,
+        pos,
+        rows,
+        blocks,
+        k_caches,
+        v_caches,
+        head_rows=None,
+        out=None,
+    ) -> torch.Tensor:
         """fp32 logits of the rows head_rows (all when None) of the packed tokens ids [T]:
         pos, rows int32 [T] (position and KV-cache row of each token), blocks int32 [NB, 3]
         (attention programs, see kernels/triton/attention.py). K/V go to the caches."""
         from requant.kernels.triton.attention import attention
         from requant.kernels.triton.dense import dense
-        from requant.kernels.triton.fused import add_rms_norm, qk_norm_rope, silu_mul_quantize
+        from requant.kernels.triton.fused import (
+            add_rms_norm,
+            qk_norm_rope,
+            silu_mul_quantize,
+        )
 
         a = model.arch
-        be, act = model.backend, model.act_backend
+        be = model.backend
+        act = "triton"  # the o_proj input: the Triton quantizer (the same bits as every backend; no host copies)
         eps = a.eps
-        scale = a.head_dim ** -0.5
+        scale = a.head_dim**-0.5
         x = self.embed[ids].to(torch.bfloat16).contiguous()
         delta = None
         for i, w in enumerate(self.layers):
             _, q8, s8 = add_rms_norm(x, w["in_norm"], eps, delta=delta)
             qkv = kernels.scaled_mm(q8, w["qkv"][0], s8, w["qkv"][1], backend=be)
-            q = qk_norm_rope(qkv, w["q_norm"], w["k_norm"], self.cos, self.sin, pos, rows, k_caches[i], v_caches[i],
-                             a.heads, a.kv_heads, eps)
+            q = qk_norm_rope(
+                qkv,
+                w["q_norm"],
+                w["k_norm"],
+                self.cos,
+                self.sin,
+                pos,
+                rows,
+                k_caches[i],
+                v_caches[i],
+                a.heads,
+                a.kv_heads,
+                eps,
+            )
             att = attention(q, k_caches[i], v_caches[i], pos, blocks, scale)
             qa, sa = kernels.quantize_activations(att, backend=act, check=False)
             o = kernels.scaled_mm(qa, w["o"][0], sa, w["o"][1], backend=be)
@@ -178,10 +248,19 @@ class FastWeights:
             gu = kernels.scaled_mm(q8, w["gu"][0], s8, w["gu"][1], backend=be)
             qm, sm = silu_mul_quantize(gu)
             delta = kernels.scaled_mm(qm, w["down"][0], sm, w["down"][1], backend=be)
-        h, q8, s8 = add_rms_norm(x, self.final_norm, eps, delta=delta, quantize=self.lm_quantized,
-                                 write_h=not self.lm_quantized, rows=head_rows)
+        h, q8, s8 = add_rms_norm(
+            x,
+            self.final_norm,
+            eps,
+            delta=delta,
+            quantize=self.lm_quantized,
+            write_h=not self.lm_quantized,
+            rows=head_rows,
+        )
         if self.lm_quantized:
-            logits = kernels.scaled_mm(q8, self.lm_head[0], s8, self.lm_head[1], backend=be).to(torch.float32)
+            logits = kernels.scaled_mm(
+                q8, self.lm_head[0], s8, self.lm_head[1], backend=be
+            ).to(torch.float32)
             if out is not None:
                 out.copy_(logits)
                 return out
@@ -213,11 +292,17 @@ class FastWeights:
         head_rows = None
         if last_only and len(last) != off:  # every sequence one token: all rows already
             head_rows = torch.tensor(last, dtype=torch.int32).to(dev)
-        return self.forward(model, ids, pos_t, rows_t, blocks_t, k_caches, v_caches, head_rows)
+        return self.forward(
+            model, ids, pos_t, rows_t, blocks_t, k_caches, v_caches, head_rows
+        )
 
-    def prefill(self, model, prompts, cache=None, last_only: bool = False) -> torch.Tensor:
+    def prefill(
+        self, model, prompts, cache=None, last_only: bool = False
+    ) -> torch.Tensor:
         a = model.arch
-        if cache is None:  # one layer's scratch K/V, reused by every layer (nothing is kept)
+        if (
+            cache is None
+        ):  # one layer's scratch K/V, reused by every layer (nothing is kept)
             cap = 1 << max(max(len(p) for p in prompts) - 1, 0).bit_length()
             shape = (len(prompts), a.kv_heads, cap, a.head_dim)
             k = torch.empty(shape, dtype=torch.bfloat16, device=model.device)
@@ -225,7 +310,9 @@ class FastWeights:
             kc, vc = [k] * a.layers, [v] * a.layers
         else:
             kc, vc = cache.k, cache.v
-        out = self.run(model, [(j, 0, p) for j, p in enumerate(prompts)], kc, vc, last_only)
+        out = self.run(
+            model, [(j, 0, p) for j, p in enumerate(prompts)], kc, vc, last_only
+        )
         if cache is not None:
             cache.lengths[: len(prompts)] = [len(p) for p in prompts]
         return out
@@ -236,7 +323,9 @@ class FastWeights:
         seqs = [(j, cache.lengths[j], c) for j, c in enumerate(chunks) if len(c)]
         top = max(cache.lengths[j] + len(c) for j, c in enumerate(chunks))
         if top > cache.capacity:
-            raise ValueError(f"KV cache full: {top} positions > capacity {cache.capacity}")
+            raise ValueError(
+                f"KV cache full: {top} positions > capacity {cache.capacity}"
+            )
         out = self.run(model, seqs, cache.k, cache.v, last_only=False)
         for j, c in enumerate(chunks):
             cache.lengths[j] += len(c)
@@ -245,9 +334,13 @@ class FastWeights:
     def decode_step(self, model, tokens, cache) -> torch.Tensor:
         longest = max(cache.lengths) + 1
         if longest > cache.capacity:
-            raise ValueError(f"KV cache full: {longest} positions > capacity {cache.capacity}")
+            raise ValueError(
+                f"KV cache full: {longest} positions > capacity {cache.capacity}"
+            )
         tokens = tokens.reshape(-1)
-        seqs = [(j, cache.lengths[j], tokens[j:j + 1]) for j in range(len(cache.lengths))]
+        seqs = [
+            (j, cache.lengths[j], tokens[j : j + 1]) for j in range(len(cache.lengths))
+        ]
         out = self.run(model, seqs, cache.k, cache.v, last_only=True)
         cache.lengths = [n + 1 for n in cache.lengths]
         return out
@@ -264,7 +357,15 @@ class FastWeights:
         self.decoders[key] = dec  # most recent last
         return dec
 
-    def generate(self, model, tensors, max_new_tokens: int, eos: set, keep_logits: bool, graphs: bool):
+    def generate(
+        self,
+        model,
+        tensors,
+        max_new_tokens: int,
+        eos: set,
+        keep_logits: bool,
+        graphs: bool,
+    ):
         from requant.runtime.model import Generation, _pow2_at_least
 
         b = len(tensors)
@@ -277,7 +378,9 @@ class FastWeights:
         dec.tok.zero_()
         dec.tok[:b] = first
         dec.pos.zero_()
-        dec.pos[:b] = torch.tensor([len(t) for t in tensors], dtype=torch.int32).to(model.device)
+        dec.pos[:b] = torch.tensor([len(t) for t in tensors], dtype=torch.int32).to(
+            model.device
+        )
         steps_ids = [first]
         steps_logits = [logits] if keep_logits else []
         for step in range(1, max_new_tokens):
