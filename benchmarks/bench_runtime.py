@@ -386,6 +386,10 @@ def main_synthetic(args, argv) -> int:
 
         cutlass.build()
         record["cutlass_build_s"] = round(time.perf_counter() - t, 2)
+    if len(args.backends) > 1 and not args.no_invariance:
+        record["determinism_default"] = fast.users(args.backends)
+        log(f"requant determinism on the default, per engine: {record['determinism_default']}")
+        flush()
     for name in args.synthetic.split(","):
         t = time.perf_counter()
         record["shapes"].append(fast.bench_shape(name, args, log))

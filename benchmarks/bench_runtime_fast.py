@@ -52,6 +52,20 @@ def _time(fn, reps: int) -> list[float]:
     return out
 
 
+def _per_call(fn, reps: int, n: int = 20) -> list[float]:
+    """Seconds per call of fn, n calls back to back per repetition (kernel time, not one sync)."""
+    fn()
+    out = []
+    for _ in range(reps):
+        _sync()
+        t = time.perf_counter()
+        for _ in range(n):
+            fn()
+        _sync()
+        out.append((time.perf_counter() - t) / n)
+    return out
+
+
 def _stats(work: float, secs: list[float]) -> dict:
     v = [work / s for s in secs]
     return {"median": statistics.median(v), "min": min(v), "max": max(v)}
@@ -381,8 +395,8 @@ def prices(model, reps: int) -> dict:
         rows = {}
         for m in (1, 64, 2048):
             x = torch.randn(m, a.hidden, device="cuda").to(torch.bfloat16)
-            fixed = _time(lambda x=x: dense(x, w), reps)
-            free = _time(lambda x=x: torch.matmul(x, w.T), reps)
+            fixed = _per_call(lambda x=x: dense(x, w), reps)
+            free = _per_call(lambda x=x: torch.matmul(x, w.T), reps)
             rows[m] = {"fixed_tile_ms": _ms(fixed), "cublas_bf16_ms": _ms(free)}
         out["lm_head"] = rows
     t = 2048
@@ -396,21 +410,83 @@ def prices(model, reps: int) -> dict:
         dtype=torch.int32,
         device="cuda",
     )
-    ours = _time(lambda: attention(q, kc, vc, pos, blocks, a.head_dim**-0.5), reps)
+    ours = _per_call(lambda: attention(q, kc, vc, pos, blocks, a.head_dim**-0.5), reps)
     qh = q.transpose(0, 1)[None]
     kh, vh = kc, vc
-    sdpa = _time(
+    sdpa = _per_call(
         lambda: torch.nn.functional.scaled_dot_product_attention(
             qh, kh, vh, is_causal=True, enable_gqa=True
         ),
         reps,
     )
     out["attention_2048"] = {"ours_ms": _ms(ours), "sdpa_ms": _ms(sdpa)}
+    sweep = {}
+    g = a.heads // a.kv_heads
+    for tile in ((64, 64, 4, 3), (128, 64, 8, 2), (128, 64, 8, 3), (128, 128, 8, 2)):
+        per_t = tile[0] // g
+        blk = torch.tensor(
+            [(i, min(per_t, t - i), 0) for i in range(0, t, per_t)],
+            dtype=torch.int32,
+            device="cuda",
+        )
+        try:
+            attention(q, kc, vc, pos, blk, a.head_dim**-0.5, tile=tile)
+            sweep[str(tile)] = _ms(
+                _per_call(
+                    lambda blk=blk, tile=tile: attention(
+                        q, kc, vc, pos, blk, a.head_dim**-0.5, tile=tile
+                    ),
+                    reps,
+                )
+            )
+        except Exception as exc:  # noqa: BLE001 (a tile that does not compile: shared memory)
+            sweep[str(tile)] = f"failed: {type(exc).__name__}"
+    out["attention_2048"]["other_tiles_ms (BLOCK_M, BLOCK_N, warps, stages)"] = sweep
     x = torch.randn(t, a.hidden, device="cuda").to(torch.bfloat16)
     nw = torch.ones(a.hidden, dtype=torch.bfloat16, device="cuda")
-    tree = _time(lambda: add_rms_norm(x, nw, a.eps, quantize=False, write_h=True), reps)
-    free = _time(lambda: torch.nn.functional.rms_norm(x, (a.hidden,), nw, a.eps), reps)
+    tree = _per_call(
+        lambda: add_rms_norm(x, nw, a.eps, quantize=False, write_h=True), reps
+    )
+    free = _per_call(
+        lambda: torch.nn.functional.rms_norm(x, (a.hidden,), nw, a.eps), reps
+    )
     out["rms_norm_2048"] = {"tree_kernel_ms": _ms(tree), "torch_rms_norm_ms": _ms(free)}
+    return out
+
+
+def users(backends) -> dict:
+    """`requant determinism`'s measurement (requant.determinism.run_determinism: 8 prompts x 64
+    tokens, both regimes, both backends, batch and alone) on the embedded default, with the
+    models loaded on each engine: wall seconds and the verdicts."""
+    from requant import DEFAULT_CHECKPOINT
+    from requant.checkpoint import open_checkpoint
+    from requant.determinism import run_determinism
+    from requant.runtime import load_model
+
+    ckpt = open_checkpoint(DEFAULT_CHECKPOINT)
+    out = {}
+    for engine in ("reference", "fast", "fast (again, warm)"):
+        eng = engine.split()[0]
+        models = {
+            r: load_model(
+                ckpt,
+                regime=r,
+                backend=backends[0],
+                act_backend="triton",
+                device="cuda",
+                engine=eng,
+            )
+            for r in ("native", "pow2")
+        }
+        t = time.perf_counter()
+        det = run_determinism(
+            ckpt, tuple(backends), 8, 64, "cuda", act_backend="triton", models=models
+        )
+        out[engine] = {
+            "seconds": round(time.perf_counter() - t, 2),
+            "summary": det["summary"],
+            "batch_invariant": det["batch_invariant"],
+        }
     return out
 
 
@@ -553,6 +629,16 @@ def markdown(record: dict) -> str:
         ),
         "",
     ]
+    if record.get("determinism_default"):
+        lines += [
+            "`requant determinism` (run_determinism, embedded default, 8 prompts x 64 tokens, both regimes and "
+            "backends, batch and alone) per engine: "
+            + "; ".join(
+                f"{k}: {v['seconds']} s, {v['summary']}, batch-invariant {v['batch_invariant']}"
+                for k, v in record["determinism_default"].items()
+            ),
+            "",
+        ]
     for e in record["shapes"]:
         lines += [
             f"## {e['shape']}",

@@ -153,8 +153,12 @@ def attention(
     pos: torch.Tensor,
     blocks: torch.Tensor,
     scale: float,
+    tile: tuple[int, int, int, int] | None = None,
 ) -> torch.Tensor:
-    """See the module docstring. Returns bf16 [T, H * D]."""
+    """See the module docstring. Returns bf16 [T, H * D]. `tile` = (BLOCK_M, BLOCK_N, warps,
+    stages) overrides the fixed tile for the benchmark's price-of-invariance sweep only (blocks
+    must then hold BLOCK_M // G tokens at most); the runtime never passes it."""
+    bm, bn, warps, stages = tile or (BLOCK_M, BLOCK_N, NUM_WARPS, NUM_STAGES)
     index = _launch.device_index(q)
     t, heads, d = q.shape
     kv = k_cache.shape[1]
@@ -178,15 +182,15 @@ def attention(
         "KV": kv,
         "D": d,
         "G": g,
-        "BLOCK_M": BLOCK_M,
-        "BLOCK_N": BLOCK_N,
+        "BLOCK_M": bm,
+        "BLOCK_N": bn,
         "INTERPRET": _launch.INTERPRET,
     }
     key = (
         None
         if index is None or _launch.INTERPRET
         else _launch.launch_key(
-            "attention", "fixed", index, args, tuple(consts.values())
+            "attention", (warps, stages), index, args, tuple(consts.values())
         )
     )
     _launch.launch(
@@ -194,7 +198,7 @@ def attention(
         (blocks.shape[0], kv, 1),
         args,
         consts,
-        {"num_warps": NUM_WARPS, "num_stages": NUM_STAGES},
+        {"num_warps": warps, "num_stages": stages},
         key,
         index,
     )
