@@ -37,6 +37,14 @@ import torch
 from requant.runtime.fast import BUCKETS
 
 
+def _guard(fn, *args):
+    """fn(*args), or {"error": ...}: a failing section is recorded and the benchmark goes on."""
+    try:
+        return fn(*args)
+    except Exception as exc:  # noqa: BLE001 (recorded in the results, never hidden)
+        return {"error": f"{type(exc).__name__}: {exc}"[:500]}
+
+
 def _sync():
     torch.cuda.synchronize()
 
@@ -553,8 +561,8 @@ def bench_shape(name: str, args, log) -> dict:
             )
         )
         if key in ("1x2048", "8x512"):
-            entry.setdefault("prefill_profile", {})[key] = prefill_profile(
-                base, prompts
+            entry.setdefault("prefill_profile", {})[key] = _guard(
+                prefill_profile, base, prompts
             )
     for bsz in args.batches:
         prompts = [
@@ -599,16 +607,19 @@ def bench_shape(name: str, args, log) -> dict:
             )
         )
         if bsz in (1, 64):
-            entry["decode_profile"][f"b{bsz}"] = decode_profile(base, prompts)
+            entry["decode_profile"][f"b{bsz}"] = _guard(decode_profile, base, prompts)
     hf = None
     gc.collect()
     torch.cuda.empty_cache()
     if args.invariance:
-        entry["invariance"] = invariance(
-            base, args.backends[1] if len(args.backends) > 1 else None, a.vocab
+        entry["invariance"] = _guard(
+            invariance,
+            base,
+            args.backends[1] if len(args.backends) > 1 else None,
+            a.vocab,
         )
         log(f"{name} invariance: {entry['invariance']}")
-    entry["prices"] = prices(base, args.reps)
+    entry["prices"] = _guard(prices, base, args.reps)
     log(f"{name} prices: {entry['prices']}")
     base._fast.decoders.clear()
     return entry
@@ -629,7 +640,10 @@ def markdown(record: dict) -> str:
         ),
         "",
     ]
-    if record.get("determinism_default"):
+    if (
+        record.get("determinism_default")
+        and "error" not in record["determinism_default"]
+    ):
         lines += [
             "`requant determinism` (run_determinism, embedded default, 8 prompts x 64 tokens, both regimes and "
             "backends, batch and alone) per engine: "
@@ -690,17 +704,23 @@ def markdown(record: dict) -> str:
                     )
             lines.append("")
         for b, prof in e.get("prefill_profile", {}).items():
-            total = sum(prof.values())
+            total = sum(v for v in prof.values() if isinstance(v, float))
             lines += [
                 f"Prefill {b} GPU time ({e.get('profile_backend')}): {total:.2f} ms: "
-                + "; ".join(f"{k} {v:.2f}" for k, v in prof.items()),
+                + "; ".join(
+                    f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}"
+                    for k, v in prof.items()
+                ),
                 "",
             ]
         for b, prof in e.get("decode_profile", {}).items():
-            total = sum(prof.values())
+            total = sum(v for v in prof.values() if isinstance(v, float))
             lines += [
                 f"Decode GPU time per eager step ({e.get('profile_backend', 'cutlass')}), {b}: {total:.2f} ms: "
-                + "; ".join(f"{k} {v:.2f}" for k, v in prof.items()),
+                + "; ".join(
+                    f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}"
+                    for k, v in prof.items()
+                ),
                 "",
             ]
         if e.get("invariance"):
