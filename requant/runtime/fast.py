@@ -279,6 +279,10 @@ class FastWeights:
         off = 0
         for row, start, ids in seqs:
             n = len(ids)
+            if start + n > model.max_length:  # the RoPE tables end there
+                raise ValueError(
+                    f"position {start + n - 1} is beyond max_length {model.max_length}"
+                )
             pos.extend(range(start, start + n))
             rows.extend([row] * n)
             blocks.extend((off + i, min(per, n - i), row) for i in range(0, n, per))

@@ -206,3 +206,40 @@ def test_alone_equals_in_the_batch_and_is_close_to_the_reference(micro_fast):
     o, r = torch.cat(batch), torch.cat(ref)
     assert float((o - r).pow(2).mean().sqrt() / r.std()) <= 0.05
     assert float((o.argmax(-1) == r.argmax(-1)).float().mean()) >= 0.9
+
+
+def test_engine_choice_and_refusals(micro_fast, tmp_path):
+    m = micro_fast
+    with pytest.raises(ValueError, match="engine must be one of"):
+        m.with_backends(engine="turbo")
+    ref = m.with_backends(engine="reference")
+    assert not ref.fast
+    with pytest.raises(ValueError, match="extend needs the fast engine"):
+        ref.extend([[1, 2]], ref.new_cache(1, 8))
+    cache = m.new_cache(1, 8)
+    with pytest.raises(ValueError, match="KV cache full"):
+        m.extend([list(range(9))], cache)
+    big = m.new_cache(1, 2 * m.max_length)
+    with pytest.raises(ValueError, match="beyond max_length"):
+        m.extend([[1] * (m.max_length + 1)], big)
+
+
+def test_capture_runs_the_reference_engine(micro_fast):
+    """The audit's capture needs every Linear's operands: logits(capture=...) on the fast
+    engine is the reference engine's computation (same bits), and it records each input."""
+
+    class Rec:
+        def __init__(self):
+            self.names = []
+
+        def record(self, names, q, s):
+            self.names.append(names)
+
+    rec = Rec()
+    prompts = [[3, 4, 5, 6], [7]]
+    got = micro_fast.logits(prompts, capture=rec)
+    want = micro_fast.with_backends(engine="reference").logits(prompts)
+    assert all(same(a, b) for a, b in zip(got, want))
+    assert len(rec.names) == 4 * micro_fast.arch.layers + (
+        "lm_head" in micro_fast.linears
+    )
