@@ -49,7 +49,10 @@ class Generation:
 
 class Model:
     """A Qwen3 on one device: dense bf16 tensors, one regime's quantized Linears (none for
-    a bf16 model), a GEMM backend and an activation-quantization backend by name."""
+    a bf16 model), a GEMM backend and an activation-quantization backend by name, and an
+    engine: "reference" (this module's torch ops), "fast" (requant/runtime/fast.py: fused
+    Triton kernels, CUDA graphs; its activation quantization is always its own Triton kernels,
+    the same bits as every act backend) or "auto" (fast on CUDA when the model allows it)."""
 
     def __init__(self, config: dict, dense: dict[str, torch.Tensor], linears: dict[str, tuple[torch.Tensor, torch.Tensor]], *,
                  backend: str = "reference-triton-order", act_backend: str = "reference", regime: str = "native",
