@@ -28,6 +28,12 @@ quantize_activations call checks its input for NaN/inf on the host (one device s
 call). Activation quantization: --act-backend (default triton on CUDA, reference on CPU;
 both give the same bits).
 Writes DIR/bench_runtime.json (as it goes) and DIR/bench_runtime.md; progress on stderr.
+
+--synthetic qwen3-1.7b,qwen3-8b runs the fast engine's benchmark instead (random weights made
+on the GPU, no checkpoint; benchmarks/bench_runtime_fast.py says what it measures): prefill
+1 x 2048 / 8 x 512 / mixed, decode with CUDA graphs and eagerly, transformers bf16 in the same
+process, the invariance checks and the price of each invariance. Writes
+DIR/bench_runtime_fast.json and .md.
 """
 
 from __future__ import annotations
@@ -303,7 +309,14 @@ def main(argv=None) -> int:
     ap.add_argument("--det-new-tokens", type=int, default=32)
     ap.add_argument("--no-transformers", action="store_true", help="skip the transformers bf16 baseline")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: 1 on CPU)")
+    ap.add_argument("--synthetic", default=None, help="fast-engine benchmark on random GPU weights of these presets")
+    ap.add_argument("--steps", type=int, default=32, help="--synthetic: timed decode steps")
+    ap.add_argument("--hbm", type=float, default=4.8e12, help="--synthetic: HBM bytes/s for the weight-read bound (H200)")
+    ap.add_argument("--reference", action="store_true", help="--synthetic: also time the reference engine (before)")
+    ap.add_argument("--no-invariance", action="store_true", help="--synthetic: skip the invariance checks")
     args = ap.parse_args(argv)
+    if args.synthetic:
+        return main_synthetic(args, argv)
 
     from requant import DEFAULT_CHECKPOINT
     from requant.backends import environment, parse_backends
@@ -347,6 +360,53 @@ def main(argv=None) -> int:
     flush()
     (out / "bench_runtime.md").write_text(markdown(record))
     print(markdown(record))
+    return 0
+
+
+def main_synthetic(args, argv) -> int:
+    import bench_runtime_fast as fast
+
+    from requant.audit.suite import environment, parse_backends
+
+    args.backends = list(parse_backends(args.backends or "cutlass,triton"))
+    args.invariance = not args.no_invariance
+    args.batches = [int(x) for x in args.batches.split(",") if x]
+    if args.prompt_len == 16:
+        args.prompt_len = 128
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    record = {"tool": "benchmarks/bench_runtime.py --synthetic",
+              "command": " ".join(["python3", "benchmarks/bench_runtime.py"] + (argv or sys.argv[1:])),
+              "commit": os.environ.get("REQUANT_COMMIT"), "environment": environment("cuda"),
+              "settings": {k: getattr(args, k) for k in ("backends", "batches", "prompt_len", "steps", "reps", "hbm")},
+              "shapes": []}
+
+    def flush():
+        tmp = out / ".bench_runtime_fast.json.tmp"
+        tmp.write_text(json.dumps(record, indent=1) + "\n")
+        os.replace(tmp, out / "bench_runtime_fast.json")
+
+    if "cutlass" in args.backends:
+        t = time.perf_counter()
+        from requant.kernels import cutlass
+
+        cutlass.build()
+        record["cutlass_build_s"] = round(time.perf_counter() - t, 2)
+    if len(args.backends) > 1 and not args.no_invariance:
+        record["determinism_default"] = fast._guard(fast.users, args.backends)
+        log(f"requant determinism on the default, per engine: {record['determinism_default']}")
+        flush()
+    for name in args.synthetic.split(","):
+        t = time.perf_counter()
+        record["shapes"].append(fast.bench_shape(name, args, log))
+        record["shapes"][-1]["seconds"] = round(time.perf_counter() - t, 1)
+        flush()
+        gc.collect()
+        torch.cuda.empty_cache()
+    record["wall_seconds"] = round(time.perf_counter() - T0, 2)
+    flush()
+    (out / "bench_runtime_fast.md").write_text(fast.markdown(record))
+    print(fast.markdown(record))
     return 0
 
 

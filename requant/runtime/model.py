@@ -18,6 +18,7 @@ from requant.runtime.weights import (DENSE_LINEAR, REGIMES, Bf16Dir, arch_from_c
                                      load_dense, load_linears)
 
 REDUCTIONS = ("auto", "torch", "tree")
+ENGINES = ("auto", "fast", "reference")
 
 
 def _pow2_at_least(n: int) -> int:
@@ -48,11 +49,14 @@ class Generation:
 
 class Model:
     """A Qwen3 on one device: dense bf16 tensors, one regime's quantized Linears (none for
-    a bf16 model), a GEMM backend and an activation-quantization backend by name."""
+    a bf16 model), a GEMM backend and an activation-quantization backend by name, and an
+    engine: "reference" (this module's torch ops), "fast" (requant/runtime/fast.py: fused
+    Triton kernels, CUDA graphs; its activation quantization is always its own Triton kernels,
+    the same bits as every act backend) or "auto" (fast on CUDA when the model allows it)."""
 
     def __init__(self, config: dict, dense: dict[str, torch.Tensor], linears: dict[str, tuple[torch.Tensor, torch.Tensor]], *,
                  backend: str = "reference-triton-order", act_backend: str = "reference", regime: str = "native",
-                 path: str | Path | None = None, tokenizer=None, reduction: str = "auto"):
+                 path: str | Path | None = None, tokenizer=None, reduction: str = "auto", engine: str = "auto"):
         self.config = config
         self.arch = arch_from_config(config)
         self.dense = dense
@@ -70,6 +74,31 @@ class Model:
         self.tree = reduction == "tree" or (reduction == "auto" and self.device.type != "cpu")
         self._tokenizer = tokenizer
         self._fp32: dict[str, torch.Tensor] = {}  # fp32 copies of dense Linear weights (shared by variants)
+        if engine not in ENGINES:
+            raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+        self.engine = engine
+        self._fast = None  # FastWeights, built on first use (shared by with_backends copies)
+
+    @property
+    def fast(self) -> bool:
+        """Whether this model runs the fast path (engine "fast", or "auto" on CUDA when it can)."""
+        if self.engine == "reference":
+            return False
+        why = self.__dict__.get("_fast_why", False)
+        if why is False:
+            from requant.runtime.fast import fast_supported
+
+            why = self._fast_why = fast_supported(self)
+        if why is not None and self.engine == "fast":
+            raise ValueError(f"the fast engine cannot run this model: {why}")
+        return why is None and (self.engine == "fast" or self.device.type == "cuda")
+
+    def _fastw(self):
+        if self._fast is None:
+            from requant.runtime.fast import FastWeights
+
+            self._fast = FastWeights(self)
+        return self._fast
 
     # -- properties ---------------------------------------------------------------------
     @property
@@ -84,9 +113,15 @@ class Model:
             self._tokenizer = load_tokenizer(self.path, self.arch.vocab)
         return self._tokenizer
 
-    def with_backends(self, backend: str | None = None, act_backend: str | None = None) -> "Model":
-        """The same weights (shared, not copied) with other backends."""
+    def with_backends(self, backend: str | None = None, act_backend: str | None = None, engine: str | None = None) -> "Model":
+        """The same weights (shared, not copied) with other backends (or another engine)."""
+        if engine is not None and engine not in ENGINES:
+            raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+        if self._fast is None and (engine or self.engine) != "reference" and self.fast:
+            self._fastw()  # built once, before the copy, so that every variant shares it
         m = copy.copy(self)
+        if engine is not None:
+            m.engine = engine
         if backend is not None:
             if backend not in kernels.scaled_mm_backends():
                 raise ValueError(f"unknown scaled_mm backend {backend!r}; known: {', '.join(kernels.scaled_mm_backends())}")
@@ -154,6 +189,8 @@ class Model:
         """Packed prefill of 1-D id tensors. Returns fp32 logits [sum T, vocab] (last_only:
         [B, vocab], each prompt's last position). With a cache, each prompt's keys and
         values go to its row of the cache and its length is set."""
+        if capture is None and self.fast:
+            return self._fastw().prefill(self, prompts, cache=cache, last_only=last_only)
         sh = self.arch
         lens = [len(p) for p in prompts]
         bounds, s = [], 0
@@ -185,6 +222,8 @@ class Model:
     def decode_step(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """One new token per sequence of the cache (tokens [B] ids, at position = its
         length); appends to the cache and returns fp32 logits [B, vocab]."""
+        if self.fast:
+            return self._fastw().decode_step(self, tokens, cache)
         sh = self.arch
         dev = self.device
         b = len(cache.lengths)
@@ -237,8 +276,21 @@ class Model:
         sh = self.arch
         return KVCache(sh.layers, batch, sh.kv_heads, capacity, sh.head_dim, self.device)
 
-    def generate(self, prompts, max_new_tokens: int = 64, eos_id=None, keep_logits: bool = False) -> Generation:
-        """Greedy decoding with a KV cache (see greedy); keep_logits also returns each step's logits."""
+    def extend(self, chunks, cache: KVCache) -> torch.Tensor:
+        """Fast engine only: append chunk j (token ids) to row j of the cache, after its cached
+        positions (chunked prefill after a cached prefix); fp32 logits [sum of chunk lengths,
+        vocab] of every chunk token, in order. The logits are the same bits as prefilling the
+        whole sequence (see requant/runtime/fast.py)."""
+        if not self.fast:
+            raise ValueError("extend needs the fast engine")
+        with torch.no_grad():
+            return self._fastw().extend(self, [torch.as_tensor(c, dtype=torch.long).reshape(-1) for c in chunks], cache)
+
+    def generate(self, prompts, max_new_tokens: int = 64, eos_id=None, keep_logits: bool = False,
+                 graphs: bool = True) -> Generation:
+        """Greedy decoding with a KV cache (see greedy); keep_logits also returns each step's
+        logits. graphs: on the fast engine on CUDA, replay decode steps from CUDA graphs
+        (False: the same kernels launched eagerly; the same bits)."""
         tensors = self._as_tensors(prompts)
         if max_new_tokens < 0:
             raise ValueError("max_new_tokens must be >= 0")
@@ -249,6 +301,9 @@ class Model:
         gen = Generation([[] for _ in tensors])
         if max_new_tokens == 0:
             return gen
+        if self.fast:
+            with torch.no_grad():
+                return self._fastw().generate(self, tensors, max_new_tokens, eos, keep_logits, graphs)
         cache = self.new_cache(len(tensors), _pow2_at_least(longest))
         done = [False] * len(tensors)
         with torch.no_grad():
@@ -275,13 +330,16 @@ class Model:
 
 
 def load_model(src, regime: str = "native", backend: str = "reference-triton-order", act_backend: str = "reference",
-               device="cpu", *, revision: str | None = None, share: Model | None = None, reduction: str = "auto") -> Model:
+               device="cpu", *, revision: str | None = None, share: Model | None = None, reduction: str = "auto",
+               engine: str = "auto") -> Model:
     """A Model from a W8A8 checkpoint (directory, Hub id or requant.checkpoint.Checkpoint)
     in one regime, or from a plain bf16 Qwen3 directory (no quantization_config: every
     Linear dense, regime "bf16"). share: a Model of the same checkpoint whose dense tensors
     (embeddings, norms, dense lm_head and its fp32 copy) this one reuses instead of reading
     them again (e.g. pow2 next to native). reduction: the RMSNorm reduction, "auto" (tree
-    sums on CUDA, torch's reduction on the CPU), "torch" or "tree" (see the package docstring)."""
+    sums on CUDA, torch's reduction on the CPU), "torch" or "tree" (see the package docstring).
+    engine: "auto" (the fast path on CUDA for a W8A8 checkpoint, else the reference path),
+    "fast" or "reference" (see requant/runtime/fast.py)."""
     if backend not in kernels.scaled_mm_backends():
         raise ValueError(f"unknown scaled_mm backend {backend!r}; known: {', '.join(kernels.scaled_mm_backends())}")
     dev = torch.device(device)
@@ -301,7 +359,8 @@ def load_model(src, regime: str = "native", backend: str = "reference-triton-ord
                     raise ValueError(f"{cfg_path}: a bf16 checkpoint (no quantization_config) has no scales for regime {regime!r}")
                 bdir = Bf16Dir(p, cfg)
                 dense = share.dense if share is not None else load_bf16_dense(bdir, dev)
-                m = Model(cfg, dense, {}, backend=backend, act_backend=act_backend, regime="bf16", path=p, reduction=reduction)
+                m = Model(cfg, dense, {}, backend=backend, act_backend=act_backend, regime="bf16", path=p, reduction=reduction,
+                          engine=engine)
                 if share is not None:
                     m._fp32 = share._fp32
                 return m
@@ -313,7 +372,7 @@ def load_model(src, regime: str = "native", backend: str = "reference-triton-ord
     check_layout(ckpt)
     dense = share.dense if share is not None else load_dense(ckpt, dev)
     m = Model(ckpt.config, dense, load_linears(ckpt, regime, dev), backend=backend, act_backend=act_backend,
-              regime=regime, path=getattr(ckpt, "path", None), reduction=reduction)
+              regime=regime, path=getattr(ckpt, "path", None), reduction=reduction, engine=engine)
     if share is not None:
         m._fp32 = share._fp32
         m._tokenizer = share._tokenizer
