@@ -366,7 +366,7 @@ def main(argv=None) -> int:
 def main_synthetic(args, argv) -> int:
     import bench_runtime_fast as fast
 
-    from requant.audit.suite import environment, parse_backends
+    from requant.backends import environment, parse_backends
 
     args.backends = list(parse_backends(args.backends or "cutlass,triton"))
     args.invariance = not args.no_invariance
