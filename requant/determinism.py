@@ -96,12 +96,13 @@ def work_units(n_prompts: int, regimes: int = 2) -> int:
 
 def run_determinism(ckpt, backends: tuple[str, str], n_prompts: int = 8, new_tokens: int = 64, device: str = "cpu",
                     act_backend: str = "reference", reduction: str = "auto", advance=None, on_phase=None,
-                    models: dict | None = None, identity: dict | None = None) -> dict:
+                    models: dict | None = None, identity: dict | None = None, engine: str = "auto") -> dict:
     """The whole measurement on an opened checkpoint (requant.checkpoint.Checkpoint).
     models: already loaded {"native": Model, "pow2": Model} of this checkpoint (the
     benchmark's), used with backends set by name instead of loading the weights again.
     identity: requant.evidence.identity.checkpoint_identity(ckpt) when the caller computed it
-    already (the command does, before the run); computed here otherwise."""
+    already (the command does, before the run); computed here otherwise. engine: the runtime
+    engine of the models loaded here ("auto": the fast engine on CUDA; requant.runtime)."""
     from requant.backends import environment
     from requant.evidence.identity import checkpoint_identity
     from requant.runtime import check_layout, load_model
@@ -118,7 +119,8 @@ def run_determinism(ckpt, backends: tuple[str, str], n_prompts: int = 8, new_tok
     models = dict(models or {})
     if "native" not in models:
         say(f"native: loading to {device}")
-        models["native"] = load_model(ckpt, regime="native", backend=backends[0], act_backend=act_backend, device=device, reduction=reduction)
+        models["native"] = load_model(ckpt, regime="native", backend=backends[0], act_backend=act_backend, device=device,
+                                      reduction=reduction, engine=engine)
     native = models["native"].with_backends(backends[0], act_backend)
     tok = native.tokenizer
     token_lists = [tok.encode(t) for t in texts]
@@ -130,7 +132,7 @@ def run_determinism(ckpt, backends: tuple[str, str], n_prompts: int = 8, new_tok
             continue
         if regime not in models:
             models[regime] = load_model(ckpt, regime=regime, backend=backends[0], act_backend=act_backend, device=device,
-                                        share=native, reduction=reduction)
+                                        share=native, reduction=reduction, engine=engine)
         model = models[regime].with_backends(backends[0], act_backend)
         say(f"{regime}: greedy decoding, {len(texts)} prompts x {new_tokens} tokens, {backends[0]} and {backends[1]}, batch and alone")
         regimes[regime], invariance[regime] = run_regime(model, backends, texts, token_lists, new_tokens, advance)
@@ -143,6 +145,7 @@ def run_determinism(ckpt, backends: tuple[str, str], n_prompts: int = 8, new_tok
         "backends": list(backends),
         "act_backend": act_backend,
         "device": str(device),
+        "engine": "fast" if native.fast else "reference",
         "reduction": "tree" if native.tree else "torch",
         "prompts": len(texts),
         "prompt_tokens": sum(len(t) for t in token_lists),

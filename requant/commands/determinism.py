@@ -29,6 +29,7 @@ from requant.commands._common import (
     ByteTokensOpt,
     CkptArg,
     DeviceOpt,
+    EngineOpt,
     JsonOpt,
     RevisionOpt,
     ThreadsOpt,
@@ -36,6 +37,7 @@ from requant.commands._common import (
     byte_tokens_option,
     cannot_run,
     check_device,
+    check_engine,
     check_output_file,
     command_line,
     default_device,
@@ -56,6 +58,7 @@ def determinism(
     act_backend: Annotated[str, typer.Option("--act-backend", help="quantize_activations backend shared by both sides (reference or triton: the same bits)")] = "reference",
     revision: RevisionOpt = None,
     threads: ThreadsOpt = None,
+    engine: EngineOpt = "auto",
     byte_tokens: ByteTokensOpt = False,
 ) -> None:
     """Greedy generations with each backend of the pair, native and pow2: byte-identical or not,
@@ -77,6 +80,7 @@ def determinism(
         check_runnable(pair, dev, act_backend)
         if new_tokens < 1:
             raise UsageError("--new-tokens must be at least 1")
+        check_engine(engine, dev)
         prompt_list(prompts)  # validate N before loading (or downloading) anything big
         set_threads(threads, dev)
         checkpoint = open_checkpoint(DEFAULT_CHECKPOINT if ckpt is None else ckpt, revision=revision)
@@ -90,12 +94,13 @@ def determinism(
                       TimeElapsedColumn(), TimeRemainingColumn(), console=console) as progress:
             task = progress.add_task("greedy runs", total=units)
             result = run_determinism(checkpoint, pair, prompts, new_tokens, dev, act_backend=act_backend, identity=identity,
+                                     engine=engine,
                                      advance=lambda n=1: progress.advance(task, n),
                                      on_phase=lambda msg: progress.console.log(msg))
     result["command"] = command_line("determinism", [ckpt], {
         "--backends": spec, "--prompts": prompts, "--new-tokens": new_tokens, "--json": json_out, "--device": device,
         "--revision": revision, "--threads": threads, "--act-backend": None if act_backend == "reference" else act_backend,
-        "--byte-tokens": byte_tokens})
+        "--byte-tokens": byte_tokens, "--engine": None if engine == "auto" else engine})
     if json_out is not None:
         with cannot_run():
             write_json_atomic(json_out, result)

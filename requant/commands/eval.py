@@ -26,15 +26,18 @@ from requant.commands._common import (
     ByteTokensOpt,
     CkptArg,
     DeviceOpt,
+    EngineOpt,
     JsonOpt,
     ReportOpt,
     ThreadsOpt,
     byte_tokens_option,
     cannot_run,
     check_device,
+    check_engine,
     check_output_dir,
     check_output_file,
     command_line,
+    default_device,
     err,
     out,
     warn,
@@ -84,6 +87,7 @@ def eval_command(
     report: ReportOpt = None,
     device: DeviceOpt = None,
     threads: ThreadsOpt = None,
+    engine: EngineOpt = "auto",
     byte_tokens: ByteTokensOpt = False,
 ) -> None:
     """Perplexity of each scale arm through lm-eval, with paired bootstrap intervals against native."""
@@ -118,16 +122,18 @@ def eval_command(
         arm_list = parse_arms(arms)
         if device is not None:
             check_device(device)
+        check_engine(engine, device or default_device())
         with progress:
             result = run_eval(ckpt, arm_list, source=None if source is None else str(source), tasks=task_list, backend=backend,
                               act_backend=act_backend, device=device, limit=limit, replicates=bootstrap, seed=seed,
                               batch_size=batch_size, max_length=max_length, progress_for=progress_for,
-                              threads=threads, on_phase=lambda msg: progress.console.print(escape(msg)),
+                              threads=threads, engine=engine, on_phase=lambda msg: progress.console.print(escape(msg)),
                               hash_progress=progress_for("manifest digest (sha256 of every file)", "bytes"))
     result["command"] = command_line("eval", [ckpt], {
         "--arms": arms, "--tasks": tasks, "--source": source, "--backend": backend, "--limit": limit,
         "--max-length": max_length, "--json": json_out, "--report": report, "--device": device, "--threads": threads,
         "--act-backend": None if act_backend == "reference" else act_backend,
+        "--engine": None if engine == "auto" else engine,
         "--bootstrap": bootstrap, "--seed": seed, "--batch-size": batch_size, "--byte-tokens": byte_tokens})
     with cannot_run():
         if json_out is not None:

@@ -66,7 +66,7 @@ def _int_arg(name: str, value, minimum: int = 1) -> int:
 @register_model("requant")
 class RequantLM(TemplateLM):
     def __init__(self, pretrained=None, backend: str | None = None, act_backend: str = "reference", regime: str = "native",
-                 device: str | None = None, batch_size=1, max_batch_size=None, max_length=None, prefix_token_id=None,
+                 device: str | None = None, engine: str = "auto", batch_size=1, max_batch_size=None, max_length=None, prefix_token_id=None,
                  progress: Callable[[int, int], None] | None = None, **unused):
         super().__init__()
         if unused:
@@ -83,7 +83,7 @@ class RequantLM(TemplateLM):
         else:
             self.batch_size = _int_arg("batch_size", batch_size)
         self.model = load_model(self.pretrained, regime=regime, backend=self.backend_name, act_backend=act_backend,
-                                device=self.device_name)
+                                device=self.device_name, engine=engine or "auto")
         self.tokenizer = self.model.tokenizer
         self._max_length = int(self.model.max_length)
         if max_length not in (None, ""):
@@ -137,7 +137,8 @@ class RequantLM(TemplateLM):
     def get_model_info(self) -> dict:
         """Merged into simple_evaluate's results["config"]."""
         return {"requant": {"pretrained": self.pretrained, "backend": self.backend_name, "act_backend": self.act_backend,
-                            "regime": self.regime, "device": self.device_name, "max_length": self.max_length,
+                            "regime": self.regime, "device": self.device_name,
+                            "engine": "fast" if self.model.fast else "reference", "max_length": self.max_length,
                             "prefix_token_id": self.prefix_token_id, "batch_size": self.batch_size,
                             "tokenizer": self.tokenizer.describe()}}
 

@@ -217,7 +217,7 @@ def _lm_eval_values(row: dict, metrics: dict, task: str, arm: str) -> None:
         row[key] = float(theirs)
 
 
-def evaluate_row(path: str, tm, tasks: list[str], *, backend: str, act_backend: str, device: str, limit: int | None,
+def evaluate_row(path: str, tm, tasks: list[str], *, backend: str, act_backend: str, device: str, engine: str, limit: int | None,
                  batch_size: int, max_length: int | None, progress: Callable[[int, int], None] | None,
                  passthrough_bootstrap: int) -> dict:
     """One simple_evaluate run: per task, aggregate metrics and (perplexity tasks) per-document samples."""
@@ -225,7 +225,7 @@ def evaluate_row(path: str, tm, tasks: list[str], *, backend: str, act_backend: 
 
     import requant.eval.lm  # noqa: F401  (registers the "requant" model)
 
-    model_args = {"pretrained": path, "backend": backend, "act_backend": act_backend, "device": device,
+    model_args = {"pretrained": path, "backend": backend, "act_backend": act_backend, "device": device, "engine": engine,
                   "batch_size": batch_size, "progress": progress}
     if max_length is not None:
         model_args["max_length"] = max_length
@@ -266,7 +266,8 @@ def run_eval(ckpt: str | None, arms: list[str], *, source: str | None = None, ta
              limit: int | None = None, replicates: int = 2000, seed: int = 0, batch_size: int = 4,
              max_length: int | None = None, progress_for: Callable[[str], Callable[[int, int], None]] | None = None,
              on_phase: Callable[[str], None] | None = None, passthrough_bootstrap: int = 100000,
-             threads: int | None = None, hash_progress: Callable[[int, int], None] | None = None) -> dict:
+             threads: int | None = None, hash_progress: Callable[[int, int], None] | None = None,
+             engine: str = "auto") -> dict:
     """Validate, evaluate every arm (and bf16), bootstrap; return the result dict.
 
     After validation and before any arm runs, the checkpoint's identity (requant.evidence.identity:
@@ -286,6 +287,7 @@ def run_eval(ckpt: str | None, arms: list[str], *, source: str | None = None, ta
         batch_size, max_length: rolling windows per runtime call, and their length in tokens.
         progress_for(arm) -> update(done, total); on_phase(message); hash_progress(done, total).
         threads: torch CPU threads (see requant.commands._common.set_threads).
+        engine: the runtime engine, "auto" (fast on CUDA), "fast" or "reference" (requant.runtime).
 
     Raises:
         UsageError for a bad request, CheckpointError for a bad checkpoint.
@@ -297,6 +299,10 @@ def run_eval(ckpt: str | None, arms: list[str], *, source: str | None = None, ta
     from requant.convert import convert
     from requant.eval.lm import default_backend, default_device
 
+    from requant.runtime import ENGINES
+
+    if engine not in ENGINES:
+        raise UsageError(f"--engine must be one of {', '.join(ENGINES)}, got {engine!r}")
     say = on_phase or (lambda msg: None)
     arms = list(arms)
     for a in arms:
@@ -373,7 +379,8 @@ def run_eval(ckpt: str | None, arms: list[str], *, source: str | None = None, ta
                 path = str(tmp_root / name)
                 convert(str(checkpoint.path), path, name, src_entries=src_entries)  # the source hashed once, above
             say(f"evaluating {name}")
-            results[name] = evaluate_row(path, tm, tasks, backend=be, act_backend=act_backend, device=dev, limit=limit,
+            results[name] = evaluate_row(path, tm, tasks, backend=be, act_backend=act_backend, device=dev, engine=engine,
+                                         limit=limit,
                                          batch_size=batch_size, max_length=max_length,
                                          progress=progress_for(name) if progress_for else None,
                                          passthrough_bootstrap=passthrough_bootstrap)
@@ -412,6 +419,7 @@ def run_eval(ckpt: str | None, arms: list[str], *, source: str | None = None, ta
         "backend": be,
         "act_backend": act_backend,
         "device": dev,
+        "engine": cfg.get("engine"),
         "max_length": cfg.get("max_length"),
         "prefix_token_id": cfg.get("prefix_token_id"),
         "batch_size": batch_size,
