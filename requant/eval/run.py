@@ -379,7 +379,9 @@ def run_eval(ckpt: str | None, arms: list[str], *, source: str | None = None, ta
                 path = str(tmp_root / name)
                 convert(str(checkpoint.path), path, name, src_entries=src_entries)  # the source hashed once, above
             say(f"evaluating {name}")
-            results[name] = evaluate_row(path, tm, tasks, backend=be, act_backend=act_backend, device=dev, engine=engine,
+            # the fast engine runs W8A8 layers only: the bf16 row takes the reference engine unless told "reference"
+            row_engine = engine if name != BF16 or engine == "reference" else "auto"
+            results[name] = evaluate_row(path, tm, tasks, backend=be, act_backend=act_backend, device=dev, engine=row_engine,
                                          limit=limit,
                                          batch_size=batch_size, max_length=max_length,
                                          progress=progress_for(name) if progress_for else None,
