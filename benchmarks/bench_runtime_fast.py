@@ -96,19 +96,13 @@ def random_model(name: str, backend: str, device: str = "cuda"):
     g = torch.Generator(device).manual_seed(0)
 
     def normal(*shape):
-        return (
-            torch.randn(shape, generator=g, device=device, dtype=torch.float32)
-            .mul_(0.02)
-            .to(torch.bfloat16)
-        )
+        return torch.randn(shape, generator=g, device=device, dtype=torch.float32).mul_(0.02).to(torch.bfloat16)
 
     dense = {
         "model.embed_tokens.weight": normal(p.vocab, p.hidden),
         "model.norm.weight": torch.ones(p.hidden, dtype=torch.bfloat16, device=device),
     }
-    dense["lm_head.weight"] = (
-        dense["model.embed_tokens.weight"] if p.tie else normal(p.vocab, p.hidden)
-    )
+    dense["lm_head.weight"] = dense["model.embed_tokens.weight"] if p.tie else normal(p.vocab, p.hidden)
     linears = {}
     for i in range(p.layers):
         pre = f"model.layers.{i}."
@@ -117,9 +111,7 @@ def random_model(name: str, backend: str, device: str = "cuda"):
         for n in ("self_attn.q_norm.weight", "self_attn.k_norm.weight"):
             dense[pre + n] = torch.ones(p.head_dim, dtype=torch.bfloat16, device=device)
         for leaf, (out, inp) in p.layer_linear_shapes().items():
-            w = torch.randint(
-                -127, 128, (out, inp), generator=g, device=device, dtype=torch.int8
-            )
+            w = torch.randint(-127, 128, (out, inp), generator=g, device=device, dtype=torch.int8)
             linears[pre + leaf] = (
                 w,
                 torch.full((out, 1), 2.0**-12, dtype=torch.float32, device=device),
@@ -142,31 +134,18 @@ def hf_random(model):
     config = transformers.Qwen3Config(**cfg, attn_implementation="sdpa")
     with torch.device("cuda"):
         try:
-            hf = transformers.Qwen3ForCausalLM._from_config(
-                config, dtype=torch.bfloat16
-            ).eval()
+            hf = transformers.Qwen3ForCausalLM._from_config(config, dtype=torch.bfloat16).eval()
         except TypeError:
-            hf = transformers.Qwen3ForCausalLM._from_config(
-                config, torch_dtype=torch.bfloat16
-            ).eval()
+            hf = transformers.Qwen3ForCausalLM._from_config(config, torch_dtype=torch.bfloat16).eval()
     return hf
 
 
 def weight_bytes(model) -> int:
     """Bytes of weights one decode step reads: every int8 Linear and its scales, the lm_head."""
     fw = model._fastw()
-    n = sum(
-        t.numel() * t.element_size()
-        for w in fw.layers
-        for k in ("qkv", "o", "gu", "down")
-        for t in w[k]
-    )
+    n = sum(t.numel() * t.element_size() for w in fw.layers for k in ("qkv", "o", "gu", "down") for t in w[k])
     lm = fw.lm_head
-    n += (
-        sum(t.numel() * t.element_size() for t in lm)
-        if fw.lm_quantized
-        else lm.numel() * lm.element_size()
-    )
+    n += sum(t.numel() * t.element_size() for t in lm) if fw.lm_quantized else lm.numel() * lm.element_size()
     return n
 
 
@@ -212,9 +191,7 @@ def requant_decoder(model, prompts, steps: int, graphs: bool):
         dec.tok.zero_()
         dec.tok[:b] = logits.argmax(-1)
         dec.pos.zero_()
-        dec.pos[:b] = torch.tensor(
-            [len(p) for p in prompts], dtype=torch.int32, device="cuda"
-        )
+        dec.pos[:b] = torch.tensor([len(p) for p in prompts], dtype=torch.int32, device="cuda")
         dec.step()
         dec.step()  # eager first step, then the capture (graphs) and one replay
     return dec
@@ -236,9 +213,7 @@ def hf_decode_secs(hf, prompts, steps: int) -> float:
 
     from transformers import DynamicCache
 
-    warnings.filterwarnings(
-        "ignore", message=".*past_key_values.*", category=FutureWarning
-    )
+    warnings.filterwarnings("ignore", message=".*past_key_values.*", category=FutureWarning)
     ids = torch.stack(prompts)
     with torch.no_grad():
         try:
@@ -329,9 +304,7 @@ def invariance(model, other_backend: str | None, vocab: int) -> dict:
         out["graph_vs_eager"] = {
             "ids_identical": a.ids == b.ids,
             "steps": len(a.step_logits),
-            "logits_identical": sum(
-                _same(x, y) for x, y in zip(a.step_logits, b.step_logits)
-            ),
+            "logits_identical": sum(_same(x, y) for x, y in zip(a.step_logits, b.step_logits)),
         }
         seq = torch.randint(0, vocab, (400,), generator=g)
         whole = model.logits([seq])[0]
@@ -347,25 +320,18 @@ def invariance(model, other_backend: str | None, vocab: int) -> dict:
         got = torch.cat(parts)
         out["prefill_chunks_decode"] = {
             "positions": len(seq),
-            "identical": int(
-                (got.view(torch.int32) == whole.view(torch.int32)).all(-1).sum()
-            ),
+            "identical": int((got.view(torch.int32) == whole.view(torch.int32)).all(-1).sum()),
         }
         batch = model.logits(prompts)
         out["alone_vs_batch_prefill"] = {
             "prompts": len(prompts),
-            "identical": sum(
-                _same(model.logits([p])[0], batch[j]) for j, p in enumerate(prompts)
-            ),
+            "identical": sum(_same(model.logits([p])[0], batch[j]) for j, p in enumerate(prompts)),
         }
         alone = [model.generate([p], 32, keep_logits=True) for p in prompts[:3]]
         out["alone_vs_batch_decode"] = {
             "prompts": 3,
             "identical": sum(
-                al.ids[0] == a.ids[j]
-                and all(
-                    _same(al.step_logits[s][0], a.step_logits[s][j]) for s in range(32)
-                )
+                al.ids[0] == a.ids[j] and all(_same(al.step_logits[s][0], a.step_logits[s][j]) for s in range(32))
                 for j, al in enumerate(alone)
             ),
         }
@@ -377,12 +343,8 @@ def invariance(model, other_backend: str | None, vocab: int) -> dict:
                 "prompts": len(prompts),
                 "ids_identical": sum(x == y for x, y in zip(c.ids, d.ids)),
                 "new_tokens": 64,
-                "step_logits_identical": sum(
-                    _same(x, y) for x, y in zip(c.step_logits, d.step_logits)
-                ),
-                "prefill_logits_identical": sum(
-                    _same(x, y) for x, y in zip(o.logits(prompts), batch)
-                ),
+                "step_logits_identical": sum(_same(x, y) for x, y in zip(c.step_logits, d.step_logits)),
+                "prefill_logits_identical": sum(_same(x, y) for x, y in zip(o.logits(prompts), batch)),
             }
     return out
 
@@ -422,9 +384,7 @@ def prices(model, reps: int) -> dict:
     qh = q.transpose(0, 1)[None]
     kh, vh = kc, vc
     sdpa = _per_call(
-        lambda: torch.nn.functional.scaled_dot_product_attention(
-            qh, kh, vh, is_causal=True, enable_gqa=True
-        ),
+        lambda: torch.nn.functional.scaled_dot_product_attention(qh, kh, vh, is_causal=True, enable_gqa=True),
         reps,
     )
     out["attention_2048"] = {"ours_ms": _ms(ours), "sdpa_ms": _ms(sdpa)}
@@ -441,9 +401,7 @@ def prices(model, reps: int) -> dict:
             attention(q, kc, vc, pos, blk, a.head_dim**-0.5, tile=tile)
             sweep[str(tile)] = _ms(
                 _per_call(
-                    lambda blk=blk, tile=tile: attention(
-                        q, kc, vc, pos, blk, a.head_dim**-0.5, tile=tile
-                    ),
+                    lambda blk=blk, tile=tile: attention(q, kc, vc, pos, blk, a.head_dim**-0.5, tile=tile),
                     reps,
                 )
             )
@@ -452,12 +410,8 @@ def prices(model, reps: int) -> dict:
     out["attention_2048"]["other_tiles_ms (BLOCK_M, BLOCK_N, warps, stages)"] = sweep
     x = torch.randn(t, a.hidden, device="cuda").to(torch.bfloat16)
     nw = torch.ones(a.hidden, dtype=torch.bfloat16, device="cuda")
-    tree = _per_call(
-        lambda: add_rms_norm(x, nw, a.eps, quantize=False, write_h=True), reps
-    )
-    free = _per_call(
-        lambda: torch.nn.functional.rms_norm(x, (a.hidden,), nw, a.eps), reps
-    )
+    tree = _per_call(lambda: add_rms_norm(x, nw, a.eps, quantize=False, write_h=True), reps)
+    free = _per_call(lambda: torch.nn.functional.rms_norm(x, (a.hidden,), nw, a.eps), reps)
     out["rms_norm_2048"] = {"tree_kernel_ms": _ms(tree), "torch_rms_norm_ms": _ms(free)}
     return out
 
@@ -487,9 +441,7 @@ def users(backends) -> dict:
             for r in ("native", "pow2")
         }
         t = time.perf_counter()
-        det = run_determinism(
-            ckpt, tuple(backends), 8, 64, "cuda", act_backend="triton", models=models
-        )
+        det = run_determinism(ckpt, tuple(backends), 8, 64, "cuda", act_backend="triton", models=models)
         out[engine] = {
             "seconds": round(time.perf_counter() - t, 2),
             "summary": det["summary"],
@@ -535,15 +487,10 @@ def bench_shape(name: str, args, log) -> dict:
     for key, lens in PREFILL.items():
         prompts = [torch.randint(0, a.vocab, (n,), generator=g).cuda() for n in lens]
         work = sum(lens)
-        variants = {
-            f"requant fast {b}": (lambda m=m, p=prompts: requant_prefill(m, p))
-            for b, m in models.items()
-        }
+        variants = {f"requant fast {b}": (lambda m=m, p=prompts: requant_prefill(m, p)) for b, m in models.items()}
         if key == "1x2048" and args.reference:
             ref = base.with_backends(engine="reference")
-            variants["requant reference (before)"] = lambda r=ref, p=prompts: (
-                requant_prefill(r, p)
-            )
+            variants["requant reference (before)"] = lambda r=ref, p=prompts: requant_prefill(r, p)
         if hf is not None:
             variants["transformers bf16"] = lambda h=hf, p=prompts: hf_prefill(h, p)
         for fn in variants.values():
@@ -554,29 +501,16 @@ def bench_shape(name: str, args, log) -> dict:
                 times[k] += _time(fn, 1)
         for k in variants:
             rows.setdefault(k, {})[f"prefill {key}"] = _stats(work, times[k])
-        log(
-            f"{name} prefill {key}: "
-            + ", ".join(
-                f"{k} {rows[k][f'prefill {key}']['median']:.0f}" for k in variants
-            )
-        )
+        log(f"{name} prefill {key}: " + ", ".join(f"{k} {rows[k][f'prefill {key}']['median']:.0f}" for k in variants))
         if key in ("1x2048", "8x512"):
-            entry.setdefault("prefill_profile", {})[key] = _guard(
-                prefill_profile, base, prompts
-            )
+            entry.setdefault("prefill_profile", {})[key] = _guard(prefill_profile, base, prompts)
     for bsz in args.batches:
-        prompts = [
-            torch.randint(0, a.vocab, (args.prompt_len,), generator=g).cuda()
-            for _ in range(bsz)
-        ]
+        prompts = [torch.randint(0, a.vocab, (args.prompt_len,), generator=g).cuda() for _ in range(bsz)]
         work = bsz * args.steps
         for b, m in models.items():
             for graphs in (True, False):
                 k = f"requant fast {b} {'graph' if graphs else 'eager'}"
-                secs = [
-                    requant_decode_secs(m, prompts, args.steps, graphs)
-                    for _ in range(args.reps)
-                ]
+                secs = [requant_decode_secs(m, prompts, args.steps, graphs) for _ in range(args.reps)]
                 rows.setdefault(k, {})[f"decode b{bsz}"] = _stats(work, secs)
         if args.reference and bsz == 1:
             ref = base.with_backends(engine="reference")
@@ -589,22 +523,14 @@ def bench_shape(name: str, args, log) -> dict:
                 for _ in range(8):
                     nxt = ref.decode_step(nxt, cache).argmax(-1)
                 _sync()
-            rows.setdefault("requant reference (before)", {})["decode b1"] = _stats(
-                8, [time.perf_counter() - t0]
-            )
+            rows.setdefault("requant reference (before)", {})["decode b1"] = _stats(8, [time.perf_counter() - t0])
         if hf is not None:
             hf_decode_secs(hf, prompts, 2)
             secs = [hf_decode_secs(hf, prompts, args.steps) for _ in range(args.reps)]
-            rows.setdefault("transformers bf16", {})[f"decode b{bsz}"] = _stats(
-                work, secs
-            )
+            rows.setdefault("transformers bf16", {})[f"decode b{bsz}"] = _stats(work, secs)
         log(
             f"{name} decode b{bsz}: "
-            + ", ".join(
-                f"{k} {r[f'decode b{bsz}']['median']:.0f}"
-                for k, r in rows.items()
-                if f"decode b{bsz}" in r
-            )
+            + ", ".join(f"{k} {r[f'decode b{bsz}']['median']:.0f}" for k, r in rows.items() if f"decode b{bsz}" in r)
         )
         if bsz in (1, 64):
             entry["decode_profile"][f"b{bsz}"] = _guard(decode_profile, base, prompts)
@@ -640,10 +566,7 @@ def markdown(record: dict) -> str:
         ),
         "",
     ]
-    if (
-        record.get("determinism_default")
-        and "error" not in record["determinism_default"]
-    ):
+    if record.get("determinism_default") and "error" not in record["determinism_default"]:
         lines += [
             "`requant determinism` (run_determinism, embedded default, 8 prompts x 64 tokens, both regimes and "
             "backends, batch and alone) per engine: "
@@ -674,10 +597,7 @@ def markdown(record: dict) -> str:
             lines.append(
                 f"| {name} | "
                 + " | ".join(
-                    f"{r[k]['median']:.0f} [{r[k]['min']:.0f}-{r[k]['max']:.0f}]"
-                    if k in r
-                    else ""
-                    for k in keys
+                    f"{r[k]['median']:.0f} [{r[k]['min']:.0f}-{r[k]['max']:.0f}]" if k in r else "" for k in keys
                 )
                 + " |"
             )
@@ -695,10 +615,7 @@ def markdown(record: dict) -> str:
                     lines.append(
                         f"| {name} | "
                         + " | ".join(
-                            f"{r[k]['median'] / hf[k]['median']:.2f}x"
-                            if k in r and k in hf
-                            else ""
-                            for k in keys
+                            f"{r[k]['median'] / hf[k]['median']:.2f}x" if k in r and k in hf else "" for k in keys
                         )
                         + " |"
                     )
@@ -707,32 +624,24 @@ def markdown(record: dict) -> str:
             total = sum(v for v in prof.values() if isinstance(v, float))
             lines += [
                 f"Prefill {b} GPU time ({e.get('profile_backend')}): {total:.2f} ms: "
-                + "; ".join(
-                    f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}"
-                    for k, v in prof.items()
-                ),
+                + "; ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in prof.items()),
                 "",
             ]
         for b, prof in e.get("decode_profile", {}).items():
             total = sum(v for v in prof.values() if isinstance(v, float))
             lines += [
                 f"Decode GPU time per eager step ({e.get('profile_backend', 'cutlass')}), {b}: {total:.2f} ms: "
-                + "; ".join(
-                    f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}"
-                    for k, v in prof.items()
-                ),
+                + "; ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in prof.items()),
                 "",
             ]
         if e.get("invariance"):
             lines += [
-                "Invariance (bitwise): "
-                + "; ".join(f"{k}: {v}" for k, v in e["invariance"].items()),
+                "Invariance (bitwise): " + "; ".join(f"{k}: {v}" for k, v in e["invariance"].items()),
                 "",
             ]
         if e.get("prices"):
             lines += [
-                "Price of invariance (ms, median): "
-                + "; ".join(f"{k}: {v}" for k, v in e["prices"].items()),
+                "Price of invariance (ms, median): " + "; ".join(f"{k}: {v}" for k, v in e["prices"].items()),
                 "",
             ]
     return "\n".join(lines) + "\n"

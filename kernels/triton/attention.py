@@ -40,6 +40,7 @@ logits prefilled whole, in chunks after a cached prefix and decoded, bit for bit
 import torch
 import triton
 import triton.language as tl
+
 from requant.kernels.triton import _launch
 from requant.kernels.triton._bf16 import bf16_rne_bits
 
@@ -66,9 +67,7 @@ def _dot(a, b, acc, INTERPRET: tl.constexpr):
     # fp32 products are summed by an explicit reduction (a fixed order for a fixed shape).
     # Compiled kernels use the MMA.
     if INTERPRET:
-        return acc + tl.sum(
-            a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :], axis=1
-        )
+        return acc + tl.sum(a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :], axis=1)
     return tl.dot(a, b, acc)
 
 
@@ -113,10 +112,7 @@ def _attention_kernel(
         live = n < hi
         kv_off = base + n.to(tl.int64)[:, None] * D + d[None, :]
         k = tl.load(k_ptr + kv_off, mask=live[:, None], other=0.0)
-        s = (
-            _dot(q, tl.trans(k), tl.zeros((BLOCK_M, BLOCK_N), tl.float32), INTERPRET)
-            * qk_scale
-        )
+        s = _dot(q, tl.trans(k), tl.zeros((BLOCK_M, BLOCK_N), tl.float32), INTERPRET) * qk_scale
         causal = n[None, :] <= pos[:, None]
         s = tl.where(causal, s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, 1))
@@ -140,9 +136,7 @@ def tokens_per_block(heads: int, kv_heads: int) -> int:
     """Query tokens one program holds: BLOCK_M // (heads / kv_heads)."""
     g = heads // kv_heads
     if BLOCK_M % g:
-        raise ValueError(
-            f"{heads} query heads per {kv_heads} KV heads: group {g} does not divide BLOCK_M {BLOCK_M}"
-        )
+        raise ValueError(f"{heads} query heads per {kv_heads} KV heads: group {g} does not divide BLOCK_M {BLOCK_M}")
     return BLOCK_M // g
 
 
@@ -189,9 +183,7 @@ def attention(
     key = (
         None
         if index is None or _launch.INTERPRET
-        else _launch.launch_key(
-            "attention", (warps, stages), index, args, tuple(consts.values())
-        )
+        else _launch.launch_key("attention", (warps, stages), index, args, tuple(consts.values()))
     )
     _launch.launch(
         _attention_kernel,

@@ -18,6 +18,7 @@ masked to zero and never stored.
 import torch
 import triton
 import triton.language as tl
+
 from requant.kernels.triton import _launch
 from requant.kernels.triton._bf16 import bf16_rne_bits
 from requant.kernels.triton.attention import _dot
@@ -46,9 +47,7 @@ def _dense_kernel(
 ):
     pid = tl.program_id(0)
     num_m = tl.cdiv(M, BLOCK_M)
-    pid_m = (
-        pid % num_m
-    )  # the row blocks of one weight tile run next to each other (L2 reuse)
+    pid_m = pid % num_m  # the row blocks of one weight tile run next to each other (L2 reuse)
     pid_n = pid // num_m
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -66,9 +65,7 @@ def _dense_kernel(
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
     bits = bf16_rne_bits(acc)
-    y = (bits.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(
-        tl.float32, bitcast=True
-    )
+    y = (bits.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
     tl.store(
         o_ptr + rows[:, None] * N + cols[None, :],
         y,
@@ -76,9 +73,7 @@ def _dense_kernel(
     )
 
 
-def dense(
-    x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None
-) -> torch.Tensor:
+def dense(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """See the module docstring; `out` an optional fp32 [M, N] destination."""
     index = _launch.device_index(x)
     m, k = x.shape

@@ -43,6 +43,7 @@ FMA, so each fp32 operation rounds once, as in torch.
 import torch
 import triton
 import triton.language as tl
+
 from requant.kernels.reference import POISON_SCALE_BITS, TINY
 from requant.kernels.triton import _launch
 from requant.kernels.triton._bf16 import bf16_rne_bits
@@ -69,9 +70,7 @@ def _warps(block: int) -> int:
 @triton.jit
 def bits_to_fp32(b):
     """int16 bf16 bits -> the same value in fp32 (exact)."""
-    return (b.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(
-        tl.float32, bitcast=True
-    )
+    return (b.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -236,9 +235,7 @@ def _qk_norm_rope_kernel(
     t = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, D)[None, :]
     half = D // 2
-    partner = (
-        offs + half
-    ) % D  # rotate_half: -y[i + D/2] for i < D/2, y[i - D/2] after
+    partner = (offs + half) % D  # rotate_half: -y[i + D/2] for i < D/2, y[i - D/2] after
     sign = tl.where(offs < half, -1.0, 1.0)
     pos = tl.load(pos_ptr + t).to(tl.int64)
     c = tl.load(cos_ptr + pos * D + offs)
@@ -250,9 +247,7 @@ def _qk_norm_rope_kernel(
     tl.store(q_ptr + (t * H + hq) * D + offs, out_q, mask=mq)
     hk = tl.arange(0, KVP)[:, None]
     mk = hk < KV
-    out_k = _norm_rope_rows(
-        src + H * D, kw_ptr, c, s, hk, offs, partner, sign, mk, eps, KVP, D
-    )
+    out_k = _norm_rope_rows(src + H * D, kw_ptr, c, s, hk, offs, partner, sign, mk, eps, KVP, D)
     row = tl.load(rows_ptr + t).to(tl.int64)
     slot = ((row * KV + hk) * cap + pos) * D + offs
     tl.store(kc_ptr + slot, out_k, mask=mk)
@@ -274,9 +269,7 @@ def _silu_mul_quantize_kernel(gu_ptr, act_ptr, q_ptr, s_ptr, n, BLOCK_K: tl.cons
     for k0 in range(0, n, BLOCK_K):
         mask = k0 + offs < n
         g = bits_to_fp32(tl.load(gu_ptr + t * 2 * n + k0 + offs, mask=mask, other=0))
-        u = bits_to_fp32(
-            tl.load(gu_ptr + t * 2 * n + n + k0 + offs, mask=mask, other=0)
-        )
+        u = bits_to_fp32(tl.load(gu_ptr + t * 2 * n + n + k0 + offs, mask=mask, other=0))
         bits = bf16_rne_bits(tl.math.div_rn(g, 1.0 + tl.exp(-g)) * u)
         tl.store(act_ptr + t * n + k0 + offs, bits, mask=mask)
         m = bits_to_fp32(bits).to(tl.int32, bitcast=True) & 0x7FFFFFFF
@@ -310,20 +303,14 @@ def _launch_plain(kernel, grid, args, consts, warps, index):
     key = (
         None
         if index is None or _launch.INTERPRET
-        else _launch.launch_key(
-            kernel.fn.__name__, "fused", index, args, tuple(consts.values())
-        )
+        else _launch.launch_key(kernel.fn.__name__, "fused", index, args, tuple(consts.values()))
     )
-    _launch.launch(
-        kernel, grid, args, consts, dict(OPTIONS, num_warps=warps), key, index
-    )
+    _launch.launch(kernel, grid, args, consts, dict(OPTIONS, num_warps=warps), key, index)
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
     if t.dtype != torch.bfloat16 or not t.is_contiguous():
-        raise ValueError(
-            f"expected a contiguous bf16 tensor, got {t.dtype} {tuple(t.shape)}"
-        )
+        raise ValueError(f"expected a contiguous bf16 tensor, got {t.dtype} {tuple(t.shape)}")
     return t.view(torch.int16)
 
 
@@ -440,9 +427,7 @@ def silu_mul_quantize(gate_up: torch.Tensor):
     s = torch.empty((t, 1), dtype=torch.float32, device=gate_up.device)
     if t == 0:
         return q, s
-    act = torch.empty(
-        (t, n), dtype=torch.int16, device=gate_up.device
-    )  # bf16 bits of the product
+    act = torch.empty((t, n), dtype=torch.int16, device=gate_up.device)  # bf16 bits of the product
     _launch_plain(
         _silu_mul_quantize_kernel,
         (t, 1, 1),

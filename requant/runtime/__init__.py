@@ -104,9 +104,38 @@ emulations of the fast engine's fused kernels).
 """
 
 from requant.runtime.model import ENGINES, Generation, KVCache, Model, load_model
-from requant.runtime.ops import DENSE_CHUNK, apply_rope, attend_decode, attend_prompt, dense_rows, rms_norm, rope, rope_tables, tree_sum
+from requant.runtime.ops import (
+    DENSE_CHUNK,
+    apply_rope,
+    attend_decode,
+    attend_prompt,
+    dense_rows,
+    rms_norm,
+    rope,
+    rope_tables,
+    tree_sum,
+)
 from requant.runtime.weights import REGIMES, arch_from_config, check_layout, dense_names, load_dense, load_linears
 
-__all__ = ["load_model", "ENGINES", "Model", "KVCache", "Generation", "REGIMES", "arch_from_config", "check_layout", "dense_names",
-           "load_dense", "load_linears", "rms_norm", "rope", "rope_tables", "apply_rope", "attend_prompt", "attend_decode",
-           "dense_rows", "tree_sum", "DENSE_CHUNK"]
+__all__ = [
+    "load_model",
+    "ENGINES",
+    "Model",
+    "KVCache",
+    "Generation",
+    "REGIMES",
+    "arch_from_config",
+    "check_layout",
+    "dense_names",
+    "load_dense",
+    "load_linears",
+    "rms_norm",
+    "rope",
+    "rope_tables",
+    "apply_rope",
+    "attend_prompt",
+    "attend_decode",
+    "dense_rows",
+    "tree_sum",
+    "DENSE_CHUNK",
+]

@@ -80,9 +80,7 @@ def _stack(linears, names):
     w = torch.cat(ws).contiguous()
     s = torch.cat(ss).contiguous()
     a = 0
-    for n, part in zip(
-        names, ws
-    ):  # the model's own entries become views of the stacked tensors (same values)
+    for n, part in zip(names, ws):  # the model's own entries become views of the stacked tensors (same values)
         b = a + part.shape[0]
         linears[n] = (w[a:b], s[a:b])
         a = b
@@ -99,12 +97,8 @@ class _Decoder:
         self.tok = torch.zeros(bucket, dtype=torch.long, device=dev)
         self.pos = torch.zeros(bucket, dtype=torch.int32, device=dev)
         self.rows = torch.arange(bucket, dtype=torch.int32, device=dev)
-        self.blocks = torch.stack(
-            [self.rows, torch.ones_like(self.rows), self.rows], 1
-        ).contiguous()
-        self.logits = torch.empty(
-            bucket, model.arch.vocab, dtype=torch.float32, device=dev
-        )
+        self.blocks = torch.stack([self.rows, torch.ones_like(self.rows), self.rows], 1).contiguous()
+        self.logits = torch.empty(bucket, model.arch.vocab, dtype=torch.float32, device=dev)
         self.next = torch.zeros(bucket, dtype=torch.long, device=dev)
         self.fw = fw
         self.model = model
@@ -134,9 +128,7 @@ class _Decoder:
             self._step()
             return
         if self.graph is None:
-            if (
-                self.eager_steps == 0
-            ):  # compiles and loads every kernel; a real step, same code
+            if self.eager_steps == 0:  # compiles and loads every kernel; a real step, same code
                 self.eager_steps += 1
                 self._step()
                 return
@@ -182,13 +174,9 @@ class FastWeights:
         self.final_norm = d["model.norm.weight"].contiguous()
         self.embed = d["model.embed_tokens.weight"]
         self.lm_quantized = "lm_head" in lin
-        self.lm_head = (
-            lin["lm_head"] if self.lm_quantized else d["lm_head.weight"].contiguous()
-        )
+        self.lm_head = lin["lm_head"] if self.lm_quantized else d["lm_head.weight"].contiguous()
         positions = torch.arange(model.max_length, device=model.device)
-        cos, sin = rope_tables(
-            positions, a.head_dim, a.rope_theta
-        )  # the reference path's tables
+        cos, sin = rope_tables(positions, a.head_dim, a.rope_theta)  # the reference path's tables
         self.cos = cos.reshape(model.max_length, a.head_dim).contiguous()
         self.sin = sin.reshape(model.max_length, a.head_dim).contiguous()
         self.decoders: dict = {}
@@ -258,9 +246,7 @@ class FastWeights:
             rows=head_rows,
         )
         if self.lm_quantized:
-            logits = kernels.scaled_mm(
-                q8, self.lm_head[0], s8, self.lm_head[1], backend=be
-            ).to(torch.float32)
+            logits = kernels.scaled_mm(q8, self.lm_head[0], s8, self.lm_head[1], backend=be).to(torch.float32)
             if out is not None:
                 out.copy_(logits)
                 return out
@@ -280,9 +266,7 @@ class FastWeights:
         for row, start, ids in seqs:
             n = len(ids)
             if start + n > model.max_length:  # the RoPE tables end there
-                raise ValueError(
-                    f"position {start + n - 1} is beyond max_length {model.max_length}"
-                )
+                raise ValueError(f"position {start + n - 1} is beyond max_length {model.max_length}")
             pos.extend(range(start, start + n))
             rows.extend([row] * n)
             blocks.extend((off + i, min(per, n - i), row) for i in range(0, n, per))
@@ -296,17 +280,11 @@ class FastWeights:
         head_rows = None
         if last_only and len(last) != off:  # every sequence one token: all rows already
             head_rows = torch.tensor(last, dtype=torch.int32).to(dev)
-        return self.forward(
-            model, ids, pos_t, rows_t, blocks_t, k_caches, v_caches, head_rows
-        )
+        return self.forward(model, ids, pos_t, rows_t, blocks_t, k_caches, v_caches, head_rows)
 
-    def prefill(
-        self, model, prompts, cache=None, last_only: bool = False
-    ) -> torch.Tensor:
+    def prefill(self, model, prompts, cache=None, last_only: bool = False) -> torch.Tensor:
         a = model.arch
-        if (
-            cache is None
-        ):  # one layer's scratch K/V, reused by every layer (nothing is kept)
+        if cache is None:  # one layer's scratch K/V, reused by every layer (nothing is kept)
             cap = 1 << max(max(len(p) for p in prompts) - 1, 0).bit_length()
             shape = (len(prompts), a.kv_heads, cap, a.head_dim)
             k = torch.empty(shape, dtype=torch.bfloat16, device=model.device)
@@ -314,9 +292,7 @@ class FastWeights:
             kc, vc = [k] * a.layers, [v] * a.layers
         else:
             kc, vc = cache.k, cache.v
-        out = self.run(
-            model, [(j, 0, p) for j, p in enumerate(prompts)], kc, vc, last_only
-        )
+        out = self.run(model, [(j, 0, p) for j, p in enumerate(prompts)], kc, vc, last_only)
         if cache is not None:
             cache.lengths[: len(prompts)] = [len(p) for p in prompts]
         return out
@@ -327,9 +303,7 @@ class FastWeights:
         seqs = [(j, cache.lengths[j], c) for j, c in enumerate(chunks) if len(c)]
         top = max(cache.lengths[j] + len(c) for j, c in enumerate(chunks))
         if top > cache.capacity:
-            raise ValueError(
-                f"KV cache full: {top} positions > capacity {cache.capacity}"
-            )
+            raise ValueError(f"KV cache full: {top} positions > capacity {cache.capacity}")
         out = self.run(model, seqs, cache.k, cache.v, last_only=False)
         for j, c in enumerate(chunks):
             cache.lengths[j] += len(c)
@@ -338,13 +312,9 @@ class FastWeights:
     def decode_step(self, model, tokens, cache) -> torch.Tensor:
         longest = max(cache.lengths) + 1
         if longest > cache.capacity:
-            raise ValueError(
-                f"KV cache full: {longest} positions > capacity {cache.capacity}"
-            )
+            raise ValueError(f"KV cache full: {longest} positions > capacity {cache.capacity}")
         tokens = tokens.reshape(-1)
-        seqs = [
-            (j, cache.lengths[j], tokens[j : j + 1]) for j in range(len(cache.lengths))
-        ]
+        seqs = [(j, cache.lengths[j], tokens[j : j + 1]) for j in range(len(cache.lengths))]
         out = self.run(model, seqs, cache.k, cache.v, last_only=True)
         cache.lengths = [n + 1 for n in cache.lengths]
         return out
@@ -382,9 +352,7 @@ class FastWeights:
         dec.tok.zero_()
         dec.tok[:b] = first
         dec.pos.zero_()
-        dec.pos[:b] = torch.tensor([len(t) for t in tensors], dtype=torch.int32).to(
-            model.device
-        )
+        dec.pos[:b] = torch.tensor([len(t) for t in tensors], dtype=torch.int32).to(model.device)
         steps_ids = [first]
         steps_logits = [logits] if keep_logits else []
         for step in range(1, max_new_tokens):

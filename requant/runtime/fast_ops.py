@@ -47,9 +47,7 @@ def rms_norm_ieee(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return round_fp32_to_bf16(w.to(torch.float32) * xn)
 
 
-def add_rms_norm_ref(
-    x: torch.Tensor, w: torch.Tensor, eps: float, delta: torch.Tensor | None = None
-):
+def add_rms_norm_ref(x: torch.Tensor, w: torch.Tensor, eps: float, delta: torch.Tensor | None = None):
     """(bf16(x + delta) or x, h = rms_norm_ieee(that), (q, s) = quantize_activations(h))."""
     if delta is not None:
         x = round_fp32_to_bf16(x.to(torch.float32) + delta.to(torch.float32))
@@ -58,9 +56,7 @@ def add_rms_norm_ref(
     return x, h, q, s
 
 
-def qk_norm_rope_ref(
-    qkv, q_w, k_w, cos, sin, pos, heads: int, kv_heads: int, eps: float
-):
+def qk_norm_rope_ref(qkv, q_w, k_w, cos, sin, pos, heads: int, kv_heads: int, eps: float):
     """(q, k, v) [T, heads or kv_heads, D] bf16: RoPE(RMSNorm(q)), RoPE(RMSNorm(k)), v, with
     cos/sin gathered at pos from the [positions, D] tables."""
     t = qkv.shape[0]

@@ -116,14 +116,19 @@ def dense_cols(x: torch.Tensor, w32: torch.Tensor, n: int | None = None, chunk: 
     whatever N is."""
     n = w32.shape[0] if n is None else n
     w32 = pad_rows(w32, chunk)
-    return torch.cat([dense_rows(x, w32[j:j + chunk]) for j in range(0, w32.shape[0], chunk)], dim=1)[:, :n]
+    return torch.cat([dense_rows(x, w32[j : j + chunk]) for j in range(0, w32.shape[0], chunk)], dim=1)[:, :n]
 
 
 def attend_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
     """attend_prompt one query head at a time: q [T, H, D], k, v [T, KV, D] -> bf16 [T, H*D]."""
     group = q.shape[1] // k.shape[1]
-    return torch.cat([attend_prompt(q[:, h:h + 1], k[:, h // group:h // group + 1], v[:, h // group:h // group + 1], scale)
-                      for h in range(q.shape[1])], dim=1)
+    return torch.cat(
+        [
+            attend_prompt(q[:, h : h + 1], k[:, h // group : h // group + 1], v[:, h // group : h // group + 1], scale)
+            for h in range(q.shape[1])
+        ],
+        dim=1,
+    )
 
 
 def _pow2_at_least(n: int) -> int:
@@ -144,10 +149,19 @@ class _Cache:
 class ShardedModel:
     """One rank's part of a tensor-parallel Qwen3 (see the module docstring)."""
 
-    def __init__(self, arch: Qwen3Arch, p: Plan, dense: dict[str, torch.Tensor],
-                 linears: dict[str, tuple[torch.Tensor, torch.Tensor]], comm: Comm, *,
-                 backend: str = "reference-triton-order", act_backend: str = "reference", reduce: str = "int32",
-                 reduction: str = "auto"):
+    def __init__(
+        self,
+        arch: Qwen3Arch,
+        p: Plan,
+        dense: dict[str, torch.Tensor],
+        linears: dict[str, tuple[torch.Tensor, torch.Tensor]],
+        comm: Comm,
+        *,
+        backend: str = "reference-triton-order",
+        act_backend: str = "reference",
+        reduce: str = "int32",
+        reduction: str = "auto",
+    ):
         if reduce not in REDUCES:
             raise ValueError(f"reduce must be one of {', '.join(REDUCES)}, got {reduce!r}")
         if reduction not in ("auto", "torch", "tree"):
@@ -160,8 +174,15 @@ class ShardedModel:
         self._fp32: dict[str, torch.Tensor] = {}
 
     @classmethod
-    def build(cls, config: dict, dense: dict[str, torch.Tensor], linears: dict[str, tuple[torch.Tensor, torch.Tensor]],
-              comm: Comm, device=None, **kw) -> ShardedModel:
+    def build(
+        cls,
+        config: dict,
+        dense: dict[str, torch.Tensor],
+        linears: dict[str, tuple[torch.Tensor, torch.Tensor]],
+        comm: Comm,
+        device=None,
+        **kw,
+    ) -> ShardedModel:
         """This rank's model from the whole model's tensors (requant.runtime.load_dense and
         load_linears; not modified), moved to device (default: where they are)."""
         arch = arch_from_config(config)
@@ -236,7 +257,9 @@ class ShardedModel:
         (local,) = self._column(x, ("lm_head",))
         return self.comm.all_gather_cols(local).to(torch.float32)
 
-    def prefill(self, prompts: list[torch.Tensor], cache: _Cache | None = None, last_only: bool = False) -> torch.Tensor:
+    def prefill(
+        self, prompts: list[torch.Tensor], cache: _Cache | None = None, last_only: bool = False
+    ) -> torch.Tensor:
         a, dev = self.arch, self.device
         lens = [len(t) for t in prompts]
         bounds, s = [], 0
@@ -246,7 +269,7 @@ class ShardedModel:
         ids = torch.cat(prompts).to(dev)
         pos = torch.cat([torch.arange(n, device=dev) for n in lens])
         cos, sin = rope_tables(pos, a.head_dim, a.rope_theta)
-        scale = a.head_dim ** -0.5
+        scale = a.head_dim**-0.5
 
         def attend(i, q, k, v):
             if cache is not None:
@@ -274,7 +297,7 @@ class ShardedModel:
         pos = torch.tensor(cache.lengths, dtype=torch.long, device=dev)
         rows = torch.arange(b, device=dev)
         cos, sin = rope_tables(pos, a.head_dim, a.rope_theta)
-        scale = a.head_dim ** -0.5
+        scale = a.head_dim**-0.5
 
         def attend(i, q, k, v):
             cache.k[i][rows, :, pos] = k
@@ -306,8 +329,14 @@ class ShardedModel:
 
     def new_cache(self, batch: int, positions: int) -> _Cache:
         """An empty KV cache of this rank's KV heads for `positions` (rounded up to a power of two)."""
-        return _Cache(self.arch.layers, batch, self.plan.local_kv_heads, _pow2_at_least(positions), self.arch.head_dim,
-                      self.device)
+        return _Cache(
+            self.arch.layers,
+            batch,
+            self.plan.local_kv_heads,
+            _pow2_at_least(positions),
+            self.arch.head_dim,
+            self.device,
+        )
 
     def generate(self, prompts, max_new_tokens: int) -> tuple[list[list[int]], list[torch.Tensor]]:
         """Greedy decoding with a KV cache (no stop token): the new ids per prompt and the

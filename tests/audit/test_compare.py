@@ -33,8 +33,10 @@ def test_reference_pair_is_bitwise_equal_under_pow2():
 
 
 def test_summary_line():
-    rows = [{"name": "a", "regime": "pow2", "bitwise_equal": True, "mismatches": 0, "max_ulp": 0, "elements": 4},
-            {"name": "a", "regime": "native", "bitwise_equal": False, "mismatches": 2, "max_ulp": 1, "elements": 4}]
+    rows = [
+        {"name": "a", "regime": "pow2", "bitwise_equal": True, "mismatches": 0, "max_ulp": 0, "elements": 4},
+        {"name": "a", "regime": "native", "bitwise_equal": False, "mismatches": 2, "max_ulp": 1, "elements": 4},
+    ]
     s = summarize_layers(rows)
     assert s["line"] == "pow2: 1/1 layers bitwise equal; native: 0/1"
     assert s["native"]["mismatches"] == 2 and s["pow2"]["max_ulp"] == 0

@@ -32,7 +32,6 @@ from requant.kernels.bf16 import bitwise_equal
 from requant.kernels.triton.attention import attention, tokens_per_block
 from requant.kernels.triton.dense import dense
 from requant.kernels.triton.fused import add_rms_norm, qk_norm_rope, silu_mul_quantize
-
 from requant.runtime import load_model
 from requant.runtime.fast_ops import (
     add_rms_norm_ref,
@@ -76,9 +75,7 @@ def test_qk_norm_rope_equals_its_emulation_and_fills_the_cache():
     heads, kv, dim, t = 6, 2, 16, 7  # 6 query heads: padded to 8 rows in the kernel
     qkv = _bf16(g, t, (heads + 2 * kv) * dim)
     qw, kw = ((torch.rand(dim, generator=g) + 0.5).to(torch.bfloat16) for _ in range(2))
-    cos, sin = (
-        c.reshape(64, dim).contiguous() for c in rope_tables(torch.arange(64), dim, 1e6)
-    )
+    cos, sin = (c.reshape(64, dim).contiguous() for c in rope_tables(torch.arange(64), dim, 1e6))
     pos = torch.tensor([0, 1, 2, 40, 41, 63, 5], dtype=torch.int32)
     rows = torch.tensor([0, 0, 0, 1, 1, 1, 2], dtype=torch.int32)
     kc = torch.zeros(3, kv, 64, dim, dtype=torch.bfloat16)
@@ -86,17 +83,13 @@ def test_qk_norm_rope_equals_its_emulation_and_fills_the_cache():
     q = qk_norm_rope(qkv, qw, kw, cos, sin, pos, rows, kc, vc, heads, kv, 1e-6)
     qr, kr, vr = qk_norm_rope_ref(qkv, qw, kw, cos, sin, pos, heads, kv, 1e-6)
     assert same(q, qr)
-    assert same(kc[rows.long(), :, pos.long()], kr) and same(
-        vc[rows.long(), :, pos.long()], vr
-    )
+    assert same(kc[rows.long(), :, pos.long()], kr) and same(vc[rows.long(), :, pos.long()], vr)
     assert int((kc != 0).any(-1).sum()) == t * kv  # nothing else written
 
 
 def test_silu_mul_quantize_equals_its_emulation():
     g = torch.Generator().manual_seed(2)
-    gu = _bf16(
-        g, 3, 2 * 3000, scale=3.0
-    )  # two slices of SILU_BLOCK_K, the second partial
+    gu = _bf16(g, 3, 2 * 3000, scale=3.0)  # two slices of SILU_BLOCK_K, the second partial
     q, s = silu_mul_quantize(gu)
     qr, sr = silu_mul_quantize_ref(gu)
     assert torch.equal(q, qr) and same(s, sr)
@@ -114,9 +107,7 @@ def test_attention_rows_do_not_depend_on_blocks_or_tiles():
     pos = torch.arange(t, dtype=torch.int32)
 
     def run(blocks, qq=q, pp=pos):
-        return attention(
-            qq, kc, vc, pp, torch.tensor(blocks, dtype=torch.int32), dim**-0.5
-        )
+        return attention(qq, kc, vc, pp, torch.tensor(blocks, dtype=torch.int32), dim**-0.5)
 
     whole = run([(i, min(per, t - i), 0) for i in range(0, t, per)])
     chunks, i = [], 0
@@ -130,22 +121,12 @@ def test_attention_rows_do_not_depend_on_blocks_or_tiles():
     # a second sequence (row 1, 20 tokens) packed after the first
     q2 = torch.cat([q, q[:20]])
     pos2 = torch.cat([pos, torch.arange(20, dtype=torch.int32)])
-    both = run(
-        [(i, min(per, t - i), 0) for i in range(0, t, per)] + [(t, 20, 1)], q2, pos2
-    )
+    both = run([(i, min(per, t - i), 0) for i in range(0, t, per)] + [(t, 20, 1)], q2, pos2)
     assert same(both[:t], whole)
-    ref = attend_prompt(
-        q[:20], kc[1, :, :20].transpose(0, 1), vc[1, :, :20].transpose(0, 1), dim**-0.5
-    )
-    assert (
-        both[t:].float() - ref.float()
-    ).abs().max() <= 2 * 2.0**-8 * ref.float().abs().max()
-    ref0 = attend_prompt(
-        q, kc[0, :, :t].transpose(0, 1), vc[0, :, :t].transpose(0, 1), dim**-0.5
-    )
-    assert (
-        whole.float() - ref0.float()
-    ).abs().max() <= 2 * 2.0**-8 * ref0.float().abs().max()
+    ref = attend_prompt(q[:20], kc[1, :, :20].transpose(0, 1), vc[1, :, :20].transpose(0, 1), dim**-0.5)
+    assert (both[t:].float() - ref.float()).abs().max() <= 2 * 2.0**-8 * ref.float().abs().max()
+    ref0 = attend_prompt(q, kc[0, :, :t].transpose(0, 1), vc[0, :, :t].transpose(0, 1), dim**-0.5)
+    assert (whole.float() - ref0.float()).abs().max() <= 2 * 2.0**-8 * ref0.float().abs().max()
 
 
 def test_dense_rows_do_not_depend_on_the_batch():
@@ -153,13 +134,9 @@ def test_dense_rows_do_not_depend_on_the_batch():
     x = _bf16(g, 70, 96)
     w = _bf16(g, 200, 96, scale=0.1)
     full = dense(x, w)
-    assert all(
-        same(dense(x[i : i + 1], w), full[i : i + 1]) for i in (0, 5, 63, 64, 69)
-    )
+    assert all(same(dense(x[i : i + 1], w), full[i : i + 1]) for i in (0, 5, 63, 64, 69))
     assert same(dense(x[3:40], w), full[3:40])
-    ref = (
-        (x.float() @ w.float().T).to(torch.bfloat16).float()
-    )  # one rounding; sums in another order
+    ref = (x.float() @ w.float().T).to(torch.bfloat16).float()  # one rounding; sums in another order
     assert (full - ref).abs().max() <= 2.0**-7 * ref.abs().max()
 
 
@@ -175,9 +152,7 @@ def micro_fast(tmp_path_factory):
 def test_prefill_chunks_and_decode_give_the_same_logits(micro_fast):
     m = micro_fast
     assert m.fast
-    seq = torch.randint(
-        0, m.arch.vocab, (15,), generator=torch.Generator().manual_seed(5)
-    )
+    seq = torch.randint(0, m.arch.vocab, (15,), generator=torch.Generator().manual_seed(5))
     whole = m.logits([seq])[0]
     cache = m.new_cache(1, 32)
     parts = [m.extend([seq[:2]], cache)]
@@ -200,9 +175,7 @@ def test_alone_equals_in_the_batch_and_is_close_to_the_reference(micro_fast):
     assert all(same(m.logits([p])[0], batch[i]) for i, p in enumerate(prompts))
     gen = m.generate(prompts, 3, keep_logits=True)
     alone = m.generate([prompts[0]], 3, keep_logits=True)
-    assert alone.ids[0] == gen.ids[0] and all(
-        same(alone.step_logits[s][0], gen.step_logits[s][0]) for s in range(3)
-    )
+    assert alone.ids[0] == gen.ids[0] and all(same(alone.step_logits[s][0], gen.step_logits[s][0]) for s in range(3))
     ref = m.with_backends(engine="reference").logits(prompts)
     o, r = torch.cat(batch), torch.cat(ref)
     assert float((o - r).pow(2).mean().sqrt() / r.std()) <= 0.05
@@ -241,6 +214,4 @@ def test_capture_runs_the_reference_engine(micro_fast):
     got = micro_fast.logits(prompts, capture=rec)
     want = micro_fast.with_backends(engine="reference").logits(prompts)
     assert all(same(a, b) for a, b in zip(got, want))
-    assert len(rec.names) == 4 * micro_fast.arch.layers + (
-        "lm_head" in micro_fast.linears
-    )
+    assert len(rec.names) == 4 * micro_fast.arch.layers + ("lm_head" in micro_fast.linears)

@@ -20,9 +20,8 @@ import torch
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
-from requant.kernels.bf16 import bitwise_equal
-
 from requant import DEFAULT_CHECKPOINT
+from requant.kernels.bf16 import bitwise_equal
 from requant.prompts import prompts
 from requant.runtime import load_model
 
@@ -30,9 +29,7 @@ pytestmark = pytest.mark.gpu
 SM90 = torch.cuda.get_device_capability() == (9, 0)
 BACKENDS = [
     "triton",
-    pytest.param(
-        "cutlass", marks=pytest.mark.skipif(not SM90, reason="CUTLASS is sm90a only")
-    ),
+    pytest.param("cutlass", marks=pytest.mark.skipif(not SM90, reason="CUTLASS is sm90a only")),
 ]
 
 
@@ -60,7 +57,6 @@ def toks(model):
 
 def test_fused_kernels_equal_their_cpu_emulation():
     from requant.kernels.triton.fused import add_rms_norm, qk_norm_rope
-
     from requant.runtime.fast_ops import add_rms_norm_ref, qk_norm_rope_ref
     from requant.runtime.ops import rope_tables
 
@@ -72,19 +68,11 @@ def test_fused_kernels_equal_their_cpu_emulation():
         xc = x.cuda()
         h, q, s = add_rms_norm(xc, w.cuda(), 1e-6, delta=d.cuda(), write_h=True)
         xr, hr, qr, sr = add_rms_norm_ref(x, w, 1e-6, delta=d)
-        assert (
-            same(xc.cpu(), xr)
-            and same(h.cpu(), hr)
-            and torch.equal(q.cpu(), qr)
-            and same(s.cpu(), sr)
-        ), (t, n)
+        assert same(xc.cpu(), xr) and same(h.cpu(), hr) and torch.equal(q.cpu(), qr) and same(s.cpu(), sr), (t, n)
     heads, kv, dim, t = 32, 8, 128, 50
     qkv = torch.randn(t, (heads + 2 * kv) * dim, generator=g).to(torch.bfloat16)
     qw, kw = ((torch.rand(dim, generator=g) + 0.5).to(torch.bfloat16) for _ in range(2))
-    cos, sin = (
-        c.reshape(4096, dim).contiguous()
-        for c in rope_tables(torch.arange(4096), dim, 1e6)
-    )
+    cos, sin = (c.reshape(4096, dim).contiguous() for c in rope_tables(torch.arange(4096), dim, 1e6))
     pos = torch.randint(0, 4096, (t,), generator=g, dtype=torch.int32)
     rows = torch.arange(t, dtype=torch.int32)
     kc = torch.zeros(t, kv, 4096, dim, dtype=torch.bfloat16, device="cuda")
@@ -155,9 +143,7 @@ def test_alone_equals_in_the_batch(model, toks, backend):
     for i in (0, 5):
         alone = m.generate([toks[i]], 24, keep_logits=True)
         assert alone.ids[0] == gen.ids[i]
-        assert all(
-            same(alone.step_logits[s][0], gen.step_logits[s][i]) for s in range(24)
-        ), i
+        assert all(same(alone.step_logits[s][0], gen.step_logits[s][i]) for s in range(24)), i
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -174,9 +160,7 @@ def test_graph_equals_eager(model, toks, backend):
 def test_pow2_cutlass_equals_triton_on_the_fast_engine(model, toks):
     a = model.with_backends("cutlass").generate(toks, 64, keep_logits=True)
     b = model.with_backends("triton").generate(toks, 64, keep_logits=True)
-    assert a.ids == b.ids and all(
-        same(x, y) for x, y in zip(a.step_logits, b.step_logits)
-    )
+    assert a.ids == b.ids and all(same(x, y) for x, y in zip(a.step_logits, b.step_logits))
     la, lb = (
         model.with_backends("cutlass").logits(toks),
         model.with_backends("triton").logits(toks),
@@ -216,11 +200,7 @@ def test_fast_engine_parity_with_transformers(model, toks):
     seqs = [t + gen.ids[i][:-1] for i, t in enumerate(toks)]
     r32, r16 = _hf_logits(ref32, seqs), _hf_logits(ref16, seqs)
     pick = [(i, len(t) - 1 + s) for i, t in enumerate(toks) for s in range(12)]
-    dec = [
-        torch.stack(
-            [gen.step_logits[s][i].cpu() for i in range(len(toks)) for s in range(12)]
-        )
-    ]
+    dec = [torch.stack([gen.step_logits[s][i].cpu() for i in range(len(toks)) for s in range(12)])]
     check_against_yardstick(
         deviation(dec, [torch.stack([r32[i][p] for i, p in pick])]),
         deviation(

@@ -85,7 +85,9 @@ def test_version():
 
 
 @pytest.mark.parametrize("command", ["determinism", "eval"])
-@pytest.mark.parametrize("engine,what", [("turbo", "--engine must be one of"), ("fast", "--engine fast needs a CUDA GPU")])
+@pytest.mark.parametrize(
+    "engine,what", [("turbo", "--engine must be one of"), ("fast", "--engine fast needs a CUDA GPU")]
+)
 def test_bad_engine_exits_2_naming_the_option(command, engine, what, monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     res = _invoke(command, "--device", "cpu", "--engine", engine)

@@ -27,14 +27,25 @@ def ids():
 
 @pytest.fixture(scope="module")
 def results(ids):
-    return run(Spec(str(DEFAULT_CHECKPOINT), ids, degrees=(1, 2), runs=RUNS + (Run("cutlass", "native", "bf16", "triton"),),
-                    new_tokens=NEW, device="cuda"), timeout_s=280)
+    return run(
+        Spec(
+            str(DEFAULT_CHECKPOINT),
+            ids,
+            degrees=(1, 2),
+            runs=RUNS + (Run("cutlass", "native", "bf16", "triton"),),
+            new_tokens=NEW,
+            device="cuda",
+        ),
+        timeout_s=280,
+    )
 
 
 @pytest.fixture(scope="module")
 def gloo_results(ids):
-    return run(Spec(str(DEFAULT_CHECKPOINT), ids, degrees=(1, 2, 4), runs=RUNS, new_tokens=NEW, device="cuda",
-                    comm="gloo"), timeout_s=280)
+    return run(
+        Spec(str(DEFAULT_CHECKPOINT), ids, degrees=(1, 2, 4), runs=RUNS, new_tokens=NEW, device="cuda", comm="gloo"),
+        timeout_s=280,
+    )
 
 
 @one_gpu
