@@ -24,8 +24,17 @@ def compare_layer(name: str, regime: str, y_a: torch.Tensor, y_b: torch.Tensor, 
         mismatches = int((y_a.view(torch.int16) != y_b.view(torch.int16)).sum())
         max_ulp = int(ulp_distance(y_a, y_b).max())
     m, k, n = shape
-    return {"name": name, "regime": regime, "bitwise_equal": equal, "mismatches": mismatches, "max_ulp": max_ulp,
-            "elements": m * n, "m": m, "k": k, "n": n}
+    return {
+        "name": name,
+        "regime": regime,
+        "bitwise_equal": equal,
+        "mismatches": mismatches,
+        "max_ulp": max_ulp,
+        "elements": m * n,
+        "m": m,
+        "k": k,
+        "n": n,
+    }
 
 
 def summarize_layers(rows: list[dict]) -> dict:
@@ -41,7 +50,10 @@ def summarize_layers(rows: list[dict]) -> dict:
             "elements": sum(r["elements"] for r in sel),
             "max_ulp": max((r["max_ulp"] for r in sel), default=0),
         }
-    out["line"] = "; ".join(f"{regime}: {out[regime]['bitwise_equal']}/{out[regime]['layers']} layers bitwise equal" if i == 0
-                            else f"{regime}: {out[regime]['bitwise_equal']}/{out[regime]['layers']}"
-                            for i, regime in enumerate(("pow2", "native")))
+    out["line"] = "; ".join(
+        f"{regime}: {out[regime]['bitwise_equal']}/{out[regime]['layers']} layers bitwise equal"
+        if i == 0
+        else f"{regime}: {out[regime]['bitwise_equal']}/{out[regime]['layers']}"
+        for i, regime in enumerate(("pow2", "native"))
+    )
     return out

@@ -136,7 +136,10 @@ def run_audit(ckpt, backends: tuple[str, str], n_prompts: int, device: str, adva
         t_r = time.perf_counter()
         say(f"{regime}: loading quantized Linears")
         linears = load_linears(ckpt, regime, device)
-        model = Model(config, dense, linears, regime=regime, path=getattr(ckpt, "path", None), tokenizer=tok)
+        # The reference engine for both backends: the capture records its operands, and the two
+        # prefills compared end to end (C7) must differ in the GEMM backend alone.
+        model = Model(config, dense, linears, regime=regime, path=getattr(ckpt, "path", None), tokenizer=tok,
+                      engine="reference")
         say(f"{regime}: prefill of {len(token_lists)} prompts with {backends[0]} (capture) and {backends[1]}")
         cap = Capture()
         logits_a = run_prompts(model, token_lists, backends[0], cap)

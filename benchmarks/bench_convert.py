@@ -123,7 +123,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--preset", default="qwen3-1.7b")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--workdir", default=None, help="where to build the checkpoint (default: a temp dir, removed after)")
+    ap.add_argument(
+        "--workdir", default=None, help="where to build the checkpoint (default: a temp dir, removed after)"
+    )
     ap.add_argument("--results", default=str(ROOT / "benchmarks" / "results"))
     a = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT))
@@ -144,14 +146,20 @@ def main(argv=None) -> int:
         runs = {"baseline": [], "baseline_fsync": [], "convert": []}
         load_start = [round(x, 2) for x in os.getloadavg()]
         for i in range(a.repeats):
-            for kind, code, extra in (("baseline", CHILD_BASELINE, ()), ("baseline_fsync", CHILD_BASELINE, ("fsync",)),
-                                      ("convert", CHILD_CONVERT, (str(ROOT),))):
+            for kind, code, extra in (
+                ("baseline", CHILD_BASELINE, ()),
+                ("baseline_fsync", CHILD_BASELINE, ("fsync",)),
+                ("convert", CHILD_CONVERT, (str(ROOT),)),
+            ):
                 out = work / f"out-{kind}"
                 shutil.rmtree(out, ignore_errors=True)
                 r = run_child(code, str(src), str(out), *extra)
                 runs[kind].append(r)
-                print(f"[{i + 1}/{a.repeats}] {kind:8s} {r['seconds']:.2f} s  {total / r['seconds'] / 1e9:.2f} GB/s  "
-                      f"cpu {r['cpu_seconds']:.2f} s  peak RSS {r['peak_rss_mb']:.0f} MB  load {os.getloadavg()[0]:.2f}", flush=True)
+                print(
+                    f"[{i + 1}/{a.repeats}] {kind:8s} {r['seconds']:.2f} s  {total / r['seconds'] / 1e9:.2f} GB/s  "
+                    f"cpu {r['cpu_seconds']:.2f} s  peak RSS {r['peak_rss_mb']:.0f} MB  load {os.getloadavg()[0]:.2f}",
+                    flush=True,
+                )
                 shutil.rmtree(out, ignore_errors=True)
 
         def med(xs):
@@ -166,21 +174,48 @@ def main(argv=None) -> int:
             "command": "python3 benchmarks/bench_convert.py " + " ".join(argv if argv is not None else sys.argv[1:]),
             "preset": a.preset,
             "load_average_at_start": load_start,
-            "note": ("the machine is shared (other jobs run on its 2 cores): convert uses both cores, the baseline "
-                     "one, so contention hurts convert more; compare the per-run pairs in 'runs'"),
-            "machine": {"cpus": os.cpu_count(), "load_average_at_end": [round(x, 2) for x in os.getloadavg()], "platform": platform.platform(), "python": platform.python_version(),
-                        "torch": __import__("torch").__version__, "safetensors": __import__("safetensors").__version__},
-            "checkpoint": {"shards": len(list(src.glob("*.safetensors"))), "bytes": total, "largest_tensor_bytes": largest,
-                           "quantized_linears": sum(1 for _, k, _ in plan(p) if k == "linear"), "generate_seconds": round(gen_s, 1)},
-            "baseline_load_save": {"median_seconds": round(b_s, 3), "best_seconds": round(min(r["seconds"] for r in runs["baseline"]), 3),
-                                   "median_cpu_seconds": round(med([r["cpu_seconds"] for r in runs["baseline"]]), 3), "throughput_gb_s": round(total / b_s / 1e9, 3), "peak_rss_mb": round(b_rss)},
-            "convert_nearest": {"median_seconds": round(c_s, 3), "best_seconds": round(min(r["seconds"] for r in runs["convert"]), 3),
-                                "median_cpu_seconds": round(med([r["cpu_seconds"] for r in runs["convert"]]), 3), "throughput_gb_s": round(total / c_s / 1e9, 3), "peak_rss_mb": round(c_rss),
-                                "rss_after_import_mb": round(max(r["rss_after_import_mb"] for r in runs["convert"])),
-                                "scales_changed": runs["convert"][0]["scales_changed"], "weights_clipped": runs["convert"][0]["weights_clipped"],
-                                "rel_weight_error": runs["convert"][0]["rel_weight_error"]},
-            "baseline_load_save_fsync": {"median_seconds": round(bf_s, 3), "throughput_gb_s": round(total / bf_s / 1e9, 3),
-                                         "note": "the same load + save, then fsync of every output file and directory, as convert does"},
+            "note": (
+                "the machine is shared (other jobs run on its 2 cores): convert uses both cores, the baseline "
+                "one, so contention hurts convert more; compare the per-run pairs in 'runs'"
+            ),
+            "machine": {
+                "cpus": os.cpu_count(),
+                "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
+                "platform": platform.platform(),
+                "python": platform.python_version(),
+                "torch": __import__("torch").__version__,
+                "safetensors": __import__("safetensors").__version__,
+            },
+            "checkpoint": {
+                "shards": len(list(src.glob("*.safetensors"))),
+                "bytes": total,
+                "largest_tensor_bytes": largest,
+                "quantized_linears": sum(1 for _, k, _ in plan(p) if k == "linear"),
+                "generate_seconds": round(gen_s, 1),
+            },
+            "baseline_load_save": {
+                "median_seconds": round(b_s, 3),
+                "best_seconds": round(min(r["seconds"] for r in runs["baseline"]), 3),
+                "median_cpu_seconds": round(med([r["cpu_seconds"] for r in runs["baseline"]]), 3),
+                "throughput_gb_s": round(total / b_s / 1e9, 3),
+                "peak_rss_mb": round(b_rss),
+            },
+            "convert_nearest": {
+                "median_seconds": round(c_s, 3),
+                "best_seconds": round(min(r["seconds"] for r in runs["convert"]), 3),
+                "median_cpu_seconds": round(med([r["cpu_seconds"] for r in runs["convert"]]), 3),
+                "throughput_gb_s": round(total / c_s / 1e9, 3),
+                "peak_rss_mb": round(c_rss),
+                "rss_after_import_mb": round(max(r["rss_after_import_mb"] for r in runs["convert"])),
+                "scales_changed": runs["convert"][0]["scales_changed"],
+                "weights_clipped": runs["convert"][0]["weights_clipped"],
+                "rel_weight_error": runs["convert"][0]["rel_weight_error"],
+            },
+            "baseline_load_save_fsync": {
+                "median_seconds": round(bf_s, 3),
+                "throughput_gb_s": round(total / bf_s / 1e9, 3),
+                "note": "the same load + save, then fsync of every output file and directory, as convert does",
+            },
             "throughput_ratio_convert_over_baseline": round(b_s / c_s, 3),
             "throughput_ratio_convert_over_durable_baseline": round(bf_s / c_s, 3),
             "goals": {
@@ -193,8 +228,22 @@ def main(argv=None) -> int:
         Path(a.results).mkdir(parents=True, exist_ok=True)
         dest = Path(a.results) / f"convert_{a.preset}.json"
         dest.write_text(json.dumps(result, indent=2) + "\n")
-        print(json.dumps({k: result[k] for k in ("baseline_load_save", "baseline_load_save_fsync", "convert_nearest", "throughput_ratio_convert_over_baseline",
-                                                 "throughput_ratio_convert_over_durable_baseline", "goals")}, indent=2))
+        print(
+            json.dumps(
+                {
+                    k: result[k]
+                    for k in (
+                        "baseline_load_save",
+                        "baseline_load_save_fsync",
+                        "convert_nearest",
+                        "throughput_ratio_convert_over_baseline",
+                        "throughput_ratio_convert_over_durable_baseline",
+                        "goals",
+                    )
+                },
+                indent=2,
+            )
+        )
         print(f"wrote {dest}")
     finally:
         if not a.workdir:

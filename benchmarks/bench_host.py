@@ -47,9 +47,11 @@ from requant.kernels.triton import _launch  # noqa: E402
 
 BEFORE = "7b4df52"  # the last commit before issue 10's changes
 BACKEND = make_backend(GPUTarget("cuda", 90, 32))
-SHAPES = [("Qwen3-1.7B gate,up, M=512 (issue 8's 512 x 2048 x 6144)", 512, 6144, 2048),
-          ("Qwen3-8B q,o, M=16 (decode, pointer kernel)", 16, 4096, 4096),
-          ("Qwen3-8B k,v, M=128", 128, 1024, 4096)]
+SHAPES = [
+    ("Qwen3-1.7B gate,up, M=512 (issue 8's 512 x 2048 x 6144)", 512, 6144, 2048),
+    ("Qwen3-8B q,o, M=16 (decode, pointer kernel)", 16, 4096, 4096),
+    ("Qwen3-8B k,v, M=128", 128, 1024, 4096),
+]
 
 
 class _JitBookkeeping:
@@ -66,6 +68,7 @@ class _JitBookkeeping:
             kw["instrumentation_mode"] = ""
             _, spec, options = self.binder(*args, **kw)
             compute_cache_key(self.cache, spec, options)
+
         return run
 
 
@@ -110,7 +113,7 @@ def _old_path():
 
     def call(a, w, s_a, s_w):
         # kernels/__init__.py then kernels/triton/__init__.py as of BEFORE (device context omitted)
-        fn = getattr(importlib.import_module("_old_triton_pkg"), "scaled_mm")
+        fn = importlib.import_module("_old_triton_pkg").scaled_mm
         if not (a.device.type == "cuda" or a.device.type == "cpu"):
             raise RuntimeError
         return fn(a, w, s_a, s_w)
@@ -155,13 +158,25 @@ def main():
         # The output allocation is in both paths; on the CPU it is a malloc (tens of us for large
         # outputs), on a GPU the caching allocator's few us. Reported apart, and subtracted.
         t_out = _time_us(lambda: torch.empty((m, n), dtype=torch.bfloat16), args.number)
-        rows.append({"shape": label, "m": m, "n": n, "k": k, "before_us": t_old, "after_us": t_new, "output_alloc_us": t_out})
-        print(f"{label:58s} before {t_old - t_out:6.1f} us  after {t_new - t_out:6.1f} us  (+ {t_out:4.1f} us CPU output "
-              f"allocation in both)  saved {t_old - t_new:6.1f} us", flush=True)
-    res = {"command": "python3 benchmarks/bench_host.py " + " ".join(sys.argv[1:]), "before_commit": BEFORE,
-           "python": platform.python_version(), "torch": torch.__version__,
-           "triton": __import__("triton").__version__, "cpu": platform.processor() or platform.machine(),
-           "cores": os.cpu_count(), "rows": rows, "note": __doc__}
+        rows.append(
+            {"shape": label, "m": m, "n": n, "k": k, "before_us": t_old, "after_us": t_new, "output_alloc_us": t_out}
+        )
+        print(
+            f"{label:58s} before {t_old - t_out:6.1f} us  after {t_new - t_out:6.1f} us  (+ {t_out:4.1f} us CPU output "
+            f"allocation in both)  saved {t_old - t_new:6.1f} us",
+            flush=True,
+        )
+    res = {
+        "command": "python3 benchmarks/bench_host.py " + " ".join(sys.argv[1:]),
+        "before_commit": BEFORE,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "triton": __import__("triton").__version__,
+        "cpu": platform.processor() or platform.machine(),
+        "cores": os.cpu_count(),
+        "rows": rows,
+        "note": __doc__,
+    }
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "host_overhead.json"), "w") as f:
         json.dump(res, f, indent=1)

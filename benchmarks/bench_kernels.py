@@ -45,7 +45,12 @@ from requant.kernels.triton.scaled_mm import CONFIGS as TRITON_CONFIGS  # noqa: 
 QWEN3 = {
     "Qwen3-1.7B": [("q,o", 2048, 2048, 2), ("k,v", 1024, 2048, 2), ("gate,up", 6144, 2048, 2), ("down", 2048, 6144, 1)],
     "Qwen3-8B": [("q,o", 4096, 4096, 2), ("k,v", 1024, 4096, 2), ("gate,up", 12288, 4096, 2), ("down", 4096, 12288, 1)],
-    "Qwen3-14B": [("q,o", 5120, 5120, 2), ("k,v", 1024, 5120, 2), ("gate,up", 17408, 5120, 2), ("down", 5120, 17408, 1)],
+    "Qwen3-14B": [
+        ("q,o", 5120, 5120, 2),
+        ("k,v", 1024, 5120, 2),
+        ("gate,up", 17408, 5120, 2),
+        ("down", 5120, 17408, 1),
+    ],
 }
 MS = [1, 16, 128, 512, 2048, 4096, 8192]
 BACKENDS = ["cutlass", "triton", "int_mm", "int_mm+s", "bf16"]
@@ -108,8 +113,10 @@ def operands(m, n, k):
 
 def bench_shape(m, n, k, rep):
     sets = [operands(m, n, k) for _ in range(_copies(m, n, k))]
-    bsets = [(torch.randn(m, k, device="cuda", dtype=torch.bfloat16), torch.randn(n, k, device="cuda", dtype=torch.bfloat16))
-             for _ in range(_copies(m, n, k, elem=2))]
+    bsets = [
+        (torch.randn(m, k, device="cuda", dtype=torch.bfloat16), torch.randn(n, k, device="cuda", dtype=torch.bfloat16))
+        for _ in range(_copies(m, n, k, elem=2))
+    ]
 
     def int_mm_scaled(a, w, s_a, s_w):
         return (torch._int_mm(a, w.t()).float() * s_a * s_w.reshape(1, -1)).to(torch.bfloat16)
@@ -172,20 +179,29 @@ def markdown(result):
     any_fallback = bool(any(fb.values()))
     for key, when in (("square_8192", "first"), ("square_8192_end", "last")):
         sq = result[key]
-        lines.append(f"8192 x 8192 x 8192 ({when} in the run): " + ", ".join(
-            f"{b} {sq[b]['tops']:.0f}{_star(sq[b].get('method', GRAPH) != GRAPH)}" for b in BACKENDS if b in sq)
-                     + " (TOPS; bf16 in TFLOP/s; int_mm+s counts the separate scale op)")
+        lines.append(
+            f"8192 x 8192 x 8192 ({when} in the run): "
+            + ", ".join(
+                f"{b} {sq[b]['tops']:.0f}{_star(sq[b].get('method', GRAPH) != GRAPH)}" for b in BACKENDS if b in sq
+            )
+            + " (TOPS; bf16 in TFLOP/s; int_mm+s counts the separate scale op)"
+        )
         any_fallback |= any(v.get("method", GRAPH) != GRAPH for v in sq.values())
         lines.append("")
     if "square_8192_cutlass_early" in result:
         early_fb = fb.get("square_8192_cutlass_early", [])
-        lines.append("8192^3 CUTLASS tiles, measured right after the first line: " + ", ".join(
-            f"{k} {v:.0f}{_star(k in early_fb)}" for k, v in result["square_8192_cutlass_early"].items()) + " (TOPS)")
+        lines.append(
+            "8192^3 CUTLASS tiles, measured right after the first line: "
+            + ", ".join(f"{k} {v:.0f}{_star(k in early_fb)}" for k, v in result["square_8192_cutlass_early"].items())
+            + " (TOPS)"
+        )
         lines.append("")
     lines.append("")
     lines.append("One decoder layer's Linears (q, k, v, o, gate, up, down; summed times), TOPS:")
     lines.append("")
-    lines.append("| model | M | CUTLASS | Triton | torch._int_mm | _int_mm + scales | bf16 (TFLOP/s) | CUTLASS / _int_mm | Triton / CUTLASS |")
+    lines.append(
+        "| model | M | CUTLASS | Triton | torch._int_mm | _int_mm + scales | bf16 (TFLOP/s) | CUTLASS / _int_mm | Triton / CUTLASS |"
+    )
     lines.append("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for row in result["layers"]:
         t = row["tops"]
@@ -194,7 +210,9 @@ def markdown(result):
         f = lambda b: f"{t[b]:.0f}{_star(meth.get(b, GRAPH) != GRAPH)}" if b in t else "n/a"  # noqa: E731
         r1 = f"{t['cutlass'] / t['int_mm']:.2f}" if "int_mm" in t else "n/a"
         r2 = f"{t['triton'] / t['cutlass']:.2f}"
-        lines.append(f"| {row['model']} | {row['m']} | {f('cutlass')} | {f('triton')} | {f('int_mm')} | {f('int_mm+s')} | {f('bf16')} | {r1} | {r2} |")
+        lines.append(
+            f"| {row['model']} | {row['m']} | {f('cutlass')} | {f('triton')} | {f('int_mm')} | {f('int_mm+s')} | {f('bf16')} | {r1} | {r2} |"
+        )
     lines.append("")
     lines.append("Per shape, TOPS (cutlass / triton / int_mm / bf16):")
     lines.append("")
@@ -207,8 +225,12 @@ def markdown(result):
             cells = []
             for m in MS:
                 r = result["shapes"][f"{model}|{lin}|{m}"]
-                cells.append(" / ".join(f"{r[b]['tops']:.0f}{_star(r[b].get('method', GRAPH) != GRAPH)}" if b in r else "-"
-                                        for b in ("cutlass", "triton", "int_mm", "bf16")))
+                cells.append(
+                    " / ".join(
+                        f"{r[b]['tops']:.0f}{_star(r[b].get('method', GRAPH) != GRAPH)}" if b in r else "-"
+                        for b in ("cutlass", "triton", "int_mm", "bf16")
+                    )
+                )
             lines.append(f"| {model} | {lin} | {n} x {k} | " + " | ".join(cells) + " |")
     lines.append("")
     lines.append("Tile sweeps (TOPS):")
@@ -216,11 +238,15 @@ def markdown(result):
     for key, res in result["sweeps"].items():
         best = max(res, key=res.get)
         sfb = fb.get(key, [])
-        lines.append(f"- {key}: " + ", ".join(f"{k} {v:.0f}{_star(k in sfb)}" for k, v in res.items()) + f"  (best: {best})")
+        lines.append(
+            f"- {key}: " + ", ".join(f"{k} {v:.0f}{_star(k in sfb)}" for k, v in res.items()) + f"  (best: {best})"
+        )
     if any_fallback:
         lines.append("")
-        lines.append("\\* timed by triton.testing.do_bench on one operand copy (CUDA graph capture failed): "
-                     "L2-warm, not comparable with the other points.")
+        lines.append(
+            "\\* timed by triton.testing.do_bench on one operand copy (CUDA graph capture failed): "
+            "L2-warm, not comparable with the other points."
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -251,8 +277,12 @@ def main():
     print("8192^3", {b: round(v["tops"]) for b, v in result["square_8192"].items()}, flush=True)
     # Right after, on the still cool chip: the default CUTLASS tile and the Cooperative 128x256
     # (which led the late 8192^3 sweep of the first run with swizzle 8), swizzles 1 and 8.
-    result["square_8192_cutlass_early"], result["do_bench_fallback"]["square_8192_cutlass_early"] = square_cutlass_tiles(100)
-    print("8192^3 CUTLASS tiles early", {k: round(v) for k, v in result["square_8192_cutlass_early"].items()}, flush=True)
+    result["square_8192_cutlass_early"], result["do_bench_fallback"]["square_8192_cutlass_early"] = (
+        square_cutlass_tiles(100)
+    )
+    print(
+        "8192^3 CUTLASS tiles early", {k: round(v) for k, v in result["square_8192_cutlass_early"].items()}, flush=True
+    )
     for model in args.models.split(","):
         for m in MS:
             total_ops = 0.0
@@ -285,8 +315,10 @@ def main():
         json.dump(result, f, indent=1)
     md = markdown(result)
     with open(os.path.join(args.out, "kernels_bench.md"), "w") as f:
-        f.write(f"# W8A8 kernel benchmark\n\n{result['device']}, torch {result['torch']}, triton {result['triton']}, CUDA {result['cuda']}\n"
-                f"Command: `{result['command']}`, run by `bash benchmarks/gpu_kernels.sh` on the device machine\n\n{md}")
+        f.write(
+            f"# W8A8 kernel benchmark\n\n{result['device']}, torch {result['torch']}, triton {result['triton']}, CUDA {result['cuda']}\n"
+            f"Command: `{result['command']}`, run by `bash benchmarks/gpu_kernels.sh` on the device machine\n\n{md}"
+        )
     print(md)
 
 

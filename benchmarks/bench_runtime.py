@@ -28,6 +28,12 @@ quantize_activations call checks its input for NaN/inf on the host (one device s
 call). Activation quantization: --act-backend (default triton on CUDA, reference on CPU;
 both give the same bits).
 Writes DIR/bench_runtime.json (as it goes) and DIR/bench_runtime.md; progress on stderr.
+
+--synthetic qwen3-1.7b,qwen3-8b runs the fast engine's benchmark instead (random weights made
+on the GPU, no checkpoint; benchmarks/bench_runtime_fast.py says what it measures): prefill
+1 x 2048 / 8 x 512 / mixed, decode with CUDA graphs and eagerly, transformers bf16 in the same
+process, the invariance checks and the price of each invariance. Writes
+DIR/bench_runtime_fast.json and .md.
 """
 
 from __future__ import annotations
@@ -65,6 +71,7 @@ def stats(values: list[float]) -> dict:
 
 # -- requant ----------------------------------------------------------------------------------
 
+
 def requant_prefill(model, ids: torch.Tensor) -> float:
     """Seconds for one prefill of ids (last position's logits)."""
     sync(model.device)
@@ -90,6 +97,7 @@ def requant_decode(model, prompts: list[torch.Tensor], new_tokens: int) -> float
 
 
 # -- transformers -----------------------------------------------------------------------------
+
 
 def hf_model(ckpt, device):
     """transformers' Qwen3ForCausalLM in bf16 with the checkpoint's weights dequantized
@@ -158,6 +166,7 @@ def hf_decode(model, prompts: list[torch.Tensor], new_tokens: int) -> float:
 
 # -- one checkpoint -----------------------------------------------------------------------------
 
+
 def bench_checkpoint(path: str, args, record: dict, flush) -> None:
     from requant.tokenizer import byte_ids_allowed
 
@@ -169,11 +178,28 @@ def _bench_checkpoint(path: str, args, record: dict, flush) -> None:
     from requant.checkpoint import open_checkpoint
     from requant.determinism import run_determinism
     from requant.runtime import load_model
+
     dev = args.device
     ckpt = open_checkpoint(path)
-    entry = {"checkpoint": str(ckpt.path), "name": Path(str(ckpt.path)).name, "config": {k: ckpt.config.get(k) for k in (
-        "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "vocab_size",
-        "tie_word_embeddings")}, "quantized_linears": len(ckpt.quantized_linears), "rows": {}, "timings": {}}
+    entry = {
+        "checkpoint": str(ckpt.path),
+        "name": Path(str(ckpt.path)).name,
+        "config": {
+            k: ckpt.config.get(k)
+            for k in (
+                "hidden_size",
+                "intermediate_size",
+                "num_hidden_layers",
+                "num_attention_heads",
+                "num_key_value_heads",
+                "vocab_size",
+                "tie_word_embeddings",
+            )
+        },
+        "quantized_linears": len(ckpt.quantized_linears),
+        "rows": {},
+        "timings": {},
+    }
     record["checkpoints"].append(entry)
     t = time.perf_counter()
     log(f"{entry['name']}: loading native to {dev}")
@@ -182,7 +208,9 @@ def _bench_checkpoint(path: str, args, record: dict, flush) -> None:
     entry["timings"]["load_native_s"] = round(time.perf_counter() - t, 2)
     t = time.perf_counter()
     log(f"{entry['name']}: pow2 (nearest arm, requantized in memory)")
-    pow2 = load_model(ckpt, regime="pow2", backend=args.backends[0], act_backend=args.act_backend, device=dev, share=native)
+    pow2 = load_model(
+        ckpt, regime="pow2", backend=args.backends[0], act_backend=args.act_backend, device=dev, share=native
+    )
     sync(dev)
     entry["timings"]["load_pow2_s"] = round(time.perf_counter() - t, 2)
     variants = {}
@@ -213,28 +241,40 @@ def _bench_checkpoint(path: str, args, record: dict, flush) -> None:
             work = n
         else:
             prompts = [torch.randint(0, vocab, (args.prompt_len,), generator=gen).to(dev) for _ in range(n)]
-            run = {"requant": lambda m: requant_decode(m, prompts, args.new_tokens),
-                   "transformers": lambda m: hf_decode(m, prompts, args.new_tokens)}
+            run = {
+                "requant": lambda m: requant_decode(m, prompts, args.new_tokens),
+                "transformers": lambda m: hf_decode(m, prompts, args.new_tokens),
+            }
             # warm-up: two decode steps compile/load every kernel a step uses (same shapes)
-            warm = {"requant": lambda m: requant_decode(m, prompts, 3), "transformers": lambda m: hf_decode(m, prompts, 3)}
+            warm = {
+                "requant": lambda m: requant_decode(m, prompts, 3),
+                "transformers": lambda m: hf_decode(m, prompts, 3),
+            }
             work = n * (args.new_tokens - 1)
         key = f"{kind} {n}"
         log(f"{entry['name']}: {key}: warm-up")
         for name, (engine, m) in variants.items():
             warm[engine](m)
         times = {name: [] for name in variants}
-        for rep in range(args.reps):
+        for _rep in range(args.reps):
             for name, (engine, m) in variants.items():
                 times[name].append(run[engine](m))
         for name in variants:
             results[name][key] = stats([work / s for s in times[name]])
-        log(f"{entry['name']}: {key}: " + ", ".join(f"{name} {results[name][key]['median']:.0f} tok/s" for name in variants))
+        log(
+            f"{entry['name']}: {key}: "
+            + ", ".join(f"{name} {results[name][key]['median']:.0f} tok/s" for name in variants)
+        )
         entry["rows"] = results
         flush()
     entry["timings"]["speed_s"] = round(time.perf_counter() - t_speed, 2)
     entry["pow2_over_native"] = {
-        b: {key: results[f"{b} pow2"][key]["median"] / results[f"{b} native"][key]["median"] for key in results[f"{b} native"]}
-        for b in args.backends}
+        b: {
+            key: results[f"{b} pow2"][key]["median"] / results[f"{b} native"][key]["median"]
+            for key in results[f"{b} native"]
+        }
+        for b in args.backends
+    }
     flush()
     del variants
     if hf is not None:
@@ -244,27 +284,54 @@ def _bench_checkpoint(path: str, args, record: dict, flush) -> None:
             torch.cuda.empty_cache()
     if args.det_prompts:
         t = time.perf_counter()
-        log(f"{entry['name']}: determinism, {args.det_prompts} prompts x {args.det_new_tokens} tokens, {args.backends[0]} vs {args.backends[1]}")
-        det = run_determinism(ckpt, tuple(args.backends), args.det_prompts, args.det_new_tokens, dev, act_backend=args.act_backend,
-                              models={"native": native, "pow2": pow2})
-        entry["determinism"] = {"summary": det["summary"], "ok": det["ok"], "tokenizer": det["tokenizer"],
-                                "regimes": {r: {"identical": v["identical"], "total": v["total"],
-                                                "first_divergence": [p["first_divergence"] for p in v["prompts"]]}
-                                            for r, v in det["regimes"].items()},
-                                "batch_invariance": det["batch_invariance"], "batch_invariant": det["batch_invariant"],
-                                "new_tokens": args.det_new_tokens}
+        log(
+            f"{entry['name']}: determinism, {args.det_prompts} prompts x {args.det_new_tokens} tokens, {args.backends[0]} vs {args.backends[1]}"
+        )
+        det = run_determinism(
+            ckpt,
+            tuple(args.backends),
+            args.det_prompts,
+            args.det_new_tokens,
+            dev,
+            act_backend=args.act_backend,
+            models={"native": native, "pow2": pow2},
+        )
+        entry["determinism"] = {
+            "summary": det["summary"],
+            "ok": det["ok"],
+            "tokenizer": det["tokenizer"],
+            "regimes": {
+                r: {
+                    "identical": v["identical"],
+                    "total": v["total"],
+                    "first_divergence": [p["first_divergence"] for p in v["prompts"]],
+                }
+                for r, v in det["regimes"].items()
+            },
+            "batch_invariance": det["batch_invariance"],
+            "batch_invariant": det["batch_invariant"],
+            "new_tokens": args.det_new_tokens,
+        }
         entry["timings"]["determinism_s"] = round(time.perf_counter() - t, 2)
         log(f"{entry['name']}: {det['summary']}; batch-invariant: {det['batch_invariant']}")
         flush()
 
 
 def markdown(record: dict) -> str:
-    lines = ["# requant runtime benchmark", "", "```bash", record["command"], "```", "",
-             f"- device: {record['environment'].get('gpu') or record['environment'].get('cpu')}; torch {record['environment']['torch']}; "
-             f"backends {', '.join(record['settings']['backends'])}; activations {record['settings']['act_backend']}",
-             f"- prefill: one prompt of N tokens, last logits only; decode: B prompts of {record['settings']['prompt_len']} tokens, "
-             f"{record['settings']['new_tokens'] - 1} timed greedy steps with the KV cache; tokens/s, median of "
-             f"{record['settings']['reps']} [min-max] after a warm-up; eager (no CUDA graphs)", ""]
+    lines = [
+        "# requant runtime benchmark",
+        "",
+        "```bash",
+        record["command"],
+        "```",
+        "",
+        f"- device: {record['environment'].get('gpu') or record['environment'].get('cpu')}; torch {record['environment']['torch']}; "
+        f"backends {', '.join(record['settings']['backends'])}; activations {record['settings']['act_backend']}",
+        f"- prefill: one prompt of N tokens, last logits only; decode: B prompts of {record['settings']['prompt_len']} tokens, "
+        f"{record['settings']['new_tokens'] - 1} timed greedy steps with the KV cache; tokens/s, median of "
+        f"{record['settings']['reps']} [min-max] after a warm-up; eager (no CUDA graphs)",
+        "",
+    ]
     for e in record["checkpoints"]:
         lines += [f"## {e['name']}", "", f"`{e['checkpoint']}`: {e['config']}; timings {e['timings']}", ""]
         rows = e.get("rows") or {}
@@ -272,18 +339,29 @@ def markdown(record: dict) -> str:
         if keys:
             lines += ["| engine | " + " | ".join(f"{k} tok/s" for k in keys) + " |", "| --- |" + " ---: |" * len(keys)]
             for name, r in rows.items():
-                lines.append(f"| {name} | " + " | ".join(f"{r[k]['median']:.0f} [{r[k]['min']:.0f}-{r[k]['max']:.0f}]" for k in keys) + " |")
+                lines.append(
+                    f"| {name} | "
+                    + " | ".join(f"{r[k]['median']:.0f} [{r[k]['min']:.0f}-{r[k]['max']:.0f}]" for k in keys)
+                    + " |"
+                )
             lines.append("")
         if e.get("pow2_over_native"):
-            lines += ["pow2 / native tokens/s, same kernel (the claim: 1.00):", "",
-                      "| backend | " + " | ".join(keys) + " |", "| --- |" + " ---: |" * len(keys)]
+            lines += [
+                "pow2 / native tokens/s, same kernel (the claim: 1.00):",
+                "",
+                "| backend | " + " | ".join(keys) + " |",
+                "| --- |" + " ---: |" * len(keys),
+            ]
             for b, r in e["pow2_over_native"].items():
                 lines.append(f"| {b} | " + " | ".join(f"{r[k]:.3f}" for k in keys) + " |")
             lines.append("")
         if e.get("determinism"):
             d = e["determinism"]
-            lines += [f"Determinism ({d['new_tokens']} new tokens): **{d['summary']}**; batch-invariant (each prompt alone "
-                      f"vs in the batch, every regime and backend): **{'yes' if d['batch_invariant'] else 'NO'}**", ""]
+            lines += [
+                f"Determinism ({d['new_tokens']} new tokens): **{d['summary']}**; batch-invariant (each prompt alone "
+                f"vs in the batch, every regime and backend): **{'yes' if d['batch_invariant'] else 'NO'}**",
+                "",
+            ]
     return "\n".join(lines) + "\n"
 
 
@@ -292,18 +370,33 @@ def main(argv=None) -> int:
     ap.add_argument("checkpoints", nargs="*", help="W8A8 checkpoint directories (default: the embedded default)")
     ap.add_argument("--out", required=True, help="directory for bench_runtime.json and bench_runtime.md")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--backends", default=None, help="'cutlass,triton' (GPU default) or 'reference' (the emulated pair)")
-    ap.add_argument("--act-backend", default=None, help="quantize_activations backend (default: triton on CUDA, reference on CPU)")
+    ap.add_argument(
+        "--backends", default=None, help="'cutlass,triton' (GPU default) or 'reference' (the emulated pair)"
+    )
+    ap.add_argument(
+        "--act-backend", default=None, help="quantize_activations backend (default: triton on CUDA, reference on CPU)"
+    )
     ap.add_argument("--prefill", default="512,2048", help="prefill lengths")
     ap.add_argument("--batches", default="1,8,64", help="decode batch sizes")
     ap.add_argument("--prompt-len", type=int, default=16, help="decode prompt length (random ids)")
-    ap.add_argument("--new-tokens", type=int, default=32, help="new tokens per decode run (the first comes from the prefill)")
+    ap.add_argument(
+        "--new-tokens", type=int, default=32, help="new tokens per decode run (the first comes from the prefill)"
+    )
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--det-prompts", type=int, default=8, help="determinism prompts (0 = skip)")
     ap.add_argument("--det-new-tokens", type=int, default=32)
     ap.add_argument("--no-transformers", action="store_true", help="skip the transformers bf16 baseline")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: 1 on CPU)")
+    ap.add_argument("--synthetic", default=None, help="fast-engine benchmark on random GPU weights of these presets")
+    ap.add_argument("--steps", type=int, default=32, help="--synthetic: timed decode steps")
+    ap.add_argument(
+        "--hbm", type=float, default=4.8e12, help="--synthetic: HBM bytes/s for the weight-read bound (H200)"
+    )
+    ap.add_argument("--reference", action="store_true", help="--synthetic: also time the reference engine (before)")
+    ap.add_argument("--no-invariance", action="store_true", help="--synthetic: skip the invariance checks")
     args = ap.parse_args(argv)
+    if args.synthetic:
+        return main_synthetic(args, argv)
 
     from requant import DEFAULT_CHECKPOINT
     from requant.backends import environment, parse_backends
@@ -320,11 +413,28 @@ def main(argv=None) -> int:
     ckpts = args.checkpoints or [str(DEFAULT_CHECKPOINT)]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    record = {"tool": "benchmarks/bench_runtime.py", "command": " ".join(["python3", "benchmarks/bench_runtime.py"] + (argv or sys.argv[1:])),
-              "commit": os.environ.get("REQUANT_COMMIT"), "environment": environment(args.device),
-              "settings": {k: getattr(args, k) for k in ("backends", "act_backend", "prefill", "batches", "prompt_len", "new_tokens",
-                                                         "reps", "det_prompts", "det_new_tokens", "device")},
-              "checkpoints": []}
+    record = {
+        "tool": "benchmarks/bench_runtime.py",
+        "command": " ".join(["python3", "benchmarks/bench_runtime.py"] + (argv or sys.argv[1:])),
+        "commit": os.environ.get("REQUANT_COMMIT"),
+        "environment": environment(args.device),
+        "settings": {
+            k: getattr(args, k)
+            for k in (
+                "backends",
+                "act_backend",
+                "prefill",
+                "batches",
+                "prompt_len",
+                "new_tokens",
+                "reps",
+                "det_prompts",
+                "det_new_tokens",
+                "device",
+            )
+        },
+        "checkpoints": [],
+    }
 
     def flush():
         tmp = out / ".bench_runtime.json.tmp"
@@ -347,6 +457,56 @@ def main(argv=None) -> int:
     flush()
     (out / "bench_runtime.md").write_text(markdown(record))
     print(markdown(record))
+    return 0
+
+
+def main_synthetic(args, argv) -> int:
+    import bench_runtime_fast as fast
+
+    from requant.backends import environment, parse_backends
+
+    args.backends = list(parse_backends(args.backends or "cutlass,triton"))
+    args.invariance = not args.no_invariance
+    args.batches = [int(x) for x in args.batches.split(",") if x]
+    if args.prompt_len == 16:
+        args.prompt_len = 128
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    record = {
+        "tool": "benchmarks/bench_runtime.py --synthetic",
+        "command": " ".join(["python3", "benchmarks/bench_runtime.py"] + (argv or sys.argv[1:])),
+        "commit": os.environ.get("REQUANT_COMMIT"),
+        "environment": environment("cuda"),
+        "settings": {k: getattr(args, k) for k in ("backends", "batches", "prompt_len", "steps", "reps", "hbm")},
+        "shapes": [],
+    }
+
+    def flush():
+        tmp = out / ".bench_runtime_fast.json.tmp"
+        tmp.write_text(json.dumps(record, indent=1) + "\n")
+        os.replace(tmp, out / "bench_runtime_fast.json")
+
+    if "cutlass" in args.backends:
+        t = time.perf_counter()
+        from requant.kernels import cutlass
+
+        cutlass.build()
+        record["cutlass_build_s"] = round(time.perf_counter() - t, 2)
+    if len(args.backends) > 1 and not args.no_invariance:
+        record["determinism_default"] = fast._guard(fast.users, args.backends)
+        log(f"requant determinism on the default, per engine: {record['determinism_default']}")
+        flush()
+    for name in args.synthetic.split(","):
+        t = time.perf_counter()
+        record["shapes"].append(fast.bench_shape(name, args, log))
+        record["shapes"][-1]["seconds"] = round(time.perf_counter() - t, 1)
+        flush()
+        gc.collect()
+        torch.cuda.empty_cache()
+    record["wall_seconds"] = round(time.perf_counter() - T0, 2)
+    flush()
+    (out / "bench_runtime_fast.md").write_text(fast.markdown(record))
+    print(fast.markdown(record))
     return 0
 
 

@@ -51,8 +51,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
-import requant.kernels as K  # noqa: E402
 from bench_speed_report import markdown  # noqa: E402
+
+import requant.kernels as K  # noqa: E402
 from requant.kernels import cutlass as ck  # noqa: E402
 from requant.kernels import reference as ref  # noqa: E402
 from requant.kernels.bf16 import bitwise_equal  # noqa: E402
@@ -61,7 +62,12 @@ from requant.kernels.triton import scaled_mm as t_scaled_mm  # noqa: E402
 QWEN3 = {  # (Linear, N, K, how many of them per decoder layer)
     "Qwen3-1.7B": [("q,o", 2048, 2048, 2), ("k,v", 1024, 2048, 2), ("gate,up", 6144, 2048, 2), ("down", 2048, 6144, 1)],
     "Qwen3-8B": [("q,o", 4096, 4096, 2), ("k,v", 1024, 4096, 2), ("gate,up", 12288, 4096, 2), ("down", 4096, 12288, 1)],
-    "Qwen3-14B": [("q,o", 5120, 5120, 2), ("k,v", 1024, 5120, 2), ("gate,up", 17408, 5120, 2), ("down", 5120, 17408, 1)],
+    "Qwen3-14B": [
+        ("q,o", 5120, 5120, 2),
+        ("k,v", 1024, 5120, 2),
+        ("gate,up", 17408, 5120, 2),
+        ("down", 5120, 17408, 1),
+    ],
 }
 MS_MAIN = [512, 2048, 8192]
 MS_DECODE = [1, 16, 128]
@@ -78,9 +84,25 @@ CUTLASS = {"ok": True, "error": None}  # main() sets it: whether the extension i
 
 # ---- issue 10's plain Triton kernel (the tutorial matmul, int8, our Triton-order epilogue) ----
 
+
 @triton.jit
-def _plain_kernel(a_ptr, w_ptr, sa_ptr, sw_ptr, out_ptr, M, N, K, stride_am, stride_wn, stride_om,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+def _plain_kernel(
+    a_ptr,
+    w_ptr,
+    sa_ptr,
+    sw_ptr,
+    out_ptr,
+    M,
+    N,
+    K,
+    stride_am,
+    stride_wn,
+    stride_om,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
     pid = tl.program_id(0)
     num_m = tl.cdiv(M, BLOCK_M)
     num_n = tl.cdiv(N, BLOCK_N)
@@ -115,17 +137,37 @@ def plain_mm(a, w, s_a, s_w):
     n = w.shape[0]
     out = torch.empty((m, n), dtype=torch.bfloat16, device=a.device)
     grid = (-(-m // 128) * -(-n // 128),)
-    _plain_kernel[grid](a, w, s_a, s_w, out, m, n, k, a.stride(0), w.stride(0), n,
-                        BLOCK_M=128, BLOCK_N=128, BLOCK_K=128, GROUP_M=8, num_warps=8, num_stages=3)
+    _plain_kernel[grid](
+        a,
+        w,
+        s_a,
+        s_w,
+        out,
+        m,
+        n,
+        k,
+        a.stride(0),
+        w.stride(0),
+        n,
+        BLOCK_M=128,
+        BLOCK_N=128,
+        BLOCK_K=128,
+        GROUP_M=8,
+        num_warps=8,
+        num_stages=3,
+    )
     return out
 
 
 # ---- the Triton path before issue 10 ----
 
+
 def old_config_for(m: int, n: int) -> str:
     """kernels.triton.scaled_mm.config_for as of commit 7b4df52 (triton.cdiv and all)."""
+
     def fill(tiles):
         return tiles / (triton.cdiv(tiles, SMS) * SMS)
+
     if m <= 16:
         return "decode"
     if m <= 128:
@@ -142,17 +184,18 @@ def old_config_for(m: int, n: int) -> str:
 
 
 def triton_before(a, w, s_a, s_w):
-    fn = getattr(importlib.import_module("requant.kernels.triton"), "scaled_mm")  # the registry, per call
+    fn = importlib.import_module("requant.kernels.triton").scaled_mm  # the registry, per call
     with torch.cuda.device(a.device):  # the former wrapper's device context
         return fn(a, w, s_a, s_w, config=old_config_for(a.shape[0], w.shape[0]), cached=False)
 
 
 def quantize_before(x):
     # The former per-call check (bool(isfinite(x).all()): a device sync) and JIT launch.
-    return getattr(importlib.import_module("requant.kernels.triton"), "quantize_activations")(x, check=True, cached=False)
+    return importlib.import_module("requant.kernels.triton").quantize_activations(x, check=True, cached=False)
 
 
 # ---- timing ----
+
 
 def _copies(bytes_per_set):
     return max(1, min(64, -(-ROTATE_BYTES // bytes_per_set)))
@@ -161,17 +204,27 @@ def _copies(bytes_per_set):
 def int8_sets(m, n, k, seed):
     g = torch.Generator(device=DEV).manual_seed(seed)
     count = _copies(m * k + n * k + 2 * m * n)
-    return [(torch.randint(-128, 128, (m, k), dtype=torch.int8, device=DEV, generator=g),
-             torch.randint(-128, 128, (n, k), dtype=torch.int8, device=DEV, generator=g),
-             torch.rand(m, 1, device=DEV, generator=g) * 0.05 + 1e-4,
-             torch.rand(n, 1, device=DEV, generator=g) * 0.01 + 1e-5) for _ in range(count)]
+    return [
+        (
+            torch.randint(-128, 128, (m, k), dtype=torch.int8, device=DEV, generator=g),
+            torch.randint(-128, 128, (n, k), dtype=torch.int8, device=DEV, generator=g),
+            torch.rand(m, 1, device=DEV, generator=g) * 0.05 + 1e-4,
+            torch.rand(n, 1, device=DEV, generator=g) * 0.01 + 1e-5,
+        )
+        for _ in range(count)
+    ]
 
 
 def bf16_sets(m, n, k, seed):
     g = torch.Generator(device=DEV).manual_seed(seed)
     count = _copies(2 * (m * k + n * k + m * n))
-    return [(torch.randn(m, k, device=DEV, generator=g).to(torch.bfloat16),
-             torch.randn(n, k, device=DEV, generator=g).to(torch.bfloat16)) for _ in range(count)]
+    return [
+        (
+            torch.randn(m, k, device=DEV, generator=g).to(torch.bfloat16),
+            torch.randn(n, k, device=DEV, generator=g).to(torch.bfloat16),
+        )
+        for _ in range(count)
+    ]
 
 
 class Timer:
@@ -256,8 +309,12 @@ def run_interleaved(timers, ops, reps, modes):
 
 def gpu_state():
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm,power.draw,temperature.gpu", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=5).stdout.split("\n")[0]
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=clocks.sm,power.draw,temperature.gpu", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+        ).stdout.split("\n")[0]
         clock, power, temp = (float(x) for x in out.split(","))
         return {"clock_mhz": clock, "power_w": power, "temp_c": temp}
     except Exception:  # noqa: BLE001 - optional information
@@ -265,6 +322,7 @@ def gpu_state():
 
 
 # ---- the measured items ----
+
 
 def point(m, n, k, reps, seed, with_before=True):
     sets = int8_sets(m, n, k, seed)
@@ -293,9 +351,11 @@ def point(m, n, k, reps, seed, with_before=True):
         errors["bf16"] = timers["bf16"].error
     state = gpu_state()
     res = run_interleaved(timers, 2.0 * m * n * k, reps, ("eager", "graph"))
-    sel = {"cutlass": cutlass_selection(m, n, k),
-           "triton": sys.modules["requant.kernels.triton.scaled_mm"].config_for(m, n),
-           "triton_before": old_config_for(m, n)}
+    sel = {
+        "cutlass": cutlass_selection(m, n, k),
+        "triton": sys.modules["requant.kernels.triton.scaled_mm"].config_for(m, n),
+        "triton_before": old_config_for(m, n),
+    }
     out = dict(res, m=m, n=n, k=k, copies=len(sets), selected=sel, gpu=state, errors=errors)
     del timers, sets, bsets
     torch.cuda.empty_cache()
@@ -325,8 +385,15 @@ def sweep(m, n, k, variants, reps, seed):
     res = run_interleaved(timers, 2.0 * m * n * k, reps, ("graph",))["graph"]
     del timers, sets
     torch.cuda.empty_cache()
-    return {"m": m, "n": n, "k": k, "tops": {k_: v["tops"] for k_, v in res.items()},
-            "spread": {k_: v["spread"] for k_, v in res.items()}, "errors": errors, "gpu": gpu_state()}
+    return {
+        "m": m,
+        "n": n,
+        "k": k,
+        "tops": {k_: v["tops"] for k_, v in res.items()},
+        "spread": {k_: v["spread"] for k_, v in res.items()},
+        "errors": errors,
+        "gpu": gpu_state(),
+    }
 
 
 def cutlass_variants(names):
@@ -336,8 +403,9 @@ def cutlass_variants(names):
     out = {}
     for spec in names:  # "medium:8" = tile medium, swizzle 8; "mid" = default swizzle
         tile, _, sw = spec.partition(":")
-        out[f"cutlass:{spec}"] = (lambda a, w, s_a, s_w, t=idx[tile], sw=(int(sw) if sw else None):
-                                  ck.scaled_mm(a, w, s_a, s_w, tile=t, swizzle=sw))
+        out[f"cutlass:{spec}"] = lambda a, w, s_a, s_w, t=idx[tile], sw=(int(sw) if sw else None): ck.scaled_mm(
+            a, w, s_a, s_w, tile=t, swizzle=sw
+        )
     return out
 
 
@@ -350,8 +418,10 @@ def quantize_item(reps):
     for m in QUANT_MS:
         g = torch.Generator(device=DEV).manual_seed(m)
         xs = [torch.randn(m, QUANT_K, device=DEV, generator=g).to(torch.bfloat16) for _ in range(8)]
-        timers = {"before": Timer([lambda x=x: quantize_before(x) for x in xs], graph=False),
-                  "after": Timer([lambda x=x: K.quantize_activations(x, backend="triton") for x in xs], graph=False)}
+        timers = {
+            "before": Timer([lambda x=x: quantize_before(x) for x in xs], graph=False),
+            "after": Timer([lambda x=x: K.quantize_activations(x, backend="triton") for x in xs], graph=False),
+        }
         r = run_interleaved(timers, 1.0, reps, ("eager",))["eager"]
         res[str(m)] = {name: {"us": v["ms"] * 1e3, "spread": v["spread"]} for name, v in r.items()}
     return res
@@ -366,16 +436,30 @@ def layer_item(m, reps, seed):
     layers = []
     for _ in range(_copies(per_layer)):
         ws = {}
-        for name, lin in (("q", "q,o"), ("k", "k,v"), ("v", "k,v"), ("o", "q,o"), ("gate", "gate,up"), ("up", "gate,up"), ("down", "down")):
+        for name, lin in (
+            ("q", "q,o"),
+            ("k", "k,v"),
+            ("v", "k,v"),
+            ("o", "q,o"),
+            ("gate", "gate,up"),
+            ("up", "gate,up"),
+            ("down", "down"),
+        ):
             n, k = lins[lin]
-            ws[name] = (torch.randint(-128, 128, (n, k), dtype=torch.int8, device=DEV, generator=g),
-                        torch.rand(n, 1, device=DEV, generator=g) * 0.01 + 1e-5)
+            ws[name] = (
+                torch.randint(-128, 128, (n, k), dtype=torch.int8, device=DEV, generator=g),
+                torch.rand(n, 1, device=DEV, generator=g) * 0.01 + 1e-5,
+            )
         layers.append(ws)
     x = torch.randn(m, lins["q,o"][1], device=DEV, generator=g).to(torch.bfloat16)
     xi = torch.randn(m, lins["down"][1], device=DEV, generator=g).to(torch.bfloat16)
 
     def make(backend, before):
-        gemm = triton_before if (before and backend == "triton") else (lambda a, w, s_a, s_w: K.scaled_mm(a, w, s_a, s_w, backend=backend))
+        gemm = (
+            triton_before
+            if (before and backend == "triton")
+            else (lambda a, w, s_a, s_w: K.scaled_mm(a, w, s_a, s_w, backend=backend))
+        )
         quant = quantize_before if before else (lambda t: K.quantize_activations(t, backend="triton"))
 
         def run(ws):
@@ -389,7 +473,8 @@ def layer_item(m, reps, seed):
             gemm(a, ws["up"][0], s, ws["up"][1])
             a, s = quant(xi)
             gemm(a, ws["down"][0], s, ws["down"][1])
-        return [lambda ws=ws: run(ws) for ws in layers]
+
+        return [lambda ws=ws: run(ws) for ws in layers]  # noqa: F821 (layers: the enclosing function's)
 
     timers = {}
     for backend in ("cutlass", "triton") if CUTLASS["ok"] else ("triton",):
@@ -413,8 +498,9 @@ def checks():
         out[f"triton_before {m}x{n}x{k}"] = bitwise_equal(triton_before(a, w, s_a, s_w), want)
         out[f"triton {m}x{n}x{k}"] = bitwise_equal(K.scaled_mm(a, w, s_a, s_w, backend="triton"), want)
         if CUTLASS["ok"]:
-            out[f"cutlass {m}x{n}x{k}"] = bitwise_equal(K.scaled_mm(a, w, s_a, s_w, backend="cutlass"),
-                                                       ref.scaled_mm_cutlass_order(a, w, s_a, s_w))
+            out[f"cutlass {m}x{n}x{k}"] = bitwise_equal(
+                K.scaled_mm(a, w, s_a, s_w, backend="cutlass"), ref.scaled_mm_cutlass_order(a, w, s_a, s_w)
+            )
     return out
 
 
@@ -441,12 +527,22 @@ def main():
         "command": "python3 benchmarks/bench_speed.py " + " ".join(sys.argv[1:]),
         "commit": os.environ.get("REQUANT_COMMIT", "unknown"),
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "no CUDA device",
-        "torch": torch.__version__, "triton": triton.__version__,
-        "cuda": torch.version.cuda, "python": platform.python_version(),
-        "peak_tops": 1979, "peak_clock_mhz": 1830,
-        "timing": "Each backend is timed two ways" + __doc__.split("Each backend is timed two ways")[1].split("Also:")[0].rstrip(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+        "peak_tops": 1979,
+        "peak_clock_mhz": 1830,
+        "timing": "Each backend is timed two ways"
+        + __doc__.split("Each backend is timed two ways")[1].split("Also:")[0].rstrip(),
         "cutlass_error": CUTLASS["error"],
-        "checks": {}, "points": {}, "sweeps": {}, "layers": {}, "quantize": {}, "skipped": [], "failed": {},
+        "checks": {},
+        "points": {},
+        "sweeps": {},
+        "layers": {},
+        "quantize": {},
+        "skipped": [],
+        "failed": {},
     }
     path = os.path.join(args.out, "bench_speed.json")
     models = args.models.split(",")
@@ -460,34 +556,76 @@ def main():
     items = [("checks", lambda: result["checks"].update(checks()))]
     sq = SQUARE
     items.append(("8192^3", lambda: result["points"].__setitem__("8192^3", point(sq, sq, sq, args.reps, 1))))
-    items.append(("sweep 8192^3", lambda: result["sweeps"].__setitem__("8192^3", sweep(
-        sq, sq, sq, {**cutlass_variants(["medium:1", "medium:4", "medium:8", "large:1", "large:4", "large:8", "mid:1"]),
-                           **triton_variants(["medium_s3", "medium_ptr_s3", "medium", "large_persist", "large", "mid"])}, 3, 2))))
+    items.append(
+        (
+            "sweep 8192^3",
+            lambda: result["sweeps"].__setitem__(
+                "8192^3",
+                sweep(
+                    sq,
+                    sq,
+                    sq,
+                    {
+                        **cutlass_variants(
+                            ["medium:1", "medium:4", "medium:8", "large:1", "large:4", "large:8", "mid:1"]
+                        ),
+                        **triton_variants(["medium_s3", "medium_ptr_s3", "medium", "large_persist", "large", "mid"]),
+                    },
+                    3,
+                    2,
+                ),
+            ),
+        )
+    )
     qwen = [(model, lin, n, k, c) for model in models for lin, n, k, c in QWEN3[model]]
 
     def add_linear_points(ms):  # every distinct Qwen3 Linear at each M, one item each
         for m in ms:
             for model, lin, n, k, c in qwen:
                 key = f"{model}|{lin}|{m}"
-                items.append((key, lambda key=key, m=m, n=n, k=k, c=c, model=model, lin=lin: result["points"].__setitem__(
-                    key, dict(point(m, n, k, args.reps, m + n + k), model=model, lin=lin, count=c))))
+                items.append(
+                    (
+                        key,
+                        lambda key=key, m=m, n=n, k=k, c=c, model=model, lin=lin: result["points"].__setitem__(
+                            key, dict(point(m, n, k, args.reps, m + n + k), model=model, lin=lin, count=c)
+                        ),
+                    )
+                )
 
     add_linear_points(MS_MAIN)
     for m in LAYER_MS:
-        items.append((f"layer {LAYER_MODEL} M={m}", lambda m=m: result["layers"].__setitem__(str(m), layer_item(m, args.reps, m))))
+        items.append(
+            (
+                f"layer {LAYER_MODEL} M={m}",
+                lambda m=m: result["layers"].__setitem__(str(m), layer_item(m, args.reps, m)),
+            )
+        )
     items.append(("quantize", lambda: result["quantize"].update(quantize_item(args.reps))))
     add_linear_points(MS_DECODE)
     for m in MS_MAIN:
         if m == 512:
-            variants = {**cutlass_variants(["small", "mid", "medium"]), **triton_variants(["small_s6", "mid", "medium_s3"])}
+            variants = {
+                **cutlass_variants(["small", "mid", "medium"]),
+                **triton_variants(["small_s6", "mid", "medium_s3"]),
+            }
         else:
-            variants = {**cutlass_variants(["medium:1", "medium:8", "mid", "large:8"]),
-                        **triton_variants(["medium_s3", "mid", "large_persist", "medium_ptr_s3"])}
-        for model, lin, n, k, c in qwen:
+            variants = {
+                **cutlass_variants(["medium:1", "medium:8", "mid", "large:8"]),
+                **triton_variants(["medium_s3", "mid", "large_persist", "medium_ptr_s3"]),
+            }
+        for model, lin, n, k, _c in qwen:
             key = f"{model}|{lin}|{m}"
-            items.append((f"sweep {key}", lambda key=key, m=m, n=n, k=k, v=variants: result["sweeps"].__setitem__(
-                key, sweep(m, n, k, v, 3, m + n))))
-    items.append(("8192^3 end", lambda: result["points"].__setitem__("8192^3 end", point(sq, sq, sq, 3, 1, with_before=False))))
+            items.append(
+                (
+                    f"sweep {key}",
+                    lambda key=key, m=m, n=n, k=k, v=variants: result["sweeps"].__setitem__(
+                        key, sweep(m, n, k, v, 3, m + n)
+                    ),
+                )
+            )
+    items.append(
+        ("8192^3 end", lambda: result["points"].__setitem__("8192^3 end", point(sq, sq, sq, 3, 1, with_before=False)))
+    )
 
     done = 0  # items handled (run, failed or skipped); the rest are listed if the run is stopped
     try:
@@ -518,6 +656,7 @@ def main():
             f.write(md)
         os.replace(tmp, os.path.join(args.out, "bench_speed.md"))
         print(md.split("<!-- summary -->")[-1].strip() if "<!-- summary -->" in md else md[-3000:], flush=True)
+
 
 if __name__ == "__main__":
     main()

@@ -52,26 +52,44 @@ def goals(result):
     out = []
     sq = result["points"].get("8192^3")
     c = _t(sq, "graph", "cutlass") if sq else None
-    out.append(("CUTLASS >= 1500 TOPS at 8192^3 (graph)", f"{_f(c)} TOPS" + (f", eager {_f(_t(sq, 'eager', 'cutlass'))}" if sq else ""),
-                None if c is None else c >= 1500))
-    for name, num, den, bound, mode in (("CUTLASS >= 1.5x torch._int_mm", "cutlass", "int_mm", 1.5, "graph"),
-                                        ("Triton >= 0.85x CUTLASS", "triton", "cutlass", 0.85, "graph"),
-                                        ("Triton >= 0.85x CUTLASS, eager", "triton", "cutlass", 0.85, "eager")):
-        ratios = [(_ratio(_t(r, mode, num), _t(r, mode, den)), key) for key, r in _qwen_points(result, (512, 2048, 8192))]
+    out.append(
+        (
+            "CUTLASS >= 1500 TOPS at 8192^3 (graph)",
+            f"{_f(c)} TOPS" + (f", eager {_f(_t(sq, 'eager', 'cutlass'))}" if sq else ""),
+            None if c is None else c >= 1500,
+        )
+    )
+    for name, num, den, bound, mode in (
+        ("CUTLASS >= 1.5x torch._int_mm", "cutlass", "int_mm", 1.5, "graph"),
+        ("Triton >= 0.85x CUTLASS", "triton", "cutlass", 0.85, "graph"),
+        ("Triton >= 0.85x CUTLASS, eager", "triton", "cutlass", 0.85, "eager"),
+    ):
+        ratios = [
+            (_ratio(_t(r, mode, num), _t(r, mode, den)), key) for key, r in _qwen_points(result, (512, 2048, 8192))
+        ]
         ratios = [(x, key) for x, key in ratios if x is not None]
         if not ratios:
             out.append((f"{name} at every Qwen3 Linear, M >= 512", "not measured", None))
             continue
         met = sum(x >= bound for x, _ in ratios)
         worst = min(ratios)
-        out.append((f"{name} at every Qwen3 Linear, M >= 512 ({mode})",
-                    f"{met}/{len(ratios)} shapes; lowest {worst[0]:.2f} ({worst[1]})", met == len(ratios)))
+        out.append(
+            (
+                f"{name} at every Qwen3 Linear, M >= 512 ({mode})",
+                f"{met}/{len(ratios)} shapes; lowest {worst[0]:.2f} ({worst[1]})",
+                met == len(ratios),
+            )
+        )
     r = result["points"].get("Qwen3-1.7B|gate,up|512")
     if r:
         e_new, e_old, g_new = _t(r, "eager", "triton"), _t(r, "eager", "triton_before"), _t(r, "graph", "triton")
-        out.append(("Eager Triton at 512 x 2048 x 6144 within 10% of its graph time (issue 8: 215 TOPS eager, plain kernel 636)",
-                    f"before {_f(e_old)}, after {_f(e_new)}, plain {_f(_t(r, 'eager', 'plain'))}, graph {_f(g_new)} TOPS",
-                    None if e_new is None or g_new is None else e_new >= 0.9 * g_new))
+        out.append(
+            (
+                "Eager Triton at 512 x 2048 x 6144 within 10% of its graph time (issue 8: 215 TOPS eager, plain kernel 636)",
+                f"before {_f(e_old)}, after {_f(e_new)}, plain {_f(_t(r, 'eager', 'plain'))}, graph {_f(g_new)} TOPS",
+                None if e_new is None or g_new is None else e_new >= 0.9 * g_new,
+            )
+        )
     return out
 
 
@@ -79,15 +97,22 @@ def markdown(result):
     L = []
     add = L.append
     add("# W8A8 GEMM speed: eager and CUDA graphs (issue 10)\n")
-    add(f"{result.get('device')}, torch {result.get('torch')}, triton {result.get('triton')}, CUDA {result.get('cuda')}; "
+    add(
+        f"{result.get('device')}, torch {result.get('torch')}, triton {result.get('triton')}, CUDA {result.get('cuda')}; "
         f"commit {result.get('commit')}; `{result.get('command')}` (run by `bash benchmarks/gpu_speed.sh`), "
-        f"{result.get('elapsed_s', 0):.0f} s.\n")
+        f"{result.get('elapsed_s', 0):.0f} s.\n"
+    )
     add(f"Timing: {result.get('timing', '')}\n")
-    add("TOPS = 2 M N K / t (bf16: TFLOP/s). Peak: 1979 dense int8 TOPS at 1830 MHz; \"% peak\" uses 1979, "
-        "\"% at clock\" scales it to the SM clock nvidia-smi reported at the start of the point's timing.\n")
+    add(
+        'TOPS = 2 M N K / t (bf16: TFLOP/s). Peak: 1979 dense int8 TOPS at 1830 MHz; "% peak" uses 1979, '
+        '"% at clock" scales it to the SM clock nvidia-smi reported at the start of the point\'s timing.\n'
+    )
     if result.get("checks"):
-        add("Bit checks before timing (against kernels.reference.scaled_mm_triton_order): " + ", ".join(
-            f"{k} {'ok' if v else 'DIFFERENT'}" for k, v in result["checks"].items()) + "\n")
+        add(
+            "Bit checks before timing (against kernels.reference.scaled_mm_triton_order): "
+            + ", ".join(f"{k} {'ok' if v else 'DIFFERENT'}" for k, v in result["checks"].items())
+            + "\n"
+        )
     if result.get("cutlass_error"):
         add(f"- CUTLASS not timed: {result['cutlass_error']}")
     if result.get("stopped") and result["stopped"] != "finished":
@@ -95,8 +120,10 @@ def markdown(result):
     for k, v in result.get("failed", {}).items():
         add(f"- FAILED {k}: {v.splitlines()[0][:200] if v else v}")
     if result.get("skipped"):
-        add(f"- skipped (time budget or stop): {len(result['skipped'])} items: {', '.join(result['skipped'][:12])}"
-            + (" ..." if len(result["skipped"]) > 12 else ""))
+        add(
+            f"- skipped (time budget or stop): {len(result['skipped'])} items: {', '.join(result['skipped'][:12])}"
+            + (" ..." if len(result["skipped"]) > 12 else "")
+        )
     add("")
     add("## Goals (issue 10), from this run\n")
     add("| goal | this run | met |")
@@ -109,8 +136,10 @@ def markdown(result):
         if not r:
             continue
         st = r.get("gpu", {})
-        add(f"## 8192 x 8192 x 8192, {when} (SM clock {st.get('clock_mhz', 'n/a')} MHz, {st.get('power_w', 'n/a')} W, "
-            f"{st.get('temp_c', 'n/a')} C; CUTLASS {r['selected']['cutlass']}, Triton {r['selected']['triton']})\n")
+        add(
+            f"## 8192 x 8192 x 8192, {when} (SM clock {st.get('clock_mhz', 'n/a')} MHz, {st.get('power_w', 'n/a')} W, "
+            f"{st.get('temp_c', 'n/a')} C; CUTLASS {r['selected']['cutlass']}, Triton {r['selected']['triton']})\n"
+        )
         add("| backend | graph TOPS | spread | eager TOPS | spread | % peak (graph) | % at clock |")
         add("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
         for b in GEMM:
@@ -119,26 +148,41 @@ def markdown(result):
                 continue
             clock = st.get("clock_mhz")
             at_clock = (g["tops"] / (1979 * clock / 1830) * 100) if (g and clock) else None
-            add(f"| {b} | {_f(g and g['tops'])} | {_f(g and g['spread'] * 100, '{:.1f}%')} | {_f(e and e['tops'])} | "
-                f"{_f(e and e['spread'] * 100, '{:.1f}%')} | {_f(g and g['tops'] / 19.79, '{:.0f}%')} | {_f(at_clock, '{:.0f}%')} |")
+            add(
+                f"| {b} | {_f(g and g['tops'])} | {_f(g and g['spread'] * 100, '{:.1f}%')} | {_f(e and e['tops'])} | "
+                f"{_f(e and e['spread'] * 100, '{:.1f}%')} | {_f(g and g['tops'] / 19.79, '{:.0f}%')} | {_f(at_clock, '{:.0f}%')} |"
+            )
         add("")
     add("## Qwen3 Linears, M >= 512 (TOPS; graph, then eager)\n")
-    add("CUTLASS tiles: the default tile and swizzle, its tile count and last-wave fill over 132 SMs. "
-        "before = the Triton path before issue 10 (its own config and host path).\n")
-    add("| model | Linear | M | CUTLASS tile | tiles (fill) | Triton cfg | cutlass | triton | before | plain | int_mm | bf16 | "
-        "eager cutlass | eager triton | eager before | eager plain | C/int_mm | T/C | T/C eager | C % peak |")
+    add(
+        "CUTLASS tiles: the default tile and swizzle, its tile count and last-wave fill over 132 SMs. "
+        "before = the Triton path before issue 10 (its own config and host path).\n"
+    )
+    add(
+        "| model | Linear | M | CUTLASS tile | tiles (fill) | Triton cfg | cutlass | triton | before | plain | int_mm | bf16 | "
+        "eager cutlass | eager triton | eager before | eager plain | C/int_mm | T/C | T/C eager | C % peak |"
+    )
     add("| --- | --- | ---: | --- | --- | --- | " + " | ".join(["---:"] * 14) + " |")
-    for key, r in sorted(_qwen_points(result, (512, 2048, 8192)), key=lambda kv: (kv[1]["model"], kv[1]["m"], kv[1]["lin"])):
+    for key, r in sorted(
+        _qwen_points(result, (512, 2048, 8192)), key=lambda kv: (kv[1]["model"], kv[1]["m"], kv[1]["lin"])
+    ):
         g = {b: _t(r, "graph", b) for b in GEMM}
         e = {b: _t(r, "eager", b) for b in GEMM}
-        add(f"| {r['model']} | {r['lin']} | {r['m']} | {r['selected']['cutlass']} | {_fill(r['selected']['cutlass'], r['m'], r['n'])} | "
-            f"{r['selected']['triton']} | " + " | ".join(_f(g[b]) for b in GEMM) + " | "
-            + " | ".join(_f(e[b]) for b in ("cutlass", "triton", "triton_before", "plain")) + " | "
+        add(
+            f"| {r['model']} | {r['lin']} | {r['m']} | {r['selected']['cutlass']} | {_fill(r['selected']['cutlass'], r['m'], r['n'])} | "
+            f"{r['selected']['triton']} | "
+            + " | ".join(_f(g[b]) for b in GEMM)
+            + " | "
+            + " | ".join(_f(e[b]) for b in ("cutlass", "triton", "triton_before", "plain"))
+            + " | "
             f"{_f(_ratio(g['cutlass'], g['int_mm']), '{:.2f}')} | {_f(_ratio(g['triton'], g['cutlass']), '{:.2f}')} | "
-            f"{_f(_ratio(e['triton'], e['cutlass']), '{:.2f}')} | {_f(g['cutlass'] and g['cutlass'] / 19.79, '{:.0f}%')} |")
+            f"{_f(_ratio(e['triton'], e['cutlass']), '{:.2f}')} | {_f(g['cutlass'] and g['cutlass'] / 19.79, '{:.0f}%')} |"
+        )
     add("")
     add("## One decoder layer's Linears (q, k, v, o, gate, up, down; summed times), TOPS, graph / eager\n")
-    add("| model | M | cutlass | triton | before | plain | int_mm | bf16 | eager cutlass | eager triton | eager before |")
+    add(
+        "| model | M | cutlass | triton | before | plain | int_mm | bf16 | eager cutlass | eager triton | eager before |"
+    )
     add("| --- | ---: | " + " | ".join(["---:"] * 9) + " |")
     sums = {}
     for key, r in result["points"].items():
@@ -157,44 +201,72 @@ def markdown(result):
         def tops(mode, b, s=s):
             ms = s["ms"].get((mode, b))
             return None if ms is None else s["ops"] / ms / 1e9
-        add(f"| {model} | {m} | " + " | ".join(_f(tops("graph", b)) for b in GEMM) + " | "
-            + " | ".join(_f(tops("eager", b)) for b in ("cutlass", "triton", "triton_before")) + " |")
+
+        add(
+            f"| {model} | {m} | "
+            + " | ".join(_f(tops("graph", b)) for b in GEMM)
+            + " | "
+            + " | ".join(_f(tops("eager", b)) for b in ("cutlass", "triton", "triton_before"))
+            + " |"
+        )
     add("")
     dec = sorted(_qwen_points(result, (1, 16, 128)), key=lambda kv: (kv[1]["model"], kv[1]["m"], kv[1]["lin"]))
     if dec:
         add("## Decode-ish M (1, 16, 128): microseconds per call, graph / eager\n")
-        add("| model | Linear | M | CUTLASS tile | Triton cfg | cutlass | triton | before | plain | bf16 | "
-            "eager cutlass | eager triton | eager before | eager plain | eager bf16 |")
+        add(
+            "| model | Linear | M | CUTLASS tile | Triton cfg | cutlass | triton | before | plain | bf16 | "
+            "eager cutlass | eager triton | eager before | eager plain | eager bf16 |"
+        )
         add("| --- | --- | ---: | --- | --- | " + " | ".join(["---:"] * 10) + " |")
         for key, r in dec:
+
             def us(mode, b, r=r):
                 v = r.get(mode, {}).get(b)
                 return None if not v else v["ms"] * 1e3
-            add(f"| {r['model']} | {r['lin']} | {r['m']} | {r['selected']['cutlass']} | {r['selected']['triton']} | "
-                + " | ".join(_f(us("graph", b), "{:.1f}") for b in ("cutlass", "triton", "triton_before", "plain", "bf16")) + " | "
-                + " | ".join(_f(us("eager", b), "{:.1f}") for b in ("cutlass", "triton", "triton_before", "plain", "bf16")) + " |")
+
+            add(
+                f"| {r['model']} | {r['lin']} | {r['m']} | {r['selected']['cutlass']} | {r['selected']['triton']} | "
+                + " | ".join(
+                    _f(us("graph", b), "{:.1f}") for b in ("cutlass", "triton", "triton_before", "plain", "bf16")
+                )
+                + " | "
+                + " | ".join(
+                    _f(us("eager", b), "{:.1f}") for b in ("cutlass", "triton", "triton_before", "plain", "bf16")
+                )
+                + " |"
+            )
         add("")
     if result.get("layers"):
         add("## One Qwen3-8B decoder layer's Linears with their 4 activation quantizations, microseconds per layer\n")
-        add("before = the former Triton host path and the former per-call NaN check (a device sync; not capturable). "
-            "CUTLASS before differs from after only in the quantization.\n")
-        add("| M | cutlass before (eager) | cutlass after (eager) | cutlass after (graph) | triton before (eager) | "
-            "triton after (eager) | triton after (graph) |")
+        add(
+            "before = the former Triton host path and the former per-call NaN check (a device sync; not capturable). "
+            "CUTLASS before differs from after only in the quantization.\n"
+        )
+        add(
+            "| M | cutlass before (eager) | cutlass after (eager) | cutlass after (graph) | triton before (eager) | "
+            "triton after (eager) | triton after (graph) |"
+        )
         add("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
         for m, r in sorted(result["layers"].items(), key=lambda kv: int(kv[0])):
+
             def us(mode, b, r=r):
                 v = r.get(mode, {}).get(b)
                 return None if not v else v["ms"] * 1e3
-            add(f"| {m} | {_f(us('eager', 'cutlass:before'), '{:.0f}')} | {_f(us('eager', 'cutlass:after'), '{:.0f}')} | "
+
+            add(
+                f"| {m} | {_f(us('eager', 'cutlass:before'), '{:.0f}')} | {_f(us('eager', 'cutlass:after'), '{:.0f}')} | "
                 f"{_f(us('graph', 'cutlass:after'), '{:.0f}')} | {_f(us('eager', 'triton:before'), '{:.0f}')} | "
-                f"{_f(us('eager', 'triton:after'), '{:.0f}')} | {_f(us('graph', 'triton:after'), '{:.0f}')} |")
+                f"{_f(us('eager', 'triton:after'), '{:.0f}')} | {_f(us('graph', 'triton:after'), '{:.0f}')} |"
+            )
         add("")
     if result.get("quantize"):
         add("## quantize_activations (Triton, K = 4096), eager microseconds per call\n")
         add("| M | before (check syncs, JIT launch) | after |")
         add("| ---: | ---: | ---: |")
         for m, r in result["quantize"].items():
-            add(f"| {m} | {_f(r.get('before', {}).get('us'), '{:.1f}')} | {_f(r.get('after', {}).get('us'), '{:.1f}')} |")
+            add(
+                f"| {m} | {_f(r.get('before', {}).get('us'), '{:.1f}')} | {_f(r.get('after', {}).get('us'), '{:.1f}')} |"
+            )
         add("")
     if result.get("sweeps"):
         add("## Tile sweeps (graph TOPS; CUTLASS `tile:swizzle`, no swizzle = the default)\n")
@@ -202,8 +274,12 @@ def markdown(result):
             if not s["tops"]:
                 continue
             best = max(s["tops"], key=s["tops"].get)
-            add(f"- {key}: " + ", ".join(f"{k} {v:.0f}" for k, v in s["tops"].items()) + f" (best: {best})"
-                + (f"; errors: {s['errors']}" if s.get("errors") else ""))
+            add(
+                f"- {key}: "
+                + ", ".join(f"{k} {v:.0f}" for k, v in s["tops"].items())
+                + f" (best: {best})"
+                + (f"; errors: {s['errors']}" if s.get("errors") else "")
+            )
         add("")
     add("<!-- summary -->")
     add("Summary (graph unless said; full tables above):\n")
@@ -220,6 +296,7 @@ def figure(result, path):
     than the GPU). Returns False (and draws nothing) without matplotlib or data."""
     try:
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
@@ -227,20 +304,25 @@ def figure(result, path):
     pts = sorted(_qwen_points(result, (512, 2048, 8192)), key=lambda kv: (kv[1]["model"], kv[1]["m"], kv[1]["lin"]))
     if result["points"].get("8192^3"):
         pts = [("8192^3", result["points"]["8192^3"])] + pts
-    every = sorted(((k, r) for k, r in result["points"].items() if r.get("eager")),
-                   key=lambda kv: (kv[1].get("model", ""), kv[1]["m"], kv[1].get("lin", "")))
+    every = sorted(
+        ((k, r) for k, r in result["points"].items() if r.get("eager")),
+        key=lambda kv: (kv[1].get("model", ""), kv[1]["m"], kv[1].get("lin", "")),
+    )
     if not pts and not every:
         return False
     fig, axes = plt.subplots(2, 1, figsize=(max(12, 0.45 * max(len(pts), len(every))), 10))
 
     def label(key, r):
         return "8192^3" if "|" not in key else f"{r['model'].replace('Qwen3-', '')} {r['lin']} M={r['m']}"
+
     backends = [b for b in GEMM if b != "triton_before"]
     width = 0.8 / len(backends)
     for i, b in enumerate(backends):
         axes[0].bar([j + i * width for j in range(len(pts))], [_t(r, "graph", b) or 0 for _, r in pts], width, label=b)
     axes[0].axhline(1979, color="k", lw=0.8, ls="--", label="H200 dense int8 peak")
-    axes[0].set_xticks([j + 0.4 - width / 2 for j in range(len(pts))], [label(k, r) for k, r in pts], rotation=75, fontsize=7)
+    axes[0].set_xticks(
+        [j + 0.4 - width / 2 for j in range(len(pts))], [label(k, r) for k, r in pts], rotation=75, fontsize=7
+    )
     axes[0].set_ylabel("TOPS (CUDA graph)")
     axes[0].legend(fontsize=7, ncol=4)
     axes[0].set_title(f"W8A8 GEMM, {result.get('device')}, commit {result.get('commit')}")

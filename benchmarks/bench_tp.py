@@ -61,33 +61,50 @@ def nccl_env(setting: str) -> dict[str, str]:
 
 
 def markdown(record: dict) -> str:
-    head = (f"commit {record['commit']}, device {record['device']}, batch {record['batch']} x {record['prompt_len']} "
-            f"tokens, {record['new_tokens']} new tokens, best of {record['reps']}")
+    head = (
+        f"commit {record['commit']}, device {record['device']}, batch {record['batch']} x {record['prompt_len']} "
+        f"tokens, {record['new_tokens']} new tokens, best of {record['reps']}"
+    )
     lines = ["# requant.tp benchmark", "", head, ""]
-    lines += ["| checkpoint | NCCL | backend | regime | reduce | tp | prefill tok/s | decode tok/s | = TP 1 | = every NCCL |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
+    lines += [
+        "| checkpoint | NCCL | backend | regime | reduce | tp | prefill tok/s | decode tok/s | = TP 1 | = every NCCL |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for row in record["rows"]:
         t = row["timing"]
-        lines.append(f"| {row['checkpoint']} | {row['nccl']} | {row['backend']} | {row['regime']} | {row['reduce']} | "
-                     f"{row['tp']} | {t.get('prefill_tok_s', 0):.0f} | {t.get('decode_tok_s', 0):.1f} | "
-                     f"{'yes' if row['identical'] else 'NO'} | "
-                     f"{'-' if row.get('nccl_invariant') is None else 'yes' if row['nccl_invariant'] else 'NO'} |")
-    lines += ["", ("tokens/s with the int32 all-reduce over tokens/s with the bf16 one (same checkpoint, NCCL setting, "
-              "backend, regime, tp; 1.000 = no cost):"), "",
-              "| checkpoint | NCCL | backend | regime | tp | prefill | decode |",
-              "|---|---|---|---|---|---|---|"]
-    by = {(r["checkpoint"], r["nccl"], r["backend"], r["regime"], r["tp"], r["reduce"]): r["timing"] for r in record["rows"]}
+        lines.append(
+            f"| {row['checkpoint']} | {row['nccl']} | {row['backend']} | {row['regime']} | {row['reduce']} | "
+            f"{row['tp']} | {t.get('prefill_tok_s', 0):.0f} | {t.get('decode_tok_s', 0):.1f} | "
+            f"{'yes' if row['identical'] else 'NO'} | "
+            f"{'-' if row.get('nccl_invariant') is None else 'yes' if row['nccl_invariant'] else 'NO'} |"
+        )
+    lines += [
+        "",
+        (
+            "tokens/s with the int32 all-reduce over tokens/s with the bf16 one (same checkpoint, NCCL setting, "
+            "backend, regime, tp; 1.000 = no cost):"
+        ),
+        "",
+        "| checkpoint | NCCL | backend | regime | tp | prefill | decode |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    by = {
+        (r["checkpoint"], r["nccl"], r["backend"], r["regime"], r["tp"], r["reduce"]): r["timing"]
+        for r in record["rows"]
+    }
     for (c, n, b, g, tp, red), t in by.items():
         o = by.get((c, n, b, g, tp, "bf16"))
         if red == "int32" and o and t:
-            lines.append(f"| {c} | {n} | {b} | {g} | {tp} | {o['prefill_s'] / t['prefill_s']:.3f} | "
-                         f"{o['decode_s'] / t['decode_s']:.3f} |")
+            lines.append(
+                f"| {c} | {n} | {b} | {g} | {tp} | {o['prefill_s'] / t['prefill_s']:.3f} | "
+                f"{o['decode_s'] / t['decode_s']:.3f} |"
+            )
     return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> int:
-    from requant.evidence.buildinfo import git_commit
     from requant.checkpoint import open_checkpoint
+    from requant.evidence.buildinfo import git_commit
     from requant.runtime.weights import arch_from_config
     from requant.tp import Run, Spec, check_degree, run
 
@@ -112,15 +129,29 @@ def main(argv=None) -> int:
     ckpts = args.checkpoints or [str(DEFAULT_CHECKPOINT)]
     act = args.act_backend or ("triton" if args.device == "cuda" else "reference")
     degrees = tuple(sorted({1, *(int(x) for x in args.tp.split(","))}))
-    runs = tuple(Run(b, g, red, act) for b in args.backends.split(",") for g in args.regimes.split(",")
-                 for red in args.reduces.split(","))
+    runs = tuple(
+        Run(b, g, red, act)
+        for b in args.backends.split(",")
+        for g in args.regimes.split(",")
+        for red in args.reduces.split(",")
+    )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    record = {"commit": os.environ.get("REQUANT_COMMIT") or git_commit(), "device": args.device,
-              "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if args.device == "cuda" else [],
-              "torch": torch.__version__, "nccl": ".".join(map(str, torch.cuda.nccl.version())) if args.device == "cuda" else None,
-              "batch": args.batch, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens, "reps": args.reps,
-              "degrees": list(degrees), "rows": []}
+    record = {
+        "commit": os.environ.get("REQUANT_COMMIT") or git_commit(),
+        "device": args.device,
+        "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+        if args.device == "cuda"
+        else [],
+        "torch": torch.__version__,
+        "nccl": ".".join(map(str, torch.cuda.nccl.version())) if args.device == "cuda" else None,
+        "batch": args.batch,
+        "prompt_len": args.prompt_len,
+        "new_tokens": args.new_tokens,
+        "reps": args.reps,
+        "degrees": list(degrees),
+        "rows": [],
+    }
 
     def flush():
         tmp = out / "bench_tp.json.tmp"
@@ -134,8 +165,9 @@ def main(argv=None) -> int:
         for d in degrees:
             check_degree(arch, d)
         g = torch.Generator().manual_seed(0)
-        prompts = tuple(tuple(torch.randint(0, arch.vocab, (args.prompt_len,), generator=g).tolist())
-                        for _ in range(args.batch))
+        prompts = tuple(
+            tuple(torch.randint(0, arch.vocab, (args.prompt_len,), generator=g).tolist()) for _ in range(args.batch)
+        )
         name = Path(path).name
         seen: dict[tuple, str] = {}
         for setting in args.nccl.split(";"):
@@ -144,12 +176,34 @@ def main(argv=None) -> int:
             os.environ.update(env)
             log(f"{name}: NCCL {setting}: {len(runs)} variants x tp {degrees}")
             try:
-                res = run(Spec(str(path), prompts, degrees=degrees, runs=runs, new_tokens=args.new_tokens,
-                               device=args.device, time_reps=args.reps, keep_logits=False), timeout_s=args.timeout)
+                res = run(
+                    Spec(
+                        str(path),
+                        prompts,
+                        degrees=degrees,
+                        runs=runs,
+                        new_tokens=args.new_tokens,
+                        device=args.device,
+                        time_reps=args.reps,
+                        keep_logits=False,
+                    ),
+                    timeout_s=args.timeout,
+                )
             except (RuntimeError, TimeoutError) as exc:
                 log(f"{name}: NCCL {setting}: FAILED: {exc}")
-                record["rows"].append({"checkpoint": name, "nccl": setting, "error": str(exc), "backend": "-", "regime": "-",
-                                       "reduce": "-", "tp": 0, "timing": {}, "identical": False})
+                record["rows"].append(
+                    {
+                        "checkpoint": name,
+                        "nccl": setting,
+                        "error": str(exc),
+                        "backend": "-",
+                        "regime": "-",
+                        "reduce": "-",
+                        "tp": 0,
+                        "timing": {},
+                        "identical": False,
+                    }
+                )
                 flush()
                 continue
             finally:
@@ -161,13 +215,23 @@ def main(argv=None) -> int:
             for (r, d), result in sorted(res.items(), key=lambda kv: (runs.index(kv[0][0]), kv[0][1])):
                 key = (r, d)
                 first = seen.setdefault(key, result.digest)
-                row = {"checkpoint": name, "nccl": setting, "backend": r.backend, "regime": r.regime, "reduce": r.reduce,
-                       "tp": d, "timing": result.timing, "digest": result.digest,
-                       "identical": result.digest == res[(r, 1)].digest,
-                       "nccl_invariant": None if setting == args.nccl.split(";")[0] else result.digest == first}
+                row = {
+                    "checkpoint": name,
+                    "nccl": setting,
+                    "backend": r.backend,
+                    "regime": r.regime,
+                    "reduce": r.reduce,
+                    "tp": d,
+                    "timing": result.timing,
+                    "digest": result.digest,
+                    "identical": result.digest == res[(r, 1)].digest,
+                    "nccl_invariant": None if setting == args.nccl.split(";")[0] else result.digest == first,
+                }
                 record["rows"].append(row)
-                log(f"  {r.backend} {r.regime} {r.reduce} tp {d}: prefill {result.timing['prefill_tok_s']:.0f} tok/s, "
-                    f"decode {result.timing['decode_tok_s']:.1f} tok/s, = TP 1: {row['identical']}")
+                log(
+                    f"  {r.backend} {r.regime} {r.reduce} tp {d}: prefill {result.timing['prefill_tok_s']:.0f} tok/s, "
+                    f"decode {result.timing['decode_tok_s']:.1f} tok/s, = TP 1: {row['identical']}"
+                )
             flush()
     flush()
     print(markdown(record))

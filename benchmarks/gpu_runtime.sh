@@ -10,7 +10,9 @@
 # The synthetic checkpoints are generated first when absent (CKPT_ROOT, default /tmp):
 # that takes minutes for 8B and is not part of the benchmark's budget; run the script once
 # with STEPS=generate to make them in a separate call if the device time is short.
-# STEPS (default "generate tests determinism bench") picks the steps. Each step has a timeout,
+# STEPS (default "generate tests determinism bench") picks the steps. STEPS="tests fast" runs the
+# GPU tests and the fast engine's benchmark (bench_runtime.py --synthetic: random GPU weights, no
+# checkpoint; 3 more files under $OUT/fast, so run it without the other steps to stay within 8). Each step has a timeout,
 # logs its wall time and exit status to timings.txt and the script goes on after a failure.
 # Files in $OUT (8): env.txt, timings.txt, gpu_tests.log, determinism_default.json/.log,
 # bench_runtime.json/.md, bench.log.
@@ -62,7 +64,7 @@ if has tests || has determinism || has bench; then
 fi
 
 if has tests; then  # the runtime with the real kernels == the emulated orders, batch invariance on CUDA
-    step gpu_tests 300 bash -c "python3 -m pytest -q -m gpu -p no:cacheprovider tests/requant/test_runtime_gpu.py > '$OUT/gpu_tests.log' 2>&1; \
+    step gpu_tests 300 bash -c "python3 -m pytest -q -m gpu -p no:cacheprovider tests/requant/test_runtime_gpu.py tests/requant/test_runtime_fast_gpu.py > '$OUT/gpu_tests.log' 2>&1; \
         rc=\$?; tail -n 5 '$OUT/gpu_tests.log'; exit \$rc"
 fi
 
@@ -75,5 +77,12 @@ if has bench && [ ${#CKPTS[@]} -gt 0 ]; then
     # shellcheck disable=SC2086
     step bench_runtime 590 bash -c "python3 benchmarks/bench_runtime.py ${CKPTS[*]} --out '$OUT' $BENCH_ARGS > '$OUT/bench.log' 2>&1; rc=\$?; exit \$rc"
     tail -n 60 "$OUT/bench.log"
+fi
+if has fast; then
+    mkdir -p "$OUT/fast"
+    # shellcheck disable=SC2086
+    step bench_runtime_fast 590 bash -c "python3 benchmarks/bench_runtime.py --synthetic qwen3-1.7b,qwen3-8b --out '$OUT/fast' \
+        --reps 5 --reference $BENCH_ARGS > '$OUT/fast/bench.log' 2>&1"
+    tail -n 40 "$OUT/fast/bench_runtime_fast.md" 2>/dev/null
 fi
 cat "$TIMINGS"

@@ -31,7 +31,9 @@ def token_perplexity(result: dict, ckpt: Path) -> dict:
     tok = load_tokenizer(ckpt, config["vocab_size"])
     tokens = sum(len(tok.encode(docs[d["doc_id"]]["text"])) for d in per_doc)
     words = sum(d["words"] for d in per_doc)
-    arms = {arm: math.exp(-sum(d["loglikelihood"][arm] for d in per_doc) / tokens) for arm in per_doc[0]["loglikelihood"]}
+    arms = {
+        arm: math.exp(-sum(d["loglikelihood"][arm] for d in per_doc) / tokens) for arm in per_doc[0]["loglikelihood"]
+    }
     return {"documents": len(per_doc), "tokens": tokens, "tokens_per_word": tokens / words, "token_perplexity": arms}
 
 

@@ -34,13 +34,14 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bench_kernels import GRAPH, QWEN3, _copies, _time, operands  # noqa: E402
+from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
+
 from requant.kernels import reference as ref  # noqa: E402
 from requant.kernels.bf16 import bitwise_equal  # noqa: E402
 from requant.kernels.reference import check_operands  # noqa: E402
 from requant.kernels.triton import scaled_mm as _production  # noqa: E402
 from requant.kernels.triton._bf16 import bf16_rne_bits  # noqa: E402
 from requant.kernels.triton.scaled_mm import CONFIGS, SMS, _epilogue, _tile_of  # noqa: E402
-from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages, kind)
 CANDIDATES = {
@@ -87,10 +88,23 @@ CANDIDATES = {
 
 @triton.jit
 def _tune_persistent_kernel(
-    a_desc, w_desc, sa_ptr, sw_ptr, out_ptr, out_desc,
-    M, N, K, stride_om, num_progs,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    WARP_SPECIALIZE: tl.constexpr, TMA_STORE: tl.constexpr,
+    a_desc,
+    w_desc,
+    sa_ptr,
+    sw_ptr,
+    out_ptr,
+    out_desc,
+    M,
+    N,
+    K,
+    stride_om,
+    num_progs,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    WARP_SPECIALIZE: tl.constexpr,
+    TMA_STORE: tl.constexpr,
 ):
     # The production persistent kernel (kernels/triton/scaled_mm.py) with two tuning options.
     start = tl.program_id(0)
@@ -130,11 +144,26 @@ def tsm(a, w, s_a, s_w, config):
     progs = min(triton.cdiv(m, bm) * triton.cdiv(n, bn), SMS)
     tma_store = kind == "persist_st"
     _tune_persistent_kernel[(progs,)](
-        TensorDescriptor.from_tensor(a, [bm, bk]), TensorDescriptor.from_tensor(w, [bn, bk]), s_a.contiguous(),
-        s_w.contiguous(), out, TensorDescriptor.from_tensor(out, [bm, bn]) if tma_store else None,
-        m, n, k, out.stride(0), progs,
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group_m, WARP_SPECIALIZE=kind == "persist_ws", TMA_STORE=tma_store,
-        num_warps=warps, num_stages=stages, enable_fp_fusion=False,
+        TensorDescriptor.from_tensor(a, [bm, bk]),
+        TensorDescriptor.from_tensor(w, [bn, bk]),
+        s_a.contiguous(),
+        s_w.contiguous(),
+        out,
+        TensorDescriptor.from_tensor(out, [bm, bn]) if tma_store else None,
+        m,
+        n,
+        k,
+        out.stride(0),
+        progs,
+        BLOCK_M=bm,
+        BLOCK_N=bn,
+        BLOCK_K=bk,
+        GROUP_M=group_m,
+        WARP_SPECIALIZE=kind == "persist_ws",
+        TMA_STORE=tma_store,
+        num_warps=warps,
+        num_stages=stages,
+        enable_fp_fusion=False,
     )
     return out
 
@@ -143,11 +172,31 @@ BASE = ["small", "medium", "large", "large_m256"]
 # Round 1 ran BASE and the first 15 CANDIDATES on every shape at M = 512, 2048, 8192 and 8192^3
 # (results/kernels_triton_tune.json); round 2 (--round 2) runs the winners and their variants.
 ROUND2_SMALL = ["small", "t64x128", "t64x128s5", "t64x128k256s3", "t64x64s6", "t64x64k256s3"]
-ROUND2_LARGE = ["large", "large_m256", "t64x128", "p128x256", "p128x256g4", "p128x256g16", "pst128x256", "pst128x256g16", "pst256x128s3"]
+ROUND2_LARGE = [
+    "large",
+    "large_m256",
+    "t64x128",
+    "p128x256",
+    "p128x256g4",
+    "p128x256g16",
+    "pst128x256",
+    "pst128x256g16",
+    "pst256x128s3",
+]
 # Round 3 (issue 10): M <= 1024 as round 2; above, the new default and its variants.
 ROUND3_SMALL = ["mid", "small_s6", "medium_s3", "t128x128w4s3"]
-ROUND3_LARGE = ["medium_s3", "medium_ptr_s3", "large_persist", "mid", "t128x128s3g4", "t128x128s3g16", "t128x128w4s3",
-                "t128x128k64s6", "p128x128s3", "pws128x256"]
+ROUND3_LARGE = [
+    "medium_s3",
+    "medium_ptr_s3",
+    "large_persist",
+    "mid",
+    "t128x128s3g4",
+    "t128x128s3g16",
+    "t128x128w4s3",
+    "t128x128k64s6",
+    "p128x128s3",
+    "pws128x256",
+]
 
 
 def check(names):
@@ -188,8 +237,13 @@ def main():
         for model, lins in QWEN3.items():
             for lin, n, k, _ in lins:
                 shapes.append((f"{model}|{lin}|{m}", m, n, k))
-    res = {"command": "python3 benchmarks/tune_triton.py " + " ".join(sys.argv[1:]), "device": torch.cuda.get_device_name(),
-           "configs": {n: CONFIGS[n] for n in names}, "tops": {}, "do_bench_fallback": {}}
+    res = {
+        "command": "python3 benchmarks/tune_triton.py " + " ".join(sys.argv[1:]),
+        "device": torch.cuda.get_device_name(),
+        "configs": {n: CONFIGS[n] for n in names},
+        "tops": {},
+        "do_bench_fallback": {},
+    }
     path = os.path.join(args.out, f"triton_tune{args.round if args.round > 1 else ''}.json")
     for key, m, n, k in shapes:
         sets = [operands(m, n, k) for _ in range(_copies(m, n, k))]
@@ -213,8 +267,11 @@ def main():
         fb = res["do_bench_fallback"].get(key, [])
         if row:
             best = max(row, key=row.get)
-            print(f"{key:28s} best {best:14s} {row[best]:5.0f} | "
-                  + " ".join(f"{c}={v:.0f}{'*' if c in fb else ''}" for c, v in row.items()), flush=True)
+            print(
+                f"{key:28s} best {best:14s} {row[best]:5.0f} | "
+                + " ".join(f"{c}={v:.0f}{'*' if c in fb else ''}" for c, v in row.items()),
+                flush=True,
+            )
         else:
             print(f"{key:28s} no candidate was timed (all dropped, skipped or failed)", flush=True)
         with open(path, "w") as f:

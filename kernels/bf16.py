@@ -78,7 +78,9 @@ def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
         return False
     view = _SAME_SIZE_INT.get(a.element_size())
     if view is None:  # e.g. complex128: compare the raw bytes of the flattened tensors
-        return bool(torch.equal(a.contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8)))
+        return bool(
+            torch.equal(a.contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8))
+        )
     # An integer dtype of the same element size: the view keeps the shape (any last dim).
     return bool(torch.equal(a.contiguous().view(view), b.contiguous().view(view)))
 

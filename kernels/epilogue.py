@@ -100,12 +100,16 @@ def apply_epilogue(acc: torch.Tensor, s_a: torch.Tensor, s_w: torch.Tensor, orde
     if acc.dtype is not torch.int32 or acc.dim() != 2:
         raise TypeError(f"acc must be a 2-D int32 tensor, got {acc.dtype} {tuple(acc.shape)}")
     if tuple(s_a.shape) != (acc.shape[0], 1) or tuple(s_w.shape) != (acc.shape[1], 1):
-        raise ValueError(f"scales must be s_a [{acc.shape[0]}, 1] and s_w [{acc.shape[1]}, 1], "
-                         f"got {tuple(s_a.shape)} and {tuple(s_w.shape)}")
+        raise ValueError(
+            f"scales must be s_a [{acc.shape[0]}, 1] and s_w [{acc.shape[1]}, 1], "
+            f"got {tuple(s_a.shape)} and {tuple(s_w.shape)}"
+        )
     return fn(acc, s_a, s_w)
 
 
-def quantize_slice(x: torch.Tensor, absmax: torch.Tensor, backend: str = "reference") -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_slice(
+    x: torch.Tensor, absmax: torch.Tensor, backend: str = "reference"
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(q int8 [M, k], s fp32 [M, 1]) of a K-slice x [M, k] of rows whose whole absmax
     (max |x| over the full row, [M, 1], >= the slice's own) is given: the columns and the
     scale that quantize_activations gives the whole rows (module docstring)."""

@@ -50,11 +50,14 @@ def check_runnable(backends: tuple[str, ...], device: str, act_backend: str, opt
     interpret = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
     if not device.startswith("cuda") and not interpret:
         if "triton" in backends:
-            raise UsageError(f"{option}: the triton backend needs a CUDA GPU (or TRITON_INTERPRET=1 on CPU); on CPU use "
-                             f"{cpu_hint}")
+            raise UsageError(
+                f"{option}: the triton backend needs a CUDA GPU (or TRITON_INTERPRET=1 on CPU); on CPU use {cpu_hint}"
+            )
         if act_backend == "triton":
-            raise UsageError("--act-backend triton needs a CUDA GPU (or TRITON_INTERPRET=1 on CPU); on CPU use "
-                             "--act-backend reference")
+            raise UsageError(
+                "--act-backend triton needs a CUDA GPU (or TRITON_INTERPRET=1 on CPU); on CPU use "
+                "--act-backend reference"
+            )
 
 
 def environment(device: str) -> dict:

@@ -57,10 +57,28 @@ FORBIDDEN_SUFFIXES = {
 # Qwen3's Linear modules: they must be quantized unless the config ignores them.
 LINEAR_LEAVES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head")
 # Model order inside a Qwen3 decoder layer (for sorting module names).
-_RANK = {"model": 0, "lm_head": 1, "embed_tokens": 0, "layers": 1, "norm": 2,
-         "input_layernorm": 0, "self_attn": 1, "post_attention_layernorm": 2, "mlp": 3,
-         "q_proj": 0, "k_proj": 1, "v_proj": 2, "o_proj": 3, "q_norm": 4, "k_norm": 5,
-         "gate_proj": 0, "up_proj": 1, "down_proj": 2, "weight": 0, "weight_scale": 1}
+_RANK = {
+    "model": 0,
+    "lm_head": 1,
+    "embed_tokens": 0,
+    "layers": 1,
+    "norm": 2,
+    "input_layernorm": 0,
+    "self_attn": 1,
+    "post_attention_layernorm": 2,
+    "mlp": 3,
+    "q_proj": 0,
+    "k_proj": 1,
+    "v_proj": 2,
+    "o_proj": 3,
+    "q_norm": 4,
+    "k_norm": 5,
+    "gate_proj": 0,
+    "up_proj": 1,
+    "down_proj": 2,
+    "weight": 0,
+    "weight_scale": 1,
+}
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
@@ -90,8 +108,16 @@ def is_ignored(module: str, ignore: tuple[str, ...]) -> bool:
 class Checkpoint:
     """A validated W8A8 checkpoint on local disk; tensors are read on demand."""
 
-    def __init__(self, path: Path, config: dict, scheme: scheme_mod.Scheme, shards: dict[str, SafetensorsFile],
-                 weight_map: dict[str, str], index_file: Path | None, quantized_linears: list[str]):
+    def __init__(
+        self,
+        path: Path,
+        config: dict,
+        scheme: scheme_mod.Scheme,
+        shards: dict[str, SafetensorsFile],
+        weight_map: dict[str, str],
+        index_file: Path | None,
+        quantized_linears: list[str],
+    ):
         self.path = path
         self.config = config
         self.scheme = scheme
@@ -155,11 +181,30 @@ def resolve_source(src: str | os.PathLike, *, revision: str | None = None) -> tu
         # Weights, configs (generation_config.json too), tokenizer files, and what must travel
         # with a derived checkpoint: the card (license in its front matter), license files,
         # and requant's manifests. Not .gitattributes, nor other formats' weights.
-        local = snapshot_download(repo_id=s, revision=revision, allow_patterns=[
-            "*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "*.tiktoken",
-            "README.md", "LICENSE*", "LICENCE*", "NOTICE*", "USE_POLICY*", "SHA256SUMS", "SHA256SUMS.source"])
+        local = snapshot_download(
+            repo_id=s,
+            revision=revision,
+            allow_patterns=[
+                "*.json",
+                "*.safetensors",
+                "*.txt",
+                "*.model",
+                "*.jinja",
+                "*.tiktoken",
+                "README.md",
+                "LICENSE*",
+                "LICENCE*",
+                "NOTICE*",
+                "USE_POLICY*",
+                "SHA256SUMS",
+                "SHA256SUMS.source",
+            ],
+        )
     except Exception as exc:  # the hub raises many types; all mean "could not resolve"
-        raise LayoutError(f"could not resolve Hub repo id{' at revision ' + revision if revision else ''}: {type(exc).__name__}: {exc}", file=s) from None
+        raise LayoutError(
+            f"could not resolve Hub repo id{' at revision ' + revision if revision else ''}: {type(exc).__name__}: {exc}",
+            file=s,
+        ) from None
     return Path(local), True
 
 
@@ -174,9 +219,19 @@ def _load_json(path: Path, what: str):
 
 
 def _safe_shard_name(index: Path, name) -> str:
-    if (not isinstance(name, str) or not name or name in (".", "..") or "/" in name or "\\" in name
-            or "\x00" in name or not name.endswith(".safetensors")):
-        raise LayoutError(f"shard name {name!r} is not a plain .safetensors file name in the checkpoint directory (path traversal?)", file=index)
+    if (
+        not isinstance(name, str)
+        or not name
+        or name in (".", "..")
+        or "/" in name
+        or "\\" in name
+        or "\x00" in name
+        or not name.endswith(".safetensors")
+    ):
+        raise LayoutError(
+            f"shard name {name!r} is not a plain .safetensors file name in the checkpoint directory (path traversal?)",
+            file=index,
+        )
     return name
 
 
@@ -209,17 +264,23 @@ def read_weight_files(path: Path, what: str = "") -> tuple[dict[str, Safetensors
             sp = path / shard
             if not sp.is_file():
                 first = next(t for t, s in weight_map.items() if s == shard)
-                raise LayoutError(f"{what}index names shard {shard!r}, which does not exist", file=index_path, tensor=first)
+                raise LayoutError(
+                    f"{what}index names shard {shard!r}, which does not exist", file=index_path, tensor=first
+                )
             check_inside(path, sp)
             shards[shard] = read_header(sp)
         for tname, shard in weight_map.items():
             if tname not in shards[shard].tensors:
-                raise LayoutError(f"{what}index places the tensor in {shard!r}, which does not hold it", file=index_path, tensor=tname)
+                raise LayoutError(
+                    f"{what}index places the tensor in {shard!r}, which does not hold it", file=index_path, tensor=tname
+                )
         for shard, f in shards.items():
             for tname in f.tensors:
                 if weight_map.get(tname) != shard:
                     where = f"in {weight_map[tname]!r}" if tname in weight_map else "nowhere"
-                    raise LayoutError(f"{what}tensor stored in this shard but the index places it {where}", file=f.path, tensor=tname)
+                    raise LayoutError(
+                        f"{what}tensor stored in this shard but the index places it {where}", file=f.path, tensor=tname
+                    )
         return shards, weight_map, index_path
     if single_path.exists():
         f = read_header(single_path)
@@ -244,7 +305,11 @@ def open_checkpoint(src: str | os.PathLike, *, revision: str | None = None) -> C
     ckpt.from_hub = from_hub
     ckpt.quantized_linears = _find_linears(ckpt)
     for linear in ckpt.quantized_linears:
-        check_scale_values(ckpt.shard_of(linear + ".weight_scale").path, linear + ".weight_scale", ckpt.tensor(linear + ".weight_scale"))
+        check_scale_values(
+            ckpt.shard_of(linear + ".weight_scale").path,
+            linear + ".weight_scale",
+            ckpt.tensor(linear + ".weight_scale"),
+        )
     return ckpt
 
 
@@ -255,7 +320,11 @@ def _find_linears(ckpt: Checkpoint) -> list[str]:
         f = ckpt.shard_of(tname).path
         for suffix, what in FORBIDDEN_SUFFIXES.items():
             if tname.endswith(suffix):
-                raise TensorError(f"{what}: requant handles symmetric per-channel int8 weights with dynamic activations only", file=f, tensor=tname)
+                raise TensorError(
+                    f"{what}: requant handles symmetric per-channel int8 weights with dynamic activations only",
+                    file=f,
+                    tensor=tname,
+                )
         if tname.endswith(".weight_scale"):
             linears.append(tname[: -len(".weight_scale")])
     for linear in linears:
@@ -268,14 +337,27 @@ def _find_linears(ckpt: Checkpoint) -> list[str]:
         if w.dtype != "I8":
             raise TensorError(f"quantized weight stored as {w.dtype}, expected I8 (int8)", file=wf.path, tensor=wname)
         if len(w.shape) != 2 or 0 in w.shape:
-            raise TensorError(f"quantized weight must be 2-D [out, in] and non-empty, got shape {list(w.shape)}", file=wf.path, tensor=wname)
+            raise TensorError(
+                f"quantized weight must be 2-D [out, in] and non-empty, got shape {list(w.shape)}",
+                file=wf.path,
+                tensor=wname,
+            )
         if s.dtype not in SCALE_DTYPES:
-            raise TensorError(f"weight scale stored as {s.dtype}, expected one of {', '.join(SCALE_DTYPES)}", file=sf.path, tensor=sname)
+            raise TensorError(
+                f"weight scale stored as {s.dtype}, expected one of {', '.join(SCALE_DTYPES)}",
+                file=sf.path,
+                tensor=sname,
+            )
         if s.shape != (w.shape[0], 1):
-            raise TensorError(f"scale shape {list(s.shape)} does not match weight {list(w.shape)}: expected [{w.shape[0]}, 1] (per output channel)",
-                              file=sf.path, tensor=sname)
+            raise TensorError(
+                f"scale shape {list(s.shape)} does not match weight {list(w.shape)}: expected [{w.shape[0]}, 1] (per output channel)",
+                file=sf.path,
+                tensor=sname,
+            )
         if is_ignored(linear, ckpt.scheme.ignore):
-            raise TensorError("module is in quantization_config.ignore but stored quantized", file=sf.path, tensor=sname)
+            raise TensorError(
+                "module is in quantization_config.ignore but stored quantized", file=sf.path, tensor=sname
+            )
     linear_set = set(linears)
     for tname in names:
         if not tname.endswith(".weight"):
@@ -288,7 +370,11 @@ def _find_linears(ckpt: Checkpoint) -> list[str]:
         if info.dtype == "I8":
             raise TensorError("int8 Linear weight without a weight_scale", file=f, tensor=tname)
         if module.split(".")[-1] in LINEAR_LEAVES and not is_ignored(module, ckpt.scheme.ignore):
-            raise TensorError(f"Linear stored as {info.dtype} without a weight_scale, but quantization_config does not ignore it", file=f, tensor=tname)
+            raise TensorError(
+                f"Linear stored as {info.dtype} without a weight_scale, but quantization_config does not ignore it",
+                file=f,
+                tensor=tname,
+            )
     return sorted(linears, key=model_order_key)
 
 
@@ -310,12 +396,34 @@ def check_scale_values(file, name: str, scale: torch.Tensor) -> None:
     if bool(bad.any()):
         row = int(bad.nonzero()[0, 0])
         v = float(s[row])
-        kind = "NaN" if v != v else ("infinite" if v in (float("inf"), float("-inf")) else
-                                     ("zero" if v == 0 else ("negative" if v < 0 else "subnormal")))
-        why = (f" (below {str(scale.dtype).removeprefix('torch.')}'s smallest normal {tiny:.4g}: requant and its "
-               "audit need normal scales)" if kind == "subnormal" else "")
-        raise TensorError(f"{kind} scale {v!r} at output channel {row}{why} ({int(bad.sum())} bad scale(s) in all)",
-                          file=file, tensor=name)
+        kind = (
+            "NaN"
+            if v != v
+            else (
+                "infinite"
+                if v in (float("inf"), float("-inf"))
+                else ("zero" if v == 0 else ("negative" if v < 0 else "subnormal"))
+            )
+        )
+        why = (
+            f" (below {str(scale.dtype).removeprefix('torch.')}'s smallest normal {tiny:.4g}: requant and its "
+            "audit need normal scales)"
+            if kind == "subnormal"
+            else ""
+        )
+        raise TensorError(
+            f"{kind} scale {v!r} at output channel {row}{why} ({int(bad.sum())} bad scale(s) in all)",
+            file=file,
+            tensor=name,
+        )
 
 
-__all__ = ["Checkpoint", "open_checkpoint", "CheckpointError", "SafetensorsFormatError", "model_order_key", "is_ignored", "check_scale_values"]
+__all__ = [
+    "Checkpoint",
+    "open_checkpoint",
+    "CheckpointError",
+    "SafetensorsFormatError",
+    "model_order_key",
+    "is_ignored",
+    "check_scale_values",
+]

@@ -129,10 +129,20 @@ def _write_evidence(tmp: Path, out: Path, shard_entries: dict[str, mf.Entry], re
         raise OutputError(f"writing the manifests failed: {os_reason(exc)}", file=out) from exc
 
 
-def convert(src: str | os.PathLike, output: str | os.PathLike, arm: str = "nearest", *, force: bool = False,
-            revision: str | None = None, source: str | os.PathLike | None = None, jobs: int | None = None,
-            progress: Callable[[int], None] | None = None, on_start: Callable[[int], None] | None = None,
-            src_entries: dict[str, mf.Entry] | None = None, on_note: Callable[[str], None] | None = None) -> ConvertResult:
+def convert(
+    src: str | os.PathLike,
+    output: str | os.PathLike,
+    arm: str = "nearest",
+    *,
+    force: bool = False,
+    revision: str | None = None,
+    source: str | os.PathLike | None = None,
+    jobs: int | None = None,
+    progress: Callable[[int], None] | None = None,
+    on_start: Callable[[int], None] | None = None,
+    src_entries: dict[str, mf.Entry] | None = None,
+    on_note: Callable[[str], None] | None = None,
+) -> ConvertResult:
     """Convert SRC into OUTPUT under `arm`, atomically. Raises CheckpointError on bad input or output.
 
     Args:
@@ -208,12 +218,25 @@ def convert(src: str | os.PathLike, output: str | os.PathLike, arm: str = "neare
             entries = src_entries if source_hashes is None else source_hashes.result()
             if stored is not None:
                 mf.check_against(ckpt.path, stored, entries)
-            digest, prov = provenance.record(ckpt, dest.tmp, out, arm=arm, src_label=str(src),
-                                             source_dir=None if source is None else str(source),
-                                             source_entries=entries)
+            digest, prov = provenance.record(
+                ckpt,
+                dest.tmp,
+                out,
+                arm=arm,
+                src_label=str(src),
+                source_dir=None if source is None else str(source),
+                source_entries=entries,
+            )
             order = {lin: i for i, lin in enumerate(ckpt.quantized_linears)}
-            result = ConvertResult(output=out, arm=arm, source=str(src), provenance=prov, source_digest=digest,
-                                   layers=dict(sorted(job.stats.items(), key=lambda kv: order[kv[0]])), bytes_total=total)
+            result = ConvertResult(
+                output=out,
+                arm=arm,
+                source=str(src),
+                provenance=prov,
+                source_digest=digest,
+                layers=dict(sorted(job.stats.items(), key=lambda kv: order[kv[0]])),
+                bytes_total=total,
+            )
             if constrained:
                 _write_evidence(dest.tmp, out, shard_hashes.result(), result)
         except BaseException:

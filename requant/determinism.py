@@ -63,13 +63,21 @@ def all_scales_pow2(ckpt) -> bool:
 def _pair_row(i: int, text: str, prompt_ids: list[int], outs: dict[str, list[int]], tok) -> dict:
     a, b = outs.values()
     div = first_divergence(a, b)
-    return {"index": i, "prompt": text, "prompt_tokens": len(prompt_ids), "identical": div is None, "first_divergence": div,
-            "sha256": {k: ids_sha256(v) for k, v in outs.items()}, "text": {k: tok.decode(v) for k, v in outs.items()},
-            "tokens": {k: list(v) for k, v in outs.items()}}
+    return {
+        "index": i,
+        "prompt": text,
+        "prompt_tokens": len(prompt_ids),
+        "identical": div is None,
+        "first_divergence": div,
+        "sha256": {k: ids_sha256(v) for k, v in outs.items()},
+        "text": {k: tok.decode(v) for k, v in outs.items()},
+        "tokens": {k: list(v) for k, v in outs.items()},
+    }
 
 
-def run_regime(model_a, backends: tuple[str, str], texts: list[str], token_lists: list[list[int]], new_tokens: int,
-               advance=None) -> tuple[dict, dict]:
+def run_regime(
+    model_a, backends: tuple[str, str], texts: list[str], token_lists: list[list[int]], new_tokens: int, advance=None
+) -> tuple[dict, dict]:
     """(pair result, batch invariance per backend) for one regime; model_a runs backends[0]."""
     tick = advance or (lambda n=1: None)
     batch = {}
@@ -83,8 +91,15 @@ def run_regime(model_a, backends: tuple[str, str], texts: list[str], token_lists
             if model.greedy([t], max_new_tokens=new_tokens)[0] != batch[b][i]:
                 differing.append(i)
             tick()
-        invariance[b] = {"identical": len(token_lists) - len(differing), "total": len(token_lists), "differing_prompts": differing}
-    rows = [_pair_row(i, texts[i], token_lists[i], {b: batch[b][i] for b in backends}, model_a.tokenizer) for i in range(len(texts))]
+        invariance[b] = {
+            "identical": len(token_lists) - len(differing),
+            "total": len(token_lists),
+            "differing_prompts": differing,
+        }
+    rows = [
+        _pair_row(i, texts[i], token_lists[i], {b: batch[b][i] for b in backends}, model_a.tokenizer)
+        for i in range(len(texts))
+    ]
     pair = {"identical": sum(r["identical"] for r in rows), "total": len(rows), "prompts": rows}
     return pair, invariance
 
@@ -94,14 +109,26 @@ def work_units(n_prompts: int, regimes: int = 2) -> int:
     return regimes * 2 * (1 + n_prompts)
 
 
-def run_determinism(ckpt, backends: tuple[str, str], n_prompts: int = 8, new_tokens: int = 64, device: str = "cpu",
-                    act_backend: str = "reference", reduction: str = "auto", advance=None, on_phase=None,
-                    models: dict | None = None, identity: dict | None = None) -> dict:
+def run_determinism(
+    ckpt,
+    backends: tuple[str, str],
+    n_prompts: int = 8,
+    new_tokens: int = 64,
+    device: str = "cpu",
+    act_backend: str = "reference",
+    reduction: str = "auto",
+    advance=None,
+    on_phase=None,
+    models: dict | None = None,
+    identity: dict | None = None,
+    engine: str = "auto",
+) -> dict:
     """The whole measurement on an opened checkpoint (requant.checkpoint.Checkpoint).
     models: already loaded {"native": Model, "pow2": Model} of this checkpoint (the
     benchmark's), used with backends set by name instead of loading the weights again.
     identity: requant.evidence.identity.checkpoint_identity(ckpt) when the caller computed it
-    already (the command does, before the run); computed here otherwise."""
+    already (the command does, before the run); computed here otherwise. engine: the runtime
+    engine of the models loaded here ("auto": the fast engine on CUDA; requant.runtime)."""
     from requant.backends import environment
     from requant.evidence.identity import checkpoint_identity
     from requant.runtime import check_layout, load_model
@@ -118,7 +145,15 @@ def run_determinism(ckpt, backends: tuple[str, str], n_prompts: int = 8, new_tok
     models = dict(models or {})
     if "native" not in models:
         say(f"native: loading to {device}")
-        models["native"] = load_model(ckpt, regime="native", backend=backends[0], act_backend=act_backend, device=device, reduction=reduction)
+        models["native"] = load_model(
+            ckpt,
+            regime="native",
+            backend=backends[0],
+            act_backend=act_backend,
+            device=device,
+            reduction=reduction,
+            engine=engine,
+        )
     native = models["native"].with_backends(backends[0], act_backend)
     tok = native.tokenizer
     token_lists = [tok.encode(t) for t in texts]
@@ -129,10 +164,20 @@ def run_determinism(ckpt, backends: tuple[str, str], n_prompts: int = 8, new_tok
             invariance["pow2"] = dict(invariance["native"])
             continue
         if regime not in models:
-            models[regime] = load_model(ckpt, regime=regime, backend=backends[0], act_backend=act_backend, device=device,
-                                        share=native, reduction=reduction)
+            models[regime] = load_model(
+                ckpt,
+                regime=regime,
+                backend=backends[0],
+                act_backend=act_backend,
+                device=device,
+                share=native,
+                reduction=reduction,
+                engine=engine,
+            )
         model = models[regime].with_backends(backends[0], act_backend)
-        say(f"{regime}: greedy decoding, {len(texts)} prompts x {new_tokens} tokens, {backends[0]} and {backends[1]}, batch and alone")
+        say(
+            f"{regime}: greedy decoding, {len(texts)} prompts x {new_tokens} tokens, {backends[0]} and {backends[1]}, batch and alone"
+        )
         regimes[regime], invariance[regime] = run_regime(model, backends, texts, token_lists, new_tokens, advance)
     batch_ok = all(v["identical"] == v["total"] for r in invariance.values() for v in r.values())
     summary = f"pow2: {regimes['pow2']['identical']}/{regimes['pow2']['total']} identical; native: {regimes['native']['identical']}/{regimes['native']['total']}"
@@ -143,6 +188,7 @@ def run_determinism(ckpt, backends: tuple[str, str], n_prompts: int = 8, new_tok
         "backends": list(backends),
         "act_backend": act_backend,
         "device": str(device),
+        "engine": "fast" if native.fast else "reference",
         "reduction": "tree" if native.tree else "torch",
         "prompts": len(texts),
         "prompt_tokens": sum(len(t) for t in token_lists),
@@ -150,8 +196,11 @@ def run_determinism(ckpt, backends: tuple[str, str], n_prompts: int = 8, new_tok
         "eos_stop": False,
         "sha256_encoding": SHA_ENCODING,
         "tokenizer": tok.describe(),
-        "converted": {"arm": arm, "all_scales_pow2": pow2_native,
-                      "note": "every weight scale is already a power of two: native is the pow2 regime" if pow2_native else None},
+        "converted": {
+            "arm": arm,
+            "all_scales_pow2": pow2_native,
+            "note": "every weight scale is already a power of two: native is the pow2 regime" if pow2_native else None,
+        },
         "regimes": regimes,
         "batch_invariance": invariance,
         "batch_invariant": batch_ok,
@@ -177,32 +226,46 @@ def markdown(result: dict, command: str | None = None) -> str:
     if command:
         lines += ["```bash", command, "```", ""]
     conv = result["converted"]
-    lines += [f"**{result['summary']}**", "",
-              f"- checkpoint: `{result['checkpoint']}`",
-              f"- backends: `{a}` vs `{b}` (activations: `{result['act_backend']}`) on `{result['device']}`; norms: {result['reduction']} reduction",
-              f"- prompts: {result['prompts']} ({result['prompt_tokens']} tokens), {result['new_tokens']} new tokens each, greedy, KV cache, no stop at eos",
-              f"- tokenizer: {tokenizer_summary(result['tokenizer'])}",
-              f"- token digests: {result['sha256_encoding']}",
-              *identity_lines(result),
-              f"- wall time {result['wall_seconds']} s"]
+    lines += [
+        f"**{result['summary']}**",
+        "",
+        f"- checkpoint: `{result['checkpoint']}`",
+        f"- backends: `{a}` vs `{b}` (activations: `{result['act_backend']}`) on `{result['device']}`; norms: {result['reduction']} reduction",
+        f"- prompts: {result['prompts']} ({result['prompt_tokens']} tokens), {result['new_tokens']} new tokens each, greedy, KV cache, no stop at eos",
+        f"- tokenizer: {tokenizer_summary(result['tokenizer'])}",
+        f"- token digests: {result['sha256_encoding']}",
+        *identity_lines(result),
+        f"- wall time {result['wall_seconds']} s",
+    ]
     if conv["all_scales_pow2"]:
         lines.append(f"- converted checkpoint (arm: {conv['arm'] or 'unknown'}): {conv['note']}")
     lines.append("")
     for regime in ("native", "pow2"):
         r = result["regimes"][regime]
-        lines += [f"## {regime}: {r['identical']}/{r['total']} identical" + (" (same as native)" if r.get("same_as") else ""), "",
-                  f"| # | identical | first divergence | sha256 {a} | sha256 {b} | text ({a}) | text ({b}), where it differs |",
-                  "| ---: | --- | ---: | --- | --- | --- | --- |"]
+        lines += [
+            f"## {regime}: {r['identical']}/{r['total']} identical" + (" (same as native)" if r.get("same_as") else ""),
+            "",
+            f"| # | identical | first divergence | sha256 {a} | sha256 {b} | text ({a}) | text ({b}), where it differs |",
+            "| ---: | --- | ---: | --- | --- | --- | --- |",
+        ]
         for p in r["prompts"]:
             div = "" if p["first_divergence"] is None else str(p["first_divergence"])
             other = "" if p["identical"] else _cell(p["text"][b])
-            lines.append(f"| {p['index']} | {'yes' if p['identical'] else '**no**'} | {div} | `{p['sha256'][a][:16]}` | "
-                         f"`{p['sha256'][b][:16]}` | {_cell(p['text'][a])} | {other} |")
+            lines.append(
+                f"| {p['index']} | {'yes' if p['identical'] else '**no**'} | {div} | `{p['sha256'][a][:16]}` | "
+                f"`{p['sha256'][b][:16]}` | {_cell(p['text'][a])} | {other} |"
+            )
         lines.append("")
-    lines += ["## Batch invariance (each prompt alone vs inside the batch, same backend)", "",
-              "| regime | backend | identical | differing prompts |", "| --- | --- | ---: | --- |"]
+    lines += [
+        "## Batch invariance (each prompt alone vs inside the batch, same backend)",
+        "",
+        "| regime | backend | identical | differing prompts |",
+        "| --- | --- | ---: | --- |",
+    ]
     for regime in ("native", "pow2"):
         for backend, v in result["batch_invariance"][regime].items():
-            lines.append(f"| {regime} | {backend} | {v['identical']}/{v['total']} | {', '.join(map(str, v['differing_prompts'])) or '-'} |")
+            lines.append(
+                f"| {regime} | {backend} | {v['identical']}/{v['total']} | {', '.join(map(str, v['differing_prompts'])) or '-'} |"
+            )
     lines.append("")
     return "\n".join(lines)

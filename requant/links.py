@@ -55,5 +55,8 @@ def check_inside(root: str | os.PathLike, path: str | os.PathLike, roots: tuple[
     real = p.resolve()
     if any(_within(real, r) for r in roots):
         return real
-    raise LinkError(f"links to {shown(real)}, outside the checkpoint {shown(roots[0])}; requant follows no link out of "
-                    "a checkpoint (copy the file in instead)", file=shown(p))
+    raise LinkError(
+        f"links to {shown(real)}, outside the checkpoint {shown(roots[0])}; requant follows no link out of "
+        "a checkpoint (copy the file in instead)",
+        file=shown(p),
+    )

@@ -1,37 +1,37 @@
 """Atomic output: a checkpoint directory appears complete and durable, or not at all.
 
-  * Everything is written into a temporary directory in OUT's own parent directory
-    (`.OUT.requant-tmp-*`; OUT's last component is not resolved, so a symlinked OUT is
-    replaced as a link, never followed, and no rename crosses a device) that is renamed to
-    OUT at the end.
-  * Every output file and directory is fsynced before the rename, the parent directory
-    after it (and any directories made for OUT), so a crash leaves either the old state or
-    the complete new output.
-  * On any error or interrupt the temporary directory is removed, directories made for OUT
-    are removed again, and nothing named OUT appears.
-  * OUT inside SRC (or SRC inside OUT) is refused. An existing OUT is only replaced with
-    force=True, checked again just before the rename (an OUT that appeared meanwhile is an
-    error); the old OUT is moved aside first and put back if the rename fails.
-  * A run that is killed (SIGKILL, a power cut) leaves its `.OUT.requant-tmp-*` behind, which
-    for a large model is gigabytes. Each such directory therefore has a lock file beside it
-    (`.OUT.requant-tmp-X.lock`, outside the directory so that it is never part of the
-    output), naming pid and host, on which its writer holds an flock for as long as it runs
-    (made under another name, locked, then renamed into place, so that it is never seen
-    unlocked while its writer lives; the directory is made after it). The next AtomicOutput
-    for the same OUT sweeps OUT's parent: a temporary directory whose lock it can take was
-    left by a dead run and is removed; one whose lock is held belongs to a live run and is
-    left alone; one with no lock (an older requant, or a run killed in the instant of
-    making its lock) and a moved-aside `.OUT.requant-old-*` (possibly the
-    only copy of the previous output) are left alone and named. Every removal and every
-    leftover is reported through `on_note` (a warning by default).
-  * An interrupt that arrives once the rename is done is an OutputInterrupted (a
-    KeyboardInterrupt): the output is complete, and its message says so, instead of the
-    "nothing was written" of an interrupt before it.
-  * --force replaces only what it can tell is a checkpoint (replaceable(): an empty
-    directory, a directory with config.json and .safetensors weights at its top level, or a
-    symlink, which is replaced as a link and whose target is left alone). Anything else (a
-    file, a directory of other things) is refused, before any work and again at the rename,
-    and nothing is touched: `-o ~/models --force` must never delete a directory of models.
+* Everything is written into a temporary directory in OUT's own parent directory
+  (`.OUT.requant-tmp-*`; OUT's last component is not resolved, so a symlinked OUT is
+  replaced as a link, never followed, and no rename crosses a device) that is renamed to
+  OUT at the end.
+* Every output file and directory is fsynced before the rename, the parent directory
+  after it (and any directories made for OUT), so a crash leaves either the old state or
+  the complete new output.
+* On any error or interrupt the temporary directory is removed, directories made for OUT
+  are removed again, and nothing named OUT appears.
+* OUT inside SRC (or SRC inside OUT) is refused. An existing OUT is only replaced with
+  force=True, checked again just before the rename (an OUT that appeared meanwhile is an
+  error); the old OUT is moved aside first and put back if the rename fails.
+* A run that is killed (SIGKILL, a power cut) leaves its `.OUT.requant-tmp-*` behind, which
+  for a large model is gigabytes. Each such directory therefore has a lock file beside it
+  (`.OUT.requant-tmp-X.lock`, outside the directory so that it is never part of the
+  output), naming pid and host, on which its writer holds an flock for as long as it runs
+  (made under another name, locked, then renamed into place, so that it is never seen
+  unlocked while its writer lives; the directory is made after it). The next AtomicOutput
+  for the same OUT sweeps OUT's parent: a temporary directory whose lock it can take was
+  left by a dead run and is removed; one whose lock is held belongs to a live run and is
+  left alone; one with no lock (an older requant, or a run killed in the instant of
+  making its lock) and a moved-aside `.OUT.requant-old-*` (possibly the
+  only copy of the previous output) are left alone and named. Every removal and every
+  leftover is reported through `on_note` (a warning by default).
+* An interrupt that arrives once the rename is done is an OutputInterrupted (a
+  KeyboardInterrupt): the output is complete, and its message says so, instead of the
+  "nothing was written" of an interrupt before it.
+* --force replaces only what it can tell is a checkpoint (replaceable(): an empty
+  directory, a directory with config.json and .safetensors weights at its top level, or a
+  symlink, which is replaced as a link and whose target is left alone). Anything else (a
+  file, a directory of other things) is refused, before any work and again at the rename,
+  and nothing is touched: `-o ~/models --force` must never delete a directory of models.
 """
 
 from __future__ import annotations
@@ -112,8 +112,10 @@ def sweep_stale(final: Path, on_note: Callable[[str], None]) -> None:
         return
     for d in entries:
         if d.name.startswith(prefix_old):
-            on_note(f"{shown(d)}: a previous output moved aside by a run that did not finish; left alone (remove it "
-                    "once you know OUT is the output you want)")
+            on_note(
+                f"{shown(d)}: a previous output moved aside by a run that did not finish; left alone (remove it "
+                "once you know OUT is the output you want)"
+            )
             continue
         if not d.name.startswith(prefix_tmp) or d.is_symlink():
             continue
@@ -130,8 +132,10 @@ def sweep_stale(final: Path, on_note: Callable[[str], None]) -> None:
         try:
             fd, owner = _try_lock(_lock_of(d))
         except OSError:
-            on_note(f"{shown(d)}: an unfinished output with no lock (not made by a running requant that can be "
-                    "identified); left alone: remove it if no conversion is writing here")
+            on_note(
+                f"{shown(d)}: an unfinished output with no lock (not made by a running requant that can be "
+                "identified); left alone: remove it if no conversion is writing here"
+            )
             continue
         if fd is None:
             on_note(f"{shown(d)}: the unfinished output of a run still writing ({owner}); left alone")
@@ -165,8 +169,11 @@ def replaceable(path: Path) -> str | None:
 def refuse_unless_replaceable(out: Path, final: Path) -> None:
     why = replaceable(final)
     if why is not None:
-        raise OutputError(f"already exists and {why}; --force replaces only a checkpoint or an empty directory: "
-                          "remove it yourself or choose another output", file=out)
+        raise OutputError(
+            f"already exists and {why}; --force replaces only a checkpoint or an empty directory: "
+            "remove it yourself or choose another output",
+            file=out,
+        )
 
 
 def check_output(src: Path, out: Path, force: bool) -> None:
@@ -202,7 +209,7 @@ def fsync_path(path: Path) -> None:
 def fsync_tree(root: Path, skip: set[str]) -> None:
     """fsync every file (but the top-level names in skip, synced already) and every
     directory under root, root last."""
-    for dirpath, dirs, files in os.walk(root, topdown=False):
+    for dirpath, _dirs, files in os.walk(root, topdown=False):
         d = Path(dirpath)
         for fn in files:
             if d == root and fn in skip:
@@ -320,7 +327,9 @@ class AtomicOutput:
             for d in [final.parent] + [c.parent for c in self._created]:
                 fsync_path(d)  # the renames (and any directories made for OUT) are durable
         except OSError as exc:
-            raise OutputError(f"output written, but syncing its directory failed: {os_reason(exc)}", file=self.out) from exc
+            raise OutputError(
+                f"output written, but syncing its directory failed: {os_reason(exc)}", file=self.out
+            ) from exc
 
 
 # -- report files ----------------------------------------------------------------------

@@ -143,7 +143,9 @@ def pread_exact(fd: int, view: memoryview, offset: int, *, file, tensor: str | N
         except OSError as exc:
             raise TensorError(f"reading failed: {os_reason(exc)}", file=file, tensor=tensor) from exc
         if n == 0:
-            raise TensorError("file ended while reading (truncated or changed since it was validated?)", file=file, tensor=tensor)
+            raise TensorError(
+                "file ended while reading (truncated or changed since it was validated?)", file=file, tensor=tensor
+            )
         got += n
 
 
@@ -181,12 +183,16 @@ def read_header(path: str | os.PathLike) -> SafetensorsFile:
         with open(path, "rb") as f:
             head = f.read(8)
             if len(head) < 8:
-                raise SafetensorsFormatError(f"truncated: {size} bytes, shorter than the 8-byte header length", file=path)
+                raise SafetensorsFormatError(
+                    f"truncated: {size} bytes, shorter than the 8-byte header length", file=path
+                )
             n = int.from_bytes(head, "little")
             if n > MAX_HEADER:
                 raise SafetensorsFormatError(f"header length {n} exceeds the {MAX_HEADER}-byte limit", file=path)
             if 8 + n > size:
-                raise SafetensorsFormatError(f"header length {n} runs past the end of the file ({size} bytes)", file=path)
+                raise SafetensorsFormatError(
+                    f"header length {n} runs past the end of the file ({size} bytes)", file=path
+                )
             raw = f.read(n)
     except FileNotFoundError:
         raise SafetensorsFormatError("file not found", file=path) from None
@@ -209,7 +215,9 @@ def read_header(path: str | os.PathLike) -> SafetensorsFile:
         if name == METADATA_KEY:
             if entry is None:  # the format allows "__metadata__": null
                 continue
-            if not isinstance(entry, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in entry.items()):
+            if not isinstance(entry, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in entry.items()
+            ):
                 raise SafetensorsFormatError("__metadata__ must map strings to strings", file=path)
             metadata = entry
             continue
@@ -228,11 +236,17 @@ def read_header(path: str | os.PathLike) -> SafetensorsFile:
         prev = t
     if pos > data_size:
         raise SafetensorsFormatError(
-            f"truncated: data ends at {pos} but the file holds only {data_size} data bytes", file=path, tensor=prev.name if prev else None
+            f"truncated: data ends at {pos} but the file holds only {data_size} data bytes",
+            file=path,
+            tensor=prev.name if prev else None,
         )
     if pos < data_size:
-        raise SafetensorsFormatError(f"{data_size - pos} trailing bytes after the last tensor", file=path, tensor=prev.name if prev else None)
-    return SafetensorsFile(path=path, prefix=head + raw, metadata=metadata, tensors=tensors, file_size=size, by_offset=by_offset)
+        raise SafetensorsFormatError(
+            f"{data_size - pos} trailing bytes after the last tensor", file=path, tensor=prev.name if prev else None
+        )
+    return SafetensorsFile(
+        path=path, prefix=head + raw, metadata=metadata, tensors=tensors, file_size=size, by_offset=by_offset
+    )
 
 
 def _parse_entry(path: Path, name: str, entry) -> TensorInfo:
@@ -257,7 +271,9 @@ def _parse_entry(path: Path, name: str, entry) -> TensorInfo:
     return TensorInfo(name=name, dtype=dtype, shape=tuple(shape), begin=begin, end=end)
 
 
-def serialize_header(entries: list[tuple[str, str, tuple[int, ...]]], metadata: dict[str, str] | None = None) -> tuple[bytes, list[TensorInfo]]:
+def serialize_header(
+    entries: list[tuple[str, str, tuple[int, ...]]], metadata: dict[str, str] | None = None
+) -> tuple[bytes, list[TensorInfo]]:
     """Header bytes (8-byte length + JSON + space padding) for tensors laid out in the
     given order, the way the safetensors library writes them: `__metadata__` first,
     compact JSON, offsets contiguous in list order, padded with spaces to 8 bytes.
@@ -279,7 +295,9 @@ def serialize_header(entries: list[tuple[str, str, tuple[int, ...]]], metadata: 
     return len(raw).to_bytes(8, "little") + raw, infos
 
 
-def write_file(path: str | os.PathLike, tensors: list[tuple[str, torch.Tensor]], metadata: dict[str, str] | None = None) -> None:
+def write_file(
+    path: str | os.PathLike, tensors: list[tuple[str, torch.Tensor]], metadata: dict[str, str] | None = None
+) -> None:
     """Write tensors in the given order (data in header order)."""
     entries = [(name, TORCH_TO_ST[t.dtype], tuple(t.shape)) for name, t in tensors]
     prefix, _ = serialize_header(entries, metadata)
@@ -290,8 +308,28 @@ def write_file(path: str | os.PathLike, tensors: list[tuple[str, torch.Tensor]],
 
 
 # The safetensors library's Dtype enum order (its Rust `Dtype` declaration order).
-_LIBRARY_DTYPE_RANK = {n: i for i, n in enumerate(
-    ["BOOL", "U8", "I8", "F8_E5M2", "F8_E4M3", "I16", "U16", "F16", "BF16", "I32", "U32", "F32", "F64", "I64", "U64"])}
+_LIBRARY_DTYPE_RANK = {
+    n: i
+    for i, n in enumerate(
+        [
+            "BOOL",
+            "U8",
+            "I8",
+            "F8_E5M2",
+            "F8_E4M3",
+            "I16",
+            "U16",
+            "F16",
+            "BF16",
+            "I32",
+            "U32",
+            "F32",
+            "F64",
+            "I64",
+            "U64",
+        ]
+    )
+}
 
 
 def library_order(tensors: dict[str, torch.Tensor]) -> list[str]:

@@ -42,7 +42,9 @@ def _quantization_args(file: str, where: str, args, want: dict, *, dynamic: bool
         if args.get(key) is not None:
             raise SchemeError(f"{where}.{key} is {args[key]!r}, requant needs null", file=file)
     if not dynamic and args.get("dynamic", False) not in (False,):
-        raise SchemeError(f"{where}.dynamic is {args.get('dynamic')!r}, requant needs false (static per-channel weights)", file=file)
+        raise SchemeError(
+            f"{where}.dynamic is {args.get('dynamic')!r}, requant needs false (static per-channel weights)", file=file
+        )
 
 
 def validate(config: dict, file: str = "config.json") -> Scheme:
@@ -54,14 +56,18 @@ def validate(config: dict, file: str = "config.json") -> Scheme:
         raise SchemeError("quantization_config must be an object", file=file)
     p = "quantization_config"
     if qc.get("quant_method") != "compressed-tensors":
-        raise SchemeError(f"{p}.quant_method is {qc.get('quant_method')!r}, requant needs 'compressed-tensors'", file=file)
+        raise SchemeError(
+            f"{p}.quant_method is {qc.get('quant_method')!r}, requant needs 'compressed-tensors'", file=file
+        )
     if qc.get("format") != "int-quantized":
         raise SchemeError(f"{p}.format is {qc.get('format')!r}, requant needs 'int-quantized'", file=file)
     status = qc.get("quantization_status", "compressed")
     if status != "compressed":
         raise SchemeError(f"{p}.quantization_status is {status!r}, requant needs 'compressed'", file=file)
     if qc.get("kv_cache_scheme") is not None:
-        raise SchemeError(f"{p}.kv_cache_scheme is set; requant handles no KV-cache quantization (needs null)", file=file)
+        raise SchemeError(
+            f"{p}.kv_cache_scheme is set; requant handles no KV-cache quantization (needs null)", file=file
+        )
     sparsity = qc.get("sparsity_config")
     if sparsity not in (None, {}):
         raise SchemeError(f"{p}.sparsity_config is set; requant handles dense checkpoints only", file=file)
@@ -76,7 +82,9 @@ def validate(config: dict, file: str = "config.json") -> Scheme:
             raise SchemeError(f"{g}.weights is missing: requant needs int8 per-channel weights", file=file)
         _quantization_args(file, f"{g}.weights", group["weights"], WEIGHTS, dynamic=False)
         if group.get("input_activations") is None:
-            raise SchemeError(f"{g}.input_activations is missing: requant needs dynamic per-token int8 activations", file=file)
+            raise SchemeError(
+                f"{g}.input_activations is missing: requant needs dynamic per-token int8 activations", file=file
+            )
         _quantization_args(file, f"{g}.input_activations", group["input_activations"], ACTIVATIONS, dynamic=True)
         if group.get("output_activations") is not None:
             raise SchemeError(f"{g}.output_activations is set; requant needs null", file=file)
@@ -91,7 +99,9 @@ def validate(config: dict, file: str = "config.json") -> Scheme:
     return Scheme(ignore=tuple(ignore))
 
 
-def quantization_config(*, ignore=("lm_head",), compression_ratio: float | None = None, version: str = "0.10.2") -> dict:
+def quantization_config(
+    *, ignore=("lm_head",), compression_ratio: float | None = None, version: str = "0.10.2"
+) -> dict:
     """The W8A8 quantization_config block as llm-compressor / compressed-tensors write it."""
 
     def args(strategy: str, dynamic: bool, observer):

@@ -1,22 +1,22 @@
 """The converter's units of work: shards streamed, piece by piece, into output shards.
 
-  * Requantizing never changes a tensor's dtype or shape, so every output shard keeps its
-    input's header bytes exactly and every tensor keeps its offsets. Each output shard is
-    created with the input's header, then filled with pwrite at the input's offsets:
-    pass-through tensors are copied in 1 MB pieces (CHUNK), quantized Linears are
-    requantized one at a time in blocks of rows of about 1 MB (BLOCK_BYTES); a Linear's
-    weight and scale may even live in different shards. Memory is bounded by one weight
-    per worker (the --source path holds one float weight) plus small buffers, not by the
-    model.
-  * A unit is a segment: ~64 MB (SEGMENT) of consecutive tensors of one shard, fixed by
-    the header alone, so the units do not depend on the number of workers.
-    requant.workers runs them in a bounded thread pool.
-  * Every source byte is read once here (requant.safetensors_io.pread_exact into reused
-    buffers). Nothing is hashed on the way: the provenance is the plain sha256 of whole
-    files (requant.evidence.manifest), which cannot be split across parallel segments, so
-    requant.convert hashes the source files in background threads beside these units.
-  * Errors name the file: a failed read names the source shard and tensor (TensorError),
-    a failed write the output shard (as OUT/<shard>) and tensor (OutputError).
+* Requantizing never changes a tensor's dtype or shape, so every output shard keeps its
+  input's header bytes exactly and every tensor keeps its offsets. Each output shard is
+  created with the input's header, then filled with pwrite at the input's offsets:
+  pass-through tensors are copied in 1 MB pieces (CHUNK), quantized Linears are
+  requantized one at a time in blocks of rows of about 1 MB (BLOCK_BYTES); a Linear's
+  weight and scale may even live in different shards. Memory is bounded by one weight
+  per worker (the --source path holds one float weight) plus small buffers, not by the
+  model.
+* A unit is a segment: ~64 MB (SEGMENT) of consecutive tensors of one shard, fixed by
+  the header alone, so the units do not depend on the number of workers.
+  requant.workers runs them in a bounded thread pool.
+* Every source byte is read once here (requant.safetensors_io.pread_exact into reused
+  buffers). Nothing is hashed on the way: the provenance is the plain sha256 of whole
+  files (requant.evidence.manifest), which cannot be split across parallel segments, so
+  requant.convert hashes the source files in background threads beside these units.
+* Errors name the file: a failed read names the source shard and tensor (TensorError),
+  a failed write the output shard (as OUT/<shard>) and tensor (OutputError).
 """
 
 from __future__ import annotations
@@ -87,7 +87,9 @@ def copy_other_files(ckpt: Checkpoint, tmp: Path, out: Path) -> None:
 class Job:
     """Shared state of one conversion: output fds, per-worker buffers, statistics."""
 
-    def __init__(self, ckpt: Checkpoint, tmp: Path, out: Path, arm: str, source, progress: Callable[[int], None] | None):  # noqa: D107
+    def __init__(
+        self, ckpt: Checkpoint, tmp: Path, out: Path, arm: str, source, progress: Callable[[int], None] | None
+    ):  # noqa: D107
         self.ckpt, self.tmp, self.out, self.arm, self.source = ckpt, tmp, out, arm, source
         self.progress = progress or (lambda n: None)
         self.fds: dict[str, int] = {}
@@ -104,7 +106,9 @@ class Job:
         try:
             _pwrite_all(self.fds[shard], data, offset)
         except OSError as exc:
-            raise OutputError(f"writing the output shard failed: {os_reason(exc)}", file=self.out / shard, tensor=tensor) from exc
+            raise OutputError(
+                f"writing the output shard failed: {os_reason(exc)}", file=self.out / shard, tensor=tensor
+            ) from exc
 
     def create_outputs(self) -> None:
         for name, f in self.ckpt.shards.items():
@@ -135,7 +139,10 @@ class Job:
         for name, fd in self.fds.items():
             size = os.fstat(fd).st_size
             if size != self.ckpt.shards[name].file_size:  # every byte is written exactly once
-                raise TensorError(f"internal: output shard is {size} bytes, expected {self.ckpt.shards[name].file_size}", file=self.tmp / name)
+                raise TensorError(
+                    f"internal: output shard is {size} bytes, expected {self.ckpt.shards[name].file_size}",
+                    file=self.tmp / name,
+                )
 
     def close(self) -> None:
         for fd in self.fds.values():
@@ -196,7 +203,9 @@ class Job:
         except ValueError as exc:
             raise TensorError(str(exc), file=f.path, tensor=wname) from None
         if s_new.dtype != scale.dtype or tuple(s_new.shape) != sinfo.shape:  # an arm's contract, checked
-            raise TensorError(f"internal: arm {self.arm} changed the scale's dtype or shape", file=sfile.path, tensor=sname)
+            raise TensorError(
+                f"internal: arm {self.arm} changed the scale's dtype or shape", file=sfile.path, tensor=sname
+            )
         sshard = ckpt.weight_map[sname]
         self.write(sshard, tensor_to_bytes(s_new), ckpt.shards[sshard].data_start + sinfo.begin, sname)
         with self.lock:

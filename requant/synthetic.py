@@ -194,8 +194,16 @@ def _check_target(path: Path, force: bool) -> None:
     refuse_unless_replaceable(path, output_path(path))
 
 
-def generate(preset: str | Preset, out: str | os.PathLike, *, seed: int = 0, shard_size: int | None = None,
-             outliers: bool = True, keep_source: str | os.PathLike | None = None, force: bool = False) -> Path:
+def generate(
+    preset: str | Preset,
+    out: str | os.PathLike,
+    *,
+    seed: int = 0,
+    shard_size: int | None = None,
+    outliers: bool = True,
+    keep_source: str | os.PathLike | None = None,
+    force: bool = False,
+) -> Path:
     """Write a W8A8 checkpoint (and optionally its bf16 original) and return its path (see the
     module docstring for what may be replaced). OutputError when out or keep_source may not be."""
     p = PRESETS[preset] if isinstance(preset, str) else preset
@@ -240,13 +248,19 @@ def _write(p: Preset, out: Path, src_dir: Path | None, seed: int, shard_size: in
             save_file(originals, str(src_dir / fname), metadata={"format": "pt"})
         del tensors, originals
     if n > 1:
-        write_json(out / "model.safetensors.index.json", {"metadata": {"total_size": sum(q_sizes)}, "weight_map": dict(sorted(weight_map.items()))})
+        write_json(
+            out / "model.safetensors.index.json",
+            {"metadata": {"total_size": sum(q_sizes)}, "weight_map": dict(sorted(weight_map.items()))},
+        )
     ratio = round(sum(b_sizes) / sum(q_sizes), 4)
     write_json(out / "config.json", model_config(p, quantized=True, compression_ratio=ratio))
     if src_dir is not None:
         if n > 1:
             src_map = {t: f for t, f in weight_map.items() if not t.endswith("_scale")}
-            write_json(src_dir / "model.safetensors.index.json", {"metadata": {"total_size": sum(b_sizes)}, "weight_map": dict(sorted(src_map.items()))})
+            write_json(
+                src_dir / "model.safetensors.index.json",
+                {"metadata": {"total_size": sum(b_sizes)}, "weight_map": dict(sorted(src_map.items()))},
+            )
         write_json(src_dir / "config.json", model_config(p, quantized=False))
 
 
@@ -258,11 +272,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shard-size", type=int, default=None, help="max bytes per shard (default: one file)")
     ap.add_argument("--no-outliers", action="store_true")
     ap.add_argument("--keep-source", default=None, help="also write the bf16 originals here (for convert --source)")
-    ap.add_argument("--force", action="store_true", help="replace a non-empty OUT (only a checkpoint or an empty directory)")
+    ap.add_argument(
+        "--force", action="store_true", help="replace a non-empty OUT (only a checkpoint or an empty directory)"
+    )
     a = ap.parse_args(argv)
     try:
-        path = generate(a.preset, a.out, seed=a.seed, shard_size=a.shard_size, outliers=not a.no_outliers,
-                        keep_source=a.keep_source, force=a.force)
+        path = generate(
+            a.preset,
+            a.out,
+            seed=a.seed,
+            shard_size=a.shard_size,
+            outliers=not a.no_outliers,
+            keep_source=a.keep_source,
+            force=a.force,
+        )
     except CheckpointError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -104,8 +104,16 @@ def _eos_ids(directory: Path | None, lookup) -> tuple[int, ...]:
 class Tokenizer:
     """Text <-> token ids for one model (see the module docstring)."""
 
-    def __init__(self, kind: str, vocab_size: int, *, backend=None, sha256: str | None = None, path: Path | None = None,
-                 eos_ids: tuple[int, ...] = ()):
+    def __init__(
+        self,
+        kind: str,
+        vocab_size: int,
+        *,
+        backend=None,
+        sha256: str | None = None,
+        path: Path | None = None,
+        eos_ids: tuple[int, ...] = (),
+    ):
         self.kind = kind
         self.model_vocab_size = int(vocab_size)
         self.sha256 = sha256
@@ -131,8 +139,10 @@ class Tokenizer:
         ids = self._tok.encode(text, add_special_tokens=False).ids
         bad = [i for i in ids if i >= self.model_vocab_size]
         if bad:
-            raise TokenizerError(f"{self.path}: token id {bad[0]} is outside the model's vocabulary "
-                                 f"(config.json vocab_size {self.model_vocab_size})")
+            raise TokenizerError(
+                f"{self.path}: token id {bad[0]} is outside the model's vocabulary "
+                f"(config.json vocab_size {self.model_vocab_size})"
+            )
         return list(ids)
 
     def decode(self, ids) -> str:
@@ -151,8 +161,12 @@ class Tokenizer:
         return "".join(out)
 
     def describe(self) -> dict:
-        return {"kind": self.kind, "sha256": self.sha256, "vocab_size": self.vocab_size,
-                "model_vocab_size": self.model_vocab_size}
+        return {
+            "kind": self.kind,
+            "sha256": self.sha256,
+            "vocab_size": self.vocab_size,
+            "model_vocab_size": self.model_vocab_size,
+        }
 
     def __repr__(self) -> str:
         return f"Tokenizer({self.kind}, vocab {self.vocab_size}, model vocab {self.model_vocab_size})"
@@ -166,9 +180,11 @@ def load_tokenizer(checkpoint_dir, vocab_size: int, *, byte_level: bool = False)
     path = directory / "tokenizer.json" if directory is not None else None
     if path is None or not (path.is_file() or path.is_symlink()):
         if directory is not None and int(vocab_size) > BYTE_LEVEL_MAX_VOCAB and not (byte_level or _byte_ids_allowed):
-            raise TokenizerError(f"{shown(path)}: missing, and the model's vocabulary ({int(vocab_size)} ids) is not the "
-                                 f"byte-level one (at most {BYTE_LEVEL_MAX_VOCAB}): put the checkpoint's tokenizer.json "
-                                 "back, or pass --byte-tokens to use UTF-8 byte values as token ids")
+            raise TokenizerError(
+                f"{shown(path)}: missing, and the model's vocabulary ({int(vocab_size)} ids) is not the "
+                f"byte-level one (at most {BYTE_LEVEL_MAX_VOCAB}): put the checkpoint's tokenizer.json "
+                "back, or pass --byte-tokens to use UTF-8 byte values as token ids"
+            )
         return Tokenizer("byte-level", vocab_size, eos_ids=_eos_ids(directory, None))
     if path.is_symlink():
         check_inside(directory, path)
@@ -184,8 +200,14 @@ def load_tokenizer(checkpoint_dir, vocab_size: int, *, byte_level: bool = False)
         backend = HFTokenizer.from_str(raw.decode("utf-8"))
     except Exception as exc:  # the library raises its own Exception subclasses for bad files
         raise TokenizerError(f"{path}: not a tokenizer the `tokenizers` library can load: {exc}") from None
-    return Tokenizer("tokenizer.json", vocab_size, backend=backend, sha256=hashlib.sha256(raw).hexdigest(), path=path,
-                     eos_ids=_eos_ids(directory, backend.token_to_id))
+    return Tokenizer(
+        "tokenizer.json",
+        vocab_size,
+        backend=backend,
+        sha256=hashlib.sha256(raw).hexdigest(),
+        path=path,
+        eos_ids=_eos_ids(directory, backend.token_to_id),
+    )
 
 
 def summary(desc: dict | str) -> str:
@@ -194,5 +216,7 @@ def summary(desc: dict | str) -> str:
         return f"{desc} tokenizer"
     if desc.get("kind") == "tokenizer.json":
         return f"tokenizer.json (sha256 {desc.get('sha256')}, {desc.get('vocab_size')} ids)"
-    return (f"byte-level ids (the checkpoint has no tokenizer.json: token id = UTF-8 byte"
-            f"{', clipped to ' + str(desc['model_vocab_size'] - 1) if desc.get('model_vocab_size', 256) < 256 else ''})")
+    return (
+        f"byte-level ids (the checkpoint has no tokenizer.json: token id = UTF-8 byte"
+        f"{', clipped to ' + str(desc['model_vocab_size'] - 1) if desc.get('model_vocab_size', 256) < 256 else ''})"
+    )

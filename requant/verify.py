@@ -59,8 +59,16 @@ def verify(a: str | os.PathLike, b: str | os.PathLike) -> dict:
     only_a = sorted(set(fa) - set(fb))
     only_b = sorted(set(fb) - set(fa))
     differing = sorted(rel for rel in set(fa) & set(fb) if not _same_file(fa[rel], fb[rel]))
-    report = {"a": str(a), "b": str(b), "identical": not (only_a or only_b or differing),
-              "only_in_a": only_a, "only_in_b": only_b, "differing_files": differing, "tensors": [], "errors": []}
+    report = {
+        "a": str(a),
+        "b": str(b),
+        "identical": not (only_a or only_b or differing),
+        "only_in_a": only_a,
+        "only_in_b": only_b,
+        "differing_files": differing,
+        "tensors": [],
+        "errors": [],
+    }
     if report["identical"]:
         return report
     ta, ea = _tensors(fa)
@@ -90,8 +98,9 @@ def verify(a: str | os.PathLike, b: str | os.PathLike) -> dict:
         ta_, tb_ = torch.frombuffer(xa, dtype=torch.uint8), torch.frombuffer(xb, dtype=torch.uint8)
         size = max(ia.nbytes // max(ia.numel, 1), 1)
         neq = (ta_.reshape(-1, size) != tb_.reshape(-1, size)).any(dim=1)
-        entry.update(what="values", elements_differing=int(neq.sum()), elements=ia.numel,
-                     first_index=int(neq.nonzero()[0, 0]))
+        entry.update(
+            what="values", elements_differing=int(neq.sum()), elements=ia.numel, first_index=int(neq.nonzero()[0, 0])
+        )
         diffs.append(entry)
     report["tensors"] = diffs
     if not diffs and not report["errors"]:

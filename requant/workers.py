@@ -72,8 +72,13 @@ def shutdown(pool: cf.ThreadPoolExecutor, plan: StopPlan | None = None) -> None:
         raise interrupted
 
 
-def run_units(fn: Callable[[U, Callable[[], bool]], T], units: Sequence[U], workers: int,
-              on_done: Callable[[int], None] | None = None, name: str = "requant-convert") -> list[T]:
+def run_units(
+    fn: Callable[[U, Callable[[], bool]], T],
+    units: Sequence[U],
+    workers: int,
+    on_done: Callable[[int], None] | None = None,
+    name: str = "requant-convert",
+) -> list[T]:
     """Run fn(unit, should_stop) for every unit in a pool of `workers` threads; return the
     results in unit order. fn polls should_stop() between pieces of work and raises
     Aborted when it says so. on_done(i) runs in the calling thread as unit i succeeds,

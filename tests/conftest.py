@@ -22,16 +22,30 @@ def point_hub_library_at(monkeypatch, env: dict[str, str]) -> None:
     differs is patched into the loaded module (undone at the end of the test)."""
     import huggingface_hub.constants as constants
 
-    for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_TOKEN_PATH",
-              "HF_STORED_TOKENS_PATH", "HF_XET_CACHE", "HF_ASSETS_CACHE", "HUGGING_FACE_HUB_TOKEN", "HF_TOKEN", "HF_ENDPOINT"):
+    for k in (
+        "HF_HUB_OFFLINE",
+        "TRANSFORMERS_OFFLINE",
+        "HF_HUB_CACHE",
+        "HUGGINGFACE_HUB_CACHE",
+        "HF_TOKEN_PATH",
+        "HF_STORED_TOKENS_PATH",
+        "HF_XET_CACHE",
+        "HF_ASSETS_CACHE",
+        "HUGGING_FACE_HUB_TOKEN",
+        "HF_TOKEN",
+        "HF_ENDPOINT",
+    ):
         monkeypatch.delenv(k, raising=False)
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     spec = importlib.util.find_spec("huggingface_hub.constants")
     fresh = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(fresh)
-    changed = {name: (getattr(constants, name, None), getattr(fresh, name)) for name in dir(fresh)
-               if name.isupper() and getattr(fresh, name) != getattr(constants, name, object())}
+    changed = {
+        name: (getattr(constants, name, None), getattr(fresh, name))
+        for name in dir(fresh)
+        if name.isupper() and getattr(fresh, name) != getattr(constants, name, object())
+    }
     for name, (_, value) in changed.items():
         monkeypatch.setattr(constants, name, value)
     # huggingface_hub < 1.0 also copies some constants into other modules at import

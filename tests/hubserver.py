@@ -87,7 +87,9 @@ class FakeHub:
         Handler.hub = hub
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, name="fake-hub", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, name="fake-hub", daemon=True
+        )
         self._thread.start()
         return self
 
@@ -104,8 +106,16 @@ class FakeHub:
         return f"http://{host}:{port}"
 
     # -- state ---------------------------------------------------------------------------
-    def fail(self, method: str, kind: str, status: int, message: str = "injected failure", *, echo_auth: bool = False,
-             error_code: str | None = None) -> None:
+    def fail(
+        self,
+        method: str,
+        kind: str,
+        status: int,
+        message: str = "injected failure",
+        *,
+        echo_auth: bool = False,
+        error_code: str | None = None,
+    ) -> None:
         """The next `method` request of this kind gets `status` with {"error": message}."""
         with self.lock:
             self.failures.append(Failure(method, kind, status, message, echo_auth, error_code))
@@ -178,7 +188,11 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(status, json.dumps(obj).encode(), headers)
 
     def _error(self, status: int, message: str, code: str | None = None) -> None:
-        self._json(status, {"error": message}, {"X-Error-Code": code, "X-Error-Message": message} if code else {"X-Error-Message": message})
+        self._json(
+            status,
+            {"error": message},
+            {"X-Error-Code": code, "X-Error-Message": message} if code else {"X-Error-Message": message},
+        )
 
     def _authorized(self) -> bool:
         hub = self.hub
@@ -269,9 +283,20 @@ class _Handler(BaseHTTPRequestHandler):
         if head is None:
             return self._error(404, "Repository not found", "RepoNotFound")
         files = json.loads(body)["files"]
-        self._json(200, {"files": [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False,
-                                    "oid": git_blob_sha1(head.files[f["path"]]) if f["path"] in head.files else None}
-                                   for f in files]})
+        self._json(
+            200,
+            {
+                "files": [
+                    {
+                        "path": f["path"],
+                        "uploadMode": "regular",
+                        "shouldIgnore": False,
+                        "oid": git_blob_sha1(head.files[f["path"]]) if f["path"] in head.files else None,
+                    }
+                    for f in files
+                ]
+            },
+        )
 
     def _commit(self, repo_id: str, rev: str, body: bytes) -> None:
         hub = self.hub
@@ -294,11 +319,20 @@ class _Handler(BaseHTTPRequestHandler):
             elif item["key"] in ("deletedFile", "deletedFolder"):
                 deleted.append(v["path"])
             else:
-                return self._error(400, f"unsupported commit operation {item['key']!r} (this fake takes regular files only)")
+                return self._error(
+                    400, f"unsupported commit operation {item['key']!r} (this fake takes regular files only)"
+                )
         with hub.lock:
             c = hub.commit(repo_id, rev, files, lines[0]["value"].get("summary", ""), deleted)
-        self._json(200, {"success": True, "commitOid": c.oid, "commitUrl": f"{hub.url}/{repo_id}/commit/{c.oid}",
-                         "pullRequestUrl": None})
+        self._json(
+            200,
+            {
+                "success": True,
+                "commitOid": c.oid,
+                "commitUrl": f"{hub.url}/{repo_id}/commit/{c.oid}",
+                "pullRequestUrl": None,
+            },
+        )
 
     def _branch(self, repo_id: str, branch: str, body: bytes) -> None:
         hub = self.hub
@@ -325,10 +359,24 @@ class _Handler(BaseHTTPRequestHandler):
         c = self.hub.resolve(repo_id, rev)
         if c is None:
             return self._error(404, f"Invalid rev id: {rev}", "RevisionNotFound")
-        self._json(200, {"_id": repo_id, "id": repo_id, "modelId": repo_id, "sha": c.oid, "private": repo.private,
-                         "disabled": False, "gated": False, "tags": [], "downloads": 0, "likes": 0,
-                         "lastModified": "2025-01-01T00:00:00.000Z", "createdAt": "2025-01-01T00:00:00.000Z",
-                         "siblings": [{"rfilename": p} for p in sorted(c.files)]})
+        self._json(
+            200,
+            {
+                "_id": repo_id,
+                "id": repo_id,
+                "modelId": repo_id,
+                "sha": c.oid,
+                "private": repo.private,
+                "disabled": False,
+                "gated": False,
+                "tags": [],
+                "downloads": 0,
+                "likes": 0,
+                "lastModified": "2025-01-01T00:00:00.000Z",
+                "createdAt": "2025-01-01T00:00:00.000Z",
+                "siblings": [{"rfilename": p} for p in sorted(c.files)],
+            },
+        )
 
     def _tree(self, repo_id: str, rev: str, under: str, query) -> None:
         if self._injected("GET", "tree"):
@@ -344,7 +392,7 @@ class _Handler(BaseHTTPRequestHandler):
         for p in sorted(c.files):
             if not p.startswith(prefix):
                 continue
-            rest = p[len(prefix):]
+            rest = p[len(prefix) :]
             if "/" in rest and not recursive:
                 dirs.add(prefix + rest.split("/")[0])
                 continue
@@ -369,8 +417,12 @@ class _Handler(BaseHTTPRequestHandler):
         if path not in c.files:
             return self._error(404, "Entry not found", "EntryNotFound")
         data = c.files[path]
-        headers = {"Content-Type": "application/octet-stream", "X-Repo-Commit": c.oid, "Accept-Ranges": "bytes",
-                   "ETag": f'"{git_blob_sha1(data)}"'}
+        headers = {
+            "Content-Type": "application/octet-stream",
+            "X-Repo-Commit": c.oid,
+            "Accept-Ranges": "bytes",
+            "ETag": f'"{git_blob_sha1(data)}"',
+        }
         if is_lfs(path):
             sha = hashlib.sha256(data).hexdigest()
             headers.update({"ETag": f'"{sha}"', "X-Linked-Etag": f'"{sha}"', "X-Linked-Size": str(len(data))})

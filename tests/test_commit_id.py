@@ -21,8 +21,9 @@ def _tree(root: Path) -> Path:
 def _run(root: Path, **env) -> str:
     e = {k: v for k, v in os.environ.items() if not k.startswith("GIT_") and k != "REQUANT_COMMIT"}
     e.update(env)
-    out = subprocess.run(["bash", str(root / "benchmarks" / "commit_id.sh")], cwd="/", env=e, capture_output=True, text=True,
-                         check=True)
+    out = subprocess.run(
+        ["bash", str(root / "benchmarks" / "commit_id.sh")], cwd="/", env=e, capture_output=True, text=True, check=True
+    )
     return out.stdout.strip()
 
 
@@ -37,7 +38,9 @@ def test_git_checkout_clean_and_dirty(tmp_path):
     subprocess.run(GIT + ["init", "-q"], cwd=root, check=True)
     subprocess.run(GIT + ["add", "-A"], cwd=root, check=True)
     subprocess.run(GIT + ["commit", "-q", "-m", "x"], cwd=root, check=True)
-    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
+    head = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True
+    ).stdout.strip()
     assert len(head) == 40
     assert _run(root, REQUANT_COMMIT="ignored: not a commit id") == head
     # a declared commit wins over git (the GPU machine's copy can carry a stale .git)

@@ -20,8 +20,20 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-_IGNORE = shutil.ignore_patterns(".git", ".whl", ".venv", "out", "build", "dist", "*.egg-info", "__pycache__",
-                                 ".pytest_cache", ".hypothesis", "tests", "benchmarks")
+_IGNORE = shutil.ignore_patterns(
+    ".git",
+    ".whl",
+    ".venv",
+    "out",
+    "build",
+    "dist",
+    "*.egg-info",
+    "__pycache__",
+    ".pytest_cache",
+    ".hypothesis",
+    "tests",
+    "benchmarks",
+)
 
 
 def _probe(code: str, cwd: Path, pythonpath: str | None = None) -> str:
@@ -38,8 +50,12 @@ def wheel(tmp_path_factory) -> Path:
     src = tmp_path_factory.mktemp("src") / "requant"
     shutil.copytree(ROOT, src, symlinks=True, ignore=_IGNORE)
     dist = tmp_path_factory.mktemp("dist")
-    res = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(dist), str(src)],
-                         capture_output=True, text=True, timeout=600)
+    res = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(dist), str(src)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert res.returncode == 0, res.stderr
     (whl,) = dist.glob("requant-*.whl")
     return whl
@@ -50,9 +66,16 @@ def test_wheel_holds_only_the_requant_name(wheel):
     top = {n.split("/")[0] for n in names}
     assert top == {"requant", f"{wheel.name.split('-')[0]}-{wheel.name.split('-')[1]}.dist-info"}
     # The sibling folders really are inside, under their new names, with their data files.
-    for must in ("requant/cli.py", "requant/kernels/__init__.py", "requant/kernels/triton/scaled_mm.py",
-                 "requant/kernels/cutlass/w8a8_sm90.cu", "requant/audit/prediction_matrix.json", "requant/data/default/config.json",
-                 "requant/model_cards/requant_w8a8.md.j2", "requant/publish/card.py"):
+    for must in (
+        "requant/cli.py",
+        "requant/kernels/__init__.py",
+        "requant/kernels/triton/scaled_mm.py",
+        "requant/kernels/cutlass/w8a8_sm90.cu",
+        "requant/audit/prediction_matrix.json",
+        "requant/data/default/config.json",
+        "requant/model_cards/requant_w8a8.md.j2",
+        "requant/publish/card.py",
+    ):
         assert must in names, must
     assert zipfile.ZipFile(wheel).read("requant/cli.py") == (ROOT / "requant" / "cli.py").read_bytes()
     entry = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
@@ -63,19 +86,30 @@ def test_wheel_holds_every_source_module(wheel):
     """Every .py of requant/, kernels/ and audit/ reaches the wheel under its installed name (a new
     sub-package missing from pyproject's explicit package list would be silently left out)."""
     names = set(zipfile.ZipFile(wheel).namelist())
-    where = {"requant": "requant", "kernels": "requant/kernels", "audit": "requant/audit", "model_cards": "requant/model_cards"}
+    where = {
+        "requant": "requant",
+        "kernels": "requant/kernels",
+        "audit": "requant/audit",
+        "model_cards": "requant/model_cards",
+    }
     for folder, installed in where.items():
         for f in (ROOT / folder).rglob("*.py"):
             if "__pycache__" in f.parts:
                 continue
             rel = f.relative_to(ROOT / folder).as_posix()
-            assert f"{installed}/{rel}" in names, f"{folder}/{rel} is not in the wheel: add its package to pyproject.toml"
+            assert f"{installed}/{rel}" in names, (
+                f"{folder}/{rel} is not in the wheel: add its package to pyproject.toml"
+            )
 
 
 def test_installed_wheel_imports_under_requant_only(wheel, tmp_path):
     site = tmp_path / "site"
-    res = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-compile", "--target", str(site), str(wheel)],
-                         capture_output=True, text=True, timeout=600)
+    res = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-compile", "--target", str(site), str(wheel)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert res.returncode == 0, res.stderr
     # requant itself, and the console script's bin/ (pip --target puts scripts there)
     assert {p.name for p in site.iterdir() if not p.name.endswith(".dist-info")} == {"requant", "bin"}
@@ -88,7 +122,9 @@ def test_installed_wheel_imports_under_requant_only(wheel, tmp_path):
         "import requant.model_cards as mc; print(mc.template_path().is_file() and mc.template_path().is_relative_to(requant.__path__[0]))\n"
         "for n in ('kernels', 'audit', 'cli'):\n"
         "    s = u.find_spec(n); print(n, None if s is None else s.origin)\n",
-        cwd=tmp_path, pythonpath=str(site))
+        cwd=tmp_path,
+        pythonpath=str(site),
+    )
     lines = out.splitlines()
     assert lines[0].startswith(str(site)) and lines[1].startswith(str(site / "requant" / "kernels"))
     assert lines[2] == "requant"
@@ -102,8 +138,11 @@ def test_installed_wheel_imports_under_requant_only(wheel, tmp_path):
 def test_project_environment_has_no_top_level_kernels(tmp_path):
     """The environment the tests run in (an editable or a normal install), probed from a
     directory outside the checkout: `import kernels` must not find this repository's."""
-    out = _probe("import importlib.util as u\nfor n in ('kernels', 'audit', 'cli'):\n    s = u.find_spec(n); print(n, None if s is None else s.origin)\n"
-                 "import requant.kernels; print('requant.kernels', requant.kernels.__file__)\n", cwd=tmp_path)
+    out = _probe(
+        "import importlib.util as u\nfor n in ('kernels', 'audit', 'cli'):\n    s = u.find_spec(n); print(n, None if s is None else s.origin)\n"
+        "import requant.kernels; print('requant.kernels', requant.kernels.__file__)\n",
+        cwd=tmp_path,
+    )
     lines = dict(line.split(" ", 1) for line in out.splitlines())
     for n in ("kernels", "audit", "cli"):
         assert lines[n] == "None" or not lines[n].startswith(str(ROOT)), (n, lines[n])

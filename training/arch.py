@@ -23,10 +23,36 @@ from __future__ import annotations
 from requant.synthetic import Preset, model_config
 
 EOT_ID = 0
-DEFAULT = Preset(hidden=256, intermediate=768, layers=6, heads=4, kv_heads=2, head_dim=64, vocab=8192, tie=True,
-                 max_position=2048, bos=EOT_ID, eos=EOT_ID, eps=1e-6, rope_theta=1000000.0)
-TINY = Preset(hidden=64, intermediate=192, layers=2, heads=2, kv_heads=1, head_dim=32, vocab=8192, tie=True,
-              max_position=2048, bos=EOT_ID, eos=EOT_ID, eps=1e-6, rope_theta=1000000.0)
+DEFAULT = Preset(
+    hidden=256,
+    intermediate=768,
+    layers=6,
+    heads=4,
+    kv_heads=2,
+    head_dim=64,
+    vocab=8192,
+    tie=True,
+    max_position=2048,
+    bos=EOT_ID,
+    eos=EOT_ID,
+    eps=1e-6,
+    rope_theta=1000000.0,
+)
+TINY = Preset(
+    hidden=64,
+    intermediate=192,
+    layers=2,
+    heads=2,
+    kv_heads=1,
+    head_dim=32,
+    vocab=8192,
+    tie=True,
+    max_position=2048,
+    bos=EOT_ID,
+    eos=EOT_ID,
+    eps=1e-6,
+    rope_theta=1000000.0,
+)
 
 
 def preset(tiny: bool = False) -> Preset:
@@ -41,20 +67,45 @@ def config_dict(p: Preset) -> dict:
 def preset_from_config(cfg: dict, file: str = "config.json") -> Preset:
     """The Preset a config.json written by config_dict describes; ValueError names the field
     when the config is not exactly such a config (so that re-writing it changes nothing)."""
-    keys = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-            "head_dim", "vocab_size", "tie_word_embeddings", "max_position_embeddings", "bos_token_id",
-            "eos_token_id", "rms_norm_eps", "rope_theta")
+    keys = (
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "vocab_size",
+        "tie_word_embeddings",
+        "max_position_embeddings",
+        "bos_token_id",
+        "eos_token_id",
+        "rms_norm_eps",
+        "rope_theta",
+    )
     for k in keys:
         if k not in cfg:
             raise ValueError(f"{file}: no {k!r}: not a Qwen3 config written by training/arch.py")
-    p = Preset(hidden=cfg["hidden_size"], intermediate=cfg["intermediate_size"], layers=cfg["num_hidden_layers"],
-               heads=cfg["num_attention_heads"], kv_heads=cfg["num_key_value_heads"], head_dim=cfg["head_dim"],
-               vocab=cfg["vocab_size"], tie=cfg["tie_word_embeddings"], max_position=cfg["max_position_embeddings"],
-               bos=cfg["bos_token_id"], eos=cfg["eos_token_id"], eps=cfg["rms_norm_eps"], rope_theta=cfg["rope_theta"])
+    p = Preset(
+        hidden=cfg["hidden_size"],
+        intermediate=cfg["intermediate_size"],
+        layers=cfg["num_hidden_layers"],
+        heads=cfg["num_attention_heads"],
+        kv_heads=cfg["num_key_value_heads"],
+        head_dim=cfg["head_dim"],
+        vocab=cfg["vocab_size"],
+        tie=cfg["tie_word_embeddings"],
+        max_position=cfg["max_position_embeddings"],
+        bos=cfg["bos_token_id"],
+        eos=cfg["eos_token_id"],
+        eps=cfg["rms_norm_eps"],
+        rope_theta=cfg["rope_theta"],
+    )
     want = config_dict(p)
     for k in sorted(set(want) | set(cfg)):
         if cfg.get(k, "<missing>") != want.get(k, "<missing>"):
-            raise ValueError(f"{file}: field {k!r} is {cfg.get(k, '<missing>')!r}, expected {want.get(k, '<missing>')!r}")
+            raise ValueError(
+                f"{file}: field {k!r} is {cfg.get(k, '<missing>')!r}, expected {want.get(k, '<missing>')!r}"
+            )
     if not p.tie:
         raise ValueError(f"{file}: tie_word_embeddings must be true for the default model")
     return p

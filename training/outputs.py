@@ -36,7 +36,10 @@ def write_json(path: Path, obj) -> None:
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> None:
-    atomic_write(path, lambda t: Path(t).write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in rows), encoding="utf-8"))
+    atomic_write(
+        path,
+        lambda t: Path(t).write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in rows), encoding="utf-8"),
+    )
 
 
 def save_weights(path: Path, state: dict[str, torch.Tensor]) -> None:
@@ -82,9 +85,16 @@ def environment(device: torch.device) -> dict:
     import tokenizers
     import transformers
 
-    env = {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
-           "tokenizers": tokenizers.__version__, "safetensors": safetensors.__version__, "numpy": np.__version__,
-           "device": str(device), "torch_cuda": torch.version.cuda}
+    env = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "tokenizers": tokenizers.__version__,
+        "safetensors": safetensors.__version__,
+        "numpy": np.__version__,
+        "device": str(device),
+        "torch_cuda": torch.version.cuda,
+    }
     if device.type == "cuda":
         env["gpu"] = torch.cuda.get_device_name(device)
     else:

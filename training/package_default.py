@@ -172,11 +172,26 @@ def build(p, tensors: dict[str, torch.Tensor], bf16_dir: Path, w8a8_dir: Path) -
         for f in TOKENIZER_FILES:
             shutil.copyfile(TOKENIZER_DIR / f, d / f)
     params = arch.parameter_count(p)
-    for d, what, tags, body in ((bf16_dir, "bf16", "", BF16_BODY),
-                                (w8a8_dir, "INT8 W8A8", "- int8\n- w8a8\n- compressed-tensors\n", W8A8_BODY)):
-        (d / "README.md").write_text(README_TEMPLATE.format(
-            params=params, what=what, tags=tags, body=body, hidden=p.hidden, layers=p.layers, heads=p.heads,
-            kv=p.kv_heads, head_dim=p.head_dim, inter=p.intermediate, vocab=p.vocab), encoding="utf-8")
+    for d, what, tags, body in (
+        (bf16_dir, "bf16", "", BF16_BODY),
+        (w8a8_dir, "INT8 W8A8", "- int8\n- w8a8\n- compressed-tensors\n", W8A8_BODY),
+    ):
+        (d / "README.md").write_text(
+            README_TEMPLATE.format(
+                params=params,
+                what=what,
+                tags=tags,
+                body=body,
+                hidden=p.hidden,
+                layers=p.layers,
+                heads=p.heads,
+                kv=p.kv_heads,
+                head_dim=p.head_dim,
+                inter=p.intermediate,
+                vocab=p.vocab,
+            ),
+            encoding="utf-8",
+        )
 
 
 def tree_bytes(root: Path) -> dict[str, bytes]:
@@ -196,13 +211,18 @@ def self_check(bf16_dir: Path, w8a8_dir: Path, scratch: Path) -> None:
     except CheckpointError as exc:
         raise PackageError(f"self-check: {exc}") from None
     if tree_bytes(scratch) != tree_bytes(w8a8_dir):
-        raise PackageError(f"self-check: requant convert --source {bf16_dir} --arm unconstrained does not reproduce {w8a8_dir}")
+        raise PackageError(
+            f"self-check: requant convert --source {bf16_dir} --arm unconstrained does not reproduce {w8a8_dir}"
+        )
 
 
 def listing(dirs: dict[str, Path]) -> dict[str, dict]:
     """{"default/config.json": {"bytes", "sha256"}, ...}"""
-    return {f"{name}/{rel}": {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-            for name, d in dirs.items() for rel, data in tree_bytes(d).items()}
+    return {
+        f"{name}/{rel}": {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+        for name, d in dirs.items()
+        for rel, data in tree_bytes(d).items()
+    }
 
 
 def package(train_out: Path, out_dir: Path, force: bool = False) -> dict:
@@ -259,7 +279,9 @@ def package(train_out: Path, out_dir: Path, force: bool = False) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("train_out", type=Path, help="train_default.py's --out directory")
-    ap.add_argument("--out-dir", type=Path, default=DEFAULT_OUT_DIR, help="where default/ and default-bf16/ go (requant/data)")
+    ap.add_argument(
+        "--out-dir", type=Path, default=DEFAULT_OUT_DIR, help="where default/ and default-bf16/ go (requant/data)"
+    )
     ap.add_argument("--force", action="store_true", help="replace existing default/ and default-bf16/")
     ap.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")
     a = ap.parse_args(argv)
@@ -274,7 +296,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"| file in {a.out_dir} | bytes | sha256 |\n| --- | ---: | --- |")
     for name, f in res["files"].items():
         print(f"| {name} | {f['bytes']:,} | {f['sha256'][:16]} |")
-    print(f"| **total** ({res['parameters']:,} parameters) | **{res['total_bytes']:,}** | limit {res['limit_bytes']:,} |")
+    print(
+        f"| **total** ({res['parameters']:,} parameters) | **{res['total_bytes']:,}** | limit {res['limit_bytes']:,} |"
+    )
     return 0
 
 

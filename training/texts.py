@@ -41,8 +41,14 @@ SHA256 = {
 NOVELS = ("EMMA", "MANSFIELD PARK", "NORTHANGER ABBEY", "Persuasion", "PRIDE AND PREJUDICE", "SENSE AND SENSIBILITY")
 HELD_OUT = "SENSE AND SENSIBILITY"
 # The held-out novel's first sentence and some of its names: none may reach the training text.
-HELD_OUT_PROBES = ("The family of Dashwood had long been settled in Sussex", "Dashwood", "Marianne", "Elinor",
-                   "Willoughby", "Norland")
+HELD_OUT_PROBES = (
+    "The family of Dashwood had long been settled in Sussex",
+    "Dashwood",
+    "Marianne",
+    "Elinor",
+    "Willoughby",
+    "Norland",
+)
 CHAPTER = re.compile(r"^(CHAPTER|Chapter) \S")
 KJV_HEADING = re.compile(r"^(?:[123] )?[A-Z][A-Za-z]*(?: of [A-Z][a-z]+)? \d+$")
 KJV_CHAPTERS = 1189
@@ -112,7 +118,7 @@ def novel_documents(title: str, text: str) -> list[Document]:
     if not heads:
         raise CorpusError(f"austen.txt.gz: novel {title!r} has no chapter lines")
     starts = [0] + [offsets[i] for i in heads[1:]]
-    headings = [text[offsets[i]:].split("\n", 1)[0] for i in heads]
+    headings = [text[offsets[i] :].split("\n", 1)[0] for i in heads]
     return [Document("austen", title, h, t) for h, t in zip(headings, _cut(text, starts))]
 
 

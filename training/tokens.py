@@ -90,7 +90,9 @@ class Batches:
         self.arange = torch.arange(seq_len + 1, device=stream.device)
         self.epoch, self.queue = 0, np.empty(0, dtype=np.int64)
         if self.steps_per_epoch() < 1:
-            raise UsageError(f"the training stream ({len(stream)} tokens) is shorter than one batch of {batch} x {seq_len}")
+            raise UsageError(
+                f"the training stream ({len(stream)} tokens) is shorter than one batch of {batch} x {seq_len}"
+            )
 
     def steps_per_epoch(self) -> int:
         """Whole batches per epoch at the largest offset (seq_len - 1): a lower bound for every epoch."""
@@ -107,12 +109,12 @@ class Batches:
         """[batch, seq_len + 1] int64 token ids."""
         if len(self.queue) == 0:
             self._new_epoch()
-        starts, self.queue = self.queue[: self.batch], self.queue[self.batch:]
+        starts, self.queue = self.queue[: self.batch], self.queue[self.batch :]
         idx = torch.as_tensor(starts, device=self.stream.device)[:, None] + self.arange[None, :]
         return self.stream[idx].long()
 
 
 def val_windows(stream: torch.Tensor, seq_len: int, limit: int | None = None) -> list[torch.Tensor]:
     """Windows of up to seq_len + 1 tokens, stride seq_len: each target token exactly once."""
-    wins = [stream[s: s + seq_len + 1].long() for s in range(0, len(stream) - 1, seq_len)]
+    wins = [stream[s : s + seq_len + 1].long() for s in range(0, len(stream) - 1, seq_len)]
     return wins[:limit] if limit else wins

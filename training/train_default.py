@@ -86,8 +86,9 @@ def loss_of(model, batch: torch.Tensor, autocast: bool) -> tuple[torch.Tensor, i
     """(summed next-token NLL, fp32 logits; number of targets) for token ids [B, T + 1]."""
     with torch.autocast(device_type=batch.device.type, dtype=torch.bfloat16, enabled=autocast):
         logits = model(input_ids=batch[:, :-1]).logits
-    nll = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1),
-                                            reduction="sum")
+    nll = torch.nn.functional.cross_entropy(
+        logits.float().reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1), reduction="sum"
+    )
     return nll, batch[:, 1:].numel()
 
 
@@ -103,7 +104,7 @@ def evaluate(model, windows: list[torch.Tensor], batch: int, autocast: bool) -> 
         by_len.setdefault(len(w), []).append(w)
     for ws in by_len.values():
         for i in range(0, len(ws), batch):
-            nll, n = loss_of(model, torch.stack(ws[i: i + batch]), autocast)
+            nll, n = loss_of(model, torch.stack(ws[i : i + batch]), autocast)
             total += nll.double()
             count += n
     model.train(was_training)
@@ -124,7 +125,9 @@ def export_state(model) -> dict[str, torch.Tensor]:
     sd = model.state_dict()
     if sd["lm_head.weight"].data_ptr() != sd["model.embed_tokens.weight"].data_ptr():
         raise RuntimeError("lm_head is not tied to the embeddings")
-    return {k: v.detach().to(device="cpu", dtype=torch.bfloat16).clone() for k, v in sd.items() if k != "lm_head.weight"}
+    return {
+        k: v.detach().to(device="cpu", dtype=torch.bfloat16).clone() for k, v in sd.items() if k != "lm_head.weight"
+    }
 
 
 def bf16_model(p, state: dict[str, torch.Tensor], device: torch.device):
@@ -161,8 +164,15 @@ def _progress(total: int):
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     except ImportError:
         return None, None
-    prog = Progress(TextColumn("training"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-                    TimeElapsedColumn(), console=Console(stderr=True), transient=False)
+    prog = Progress(
+        TextColumn("training"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[info]}"),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        transient=False,
+    )
     return prog, prog.add_task("train", total=total, info="")
 
 
@@ -184,8 +194,11 @@ def run(a) -> int:
     """Train as `a` says (parsed arguments). The process-wide torch settings it changes (CPU
     threads, deterministic algorithms) are restored on return, so callers in the same
     process (tests) are not affected."""
-    saved = (torch.get_num_threads(), torch.are_deterministic_algorithms_enabled(),
-             torch.is_deterministic_algorithms_warn_only_enabled())
+    saved = (
+        torch.get_num_threads(),
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+    )
     try:
         return _run(a)
     finally:
@@ -215,8 +228,11 @@ def _run(a) -> int:
     digests = {k: tokens.stream_digest(v) for k, v in streams.items()}
     digests_match = digests == tokens.STREAM_SHA256
     if not digests_match:
-        print(f"warning: token streams differ from the pinned ones (tokenizers here: {digests}); "
-              "training continues on this machine's encoding", file=sys.stderr)
+        print(
+            f"warning: token streams differ from the pinned ones (tokenizers here: {digests}); "
+            "training continues on this machine's encoding",
+            file=sys.stderr,
+        )
     train = torch.from_numpy(streams["train"].astype(np.int32)).to(device)
     val = torch.from_numpy(streams["val"].astype(np.int32)).to(device)
     batches = tokens.Batches(train, a.seq_len, a.batch_size, a.seed)
@@ -304,16 +320,23 @@ def _run(a) -> int:
                 evaluate_now = step % a.eval_every == 0 or step == horizon
                 if step % a.log_every == 0 or evaluate_now:
                     now = time.perf_counter()
-                    row = {"step": step, "epoch": round(tokens_seen / len(train), 4), "lr": lr,
-                           "train_loss": nll.item() / n, "tokens_seen": tokens_seen,
-                           "tokens_per_s": round((tokens_seen - tok_mark) / max(now - t_mark, 1e-9)),
-                           "elapsed_s": round(now - t_loop, 3)}
+                    row = {
+                        "step": step,
+                        "epoch": round(tokens_seen / len(train), 4),
+                        "lr": lr,
+                        "train_loss": nll.item() / n,
+                        "tokens_seen": tokens_seen,
+                        "tokens_per_s": round((tokens_seen - tok_mark) / max(now - t_mark, 1e-9)),
+                        "elapsed_s": round(now - t_loop, 3),
+                    }
                     if evaluate_now:
                         validate(row)
                     record(row)
                     t_mark, tok_mark = time.perf_counter(), tokens_seen
                     if prog:
-                        prog.update(task, completed=step, info=f"loss {row['train_loss']:.3f} best val {best['val_loss']:.3f}")
+                        prog.update(
+                            task, completed=step, info=f"loss {row['train_loss']:.3f} best val {best['val_loss']:.3f}"
+                        )
                     if evaluate_now and state["since_best"] >= a.patience:
                         stop = "early_stopping"
                         break
@@ -339,28 +362,78 @@ def _run(a) -> int:
     outputs.write_jsonl(out / "train_log.jsonl", log)
     plotted = outputs.plot_losses(log, out / "loss.png", best["step"])
     summary = {
-        "best_val_loss": best["val_loss"], "best_val_ppl": math.exp(best["val_loss"]), "best_step": best["step"],
-        "best_val_loss_bf16": bf16_val, "best_val_ppl_bf16": math.exp(bf16_val),
-        "steps": step, "planned_steps": horizon, "steps_per_epoch": steps_per_epoch, "stop": stop,
-        "tokens_seen": tokens_seen, "epochs_seen": tokens_seen / len(train),
-        "train_seconds": round(train_seconds, 2), "eval_seconds": round(state["eval_time"], 2),
+        "best_val_loss": best["val_loss"],
+        "best_val_ppl": math.exp(best["val_loss"]),
+        "best_step": best["step"],
+        "best_val_loss_bf16": bf16_val,
+        "best_val_ppl_bf16": math.exp(bf16_val),
+        "steps": step,
+        "planned_steps": horizon,
+        "steps_per_epoch": steps_per_epoch,
+        "stop": stop,
+        "tokens_seen": tokens_seen,
+        "epochs_seen": tokens_seen / len(train),
+        "train_seconds": round(train_seconds, 2),
+        "eval_seconds": round(state["eval_time"], 2),
         "total_seconds": round(time.perf_counter() - t_process, 2),
         "mean_tokens_per_s": round(tokens_seen / max(train_seconds - state["eval_time"], 1e-9)),
-        "seed": a.seed, "autocast_bf16": autocast, "deterministic": mode["deterministic"], "nondeterminism_warnings": nondet,
-        "parameters": n_params, "model": "tiny" if a.tiny else "default",
-        "attention": model.config._attn_implementation, "config": arch.config_dict(p),
-        "hyperparameters": {k: getattr(a, k) for k in ("seq_len", "batch_size", "epochs", "max_steps", "max_seconds", "lr",
-                                                       "min_lr_ratio", "warmup_steps", "weight_decay", "eval_every",
-                                                       "patience", "val_windows")},
-        "data": {"train_tokens": int(len(train)), "val_tokens": int(len(val)), "val_windows": len(windows),
-                 "stream_sha256": digests, "stream_sha256_pinned": digests_match, "tokenizer_sha256": TOKENIZER_SHA256},
+        "seed": a.seed,
+        "autocast_bf16": autocast,
+        "deterministic": mode["deterministic"],
+        "nondeterminism_warnings": nondet,
+        "parameters": n_params,
+        "model": "tiny" if a.tiny else "default",
+        "attention": model.config._attn_implementation,
+        "config": arch.config_dict(p),
+        "hyperparameters": {
+            k: getattr(a, k)
+            for k in (
+                "seq_len",
+                "batch_size",
+                "epochs",
+                "max_steps",
+                "max_seconds",
+                "lr",
+                "min_lr_ratio",
+                "warmup_steps",
+                "weight_decay",
+                "eval_every",
+                "patience",
+                "val_windows",
+            )
+        },
+        "data": {
+            "train_tokens": int(len(train)),
+            "val_tokens": int(len(val)),
+            "val_windows": len(windows),
+            "stream_sha256": digests,
+            "stream_sha256_pinned": digests_match,
+            "tokenizer_sha256": TOKENIZER_SHA256,
+        },
         "weights_sha256": hashlib.sha256((out / "model.safetensors").read_bytes()).hexdigest(),
         "files": [f for f in FILES if f != "loss.png" or plotted],
         "environment": outputs.environment(device),
     }
     outputs.write_json(out / "summary.json", summary)
-    print(json.dumps({k: summary[k] for k in ("best_val_loss", "best_val_ppl", "best_val_ppl_bf16", "best_step", "steps",
-                                              "stop", "train_seconds", "total_seconds", "deterministic", "weights_sha256")}))
+    print(
+        json.dumps(
+            {
+                k: summary[k]
+                for k in (
+                    "best_val_loss",
+                    "best_val_ppl",
+                    "best_val_ppl_bf16",
+                    "best_step",
+                    "steps",
+                    "stop",
+                    "train_seconds",
+                    "total_seconds",
+                    "deterministic",
+                    "weights_sha256",
+                )
+            }
+        )
+    )
     return 0
 
 
@@ -372,7 +445,9 @@ def parse_args(argv):
     ap.add_argument("--tiny", action="store_true", help="the 2-layer, 64-wide test model")
     ap.add_argument("--seq-len", type=int, default=None, help="tokens per window (512; --tiny: 128)")
     ap.add_argument("--batch-size", type=int, default=None, help="windows per step (32; --tiny: 8)")
-    ap.add_argument("--epochs", type=float, default=5.0, help="planned passes over the training stream (the cosine horizon)")
+    ap.add_argument(
+        "--epochs", type=float, default=5.0, help="planned passes over the training stream (the cosine horizon)"
+    )
     ap.add_argument("--max-steps", type=int, default=None, help="step cap (shortens the cosine horizon too)")
     ap.add_argument("--max-seconds", type=float, default=150.0, help="wall-clock cap on the training loop")
     ap.add_argument("--lr", type=float, default=2e-3, help="peak learning rate")
@@ -383,7 +458,9 @@ def parse_args(argv):
     ap.add_argument("--patience", type=int, default=6, help="evaluations without improvement before stopping")
     ap.add_argument("--log-every", type=int, default=5, help="steps between log lines")
     ap.add_argument("--val-windows", type=int, default=None, help="only the first N validation windows (--tiny: 16)")
-    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: 1 on the CPU, unchanged on CUDA)")
+    ap.add_argument(
+        "--threads", type=int, default=None, help="torch CPU threads (default: 1 on the CPU, unchanged on CUDA)"
+    )
     a = ap.parse_args(argv)
     # --tiny is for CPU tests: test-sized batches and validation unless given explicitly
     for name, full, tiny in (("seq_len", 512, 128), ("batch_size", 32, 8), ("val_windows", None, 16)):
@@ -399,7 +476,9 @@ def parse_args(argv):
     if a.val_windows is not None and a.val_windows < 1:
         raise UsageError(f"--val-windows must be at least 1, got {a.val_windows}")
     if not (a.epochs > 0 and a.lr > 0 and a.max_seconds > 0 and 0 <= a.min_lr_ratio <= 1 and a.weight_decay >= 0):
-        raise UsageError("--epochs, --lr and --max-seconds must be positive, --weight-decay >= 0, --min-lr-ratio in [0, 1]")
+        raise UsageError(
+            "--epochs, --lr and --max-seconds must be positive, --weight-decay >= 0, --min-lr-ratio in [0, 1]"
+        )
     return a
 
 

@@ -46,8 +46,10 @@ MODEL_MAX_LENGTH = 2048
 # sha256 of the committed tokenizer.json (training/tokenizer/); a retraining must reproduce it.
 TOKENIZER_SHA256 = "9f3a074379204c1fcd20099deb04428cf5fbe03c1ad25030f66a758ff32f58e3"
 # Qwen2/Qwen3's pre-tokenizer split pattern (from their tokenizer.json).
-QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN2_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 
 
 def build_tokenizer():
@@ -55,10 +57,12 @@ def build_tokenizer():
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
     tok = Tokenizer(models.BPE(unk_token=None, byte_fallback=False))
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN2_PATTERN), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
-    ])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN2_PATTERN), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()  # decoding maps byte symbols back to bytes; its options act on offsets only
     return tok
 
@@ -68,8 +72,13 @@ def train(docs: list[texts.Document]):
     from tokenizers import pre_tokenizers, trainers
 
     tok = build_tokenizer()
-    trainer = trainers.BpeTrainer(vocab_size=VOCAB_SIZE, min_frequency=2, show_progress=False,
-                                  special_tokens=[texts.EOT], initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE,
+        min_frequency=2,
+        show_progress=False,
+        special_tokens=[texts.EOT],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator((d.text for d in docs), trainer=trainer, length=len(docs))
     if tok.get_vocab_size() != VOCAB_SIZE:
         raise RuntimeError(f"trained vocabulary has {tok.get_vocab_size()} tokens, expected {VOCAB_SIZE}")
@@ -137,10 +146,21 @@ def main(argv: list[str] | None = None) -> int:
     tok = train(train_docs)
     write(tok, a.out)
     digest = sha256_file(a.out / "tokenizer.json")
-    print(json.dumps({"out": str(a.out), "vocab": tok.get_vocab_size(), "documents": len(train_docs),
-                      "tokenizer_json_sha256": digest, "seconds": round(time.perf_counter() - t0, 1)}))
+    print(
+        json.dumps(
+            {
+                "out": str(a.out),
+                "vocab": tok.get_vocab_size(),
+                "documents": len(train_docs),
+                "tokenizer_json_sha256": digest,
+                "seconds": round(time.perf_counter() - t0, 1),
+            }
+        )
+    )
     if a.check and digest != TOKENIZER_SHA256:
-        print(f"error: {a.out / 'tokenizer.json'}: sha256 {digest} is not the pinned {TOKENIZER_SHA256}", file=sys.stderr)
+        print(
+            f"error: {a.out / 'tokenizer.json'}: sha256 {digest} is not the pinned {TOKENIZER_SHA256}", file=sys.stderr
+        )
         return 1
     return 0
 

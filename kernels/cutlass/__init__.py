@@ -82,7 +82,9 @@ def _require_sm90() -> None:
 
 def load_kwargs(verbose: bool = False) -> dict:
     """Arguments of torch.utils.cpp_extension.load for this extension (no GPU needed)."""
-    cache = os.environ.get("REQUANT_CUTLASS_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "requant", "cutlass"))
+    cache = os.environ.get(
+        "REQUANT_CUTLASS_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "requant", "cutlass")
+    )
     os.makedirs(cache, exist_ok=True)
     cuda_flags = [
         # wgmma and TMA need the arch-specific target; naming it also stops torch from
@@ -93,9 +95,13 @@ def load_kwargs(verbose: bool = False) -> dict:
         "--expt-relaxed-constexpr",
         "--expt-extended-lambda",
         # torch defines these to hide implicit half/bf16 conversions; CUTLASS needs them.
-        "-U__CUDA_NO_HALF_OPERATORS__", "-U__CUDA_NO_HALF_CONVERSIONS__", "-U__CUDA_NO_HALF2_OPERATORS__",
-        "-U__CUDA_NO_BFLOAT16_OPERATORS__", "-U__CUDA_NO_BFLOAT16_CONVERSIONS__",
-        "-U__CUDA_NO_BFLOAT162_OPERATORS__", "-U__CUDA_NO_BFLOAT162_CONVERSIONS__",
+        "-U__CUDA_NO_HALF_OPERATORS__",
+        "-U__CUDA_NO_HALF_CONVERSIONS__",
+        "-U__CUDA_NO_HALF2_OPERATORS__",
+        "-U__CUDA_NO_BFLOAT16_OPERATORS__",
+        "-U__CUDA_NO_BFLOAT16_CONVERSIONS__",
+        "-U__CUDA_NO_BFLOAT162_OPERATORS__",
+        "-U__CUDA_NO_BFLOAT162_CONVERSIONS__",
     ]
     return dict(
         name="requant_w8a8_sm90",
@@ -148,7 +154,14 @@ def _aligned(t: torch.Tensor) -> torch.Tensor:
     return t.clone(memory_format=torch.contiguous_format)  # one copy into a fresh (aligned) block
 
 
-def scaled_mm(a: torch.Tensor, w: torch.Tensor, s_a: torch.Tensor, s_w: torch.Tensor, tile: int | None = None, swizzle: int | None = SWIZZLE) -> torch.Tensor:
+def scaled_mm(
+    a: torch.Tensor,
+    w: torch.Tensor,
+    s_a: torch.Tensor,
+    s_w: torch.Tensor,
+    tile: int | None = None,
+    swizzle: int | None = SWIZZLE,
+) -> torch.Tensor:
     """a int8 [M, K], w int8 [N, K], s_a fp32 [M, 1], s_w fp32 [N, 1] -> bf16 [M, N].
 
     `tile` (an index of TILES) overrides the shape-based choice and `swizzle` the tile
@@ -174,6 +187,12 @@ def scaled_mm(a: torch.Tensor, w: torch.Tensor, s_a: torch.Tensor, s_w: torch.Te
         w = torch.nn.functional.pad(w, (0, 0, 0, pad_n))
         s_w = torch.nn.functional.pad(s_w, (0, 0, 0, pad_n))
     # The binding sets the operands' device itself (CUDAGuard): no Python device context.
-    out = ext.scaled_mm(_aligned(a), _aligned(w), s_a.contiguous(), s_w.contiguous(),
-                        -1 if tile is None else int(tile), -1 if swizzle is None else int(swizzle))
+    out = ext.scaled_mm(
+        _aligned(a),
+        _aligned(w),
+        s_a.contiguous(),
+        s_w.contiguous(),
+        -1 if tile is None else int(tile),
+        -1 if swizzle is None else int(swizzle),
+    )
     return out[:, :n].contiguous() if pad_n else out

@@ -62,6 +62,7 @@ try:
     _raw_stream = torch._C._cuda_getCurrentRawStream  # what Triton's own launcher uses
     _get_device = torch._C._cuda_getDevice
 except AttributeError:  # pragma: no cover - depends on the torch build
+
     def _raw_stream(index):
         return torch.cuda.current_stream(index).cuda_stream
 
@@ -102,11 +103,20 @@ def launch_key(kernel_name: str, config: str, index, args, consts: tuple):
     tensor descriptor is replaced by a marker naming it (its int8 dtype and block shape are
     fixed by the config); `consts` the values of its constexpr parameters. Per argument:
     int_key of an integer (inlined for int32), (dtype, data_ptr % 16 == 0) of a tensor."""
-    return (kernel_name, config, index, consts, *[
-        ((1 if v == 1 else 0 if v & 15 else 2) if _INT32[0] <= v <= _INT32[1] else int_key(v)) if type(v) is int
-        else (v.dtype, not v.data_ptr() & 15) if isinstance(v, torch.Tensor)
-        else v
-        for v in args])
+    return (
+        kernel_name,
+        config,
+        index,
+        consts,
+        *[
+            ((1 if v == 1 else 0 if v & 15 else 2) if _INT32[0] <= v <= _INT32[1] else int_key(v))
+            if type(v) is int
+            else (v.dtype, not v.data_ptr() & 15)
+            if isinstance(v, torch.Tensor)
+            else v
+            for v in args
+        ],
+    )
 
 
 class _DevicePtr:

@@ -92,7 +92,9 @@ def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, K, stride_xm, stride_qm, BLOCK_K:
         tl.store(q_row + k0 + offs, v.to(tl.int8), mask=mask)
 
 
-def quantize_activations(x: torch.Tensor, check: bool | None = None, cached: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_activations(
+    x: torch.Tensor, check: bool | None = None, cached: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
     """x bf16/fp16/fp32 [M, K] -> (q int8 [M, K], s fp32 [M, 1]); see the module docstring.
 
     Refuses what kernels.reference.quantize_activations refuses, with the same errors
@@ -117,6 +119,7 @@ def quantize_activations(x: torch.Tensor, check: bool | None = None, cached: boo
     if cached and index is not None and not _launch.INTERPRET:
         key = _launch.launch_key("quantize", "rows", index, args, (BLOCK_K, bf16))
     # enable_fp_fusion=False keeps x * inv rounded before the half-even rounding (see above)
-    _launch.launch(_quantize_rows_kernel, (m, 1, 1), args, consts,
-                   {"num_warps": NUM_WARPS, "enable_fp_fusion": False}, key, index)
+    _launch.launch(
+        _quantize_rows_kernel, (m, 1, 1), args, consts, {"num_warps": NUM_WARPS, "enable_fp_fusion": False}, key, index
+    )
     return q, s

@@ -138,9 +138,19 @@ def _epilogue(acc, sa_ptr, sw_ptr, out_ptr, M, N, stride_om, offs_m, offs_n):
 
 @triton.jit
 def _scaled_mm_tma_kernel(
-    a_desc, w_desc, sa_ptr, sw_ptr, out_ptr,
-    M, N, K, stride_om,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    a_desc,
+    w_desc,
+    sa_ptr,
+    sw_ptr,
+    out_ptr,
+    M,
+    N,
+    K,
+    stride_om,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
 ):
     pid_m, pid_n = _tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     off_m = pid_m * BLOCK_M
@@ -157,9 +167,20 @@ def _scaled_mm_tma_kernel(
 
 @triton.jit
 def _scaled_mm_persistent_kernel(
-    a_desc, w_desc, sa_ptr, sw_ptr, out_ptr,
-    M, N, K, stride_om, num_progs,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    a_desc,
+    w_desc,
+    sa_ptr,
+    sw_ptr,
+    out_ptr,
+    M,
+    N,
+    K,
+    stride_om,
+    num_progs,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
 ):
     # One program per SM walks tiles start, start + num_progs, ... (the persistent TMA
     # matmul of Triton's tutorial 09). With flatten=True the K loops of consecutive tiles
@@ -188,11 +209,22 @@ def _scaled_mm_persistent_kernel(
 
 @triton.jit
 def _scaled_mm_kernel(
-    a_ptr, w_ptr, sa_ptr, sw_ptr, out_ptr,
-    M, N, K,
-    stride_am, stride_wn, stride_om,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, EVEN_K: tl.constexpr,
+    a_ptr,
+    w_ptr,
+    sa_ptr,
+    sw_ptr,
+    out_ptr,
+    M,
+    N,
+    K,
+    stride_am,
+    stride_wn,
+    stride_om,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    EVEN_K: tl.constexpr,
 ):
     pid_m, pid_n = _tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -239,8 +271,14 @@ def _fixed(name: str):
     return f
 
 
-def scaled_mm(a: torch.Tensor, w: torch.Tensor, s_a: torch.Tensor, s_w: torch.Tensor, config: str | None = None,
-              cached: bool = True) -> torch.Tensor:
+def scaled_mm(
+    a: torch.Tensor,
+    w: torch.Tensor,
+    s_a: torch.Tensor,
+    s_w: torch.Tensor,
+    config: str | None = None,
+    cached: bool = True,
+) -> torch.Tensor:
     """a int8 [M, K], w int8 [N, K], s_a fp32 [M, 1], s_w fp32 [N, 1] -> bf16 [M, N].
 
     `config` overrides the tile choice (a key of CONFIGS); it never changes bits.
@@ -280,8 +318,12 @@ def scaled_mm(a: torch.Tensor, w: torch.Tensor, s_a: torch.Tensor, s_w: torch.Te
     w_ptr = w.data_ptr()
     # Descriptors need a 16-byte aligned base and 16-byte aligned row strides (int8: in
     # elements); K % 16 alone is not enough for a row-strided view such as big[:, :272].
-    if (kind != "ptr" and TensorDescriptor is not None and k > 0
-            and not (k & 15 or a_ptr & 15 or w_ptr & 15 or a_rs & 15 or w_rs & 15)):
+    if (
+        kind != "ptr"
+        and TensorDescriptor is not None
+        and k > 0
+        and not (k & 15 or a_ptr & 15 or w_ptr & 15 or a_rs & 15 or w_rs & 15)
+    ):
         if kind == "persist":
             progs = min(tiles, SMS)
             kernel, grid, tail = _scaled_mm_persistent_kernel, (progs, 1, 1), (s_a, s_w, out, m, n, k, n, progs)

@@ -34,11 +34,36 @@ from requant.errors import CheckpointError, UsageError
 from requant.output import OutputInterrupted, write_json_atomic
 
 __all__ = [
-    "EXIT_OK", "EXIT_FAILED", "EXIT_ERROR", "EXIT_INTERRUPTED", "UsageError",
-    "out", "err", "fail", "warn", "plain", "cannot_run", "sigterm_as_interrupt", "write_json_atomic",
-    "default_device", "check_device", "set_threads", "command_line", "check_output_file", "check_output_dir",
-    "byte_tokens_option", "CkptArg", "DeviceOpt", "ThreadsOpt", "BackendsOpt", "RevisionOpt", "JsonOpt", "ReportOpt",
+    "EXIT_OK",
+    "EXIT_FAILED",
+    "EXIT_ERROR",
+    "EXIT_INTERRUPTED",
+    "UsageError",
+    "out",
+    "err",
+    "fail",
+    "warn",
+    "plain",
+    "cannot_run",
+    "sigterm_as_interrupt",
+    "write_json_atomic",
+    "default_device",
+    "check_device",
+    "check_engine",
+    "set_threads",
+    "command_line",
+    "check_output_file",
+    "check_output_dir",
+    "byte_tokens_option",
+    "CkptArg",
+    "DeviceOpt",
+    "ThreadsOpt",
+    "BackendsOpt",
+    "RevisionOpt",
+    "JsonOpt",
+    "ReportOpt",
     "ByteTokensOpt",
+    "EngineOpt",
 ]
 
 EXIT_OK = 0
@@ -141,6 +166,20 @@ def check_device(device: str) -> str:
     return device
 
 
+def check_engine(engine: str, device: str) -> str:
+    """--engine: one of requant.runtime's ENGINES, and "fast" only where its Triton kernels run
+    (a CUDA device, or the CPU under TRITON_INTERPRET=1)."""
+    import os
+
+    engines = ("auto", "fast", "reference")
+    if engine not in engines:
+        raise UsageError(f"--engine must be one of {', '.join(engines)}, got {engine!r}")
+    interpret = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    if engine == "fast" and not str(device).startswith("cuda") and not interpret:
+        raise UsageError("--engine fast needs a CUDA GPU (or TRITON_INTERPRET=1 on CPU); on CPU use --engine reference")
+    return engine
+
+
 def set_threads(threads: Optional[int], device: str) -> None:
     """--threads: default 1 on a CPU device (the tensors are small; intra-op threads spinning
     against other load were measured 8-15x slower on a shared 2-core machine), torch's
@@ -223,17 +262,45 @@ def byte_tokens_option(command: Callable) -> Callable:
 
 
 # -- option types that repeat ------------------------------------------------------------
-CkptArg = Annotated[Optional[str], typer.Argument(
-    help="Checkpoint directory or Hub repo id (default: the embedded default).", show_default=False)]
-DeviceOpt = Annotated[Optional[str], typer.Option(
-    "--device", help="torch device (default: cuda if available, else cpu).")]
-ThreadsOpt = Annotated[Optional[int], typer.Option(
-    "--threads", help="torch CPU threads (default: 1 on a CPU device, torch's default otherwise; 0 = torch's default).")]
-BackendsOpt = Annotated[Optional[str], typer.Option(
-    "--backends", help="Two scaled_mm backends 'A,B', or 'reference' (default: cutlass,triton on a GPU, else reference).")]
-RevisionOpt = Annotated[Optional[str], typer.Option("--revision", help="Hub revision when the checkpoint is a repo id.")]
+CkptArg = Annotated[
+    Optional[str],
+    typer.Argument(help="Checkpoint directory or Hub repo id (default: the embedded default).", show_default=False),
+]
+DeviceOpt = Annotated[
+    Optional[str], typer.Option("--device", help="torch device (default: cuda if available, else cpu).")
+]
+ThreadsOpt = Annotated[
+    Optional[int],
+    typer.Option(
+        "--threads",
+        help="torch CPU threads (default: 1 on a CPU device, torch's default otherwise; 0 = torch's default).",
+    ),
+]
+BackendsOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--backends",
+        help="Two scaled_mm backends 'A,B', or 'reference' (default: cutlass,triton on a GPU, else reference).",
+    ),
+]
+RevisionOpt = Annotated[
+    Optional[str], typer.Option("--revision", help="Hub revision when the checkpoint is a repo id.")
+]
 JsonOpt = Annotated[Optional[Path], typer.Option("--json", help="Write the JSON record here (atomically).")]
-ReportOpt = Annotated[Optional[Path], typer.Option("--report", help="Write JSON, Markdown and PNG files into this directory.")]
-ByteTokensOpt = Annotated[bool, typer.Option(
-    "--byte-tokens", help="Use UTF-8 byte values as token ids when the checkpoint has no tokenizer.json "
-    "(needed only for a vocabulary larger than the byte-level 512 ids).")]
+ReportOpt = Annotated[
+    Optional[Path], typer.Option("--report", help="Write JSON, Markdown and PNG files into this directory.")
+]
+EngineOpt = Annotated[
+    str,
+    typer.Option(
+        "--engine", help="runtime engine: auto (the fast engine on CUDA, the reference one on CPU), fast or reference."
+    ),
+]
+ByteTokensOpt = Annotated[
+    bool,
+    typer.Option(
+        "--byte-tokens",
+        help="Use UTF-8 byte values as token ids when the checkpoint has no tokenizer.json "
+        "(needed only for a vocabulary larger than the byte-level 512 ids).",
+    ),
+]

@@ -63,15 +63,42 @@ def _plot(result, path: Path) -> None:
 
 
 def convert(
-    src: Annotated[Optional[str], typer.Argument(help="Checkpoint directory or Hub repo id (default: the embedded tiny Qwen3 W8A8 checkpoint).", show_default=False)] = None,
-    output: Annotated[Path, typer.Option("-o", "--output", help="Output directory (created atomically; never inside SRC).")] = ...,
-    arm: Annotated[Arm, typer.Option("--arm", help="unconstrained | nearest | ceiling | mse | probe (probe is an ablation, not servable).")] = "nearest",
-    json_report: Annotated[Optional[Path], typer.Option("--json", help="Also write the per-layer statistics as JSON here.")] = None,
+    src: Annotated[
+        Optional[str],
+        typer.Argument(
+            help="Checkpoint directory or Hub repo id (default: the embedded tiny Qwen3 W8A8 checkpoint).",
+            show_default=False,
+        ),
+    ] = None,
+    output: Annotated[
+        Path, typer.Option("-o", "--output", help="Output directory (created atomically; never inside SRC).")
+    ] = ...,
+    arm: Annotated[
+        Arm,
+        typer.Option(
+            "--arm", help="unconstrained | nearest | ceiling | mse | probe (probe is an ablation, not servable)."
+        ),
+    ] = "nearest",
+    json_report: Annotated[
+        Optional[Path], typer.Option("--json", help="Also write the per-layer statistics as JSON here.")
+    ] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing OUTPUT.")] = False,
-    source: Annotated[Optional[Path], typer.Option("--source", help="Requantize from these original bf16 weights instead of the int8 ones.")] = None,
+    source: Annotated[
+        Optional[Path],
+        typer.Option("--source", help="Requantize from these original bf16 weights instead of the int8 ones."),
+    ] = None,
     revision: Annotated[Optional[str], typer.Option("--revision", help="Hub revision when SRC is a repo id.")] = None,
-    jobs: Annotated[Optional[int], typer.Option("--jobs", "-j", help="Worker threads; the work is cut into ~64 MB segments of the shards (default: CPU count; at most 8).")] = None,
-    plot: Annotated[Optional[Path], typer.Option("--plot", help="Write a PNG of the exponent shifts and per-layer errors.")] = None,
+    jobs: Annotated[
+        Optional[int],
+        typer.Option(
+            "--jobs",
+            "-j",
+            help="Worker threads; the work is cut into ~64 MB segments of the shards (default: CPU count; at most 8).",
+        ),
+    ] = None,
+    plot: Annotated[
+        Optional[Path], typer.Option("--plot", help="Write a PNG of the exponent shifts and per-layer errors.")
+    ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print only the totals.")] = False,
 ):
     """Requantize every weight scale of a W8A8 checkpoint to a power of two (or keep it)."""
@@ -89,8 +116,16 @@ def convert(
             raise UsageError(f"--jobs {jobs}: must be at least 1 (leave it out for the CPU count)")
     console = err()
     src_arg = src if src is not None else str(DEFAULT_CHECKPOINT)
-    progress = Progress(TextColumn("[bold]convert[/] " + escape(arm_name)), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                        TimeRemainingColumn(), console=console, transient=True, disable=not console.is_terminal)
+    progress = Progress(
+        TextColumn("[bold]convert[/] " + escape(arm_name)),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        transient=True,
+        disable=not console.is_terminal,
+    )
     task = {}
 
     def on_start(total):
@@ -101,8 +136,18 @@ def convert(
             progress.update(task["id"], advance=n)
 
     with cannot_run(), progress, sigterm_as_interrupt():
-        result = do_convert(src_arg, output, arm_name, force=force, revision=revision, source=source, jobs=jobs,
-                            progress=advance, on_start=on_start, on_note=warn)
+        result = do_convert(
+            src_arg,
+            output,
+            arm_name,
+            force=force,
+            revision=revision,
+            source=source,
+            jobs=jobs,
+            progress=advance,
+            on_start=on_start,
+            on_note=warn,
+        )
     report = result.to_dict()
     with cannot_run(interrupted=f"interrupted after {output} was written completely; the --json/--plot files were not"):
         if json_report is not None:
@@ -112,16 +157,31 @@ def convert(
     stdout = out()
     if not quiet and result.layers:
         table = Table(title=f"requant convert --arm {arm_name}", show_lines=False)
-        for col, just in (("layer", "left"), ("channels", "right"), ("scales changed", "right"), ("exponent shifts", "left"),
-                          ("clipped", "right"), ("rel. weight error", "right")):
+        for col, just in (
+            ("layer", "left"),
+            ("channels", "right"),
+            ("scales changed", "right"),
+            ("exponent shifts", "left"),
+            ("clipped", "right"),
+            ("rel. weight error", "right"),
+        ):
             table.add_column(col, justify=just)
         for name, st in result.layers.items():
-            table.add_row(name, str(st.rows), str(st.scales_changed), _fmt_shifts(st.exponent_shifts), str(st.weights_clipped), f"{st.rel_error:.3e}")
+            table.add_row(
+                name,
+                str(st.rows),
+                str(st.scales_changed),
+                _fmt_shifts(st.exponent_shifts),
+                str(st.weights_clipped),
+                f"{st.rel_error:.3e}",
+            )
         stdout.print(table)
     t = report["totals"]
-    stdout.print(f"{t['linears']} quantized Linears, {t['channels']} channels: {t['scales_changed']} scales changed, "
-              f"shifts {_fmt_shifts(t['exponent_shifts'])}, {t['weights_clipped']} weights clipped, "
-              f"relative weight error {t['rel_weight_error']:.3e}")
+    stdout.print(
+        f"{t['linears']} quantized Linears, {t['channels']} channels: {t['scales_changed']} scales changed, "
+        f"shifts {_fmt_shifts(t['exponent_shifts'])}, {t['weights_clipped']} weights clipped, "
+        f"relative weight error {t['rel_weight_error']:.3e}"
+    )
     stdout.print(f"wrote {escape(str(result.output))} ({result.bytes_total / 1e6:.1f} MB in {result.elapsed_s:.2f} s)")
     if not SERVABLE[arm_name]:
         warn("arm 'probe' rewrites scales without requantizing the weights: an ablation, NOT servable")
@@ -149,9 +209,16 @@ def inspect(
         ("shape", ", ".join(f"{k}={v}" for k, v in info["config"].items())),
         ("layers", str(info["layers"])),
         ("quantized Linears", str(info["quantized_linears"])),
-        ("scheme", f"{info['quantization']['quant_method']} {info['quantization']['format']}, ignore {info['quantization']['ignore']}"),
+        (
+            "scheme",
+            f"{info['quantization']['quant_method']} {info['quantization']['format']}, ignore {info['quantization']['ignore']}",
+        ),
         ("scale dtype", ", ".join(f"{k} x{v}" for k, v in info["scale_dtypes"].items())),
-        ("power-of-two scales", f"{info['power_of_two_scales']} / {info['channels']}" + (" (all)" if info["all_scales_power_of_two"] else "")),
+        (
+            "power-of-two scales",
+            f"{info['power_of_two_scales']} / {info['channels']}"
+            + (" (all)" if info["all_scales_power_of_two"] else ""),
+        ),
         ("scale exponents", str(info["scale_exponent_range"])),
         ("int8 range", f"{info.get('int8_range')} ({info.get('int8_min128_count')} weights at -128)"),
         ("pass-through tensors", str(info["passthrough_tensors"])),

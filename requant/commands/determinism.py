@@ -18,7 +18,7 @@ The JSON ties the generations to the checkpoint's bytes and to the code
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -29,6 +29,7 @@ from requant.commands._common import (
     ByteTokensOpt,
     CkptArg,
     DeviceOpt,
+    EngineOpt,
     JsonOpt,
     RevisionOpt,
     ThreadsOpt,
@@ -36,6 +37,7 @@ from requant.commands._common import (
     byte_tokens_option,
     cannot_run,
     check_device,
+    check_engine,
     check_output_file,
     command_line,
     default_device,
@@ -50,12 +52,21 @@ def determinism(
     ckpt: CkptArg = None,
     backends: BackendsOpt = None,
     prompts: Annotated[int, typer.Option("--prompts", help="built-in calibration prompts to decode (1-16)")] = 8,
-    new_tokens: Annotated[int, typer.Option("--new-tokens", help="tokens to generate per prompt (greedy, no stop at eos)")] = 64,
+    new_tokens: Annotated[
+        int, typer.Option("--new-tokens", help="tokens to generate per prompt (greedy, no stop at eos)")
+    ] = 64,
     json_out: JsonOpt = None,
     device: DeviceOpt = None,
-    act_backend: Annotated[str, typer.Option("--act-backend", help="quantize_activations backend shared by both sides (reference or triton: the same bits)")] = "reference",
+    act_backend: Annotated[
+        str,
+        typer.Option(
+            "--act-backend",
+            help="quantize_activations backend shared by both sides (reference or triton: the same bits)",
+        ),
+    ] = "reference",
     revision: RevisionOpt = None,
     threads: ThreadsOpt = None,
+    engine: EngineOpt = "auto",
     byte_tokens: ByteTokensOpt = False,
 ) -> None:
     """Greedy generations with each backend of the pair, native and pow2: byte-identical or not,
@@ -77,25 +88,57 @@ def determinism(
         check_runnable(pair, dev, act_backend)
         if new_tokens < 1:
             raise UsageError("--new-tokens must be at least 1")
+        check_engine(engine, dev)
         prompt_list(prompts)  # validate N before loading (or downloading) anything big
         set_threads(threads, dev)
         checkpoint = open_checkpoint(DEFAULT_CHECKPOINT if ckpt is None else ckpt, revision=revision)
         check_layout(checkpoint)
         units = work_units(prompts, 1 if all_scales_pow2(checkpoint) else 2)
-        identity = with_progress(checkpoint, console)  # before the long run: a SHA256SUMS that does not match fails here
+        identity = with_progress(
+            checkpoint, console
+        )  # before the long run: a SHA256SUMS that does not match fails here
 
-    console.print(f"determinism of {checkpoint.path}: {pair[0]} vs {pair[1]} on {dev}, {prompts} prompts x {new_tokens} tokens")
+    console.print(
+        f"determinism of {checkpoint.path}: {pair[0]} vs {pair[1]} on {dev}, {prompts} prompts x {new_tokens} tokens"
+    )
     with cannot_run():  # e.g. a tokenizer the model cannot embed, an unknown act backend
-        with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                      TimeElapsedColumn(), TimeRemainingColumn(), console=console) as progress:
+        with Progress(
+            TextColumn("[progress.description]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            console=console,
+        ) as progress:
             task = progress.add_task("greedy runs", total=units)
-            result = run_determinism(checkpoint, pair, prompts, new_tokens, dev, act_backend=act_backend, identity=identity,
-                                     advance=lambda n=1: progress.advance(task, n),
-                                     on_phase=lambda msg: progress.console.log(msg))
-    result["command"] = command_line("determinism", [ckpt], {
-        "--backends": spec, "--prompts": prompts, "--new-tokens": new_tokens, "--json": json_out, "--device": device,
-        "--revision": revision, "--threads": threads, "--act-backend": None if act_backend == "reference" else act_backend,
-        "--byte-tokens": byte_tokens})
+            result = run_determinism(
+                checkpoint,
+                pair,
+                prompts,
+                new_tokens,
+                dev,
+                act_backend=act_backend,
+                identity=identity,
+                engine=engine,
+                advance=lambda n=1: progress.advance(task, n),
+                on_phase=lambda msg: progress.console.log(msg),
+            )
+    result["command"] = command_line(
+        "determinism",
+        [ckpt],
+        {
+            "--backends": spec,
+            "--prompts": prompts,
+            "--new-tokens": new_tokens,
+            "--json": json_out,
+            "--device": device,
+            "--revision": revision,
+            "--threads": threads,
+            "--act-backend": None if act_backend == "reference" else act_backend,
+            "--byte-tokens": byte_tokens,
+            "--engine": None if engine == "auto" else engine,
+        },
+    )
     if json_out is not None:
         with cannot_run():
             write_json_atomic(json_out, result)

@@ -26,15 +26,18 @@ from requant.commands._common import (
     ByteTokensOpt,
     CkptArg,
     DeviceOpt,
+    EngineOpt,
     JsonOpt,
     ReportOpt,
     ThreadsOpt,
     byte_tokens_option,
     cannot_run,
     check_device,
+    check_engine,
     check_output_dir,
     check_output_file,
     command_line,
+    default_device,
     err,
     out,
     warn,
@@ -56,34 +59,66 @@ def _print_table(result: dict) -> None:
     for name in result["arm_order"]:
         a = result["arms"][name]
         ci = a.get("ci90")
-        t.add_row(name + ("" if result["servable"].get(name, True) else " (not servable)"), fmt_number(a["word_perplexity"]),
-                  fmt_number(a["byte_perplexity"]), fmt_number(a["bits_per_byte"]),
-                  "-" if a.get("delta_pct") is None else f"{a['delta_pct']:+.3f}%",
-                  "-" if not ci else f"[{ci[0]:+.3f}%, {ci[1]:+.3f}%]")
+        t.add_row(
+            name + ("" if result["servable"].get(name, True) else " (not servable)"),
+            fmt_number(a["word_perplexity"]),
+            fmt_number(a["byte_perplexity"]),
+            fmt_number(a["bits_per_byte"]),
+            "-" if a.get("delta_pct") is None else f"{a['delta_pct']:+.3f}%",
+            "-" if not ci else f"[{ci[0]:+.3f}%, {ci[1]:+.3f}%]",
+        )
     stdout.print(t)
     share = result["decomposition"].get("probe_mismatch_share")
     if share is not None:
         ci = result["decomposition"].get("ci90")
-        stdout.print(f"probe mismatch share: {share:.4f}" + (f" (90% interval [{ci[0]:.4f}, {ci[1]:.4f}])" if ci else ""))
+        stdout.print(
+            f"probe mismatch share: {share:.4f}" + (f" (90% interval [{ci[0]:.4f}, {ci[1]:.4f}])" if ci else "")
+        )
 
 
 @byte_tokens_option
 def eval_command(
     ckpt: CkptArg = None,
-    arms: Annotated[str, typer.Option("--arms", help="comma-separated: native and converter arms (unconstrained, nearest, ceiling, mse, probe); native is always included")] = DEFAULT_ARMS,
-    source: Annotated[Optional[Path], typer.Option("--source", help="the unquantized bf16 Qwen3 directory: adds a 'bf16' row (dense Linears)")] = None,
-    tasks: Annotated[str, typer.Option("--tasks", help="comma-separated lm-eval tasks; requant-heldout is shipped and offline, others need lm-eval's datasets")] = "requant-heldout",
-    backend: Annotated[Optional[str], typer.Option("--backend", help="scaled_mm backend (default: triton on a GPU, reference-triton-order on CPU)")] = None,
+    arms: Annotated[
+        str,
+        typer.Option(
+            "--arms",
+            help="comma-separated: native and converter arms (unconstrained, nearest, ceiling, mse, probe); native is always included",
+        ),
+    ] = DEFAULT_ARMS,
+    source: Annotated[
+        Optional[Path],
+        typer.Option("--source", help="the unquantized bf16 Qwen3 directory: adds a 'bf16' row (dense Linears)"),
+    ] = None,
+    tasks: Annotated[
+        str,
+        typer.Option(
+            "--tasks",
+            help="comma-separated lm-eval tasks; requant-heldout is shipped and offline, others need lm-eval's datasets",
+        ),
+    ] = "requant-heldout",
+    backend: Annotated[
+        Optional[str],
+        typer.Option("--backend", help="scaled_mm backend (default: triton on a GPU, reference-triton-order on CPU)"),
+    ] = None,
     act_backend: Annotated[str, typer.Option("--act-backend", help="quantize_activations backend")] = "reference",
-    limit: Annotated[Optional[int], typer.Option("--limit", help="score only the first N documents of each task")] = None,
-    bootstrap: Annotated[int, typer.Option("--bootstrap", help="paired bootstrap replicates (resampling documents)")] = 2000,
+    limit: Annotated[
+        Optional[int], typer.Option("--limit", help="score only the first N documents of each task")
+    ] = None,
+    bootstrap: Annotated[
+        int, typer.Option("--bootstrap", help="paired bootstrap replicates (resampling documents)")
+    ] = 2000,
     seed: Annotated[int, typer.Option("--seed", help="bootstrap seed")] = 0,
     batch_size: Annotated[int, typer.Option("--batch-size", help="windows per runtime call")] = 4,
-    max_length: Annotated[Optional[int], typer.Option("--max-length", help="rolling window length in tokens (default: the model's max_length)")] = None,
+    max_length: Annotated[
+        Optional[int],
+        typer.Option("--max-length", help="rolling window length in tokens (default: the model's max_length)"),
+    ] = None,
     json_out: JsonOpt = None,
     report: ReportOpt = None,
     device: DeviceOpt = None,
     threads: ThreadsOpt = None,
+    engine: EngineOpt = "auto",
     byte_tokens: ByteTokensOpt = False,
 ) -> None:
     """Perplexity of each scale arm through lm-eval, with paired bootstrap intervals against native."""
@@ -103,8 +138,15 @@ def eval_command(
     from requant.eval.run import parse_arms, run_eval
 
     task_list = [t.strip() for t in tasks.split(",") if t.strip()]
-    progress = Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                        TextColumn("{task.fields[unit]}"), TimeElapsedColumn(), TimeRemainingColumn(), console=console)
+    progress = Progress(
+        TextColumn("[progress.description]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[unit]}"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+    )
     bars: dict[str, int] = {}
 
     def progress_for(arm: str, unit: str = "documents"):
@@ -112,23 +154,56 @@ def eval_command(
             if arm not in bars:
                 bars[arm] = progress.add_task(arm, total=total, unit=unit)
             progress.update(bars[arm], completed=done, total=total)
+
         return update
 
     with cannot_run():  # the runtime or the LM refusing a checkpoint or a model argument: ValueError
         arm_list = parse_arms(arms)
         if device is not None:
             check_device(device)
+        check_engine(engine, device or default_device())
         with progress:
-            result = run_eval(ckpt, arm_list, source=None if source is None else str(source), tasks=task_list, backend=backend,
-                              act_backend=act_backend, device=device, limit=limit, replicates=bootstrap, seed=seed,
-                              batch_size=batch_size, max_length=max_length, progress_for=progress_for,
-                              threads=threads, on_phase=lambda msg: progress.console.print(escape(msg)),
-                              hash_progress=progress_for("manifest digest (sha256 of every file)", "bytes"))
-    result["command"] = command_line("eval", [ckpt], {
-        "--arms": arms, "--tasks": tasks, "--source": source, "--backend": backend, "--limit": limit,
-        "--max-length": max_length, "--json": json_out, "--report": report, "--device": device, "--threads": threads,
-        "--act-backend": None if act_backend == "reference" else act_backend,
-        "--bootstrap": bootstrap, "--seed": seed, "--batch-size": batch_size, "--byte-tokens": byte_tokens})
+            result = run_eval(
+                ckpt,
+                arm_list,
+                source=None if source is None else str(source),
+                tasks=task_list,
+                backend=backend,
+                act_backend=act_backend,
+                device=device,
+                limit=limit,
+                replicates=bootstrap,
+                seed=seed,
+                batch_size=batch_size,
+                max_length=max_length,
+                progress_for=progress_for,
+                threads=threads,
+                engine=engine,
+                on_phase=lambda msg: progress.console.print(escape(msg)),
+                hash_progress=progress_for("manifest digest (sha256 of every file)", "bytes"),
+            )
+    result["command"] = command_line(
+        "eval",
+        [ckpt],
+        {
+            "--arms": arms,
+            "--tasks": tasks,
+            "--source": source,
+            "--backend": backend,
+            "--limit": limit,
+            "--max-length": max_length,
+            "--json": json_out,
+            "--report": report,
+            "--device": device,
+            "--threads": threads,
+            "--act-backend": None if act_backend == "reference" else act_backend,
+            "--engine": None if engine == "auto" else engine,
+            "--bootstrap": bootstrap,
+            "--seed": seed,
+            "--batch-size": batch_size,
+            "--byte-tokens": byte_tokens,
+        },
+    )
     with cannot_run():
         if json_out is not None:
             console.print(f"wrote {write_json(result, json_out)}")

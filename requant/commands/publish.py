@@ -39,8 +39,15 @@ def _hashing(root: Path, what: str):
     """A byte progress bar (stderr, only on a terminal) for hashing the files under root."""
     console = err()
     total = sum(p.stat().st_size for p in Path(root).rglob("*") if p.is_file()) if Path(root).is_dir() else 0
-    with Progress(TextColumn(what), BarColumn(), DownloadColumn(), TransferSpeedColumn(), console=console,
-                  transient=True, disable=not console.is_terminal) as progress:
+    with Progress(
+        TextColumn(what),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        console=console,
+        transient=True,
+        disable=not console.is_terminal,
+    ) as progress:
         task = progress.add_task(what, total=total)
         yield lambda n: progress.advance(task, n)
 
@@ -52,8 +59,16 @@ def _warn(lines) -> None:
 
 def manifest(
     ckpt: Annotated[Path, typer.Argument(help="Checkpoint directory.")],
-    write: Annotated[bool, typer.Option("--write", help="Compute and write CKPT/SHA256SUMS (atomically; replaces an existing one).")] = False,
-    against: Annotated[Optional[Path], typer.Option("--against", help="Check CKPT against this manifest file instead (e.g. OUT/SHA256SUMS.source to check a converted checkpoint's source).")] = None,
+    write: Annotated[
+        bool, typer.Option("--write", help="Compute and write CKPT/SHA256SUMS (atomically; replaces an existing one).")
+    ] = False,
+    against: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--against",
+            help="Check CKPT against this manifest file instead (e.g. OUT/SHA256SUMS.source to check a converted checkpoint's source).",
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ):
     """Check a checkpoint against its SHA256SUMS (sha256sum -c compatible), or write one.
@@ -70,7 +85,9 @@ def manifest(
             entries = _run(lambda: mf.compute(ckpt, progress=cb))
         path, digest = _run(lambda: mf.write(ckpt, entries))
         if as_json:
-            stdout.file.write(json.dumps({"written": str(path), "manifest_digest": digest, "files": len(entries)}, indent=2) + "\n")
+            stdout.file.write(
+                json.dumps({"written": str(path), "manifest_digest": digest, "files": len(entries)}, indent=2) + "\n"
+            )
         else:
             stdout.print(f"wrote {escape(str(path))}: {len(entries)} files, manifest digest {digest}")
         return
@@ -79,8 +96,17 @@ def manifest(
             entries = _run(lambda: mf.compute(ckpt, progress=cb))
         digest = mf.digest_of(mf.render(entries))
         if as_json:
-            stdout.file.write(json.dumps({"manifest": None, "manifest_digest": digest,
-                                       "files": {e.path: {"sha256": e.sha256, "size": e.size} for e in entries.values()}}, indent=2) + "\n")
+            stdout.file.write(
+                json.dumps(
+                    {
+                        "manifest": None,
+                        "manifest_digest": digest,
+                        "files": {e.path: {"sha256": e.sha256, "size": e.size} for e in entries.values()},
+                    },
+                    indent=2,
+                )
+                + "\n"
+            )
             return
         stdout.file.write(mf.render(entries).decode("utf-8"))
         stdout.print(f"no {mf.MANIFEST} in {escape(str(ckpt))}; the one above has digest {digest} (--write writes it)")
@@ -89,9 +115,21 @@ def manifest(
     with _hashing(ckpt, "sha256") as cb:
         check = _run(lambda: mf.verify(ckpt, name, progress=cb))
     if as_json:
-        stdout.file.write(json.dumps({"manifest": str(check.manifest), "manifest_digest": check.digest, "ok": check.ok,
-                                   "first_problem": check.first_problem, "missing": check.missing, "not_listed": check.extra,
-                                   "differing": check.differing}, indent=2) + "\n")
+        stdout.file.write(
+            json.dumps(
+                {
+                    "manifest": str(check.manifest),
+                    "manifest_digest": check.digest,
+                    "ok": check.ok,
+                    "first_problem": check.first_problem,
+                    "missing": check.missing,
+                    "not_listed": check.extra,
+                    "differing": check.differing,
+                },
+                indent=2,
+            )
+            + "\n"
+        )
     elif check.ok:
         stdout.print(f"[green]ok[/]: {escape(check.describe())}")
     else:
@@ -105,11 +143,32 @@ def manifest(
 
 def card(
     ckpt: Annotated[Path, typer.Argument(help="Checkpoint directory.")],
-    audit: Annotated[Optional[Path], typer.Option("--audit", help="Audit JSON (default: CKPT/requant-audit.json if present; must be of these bytes).")] = None,
-    eval_report: Annotated[Optional[Path], typer.Option("--eval", help="Eval JSON (default: CKPT/requant-eval.json if present; these bytes or their source).")] = None,
-    determinism: Annotated[Optional[Path], typer.Option("--determinism", help="Determinism JSON (default: CKPT/requant-determinism.json if present).")] = None,
-    convert_report: Annotated[Optional[Path], typer.Option("--convert", help="Conversion statistics JSON (default: CKPT/requant-convert.json, which `requant convert` writes).")] = None,
-    repo_id: Annotated[Optional[str], typer.Option("--repo-id", help="The Hub repo the card will live in (for its usage lines).")] = None,
+    audit: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--audit", help="Audit JSON (default: CKPT/requant-audit.json if present; must be of these bytes)."
+        ),
+    ] = None,
+    eval_report: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--eval", help="Eval JSON (default: CKPT/requant-eval.json if present; these bytes or their source)."
+        ),
+    ] = None,
+    determinism: Annotated[
+        Optional[Path],
+        typer.Option("--determinism", help="Determinism JSON (default: CKPT/requant-determinism.json if present)."),
+    ] = None,
+    convert_report: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--convert",
+            help="Conversion statistics JSON (default: CKPT/requant-convert.json, which `requant convert` writes).",
+        ),
+    ] = None,
+    repo_id: Annotated[
+        Optional[str], typer.Option("--repo-id", help="The Hub repo the card will live in (for its usage lines).")
+    ] = None,
     stdout: Annotated[bool, typer.Option("--stdout", help="Print the card instead of writing CKPT/README.md.")] = False,
 ):
     """Render the model card CKPT/README.md (atomically) from the checkpoint and its reports.
@@ -131,8 +190,17 @@ def card(
                 raise UsageError(f"--repo-id {repo_id!r}: {exc.detail}") from None
     with _hashing(ckpt, "sha256") as cb:
         facts = _run(lambda: checkpoint_facts(ckpt, progress=cb))
-    rendered = _run(lambda: render(ckpt, audit=audit, eval=eval_report, determinism=determinism, convert=convert_report,
-                                   repo_id=repo_id, facts=facts))
+    rendered = _run(
+        lambda: render(
+            ckpt,
+            audit=audit,
+            eval=eval_report,
+            determinism=determinism,
+            convert=convert_report,
+            repo_id=repo_id,
+            facts=facts,
+        )
+    )
     _warn(rendered.warnings)
     if stdout:
         sys.stdout.write(rendered.text)
@@ -141,18 +209,36 @@ def card(
         path, digest = _run(lambda: mf.write(ckpt, facts.entries))
         out().print(f"wrote {escape(str(path))} (manifest digest {digest})")
     path = _run(lambda: write_card(ckpt, rendered))
-    measured = ", ".join(f"{k} {'measured' if k in rendered.reports.found else 'not measured'}" for k in ("audit", "determinism", "eval"))
+    measured = ", ".join(
+        f"{k} {'measured' if k in rendered.reports.found else 'not measured'}" for k in ("audit", "determinism", "eval")
+    )
     out().print(f"wrote {escape(str(path))} ({measured}; license {rendered.metadata.get('license')})")
 
 
 def push(
     ckpt: Annotated[Path, typer.Argument(help="Checkpoint directory.")],
     repo_id: Annotated[str, typer.Argument(help="Hub model repo, owner/name (created if missing).")],
-    private: Annotated[bool, typer.Option("--private", help="Create the repo private (an existing repo keeps its visibility).")] = False,
-    revision: Annotated[Optional[str], typer.Option("--revision", help="Branch to commit to (created if missing; default main).")] = None,
-    commit_message: Annotated[Optional[str], typer.Option("--commit-message", help="Commit message (default names the arm and the manifest digest).")] = None,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="List what would be uploaded (size, sha256); contact nothing, write nothing.")] = False,
-    force: Annotated[bool, typer.Option("--force", help="Push without a clean audit of these bytes or with non-power-of-two scales (never the probe arm).")] = False,
+    private: Annotated[
+        bool, typer.Option("--private", help="Create the repo private (an existing repo keeps its visibility).")
+    ] = False,
+    revision: Annotated[
+        Optional[str], typer.Option("--revision", help="Branch to commit to (created if missing; default main).")
+    ] = None,
+    commit_message: Annotated[
+        Optional[str],
+        typer.Option("--commit-message", help="Commit message (default names the arm and the manifest digest)."),
+    ] = None,
+    dry_run: Annotated[
+        bool,
+        typer.Option("--dry-run", help="List what would be uploaded (size, sha256); contact nothing, write nothing."),
+    ] = False,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force",
+            help="Push without a clean audit of these bytes or with non-power-of-two scales (never the probe arm).",
+        ),
+    ] = False,
 ):
     """Upload an audited checkpoint with its card, manifest and reports, in one commit.
 
@@ -171,14 +257,18 @@ def push(
         err().print(f"note: {escape(note)}")
     stdout = out()
     if dry_run:
-        table = Table(title=f"would upload to {escape(repo_id)}" + (f" (branch {escape(revision)})" if revision else ""))
+        table = Table(
+            title=f"would upload to {escape(repo_id)}" + (f" (branch {escape(revision)})" if revision else "")
+        )
         for col, just in (("file", "left"), ("bytes", "right"), ("sha256", "left"), ("", "left")):
             table.add_column(col, justify=just)
         for u in p.files:
             table.add_row(escape(u.path_in_repo), f"{u.size:,}", u.sha256, escape(u.note))
         stdout.print(table)
-        stdout.print(f"{len(p.files)} files, {p.total_bytes:,} bytes; manifest digest {p.manifest_digest}. "
-                  "Dry run: nothing was contacted or written.")
+        stdout.print(
+            f"{len(p.files)} files, {p.total_bytes:,} bytes; manifest digest {p.manifest_digest}. "
+            "Dry run: nothing was contacted or written."
+        )
         return
     url = _run(lambda: push_mod.upload(p, private=private, commit_message=commit_message))
     written = _run(lambda: push_mod.write_back(p))

@@ -68,14 +68,18 @@ def _where(c: dict) -> str:
     parts = []
     if c["logits_first_diff"] is not None:
         f = c["logits_first_diff"]
-        parts.append(f"prefill logits differ from prompt {f['prompt']} position {f['position']} "
-                     f"({c['logits_differing']} of {c['logits_total']} values, max |diff| {c['logits_max_abs_diff']:g})")
+        parts.append(
+            f"prefill logits differ from prompt {f['prompt']} position {f['position']} "
+            f"({c['logits_differing']} of {c['logits_total']} values, max |diff| {c['logits_max_abs_diff']:g})"
+        )
     else:
         parts.append("prefill logits identical")
     if c["tokens_first_diff"] is not None:
         f = c["tokens_first_diff"]
-        parts.append(f"tokens differ in {c['prompts_tokens_differ']} prompt(s), first at step {f['step']} of prompt "
-                     f"{f['prompt']}")
+        parts.append(
+            f"tokens differ in {c['prompts_tokens_differ']} prompt(s), first at step {f['step']} of prompt "
+            f"{f['prompt']}"
+        )
     else:
         parts.append("tokens identical")
     if c["steps_first_diff"] is not None:
@@ -94,31 +98,43 @@ def summary_line(degrees: tuple[int, ...], per_degree: list[dict]) -> str:
 
 def tp_check(
     ckpt: CkptArg = None,
-    tp: Annotated[str, typer.Option("--tp", help="tensor-parallel degrees, comma-separated (TP 1 is always run)")] = "1,2",
-    backend: Annotated[Optional[str], typer.Option(
-        "--backend", help="scaled_mm backend (default: cutlass on CUDA, reference-triton-order on CPU)")] = None,
+    tp: Annotated[
+        str, typer.Option("--tp", help="tensor-parallel degrees, comma-separated (TP 1 is always run)")
+    ] = "1,2",
+    backend: Annotated[
+        Optional[str],
+        typer.Option("--backend", help="scaled_mm backend (default: cutlass on CUDA, reference-triton-order on CPU)"),
+    ] = None,
     regime: Annotated[str, typer.Option("--regime", help="weight scales: native or pow2 (the nearest arm)")] = "native",
-    reduce: Annotated[str, typer.Option(
-        "--reduce", help="row-parallel all-reduce: int32 accumulators (exact) or bf16 partial outputs")] = "int32",
+    reduce: Annotated[
+        str,
+        typer.Option("--reduce", help="row-parallel all-reduce: int32 accumulators (exact) or bf16 partial outputs"),
+    ] = "int32",
     new_tokens: Annotated[int, typer.Option("--new-tokens", help="greedy tokens per prompt (no stop at eos)")] = 16,
     prompts: Annotated[int, typer.Option("--prompts", help="built-in calibration prompts (1-16)")] = 4,
     json_out: JsonOpt = None,
     device: DeviceOpt = None,
-    act_backend: Annotated[str, typer.Option(
-        "--act-backend", help="quantize_activations backend (reference or triton: the same bits)")] = "reference",
+    act_backend: Annotated[
+        str, typer.Option("--act-backend", help="quantize_activations backend (reference or triton: the same bits)")
+    ] = "reference",
     revision: RevisionOpt = None,
     threads: ThreadsOpt = None,
     timeout: Annotated[float, typer.Option("--timeout", help="seconds for the whole launch")] = 600.0,
-    comm: Annotated[str, typer.Option(
-        "--comm", help="collectives: nccl (one GPU per rank) or gloo (any device; on CUDA ranks share the GPUs); "
-                       "default nccl on CUDA, gloo on CPU")] = "auto",
+    comm: Annotated[
+        str,
+        typer.Option(
+            "--comm",
+            help="collectives: nccl (one GPU per rank) or gloo (any device; on CUDA ranks share the GPUs); "
+            "default nccl on CUDA, gloo on CPU",
+        ),
+    ] = "auto",
 ) -> None:
     """Prefill logits and greedy tokens at each tensor-parallel degree, bitwise against TP 1."""
     console = err()
     with cannot_run():
         from requant import DEFAULT_CHECKPOINT, kernels
-        from requant.checkpoint import open_checkpoint
         from requant.backends import check_runnable
+        from requant.checkpoint import open_checkpoint
         from requant.evidence.identity import with_progress
         from requant.prompts import prompts as prompt_list
         from requant.runtime import REGIMES, arch_from_config, check_layout
@@ -151,8 +167,10 @@ def tp_check(
             import torch
 
             if torch.cuda.device_count() < max(degrees):
-                raise UsageError(f"--tp {max(degrees)} needs {max(degrees)} CUDA devices, this machine has "
-                                 f"{torch.cuda.device_count()}")
+                raise UsageError(
+                    f"--tp {max(degrees)} needs {max(degrees)} CUDA devices, this machine has "
+                    f"{torch.cuda.device_count()}"
+                )
         checkpoint = open_checkpoint(DEFAULT_CHECKPOINT if ckpt is None else ckpt, revision=revision)
         check_layout(checkpoint)
         arch = arch_from_config(checkpoint.config)
@@ -168,12 +186,22 @@ def tp_check(
         identity = with_progress(checkpoint, console)
 
     run_spec = Run(name, regime, reduce, act_backend)
-    console.print(f"tp-check of {checkpoint.path}: tp {','.join(map(str, degrees))}, {name}, {regime}, {reduce} all-reduce, "
-                  f"{'NCCL' if nccl else 'gloo'} on {dev}, {prompts} prompts x {new_tokens} tokens")
+    console.print(
+        f"tp-check of {checkpoint.path}: tp {','.join(map(str, degrees))}, {name}, {regime}, {reduce} all-reduce, "
+        f"{'NCCL' if nccl else 'gloo'} on {dev}, {prompts} prompts x {new_tokens} tokens"
+    )
     from requant.tp import Spec, compare, run
 
-    spec = Spec(str(checkpoint.path), ids, degrees=degrees, runs=(run_spec,), new_tokens=new_tokens,
-                device="cuda" if cuda else "cpu", comm="nccl" if nccl else "gloo", threads=threads or 1)
+    spec = Spec(
+        str(checkpoint.path),
+        ids,
+        degrees=degrees,
+        runs=(run_spec,),
+        new_tokens=new_tokens,
+        device="cuda" if cuda else "cpu",
+        comm="nccl" if nccl else "gloo",
+        threads=threads or 1,
+    )
     try:
         with sigterm_as_interrupt():
             results = run(spec, timeout_s=timeout)
@@ -192,16 +220,40 @@ def tp_check(
         from requant.backends import environment
 
         record = {
-            "tp": list(degrees), "reduce": reduce, "identical": identical, "summary": summary, "per_degree": per_degree,
-            "backend": name, "act_backend": act_backend, "regime": regime, "device": dev,
-            "collectives": "nccl" if nccl else "gloo", "checkpoint": str(checkpoint.path), "prompts": prompts,
-            "prompt_tokens": [len(p) for p in ids], "new_tokens": new_tokens,
-            "command": command_line("tp-check", [ckpt], {
-                "--tp": tp, "--backend": backend, "--regime": None if regime == "native" else regime,
-                "--reduce": None if reduce == "int32" else reduce, "--new-tokens": new_tokens, "--prompts": prompts,
-                "--json": json_out, "--device": device, "--act-backend": None if act_backend == "reference" else act_backend,
-                "--revision": revision, "--threads": threads, "--comm": None if comm == "auto" else comm}),
-            "environment": environment(dev), **identity,
+            "tp": list(degrees),
+            "reduce": reduce,
+            "identical": identical,
+            "summary": summary,
+            "per_degree": per_degree,
+            "backend": name,
+            "act_backend": act_backend,
+            "regime": regime,
+            "device": dev,
+            "collectives": "nccl" if nccl else "gloo",
+            "checkpoint": str(checkpoint.path),
+            "prompts": prompts,
+            "prompt_tokens": [len(p) for p in ids],
+            "new_tokens": new_tokens,
+            "command": command_line(
+                "tp-check",
+                [ckpt],
+                {
+                    "--tp": tp,
+                    "--backend": backend,
+                    "--regime": None if regime == "native" else regime,
+                    "--reduce": None if reduce == "int32" else reduce,
+                    "--new-tokens": new_tokens,
+                    "--prompts": prompts,
+                    "--json": json_out,
+                    "--device": device,
+                    "--act-backend": None if act_backend == "reference" else act_backend,
+                    "--revision": revision,
+                    "--threads": threads,
+                    "--comm": None if comm == "auto" else comm,
+                },
+            ),
+            "environment": environment(dev),
+            **identity,
         }
         with cannot_run():
             write_json_atomic(json_out, record)

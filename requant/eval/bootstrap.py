@@ -51,8 +51,14 @@ def corpus_metrics(d: Docs) -> dict:
     bits_per_byte, summed in float64)."""
     ll = float(np.sum(d.ll))
     w, b = int(np.sum(d.words)), int(np.sum(d.nbytes))
-    return {"word_perplexity": float(np.exp(-ll / w)), "byte_perplexity": float(np.exp(-ll / b)),
-            "bits_per_byte": float(-ll / b / np.log(2)), "loglikelihood": ll, "words": w, "bytes": b}
+    return {
+        "word_perplexity": float(np.exp(-ll / w)),
+        "byte_perplexity": float(np.exp(-ll / b)),
+        "bits_per_byte": float(-ll / b / np.log(2)),
+        "loglikelihood": ll,
+        "words": w,
+        "bytes": b,
+    }
 
 
 def resample_indices(n: int, replicates: int, seed: int) -> np.ndarray:
@@ -83,7 +89,12 @@ def paired_bootstrap(arms: dict[str, Docs], baseline: str = "native", replicates
     n = len(base.ll)
     for name, d in arms.items():
         same_ids = d.doc_ids is None or base.doc_ids is None or np.array_equal(d.doc_ids, base.doc_ids)
-        if len(d.ll) != n or not same_ids or not np.array_equal(d.words, base.words) or not np.array_equal(d.nbytes, base.nbytes):
+        if (
+            len(d.ll) != n
+            or not same_ids
+            or not np.array_equal(d.words, base.words)
+            or not np.array_equal(d.nbytes, base.nbytes)
+        ):
             raise ValueError(f"arm {name!r} was scored on other documents than {baseline!r}")
     idx = resample_indices(n, replicates, seed)
     w_rep = base.words[idx].sum(axis=1).astype(np.float64)
@@ -94,8 +105,10 @@ def paired_bootstrap(arms: dict[str, Docs], baseline: str = "native", replicates
     for name, d in arms.items():
         row = {k: full[name][k] for k in ("word_perplexity", "byte_perplexity", "bits_per_byte")}
         if name != baseline:
-            for key, cnt_full, cnt_rep, label in (("word_perplexity", full[name]["words"], w_rep, ""),
-                                                  ("byte_perplexity", full[name]["bytes"], b_rep, "byte_")):
+            for _key, cnt_full, cnt_rep, label in (
+                ("word_perplexity", full[name]["words"], w_rep, ""),
+                ("byte_perplexity", full[name]["bytes"], b_rep, "byte_"),
+            ):
                 diff = full[name]["loglikelihood"] - full[baseline]["loglikelihood"]
                 row[f"{label}delta_pct"] = float(100.0 * np.expm1(-diff / cnt_full))
                 rep = 100.0 * np.expm1(-(ll_rep[name] - ll_rep[baseline]) / cnt_rep)
@@ -106,7 +119,11 @@ def paired_bootstrap(arms: dict[str, Docs], baseline: str = "native", replicates
 
 
 def decomposition(full: dict, ll_rep: dict, w_rep: np.ndarray, baseline: str) -> dict:
-    res = {"probe_mismatch_share": None, "ci90": None, "definition": "(ppl_probe - ppl_nearest) / (ppl_probe - ppl_native), word perplexity"}
+    res = {
+        "probe_mismatch_share": None,
+        "ci90": None,
+        "definition": "(ppl_probe - ppl_nearest) / (ppl_probe - ppl_native), word perplexity",
+    }
     if not {"probe", "nearest", baseline} <= set(full):
         return res
     num = full["probe"]["word_perplexity"] - full["nearest"]["word_perplexity"]

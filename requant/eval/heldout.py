@@ -56,7 +56,7 @@ def chapters(lines: list[str]) -> list[dict]:
     starts = [i for i, line in enumerate(lines) if line == TITLE_LINE]
     if len(starts) != 1:
         raise ValueError(f"expected one line {TITLE_LINE!r} in the corpus, found {len(starts)}")
-    novel = lines[starts[0]:]
+    novel = lines[starts[0] :]
     heads = [(i, int(m.group(1))) for i, line in enumerate(novel) if (m := _CHAPTER.match(line))]
     if [n for _, n in heads] != list(range(1, CHAPTERS + 1)):
         raise ValueError(f"expected CHAPTER 1..{CHAPTERS} in order after the title, found {[n for _, n in heads]}")
@@ -66,7 +66,7 @@ def chapters(lines: list[str]) -> list[dict]:
     docs = []
     for k, (i, n) in enumerate(heads):
         stop = heads[k + 1][0] if k + 1 < len(heads) else end
-        text = "\n".join(novel[i + 1:stop]).strip("\n")
+        text = "\n".join(novel[i + 1 : stop]).strip("\n")
         if not text.strip():
             raise ValueError(f"chapter {n} is empty")
         docs.append({"title": f"Sense and Sensibility, Chapter {n}", "text": text})
@@ -105,7 +105,13 @@ def make(corpus: Path, output: Path, *, check_source: bool = True) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m requant.eval.heldout", description=__doc__.split("\n\n")[0])
-    ap.add_argument("corpus", nargs="?", type=Path, default=None, help="austen.txt.gz (default: $REQUANT_CORPUS or ../shared/corpus)")
+    ap.add_argument(
+        "corpus",
+        nargs="?",
+        type=Path,
+        default=None,
+        help="austen.txt.gz (default: $REQUANT_CORPUS or ../shared/corpus)",
+    )
     ap.add_argument("-o", "--output", type=Path, default=DEFAULT_OUTPUT)
     a = ap.parse_args(argv)
     corpus = a.corpus or default_corpus()

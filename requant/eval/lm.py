@@ -65,9 +65,21 @@ def _int_arg(name: str, value, minimum: int = 1) -> int:
 
 @register_model("requant")
 class RequantLM(TemplateLM):
-    def __init__(self, pretrained=None, backend: str | None = None, act_backend: str = "reference", regime: str = "native",
-                 device: str | None = None, batch_size=1, max_batch_size=None, max_length=None, prefix_token_id=None,
-                 progress: Callable[[int, int], None] | None = None, **unused):
+    def __init__(
+        self,
+        pretrained=None,
+        backend: str | None = None,
+        act_backend: str = "reference",
+        regime: str = "native",
+        device: str | None = None,
+        engine: str = "auto",
+        batch_size=1,
+        max_batch_size=None,
+        max_length=None,
+        prefix_token_id=None,
+        progress: Callable[[int, int], None] | None = None,
+        **unused,
+    ):
         super().__init__()
         if unused:
             raise ValueError(f"unknown model_args for the requant model: {', '.join(sorted(unused))}")
@@ -82,8 +94,14 @@ class RequantLM(TemplateLM):
             self.batch_size = AUTO_BATCH
         else:
             self.batch_size = _int_arg("batch_size", batch_size)
-        self.model = load_model(self.pretrained, regime=regime, backend=self.backend_name, act_backend=act_backend,
-                                device=self.device_name)
+        self.model = load_model(
+            self.pretrained,
+            regime=regime,
+            backend=self.backend_name,
+            act_backend=act_backend,
+            device=self.device_name,
+            engine=engine or "auto",
+        )
         self.tokenizer = self.model.tokenizer
         self._max_length = int(self.model.max_length)
         if max_length not in (None, ""):
@@ -103,7 +121,9 @@ class RequantLM(TemplateLM):
             prefix = cfg.get("bos_token_id")
             prefix = self._eot if prefix is None else int(prefix)
         if prefix is None:
-            raise ValueError(f"{self.pretrained}: config.json has no bos_token_id or eos_token_id; pass model_args prefix_token_id=N")
+            raise ValueError(
+                f"{self.pretrained}: config.json has no bos_token_id or eos_token_id; pass model_args prefix_token_id=N"
+            )
         if not 0 <= prefix < vocab:
             raise ValueError(f"prefix token id {prefix} is outside the vocabulary (0..{vocab - 1})")
         self._prefix = prefix
@@ -136,10 +156,20 @@ class RequantLM(TemplateLM):
 
     def get_model_info(self) -> dict:
         """Merged into simple_evaluate's results["config"]."""
-        return {"requant": {"pretrained": self.pretrained, "backend": self.backend_name, "act_backend": self.act_backend,
-                            "regime": self.regime, "device": self.device_name, "max_length": self.max_length,
-                            "prefix_token_id": self.prefix_token_id, "batch_size": self.batch_size,
-                            "tokenizer": self.tokenizer.describe()}}
+        return {
+            "requant": {
+                "pretrained": self.pretrained,
+                "backend": self.backend_name,
+                "act_backend": self.act_backend,
+                "regime": self.regime,
+                "device": self.device_name,
+                "engine": "fast" if self.model.fast else "reference",
+                "max_length": self.max_length,
+                "prefix_token_id": self.prefix_token_id,
+                "batch_size": self.batch_size,
+                "tokenizer": self.tokenizer.describe(),
+            }
+        }
 
     # -- scoring ---------------------------------------------------------------------
     def _score(self, pairs: list[tuple[list[int], list[int]]]) -> list[tuple[float, bool]]:
@@ -147,17 +177,19 @@ class RequantLM(TemplateLM):
         call per batch_size pairs."""
         out: list[tuple[float, bool]] = []
         for start in range(0, len(pairs), self.batch_size):
-            chunk = pairs[start:start + self.batch_size]
+            chunk = pairs[start : start + self.batch_size]
             inputs = []
             for ctx, cont in chunk:
                 if not cont:
                     raise ValueError("an empty continuation has no log-likelihood")
                 if len(cont) > self.max_length:
-                    raise ValueError(f"a continuation of {len(cont)} tokens does not fit in max_length={self.max_length}")
-                inputs.append((list(ctx) + list(cont))[-(self.max_length + 1):][:-1])
+                    raise ValueError(
+                        f"a continuation of {len(cont)} tokens does not fit in max_length={self.max_length}"
+                    )
+                inputs.append((list(ctx) + list(cont))[-(self.max_length + 1) :][:-1])
             logits = self.model.logits(inputs)
             for (ctx, cont), lg in zip(chunk, logits):
-                rows = lg[-len(cont):].to(torch.float32)
+                rows = lg[-len(cont) :].to(torch.float32)
                 target = torch.tensor(cont, dtype=torch.long, device=rows.device)
                 logp = torch.log_softmax(rows, dim=-1).gather(1, target[:, None])[:, 0]
                 greedy = bool(torch.equal(rows.argmax(dim=-1), target))
@@ -173,8 +205,12 @@ class RequantLM(TemplateLM):
 
     def rolling_windows(self, tokens: list[int]) -> list[tuple[list[int], list[int]]]:
         """lm-eval's disjoint rolling windows (context, continuation) of one document."""
-        return [lm_utils.make_disjoint_window(w) for w in lm_utils.get_rolling_token_windows(
-            token_list=tokens, prefix_token=self.prefix_token_id, max_seq_len=self.max_length, context_len=1)]
+        return [
+            lm_utils.make_disjoint_window(w)
+            for w in lm_utils.get_rolling_token_windows(
+                token_list=tokens, prefix_token=self.prefix_token_id, max_seq_len=self.max_length, context_len=1
+            )
+        ]
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
         docs = [self.rolling_windows(self.tok_encode(req.args[0])) for req in requests]
@@ -185,7 +221,7 @@ class RequantLM(TemplateLM):
         if self.progress is not None:
             self.progress(done, len(docs))
         for start in range(0, len(flat), self.batch_size):
-            chunk = flat[start:start + self.batch_size]
+            chunk = flat[start : start + self.batch_size]
             for (d, _), (ll, _) in zip(chunk, self._score([w for _, w in chunk])):
                 totals[d] += ll
                 remaining[d] -= 1
@@ -199,7 +235,7 @@ class RequantLM(TemplateLM):
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
         out: list[str] = []
         for start in range(0, len(requests), self.batch_size):
-            chunk = requests[start:start + self.batch_size]
+            chunk = requests[start : start + self.batch_size]
             groups: dict[tuple, list[int]] = {}
             for i, req in enumerate(chunk):
                 context, kw = req.args
@@ -221,11 +257,11 @@ class RequantLM(TemplateLM):
                 for i, ids in zip(idx, new):
                     ids = list(ids)
                     if self.eot_token_id is not None and self.eot_token_id in ids:
-                        ids = ids[:ids.index(self.eot_token_id)]
+                        ids = ids[: ids.index(self.eot_token_id)]
                     text = self.tok_decode(ids)
                     for stop in until:
                         if stop and stop in text:
-                            text = text[:text.index(stop)]
+                            text = text[: text.index(stop)]
                     texts[i] = text
                     self.cache_hook.add_partial("generate_until", chunk[i].args, text)
             out.extend(texts[i] for i in range(len(chunk)))

@@ -41,20 +41,32 @@ def markdown(result: dict) -> str:
     lines = [f"# requant eval: {result['checkpoint']}", ""]
     task = result.get("primary_task")
     if task:
-        lines += [f"Task `{task}`: {result['documents']} documents; paired bootstrap over documents against native, "
-                  f"{result['bootstrap']['replicates']} replicates, seed {result['bootstrap']['seed']}, 90% percentile intervals.", "",
-                  "| arm | word perplexity | byte perplexity | bits per byte | Δ word ppl | 90% interval | Δ byte ppl | 90% interval |",
-                  "| --- | ---: | ---: | ---: | ---: | --- | ---: | --- |"]
+        lines += [
+            f"Task `{task}`: {result['documents']} documents; paired bootstrap over documents against native, "
+            f"{result['bootstrap']['replicates']} replicates, seed {result['bootstrap']['seed']}, 90% percentile intervals.",
+            "",
+            "| arm | word perplexity | byte perplexity | bits per byte | Δ word ppl | 90% interval | Δ byte ppl | 90% interval |",
+            "| --- | ---: | ---: | ---: | ---: | --- | ---: | --- |",
+        ]
         for name in result["arm_order"]:
             a = result["arms"][name]
             tag = "" if result["servable"].get(name, True) else " (not servable)"
-            lines.append(f"| {name}{tag} | {fmt_number(a['word_perplexity'])} | {fmt_number(a['byte_perplexity'])} | {fmt_number(a['bits_per_byte'])} | "
-                         f"{_pct(a.get('delta_pct'))} | {_ci(a.get('ci90'))} | {_pct(a.get('byte_delta_pct'))} | {_ci(a.get('byte_ci90'))} |")
+            lines.append(
+                f"| {name}{tag} | {fmt_number(a['word_perplexity'])} | {fmt_number(a['byte_perplexity'])} | {fmt_number(a['bits_per_byte'])} | "
+                f"{_pct(a.get('delta_pct'))} | {_ci(a.get('ci90'))} | {_pct(a.get('byte_delta_pct'))} | {_ci(a.get('byte_ci90'))} |"
+            )
         dec = result["decomposition"]
         share = dec.get("probe_mismatch_share")
-        lines += ["", "Probe decomposition, (ppl_probe - ppl_nearest) / (ppl_probe - ppl_native): "
-                  + ("n/a (needs the native, nearest and probe arms)" if share is None else
-                     f"**{share:.4f}**" + (f", 90% interval [{dec['ci90'][0]:.4f}, {dec['ci90'][1]:.4f}]" if dec.get("ci90") else ""))]
+        lines += [
+            "",
+            "Probe decomposition, (ppl_probe - ppl_nearest) / (ppl_probe - ppl_native): "
+            + (
+                "n/a (needs the native, nearest and probe arms)"
+                if share is None
+                else f"**{share:.4f}**"
+                + (f", 90% interval [{dec['ci90'][0]:.4f}, {dec['ci90'][1]:.4f}]" if dec.get("ci90") else "")
+            ),
+        ]
     for t, entry in result.get("per_task", {}).items():
         if t == task:
             continue
@@ -65,11 +77,18 @@ def markdown(result: dict) -> str:
             m = entry["metrics"][name]
             lines.append(f"| {name} | " + " | ".join(fmt_number(m.get(k)) for k in keys) + " |")
     tok = result.get("tokenizer") or {}
-    lines += ["", f"Backend `{result['backend']}` (activations `{result['act_backend']}`) on {result['device']}; "
-              f"windows of {result['max_length']} tokens; tokenizer {tok.get('kind')} (vocab {tok.get('vocab_size')}"
-              + (f", sha256 {tok['sha256']}" if tok.get("sha256") else "") + f"); limit {result['limit']}; "
-              f"lm-eval {result['lm_eval_version']}.", "", *identity_lines(result),
-              "", "Wall time per arm (s): " + ", ".join(f"{k} {v}" for k, v in result["wall_seconds"].items()) + "."]
+    lines += [
+        "",
+        f"Backend `{result['backend']}` (activations `{result['act_backend']}`) on {result['device']}; "
+        f"windows of {result['max_length']} tokens; tokenizer {tok.get('kind')} (vocab {tok.get('vocab_size')}"
+        + (f", sha256 {tok['sha256']}" if tok.get("sha256") else "")
+        + f"); limit {result['limit']}; "
+        f"lm-eval {result['lm_eval_version']}.",
+        "",
+        *identity_lines(result),
+        "",
+        "Wall time per arm (s): " + ", ".join(f"{k} {v}" for k, v in result["wall_seconds"].items()) + ".",
+    ]
     if result.get("command"):
         lines += ["", f"Command: `{result['command']}`"]
     return "\n".join(lines) + "\n"
@@ -86,16 +105,27 @@ def plot(result: dict, path: Path) -> None:
     for i, n in enumerate(names):
         a = result["arms"][n]
         d, (lo, hi) = a["delta_pct"], a["ci90"]
-        ax.errorbar([i], [d], yerr=[[d - lo], [hi - d]], fmt="o", capsize=6,
-                    color="#4477aa" if result["servable"].get(n, True) else "#cc6677")
+        ax.errorbar(
+            [i],
+            [d],
+            yerr=[[d - lo], [hi - d]],
+            fmt="o",
+            capsize=6,
+            color="#4477aa" if result["servable"].get(n, True) else "#cc6677",
+        )
     if not names:
-        ax.text(0.5, 0.5, "only native was evaluated: nothing to compare", ha="center", va="center", transform=ax.transAxes)
+        ax.text(
+            0.5, 0.5, "only native was evaluated: nothing to compare", ha="center", va="center", transform=ax.transAxes
+        )
     ax.axhline(0.0, color="black", linewidth=0.8)
     ax.set_xticks(range(len(names)))
     ax.set_xticklabels(names)
     ax.set_xlim(-0.6, max(len(names) - 0.4, 0.6))
     ax.set_ylabel("word perplexity change vs native (%)")
-    ax.set_title(f"{result.get('primary_task')}: {result.get('documents')} documents\n90% paired bootstrap intervals (documents)", fontsize=9)
+    ax.set_title(
+        f"{result.get('primary_task')}: {result.get('documents')} documents\n90% paired bootstrap intervals (documents)",
+        fontsize=9,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=120, format="png")
     plt.close(fig)
@@ -118,5 +148,7 @@ def write_json(result: dict, path: Path) -> Path:
 def write_report(result: dict, directory: Path) -> list[Path]:
     """eval.json, eval.md, eval.png in `directory`: all rendered, then all renamed."""
     d = Path(directory)
-    dests = [(d / "eval.json", "json"), (d / "eval.md", "md")] + ([(d / "eval.png", "png")] if result.get("primary_task") else [])
+    dests = [(d / "eval.json", "json"), (d / "eval.md", "md")] + (
+        [(d / "eval.png", "png")] if result.get("primary_task") else []
+    )
     return write_files_atomic([(dest, _renderer(result, kind)) for dest, kind in dests])

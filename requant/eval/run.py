@@ -118,7 +118,9 @@ def check_source(source: Path, ckpt_config: dict) -> None:
     except ValueError as exc:
         raise UsageError(f"{cfg_path}: {exc}") from None
     if int(cfg["vocab_size"]) != int(ckpt_config.get("vocab_size", -1)):
-        raise UsageError(f"{cfg_path}: vocab_size {cfg['vocab_size']} differs from the checkpoint's {ckpt_config.get('vocab_size')}")
+        raise UsageError(
+            f"{cfg_path}: vocab_size {cfg['vocab_size']} differs from the checkpoint's {ckpt_config.get('vocab_size')}"
+        )
     tensors = _bf16_tensors(source)
     for name in arch.linear_shapes():
         dt = tensors.get(name + ".weight")
@@ -159,8 +161,10 @@ def quiet_lm_eval():
     level = logger.level
     logger.setLevel(logging.ERROR)
     patched = []
-    for modname, attr, make in (("lm_eval.api.task", "tqdm", lambda f: functools.partial(f, disable=True)),
-                                ("lm_eval.evaluator", "get_git_commit_hash", lambda f: _quiet_git_hash)):
+    for modname, attr, make in (
+        ("lm_eval.api.task", "tqdm", lambda f: functools.partial(f, disable=True)),
+        ("lm_eval.evaluator", "get_git_commit_hash", lambda f: _quiet_git_hash),
+    ):
         try:
             mod = importlib.import_module(modname)
         except ImportError:
@@ -188,7 +192,9 @@ def load_tasks(tasks: list[str]):
         with quiet_lm_eval():
             tm.load(list(tasks))  # downloads / caches a Hub dataset now, before any model is loaded
     except Exception as exc:  # lm-eval and datasets raise many types; all mean "cannot load it"
-        raise UsageError(f"task {','.join(tasks)} could not be loaded: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from None
+        raise UsageError(
+            f"task {','.join(tasks)} could not be loaded: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        ) from None
     return tm
 
 
@@ -201,8 +207,12 @@ def _samples_docs(samples: list[dict]) -> Docs | None:
     ll = np.array([float(s["word_perplexity"][0]) for s in rows], dtype=np.float64)
     if not np.array_equal(ll, np.array([float(s["byte_perplexity"][0]) for s in rows])):
         raise RuntimeError("word and byte perplexity samples disagree on a log-likelihood")
-    return Docs(ll=ll, doc_ids=ids, words=np.array([int(s["word_perplexity"][1]) for s in rows], dtype=np.int64),
-                nbytes=np.array([int(s["byte_perplexity"][1]) for s in rows], dtype=np.int64))
+    return Docs(
+        ll=ll,
+        doc_ids=ids,
+        words=np.array([int(s["word_perplexity"][1]) for s in rows], dtype=np.int64),
+        nbytes=np.array([int(s["byte_perplexity"][1]) for s in rows], dtype=np.int64),
+    )
 
 
 def _lm_eval_values(row: dict, metrics: dict, task: str, arm: str) -> None:
@@ -213,26 +223,54 @@ def _lm_eval_values(row: dict, metrics: dict, task: str, arm: str) -> None:
         if theirs is None:
             continue
         if not math.isclose(theirs, row[key], rel_tol=1e-9):
-            raise RuntimeError(f"{task}/{arm}: lm-eval's {key} {theirs!r} disagrees with its own samples ({row[key]!r})")
+            raise RuntimeError(
+                f"{task}/{arm}: lm-eval's {key} {theirs!r} disagrees with its own samples ({row[key]!r})"
+            )
         row[key] = float(theirs)
 
 
-def evaluate_row(path: str, tm, tasks: list[str], *, backend: str, act_backend: str, device: str, limit: int | None,
-                 batch_size: int, max_length: int | None, progress: Callable[[int, int], None] | None,
-                 passthrough_bootstrap: int) -> dict:
+def evaluate_row(
+    path: str,
+    tm,
+    tasks: list[str],
+    *,
+    backend: str,
+    act_backend: str,
+    device: str,
+    engine: str,
+    limit: int | None,
+    batch_size: int,
+    max_length: int | None,
+    progress: Callable[[int, int], None] | None,
+    passthrough_bootstrap: int,
+) -> dict:
     """One simple_evaluate run: per task, aggregate metrics and (perplexity tasks) per-document samples."""
     import lm_eval
 
     import requant.eval.lm  # noqa: F401  (registers the "requant" model)
 
-    model_args = {"pretrained": path, "backend": backend, "act_backend": act_backend, "device": device,
-                  "batch_size": batch_size, "progress": progress}
+    model_args = {
+        "pretrained": path,
+        "backend": backend,
+        "act_backend": act_backend,
+        "device": device,
+        "engine": engine,
+        "batch_size": batch_size,
+        "progress": progress,
+    }
     if max_length is not None:
         model_args["max_length"] = max_length
     ours = all(t == HELDOUT_TASK for t in tasks)
     with quiet_lm_eval():
-        res = lm_eval.simple_evaluate(model="requant", model_args=model_args, tasks=list(tasks), task_manager=tm,
-                                      limit=limit, log_samples=True, bootstrap_iters=0 if ours else passthrough_bootstrap)
+        res = lm_eval.simple_evaluate(
+            model="requant",
+            model_args=model_args,
+            tasks=list(tasks),
+            task_manager=tm,
+            limit=limit,
+            log_samples=True,
+            bootstrap_iters=0 if ours else passthrough_bootstrap,
+        )
     out = {"config": res["config"].get("requant", {}), "tasks": {}}
     for t in tasks:
         metrics = {k: v for k, v in res["results"].get(t, {}).items() if k not in ("name", "alias")}
@@ -261,12 +299,27 @@ def _identity(checkpoint, hash_progress: Callable[[int, int], None] | None, entr
     return ident
 
 
-def run_eval(ckpt: str | None, arms: list[str], *, source: str | None = None, tasks: list[str] = (HELDOUT_TASK,),
-             backend: str | None = None, act_backend: str = "reference", device: str | None = None,
-             limit: int | None = None, replicates: int = 2000, seed: int = 0, batch_size: int = 4,
-             max_length: int | None = None, progress_for: Callable[[str], Callable[[int, int], None]] | None = None,
-             on_phase: Callable[[str], None] | None = None, passthrough_bootstrap: int = 100000,
-             threads: int | None = None, hash_progress: Callable[[int, int], None] | None = None) -> dict:
+def run_eval(
+    ckpt: str | None,
+    arms: list[str],
+    *,
+    source: str | None = None,
+    tasks: list[str] = (HELDOUT_TASK,),
+    backend: str | None = None,
+    act_backend: str = "reference",
+    device: str | None = None,
+    limit: int | None = None,
+    replicates: int = 2000,
+    seed: int = 0,
+    batch_size: int = 4,
+    max_length: int | None = None,
+    progress_for: Callable[[str], Callable[[int, int], None]] | None = None,
+    on_phase: Callable[[str], None] | None = None,
+    passthrough_bootstrap: int = 100000,
+    threads: int | None = None,
+    hash_progress: Callable[[int, int], None] | None = None,
+    engine: str = "auto",
+) -> dict:
     """Validate, evaluate every arm (and bf16), bootstrap; return the result dict.
 
     After validation and before any arm runs, the checkpoint's identity (requant.evidence.identity:
@@ -286,6 +339,7 @@ def run_eval(ckpt: str | None, arms: list[str], *, source: str | None = None, ta
         batch_size, max_length: rolling windows per runtime call, and their length in tokens.
         progress_for(arm) -> update(done, total); on_phase(message); hash_progress(done, total).
         threads: torch CPU threads (see requant.commands._common.set_threads).
+        engine: the runtime engine, "auto" (fast on CUDA), "fast" or "reference" (requant.runtime).
 
     Raises:
         UsageError for a bad request, CheckpointError for a bad checkpoint.
@@ -296,7 +350,10 @@ def run_eval(ckpt: str | None, arms: list[str], *, source: str | None = None, ta
     from requant.checkpoint import open_checkpoint
     from requant.convert import convert
     from requant.eval.lm import default_backend, default_device
+    from requant.runtime import ENGINES
 
+    if engine not in ENGINES:
+        raise UsageError(f"--engine must be one of {', '.join(ENGINES)}, got {engine!r}")
     say = on_phase or (lambda msg: None)
     arms = list(arms)
     for a in arms:
@@ -326,10 +383,14 @@ def run_eval(ckpt: str | None, arms: list[str], *, source: str | None = None, ta
     check_runnable((be,), dev, act_backend, option="--backend")
     if not dev.startswith("cuda"):
         if be == "cutlass":
-            raise UsageError("the cutlass backend needs a CUDA GPU (sm90); on CPU use reference-triton-order or reference-cutlass-order")
+            raise UsageError(
+                "the cutlass backend needs a CUDA GPU (sm90); on CPU use reference-triton-order or reference-cutlass-order"
+            )
         if "triton" in (be, act_backend) and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
-            raise UsageError("the triton backend on CPU needs TRITON_INTERPRET=1 (Triton's interpreter, slow); "
-                                 "the CPU default is reference-triton-order, the same bits")
+            raise UsageError(
+                "the triton backend on CPU needs TRITON_INTERPRET=1 (Triton's interpreter, slow); "
+                "the CPU default is reference-triton-order, the same bits"
+            )
     # On CPU one torch thread by default, as the audit: the runtime's tensors are small and,
     # measured on a loaded 2-core machine, intra-op threads spinning against other work made
     # a micro-model evaluation 3x slower (24 s vs 7 s of model time).
@@ -340,11 +401,15 @@ def run_eval(ckpt: str | None, arms: list[str], *, source: str | None = None, ta
     checkpoint = open_checkpoint(src)  # CheckpointError: missing or invalid
     from requant.tokenizer import load_tokenizer
 
-    load_tokenizer(checkpoint.path, int(checkpoint.config["vocab_size"]))  # TokenizerError before any work: no silent byte ids
+    load_tokenizer(
+        checkpoint.path, int(checkpoint.config["vocab_size"])
+    )  # TokenizerError before any work: no silent byte ids
     if source is not None:
         check_source(Path(source), checkpoint.config)
         if tokenizer_files(Path(source)) != tokenizer_files(checkpoint.path):
-            raise UsageError(f"--source {source}: its tokenizer.json differs from the checkpoint's (perplexities would not be comparable)")
+            raise UsageError(
+                f"--source {source}: its tokenizer.json differs from the checkpoint's (perplexities would not be comparable)"
+            )
     positions = int(checkpoint.config.get("max_position_embeddings") or 2048)
     if max_length is not None and not 1 <= max_length <= positions:
         raise UsageError(f"--max-length must be between 1 and the model's {positions} positions")
@@ -373,10 +438,22 @@ def run_eval(ckpt: str | None, arms: list[str], *, source: str | None = None, ta
                 path = str(tmp_root / name)
                 convert(str(checkpoint.path), path, name, src_entries=src_entries)  # the source hashed once, above
             say(f"evaluating {name}")
-            results[name] = evaluate_row(path, tm, tasks, backend=be, act_backend=act_backend, device=dev, limit=limit,
-                                         batch_size=batch_size, max_length=max_length,
-                                         progress=progress_for(name) if progress_for else None,
-                                         passthrough_bootstrap=passthrough_bootstrap)
+            # the fast engine runs W8A8 layers only: the bf16 row takes the reference engine unless told "reference"
+            row_engine = engine if name != BF16 or engine == "reference" else "auto"
+            results[name] = evaluate_row(
+                path,
+                tm,
+                tasks,
+                backend=be,
+                act_backend=act_backend,
+                device=dev,
+                engine=row_engine,
+                limit=limit,
+                batch_size=batch_size,
+                max_length=max_length,
+                progress=progress_for(name) if progress_for else None,
+                passthrough_bootstrap=passthrough_bootstrap,
+            )
             if name not in (NATIVE, BF16):
                 shutil.rmtree(path, ignore_errors=True)
             walls[name] = round(time.perf_counter() - t0, 3)
@@ -392,9 +469,15 @@ def run_eval(ckpt: str | None, arms: list[str], *, source: str | None = None, ta
             for name in rows:
                 _lm_eval_values(entry["arms"][name], entry["metrics"][name], t, name)
             base = docs[NATIVE]
-            entry["per_document"] = [{"doc_id": int(i), "words": int(base.words[k]), "bytes": int(base.nbytes[k]),
-                                      "loglikelihood": {name: float(docs[name].ll[k]) for name in rows}}
-                                     for k, i in enumerate(base.doc_ids)]
+            entry["per_document"] = [
+                {
+                    "doc_id": int(i),
+                    "words": int(base.words[k]),
+                    "bytes": int(base.nbytes[k]),
+                    "loglikelihood": {name: float(docs[name].ll[k]) for name in rows},
+                }
+                for k, i in enumerate(base.doc_ids)
+            ]
         per_task[t] = entry
     primary = next((t for t in tasks if "arms" in per_task[t]), None)
     cfg = results[NATIVE]["config"]
@@ -412,6 +495,7 @@ def run_eval(ckpt: str | None, arms: list[str], *, source: str | None = None, ta
         "backend": be,
         "act_backend": act_backend,
         "device": dev,
+        "engine": cfg.get("engine"),
         "max_length": cfg.get("max_length"),
         "prefix_token_id": cfg.get("prefix_token_id"),
         "batch_size": batch_size,
@@ -429,7 +513,9 @@ def run_eval(ckpt: str | None, arms: list[str], *, source: str | None = None, ta
     }
     n_docs = result["documents"]
     if n_docs is not None and n_docs < 2:  # every replicate resamples the one document: [x, x] says nothing
-        result["warnings"].append(f"{n_docs} document{'s' if n_docs != 1 else ''} scored (--limit {limit}): the 90% "
-                                  "intervals are degenerate (a bootstrap over documents needs several); use a larger "
-                                  "--limit, or none, for an interval that means something")
+        result["warnings"].append(
+            f"{n_docs} document{'s' if n_docs != 1 else ''} scored (--limit {limit}): the 90% "
+            "intervals are degenerate (a bootstrap over documents needs several); use a larger "
+            "--limit, or none, for an interval that means something"
+        )
     return result

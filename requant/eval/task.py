@@ -55,8 +55,11 @@ def word_count(text: str) -> int:
 def process_results(doc: dict, results) -> dict:
     (loglikelihood,) = results
     words, nbytes = word_count(doc["text"]), len(doc["text"].encode("utf-8"))
-    return {"word_perplexity": (loglikelihood, words), "byte_perplexity": (loglikelihood, nbytes),
-            "bits_per_byte": (loglikelihood, nbytes)}
+    return {
+        "word_perplexity": (loglikelihood, words),
+        "byte_perplexity": (loglikelihood, nbytes),
+        "bits_per_byte": (loglikelihood, nbytes),
+    }
 
 
 def task_manager(task_names=(HELDOUT_TASK,)):

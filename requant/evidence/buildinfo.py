@@ -49,8 +49,14 @@ def _git(root: Path, *args: str) -> str | None:
     env = {k: v for k, v in os.environ.items() if k not in ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE")}
     env["GIT_OPTIONAL_LOCKS"] = "0"  # `git status` must not take the index lock of a checkout in use
     try:
-        res = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, env=env,
-                             timeout=_GIT_TIMEOUT_S, check=False)
+        res = subprocess.run(
+            ["git", "-C", str(root), *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=_GIT_TIMEOUT_S,
+            check=False,
+        )
     except (OSError, subprocess.SubprocessError):  # no git binary, or it hung
         return None
     return res.stdout if res.returncode == 0 else None

@@ -35,8 +35,11 @@ def checkpoint_identity(ckpt, progress: Callable[[int], None] | None = None, ent
     with a `.path`; without one the manifest keys are None). entries_out: see
     requant.evidence.manifest.identity."""
     path = getattr(ckpt, "path", None)
-    ident = (identity(path, progress=progress, entries_out=entries_out) if path is not None
-             else {"manifest": None, "manifest_digest": None})
+    ident = (
+        identity(path, progress=progress, entries_out=entries_out)
+        if path is not None
+        else {"manifest": None, "manifest_digest": None}
+    )
     return {**ident, **build_info()}
 
 
@@ -46,14 +49,22 @@ def with_progress(ckpt, console) -> dict:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     total = bytes_to_hash(ckpt)
-    with Progress(TextColumn("manifest digest (sha256 of every file)"), BarColumn(), TimeElapsedColumn(),
-                  console=console, transient=True, disable=not console.is_terminal) as progress:
+    with Progress(
+        TextColumn("manifest digest (sha256 of every file)"),
+        BarColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+        disable=not console.is_terminal,
+    ) as progress:
         task = progress.add_task("sha256", total=total)
         return checkpoint_identity(ckpt, progress=lambda n: progress.advance(task, n))
 
 
 def markdown_lines(result: dict) -> list[str]:
     """The two Markdown bullets every report prints for these keys."""
-    return [f"- checkpoint manifest digest: `{result.get('manifest_digest')}` "
-            f"({'its ' + result['manifest'] if result.get('manifest') else 'computed; the checkpoint has no SHA256SUMS'})",
-            f"- requant {result.get('tool_version')}, git commit `{result.get('git_commit') or 'none (not a git checkout)'}`"]
+    return [
+        f"- checkpoint manifest digest: `{result.get('manifest_digest')}` "
+        f"({'its ' + result['manifest'] if result.get('manifest') else 'computed; the checkpoint has no SHA256SUMS'})",
+        f"- requant {result.get('tool_version')}, git commit `{result.get('git_commit') or 'none (not a git checkout)'}`",
+    ]

@@ -74,7 +74,10 @@ class Entry:
 
 def _check_name(rel: str, where) -> None:
     if any(c in rel for c in "\n\r\\"):
-        raise ManifestError(f"file name {rel!r} holds a newline, carriage return or backslash, which a SHA256SUMS line cannot hold plainly", file=shown(where))
+        raise ManifestError(
+            f"file name {rel!r} holds a newline, carriage return or backslash, which a SHA256SUMS line cannot hold plainly",
+            file=shown(where),
+        )
 
 
 def walk_files(root: str | os.PathLike, skip_dirs: frozenset[str] = SKIP_DIRS) -> dict[str, Path]:
@@ -117,8 +120,9 @@ def covered_files(root: str | os.PathLike) -> dict[str, Path]:
     return dict(sorted(out.items(), key=lambda kv: kv[0].encode("utf-8")))
 
 
-def file_sha256(path: str | os.PathLike, progress: Callable[[int], None] | None = None,
-                stop: threading.Event | None = None) -> tuple[str, int]:
+def file_sha256(
+    path: str | os.PathLike, progress: Callable[[int], None] | None = None, stop: threading.Event | None = None
+) -> tuple[str, int]:
     """(sha256 hex, size) of one file, read once in 8 MB pieces (ManifestError when `stop` is set meanwhile)."""
     h = hashlib.sha256()
     buf = bytearray(READ_BYTES)
@@ -154,8 +158,13 @@ def _hash_all(files: dict[str, Path], jobs: int | None, progress) -> dict[str, E
     return {rel: Entry(rel, h, n) for rel, (h, n) in hashed.items()}
 
 
-def compute(root: str | os.PathLike, *, jobs: int | None = None, progress: Callable[[int], None] | None = None,
-            known: dict[str, Entry] | None = None) -> dict[str, Entry]:
+def compute(
+    root: str | os.PathLike,
+    *,
+    jobs: int | None = None,
+    progress: Callable[[int], None] | None = None,
+    known: dict[str, Entry] | None = None,
+) -> dict[str, Entry]:
     """The manifest entries of a directory as it is now: {path: Entry}, sorted by path.
     `known` entries (hashed already, e.g. by BackgroundHashes) are taken as they are."""
     known = known or {}
@@ -300,8 +309,11 @@ class Check:
     @property
     def first_problem(self) -> str | None:
         """'<kind>: <file>' for the first problem in file-name order, or None."""
-        problems = [(p, "missing") for p in self.missing] + [(p, "not listed") for p in self.extra] + \
-                   [(p, "differs") for p in self.differing]
+        problems = (
+            [(p, "missing") for p in self.missing]
+            + [(p, "not listed") for p in self.extra]
+            + [(p, "differs") for p in self.differing]
+        )
         if not problems:
             return None
         rel, kind = min(problems, key=lambda pk: pk[0].encode("utf-8"))
@@ -311,12 +323,18 @@ class Check:
         if self.ok:
             return f"{len(self.entries)} files match {self.manifest} ({self.digest})"
         n = len(self.missing) + len(self.extra) + len(self.differing)
-        return (f"{self.manifest} does not match the files: {self.first_problem}"
-                + (f" (and {n - 1} more problem{'s' if n > 2 else ''})" if n > 1 else ""))
+        return f"{self.manifest} does not match the files: {self.first_problem}" + (
+            f" (and {n - 1} more problem{'s' if n > 2 else ''})" if n > 1 else ""
+        )
 
 
-def verify(root: str | os.PathLike, name: str | os.PathLike = MANIFEST, *, jobs: int | None = None,
-           progress: Callable[[int], None] | None = None) -> Check:
+def verify(
+    root: str | os.PathLike,
+    name: str | os.PathLike = MANIFEST,
+    *,
+    jobs: int | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> Check:
     """Check root against a manifest: root/SHA256SUMS by default, or `name` (a file name in
     root, or any path: `verify(SRC, OUT / "SHA256SUMS.source")` checks a converted
     checkpoint's source). ManifestError if there is none."""
@@ -337,8 +355,9 @@ def verify(root: str | os.PathLike, name: str | os.PathLike = MANIFEST, *, jobs:
     return Check(str(name), digest_of(data), missing, extra, differing, found)
 
 
-def check_against(root: str | os.PathLike, stored: tuple[dict[str, str], bytes],
-                  entries: dict[str, Entry] | None = None) -> None:
+def check_against(
+    root: str | os.PathLike, stored: tuple[dict[str, str], bytes], entries: dict[str, Entry] | None = None
+) -> None:
     """ManifestError (naming the first missing, unlisted or differing file) unless root's files
     are what its stored manifest (read()'s pair) lists: by name only (entries None: a listing,
     no reading), or name and bytes from `entries` already hashed from those files (convert
@@ -353,8 +372,13 @@ def check_against(root: str | os.PathLike, stored: tuple[dict[str, str], bytes],
         raise ManifestError(check.describe(), file=shown(Path(root)))
 
 
-def identity(root: str | os.PathLike, *, jobs: int | None = None, progress: Callable[[int], None] | None = None,
-             entries_out: dict[str, Entry] | None = None) -> dict:
+def identity(
+    root: str | os.PathLike,
+    *,
+    jobs: int | None = None,
+    progress: Callable[[int], None] | None = None,
+    entries_out: dict[str, Entry] | None = None,
+) -> dict:
     """The fields a report records to tie itself to a checkpoint's bytes:
     {"manifest": "SHA256SUMS" or None, "manifest_digest": "sha256:..."}.
 

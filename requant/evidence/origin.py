@@ -83,9 +83,15 @@ def open_source_weights(src: str | os.PathLike, ckpt: Checkpoint) -> SourceWeigh
         info = f.info(wname)
         want = ckpt.info(wname).shape
         if info.dtype not in FLOAT_DTYPES:
-            raise TensorError(f"source weight stored as {info.dtype}, expected a float dtype", file=f.path, tensor=wname)
+            raise TensorError(
+                f"source weight stored as {info.dtype}, expected a float dtype", file=f.path, tensor=wname
+            )
         if info.shape != want:
-            raise TensorError(f"source weight shape {list(info.shape)} does not match the checkpoint's {list(want)}", file=f.path, tensor=wname)
+            raise TensorError(
+                f"source weight shape {list(info.shape)} does not match the checkpoint's {list(want)}",
+                file=f.path,
+                tensor=wname,
+            )
     return sw
 
 
@@ -131,13 +137,21 @@ def _check_passthrough(files: _Files, ckpt: Checkpoint, sw: SourceWeights, name:
     cf = ckpt.shard_of(name)
     ci = cf.info(name)
     if name not in sw.weight_map:
-        raise TensorError(f"not in the source weights ({sw.path}): a source holds every tensor that the checkpoint passes "
-                          f"through, so this is not the checkpoint's origin; {INSTEAD}", file=cf.path, tensor=name)
+        raise TensorError(
+            f"not in the source weights ({sw.path}): a source holds every tensor that the checkpoint passes "
+            f"through, so this is not the checkpoint's origin; {INSTEAD}",
+            file=cf.path,
+            tensor=name,
+        )
     sf = sw.shard_of(name)
     si = sf.info(name)
     if (ci.dtype, ci.shape) != (si.dtype, si.shape):
-        raise TensorError(f"is {ci.dtype} {list(ci.shape)} here but {si.dtype} {list(si.shape)} in the source ({sf.path}): "
-                          f"not the checkpoint's origin; {INSTEAD}", file=cf.path, tensor=name)
+        raise TensorError(
+            f"is {ci.dtype} {list(ci.shape)} here but {si.dtype} {list(si.shape)} in the source ({sf.path}): "
+            f"not the checkpoint's origin; {INSTEAD}",
+            file=cf.path,
+            tensor=name,
+        )
     a, b = bytearray(min(CHUNK, ci.nbytes)), bytearray(min(CHUNK, ci.nbytes))
     for pos in range(0, ci.nbytes, CHUNK):
         n = min(CHUNK, ci.nbytes - pos)
@@ -151,11 +165,18 @@ def _check_passthrough(files: _Files, ckpt: Checkpoint, sw: SourceWeights, name:
             first = pos + int(np.flatnonzero(na != nb)[0])
             k = first // item  # pieces start at multiples of CHUNK, which every item size divides
             off = k * item - pos
-            here, there = _value(va[off:off + item], ci.dtype), _value(vb[off:off + item], ci.dtype)
-            why = ("the checkpoint was smoothed (SmoothQuant?)" if name.endswith(_NORM_SUFFIXES)
-                   else "the source is not the checkpoint's origin")
-            raise TensorError(f"differs from the source ({sf.path}) at element {k} ({here!r} here, {there!r} in the source): "
-                              f"{why}; {INSTEAD}", file=cf.path, tensor=name)
+            here, there = _value(va[off : off + item], ci.dtype), _value(vb[off : off + item], ci.dtype)
+            why = (
+                "the checkpoint was smoothed (SmoothQuant?)"
+                if name.endswith(_NORM_SUFFIXES)
+                else "the source is not the checkpoint's origin"
+            )
+            raise TensorError(
+                f"differs from the source ({sf.path}) at element {k} ({here!r} here, {there!r} in the source): "
+                f"{why}; {INSTEAD}",
+                file=cf.path,
+                tensor=name,
+            )
 
 
 def _check_linear(files: _Files, ckpt: Checkpoint, sw: SourceWeights, lin: str, progress) -> None:
@@ -179,16 +200,19 @@ def _check_linear(files: _Files, ckpt: Checkpoint, sw: SourceWeights, lin: str, 
         progress(len(qv) + len(wv))
         q = torch.frombuffer(qv, dtype=torch.int8).reshape(n, cols)
         w = torch.frombuffer(wv, dtype=wdt).reshape(n, cols)
-        s_ck = scale[r0:r0 + n]
+        s_ck = scale[r0 : r0 + n]
         s_rtn = rtn_scale(w, allow_zero=True).to(scale.dtype)
         bad = (s_rtn.view(sbits) != s_ck.view(sbits)).reshape(-1)
         if bool(bad.any()):
             r = int(bad.nonzero()[0, 0])
             zero = " (an all-zero row, which RTN cannot quantize)" if float(s_rtn[r, 0]) == 0 else ""
-            raise TensorError(f"is not the RTN scale of the source weight ({sf.path}): output channel {r0 + r} is "
-                              f"{float(s_ck[r, 0])!r} here, absmax/127.5 of the source is {float(s_rtn[r, 0])!r}{zero}; the "
-                              f"checkpoint was not made from these weights by RTN (smoothed, or another observer?); {INSTEAD}",
-                              file=scale_file.path, tensor=sname)
+            raise TensorError(
+                f"is not the RTN scale of the source weight ({sf.path}): output channel {r0 + r} is "
+                f"{float(s_ck[r, 0])!r} here, absmax/127.5 of the source is {float(s_rtn[r, 0])!r}{zero}; the "
+                f"checkpoint was not made from these weights by RTN (smoothed, or another observer?); {INSTEAD}",
+                file=scale_file.path,
+                tensor=sname,
+            )
         q_rtn = rtn_at_scale(w, s_ck.to(wdt))
         if torch.equal(q_rtn, q):  # the common case, and far cheaper than counting
             continue
@@ -201,9 +225,13 @@ def _check_linear(files: _Files, ckpt: Checkpoint, sw: SourceWeights, lin: str, 
             n_diff += k
     if first_diff is not None:
         r, c, here, rtn = first_diff
-        raise TensorError(f"int8 weights are not RTN of the source at the checkpoint's scale (GPTQ?): first difference "
-                          f"at [{r}, {c}], {here} here, RTN gives {rtn} ({n_diff} of {rows * cols} weights differ; source "
-                          f"{sf.path}); {INSTEAD}", file=qf.path, tensor=wname)
+        raise TensorError(
+            f"int8 weights are not RTN of the source at the checkpoint's scale (GPTQ?): first difference "
+            f"at [{r}, {c}], {here} here, RTN gives {rtn} ({n_diff} of {rows * cols} weights differ; source "
+            f"{sf.path}); {INSTEAD}",
+            file=qf.path,
+            tensor=wname,
+        )
 
 
 def prove_origin(sw: SourceWeights, ckpt: Checkpoint, progress: Callable[[int], None] | None = None) -> None:

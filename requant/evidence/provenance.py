@@ -61,8 +61,10 @@ def provenance_for(arm: str, src_label: str, ckpt: Checkpoint, source_dir: str |
     if source_dir is not None:
         prov["bf16_source"] = source_dir
     if arm == "probe":
-        prov["warning"] = ("ABLATION ONLY, NOT SERVABLE: scales rewritten to the nearest power of two "
-                           "without requantizing the int8 weights (the flawed +157% perplexity construction)")
+        prov["warning"] = (
+            "ABLATION ONLY, NOT SERVABLE: scales rewritten to the nearest power of two "
+            "without requantizing the int8 weights (the flawed +157% perplexity construction)"
+        )
     return prov
 
 
@@ -71,15 +73,25 @@ def _write_config(ckpt: Checkpoint, tmp: Path, provenance: dict) -> None:
     cfg = json.loads(raw.decode("utf-8"))
     keys = list(cfg)
     was_sorted = keys == sorted(keys)
-    cfg.pop(PROVENANCE_KEY, None)  # re-converting a converted checkpoint: the new one wins (the old is in SHA256SUMS.source)
+    cfg.pop(
+        PROVENANCE_KEY, None
+    )  # re-converting a converted checkpoint: the new one wins (the old is in SHA256SUMS.source)
     cfg[PROVENANCE_KEY] = provenance
     if was_sorted:
         cfg = dict(sorted(cfg.items()))
     (tmp / CONFIG).write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
-def record(ckpt: Checkpoint, tmp: Path, out: Path, *, arm: str, src_label: str, source_dir: str | None,
-           source_entries: dict[str, mf.Entry]) -> tuple[str, dict | None]:
+def record(
+    ckpt: Checkpoint,
+    tmp: Path,
+    out: Path,
+    *,
+    arm: str,
+    src_label: str,
+    source_dir: str | None,
+    source_entries: dict[str, mf.Entry],
+) -> tuple[str, dict | None]:
     """(source digest, provenance dict or None) of one conversion of `ckpt` into the
     temporary output directory `tmp` (to become `out`). source_entries: the manifest
     entries of the source's files (requant.evidence.manifest.BackgroundHashes over ckpt.path).
@@ -99,5 +111,7 @@ def record(ckpt: Checkpoint, tmp: Path, out: Path, *, arm: str, src_label: str, 
         try:
             mf.write_atomic(tmp / mf.SOURCE_MANIFEST, source_manifest)
         except OSError as exc:
-            raise OutputError(f"writing {mf.SOURCE_MANIFEST} failed: {os_reason(exc)}", file=out / mf.SOURCE_MANIFEST) from exc
+            raise OutputError(
+                f"writing {mf.SOURCE_MANIFEST} failed: {os_reason(exc)}", file=out / mf.SOURCE_MANIFEST
+            ) from exc
     return digest, prov

@@ -95,13 +95,18 @@ def _audit_reasons(ckpt: Path, digest: str) -> list[str]:
     rep = load_report("audit", path, False, digest, None)
     if rep.tie != "this":
         got = rep.data.get("manifest_digest")
-        return [f"{path.name} is not an audit of these bytes (" + ("it records no manifest digest" if got is None else
-                f"it audited {got}, this checkpoint is {digest}") + ")"]
+        return [
+            f"{path.name} is not an audit of these bytes ("
+            + ("it records no manifest digest" if got is None else f"it audited {got}, this checkpoint is {digest}")
+            + ")"
+        ]
     bad = audit_ok(rep.data)
     return [f"{path.name}: {bad}"] if bad else []
 
 
-def plan(ckpt_dir: str | Path, repo_id: str, *, revision: str | None = None, force: bool = False, progress=None) -> Plan:
+def plan(
+    ckpt_dir: str | Path, repo_id: str, *, revision: str | None = None, force: bool = False, progress=None
+) -> Plan:
     """Everything about a push that needs no network: refusals, the card, the file list."""
     check_repo_id(repo_id)
     if revision is not None and (not revision or revision.startswith("refs/pr/")):
@@ -109,11 +114,15 @@ def plan(ckpt_dir: str | Path, repo_id: str, *, revision: str | None = None, for
     facts = checkpoint_facts(ckpt_dir, progress=progress)
     ckpt = facts.path
     if not facts.servable or facts.arm == "probe":
-        raise PushRefused(f"arm {facts.arm!r} is not servable (an ablation); requant never pushes it, --force included", file=ckpt)
+        raise PushRefused(
+            f"arm {facts.arm!r} is not servable (an ablation); requant never pushes it, --force included", file=ckpt
+        )
     reasons = _audit_reasons(ckpt, facts.manifest_digest)
     if not facts.all_pow2:
-        reasons.append(f"only {facts.pow2_channels:,} of {facts.channels:,} weight scales are powers of two "
-                       "(not a power-of-two checkpoint: `requant convert` it first)")
+        reasons.append(
+            f"only {facts.pow2_channels:,} of {facts.channels:,} weight scales are powers of two "
+            "(not a power-of-two checkpoint: `requant convert` it first)"
+        )
     if reasons and not force:
         raise PushRefused("refusing to push: " + "; ".join(reasons) + " (--force overrides)", file=ckpt)
     out = Plan(ckpt, repo_id, revision, facts.manifest_digest, facts.arm, [], reasons if force else [])
@@ -133,9 +142,15 @@ def plan(ckpt_dir: str | Path, repo_id: str, *, revision: str | None = None, for
         data = readme.read_bytes()
         out.files.append(Upload(mf.CARD, len(data), hashlib.sha256(data).hexdigest(), readme))
     else:
-        why = ("missing" if existing is None else "not a requant card (the source's README?)" if marker is None
-               else "a requant card for other bytes" if marker[0] != facts.manifest_digest
-               else f"a requant card rendered for {marker[1] or 'no repo id'}")
+        why = (
+            "missing"
+            if existing is None
+            else "not a requant card (the source's README?)"
+            if marker is None
+            else "a requant card for other bytes"
+            if marker[0] != facts.manifest_digest
+            else f"a requant card rendered for {marker[1] or 'no repo id'}"
+        )
         card = render(ckpt, repo_id=repo_id, facts=facts)
         out.notes += card.warnings
         out.notes.append(f"README.md {why}: the card was rendered now")
@@ -199,7 +214,9 @@ def _hub_message(exc: BaseException, repo_id: str, endpoint: str) -> str:
         return f"the Hub answered {status}{detail}" if status else f"the Hub request failed: {str(exc).splitlines()[0]}"
     if isinstance(exc, ValueError):
         return f"the Hub refused the upload: {' '.join(str(exc).split())}"
-    return f"could not reach the Hub at {endpoint}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}".rstrip(": ")
+    return f"could not reach the Hub at {endpoint}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}".rstrip(
+        ": "
+    )
 
 
 def upload(p: Plan, *, private: bool = False, commit_message: str | None = None) -> str:
@@ -212,15 +229,21 @@ def upload(p: Plan, *, private: bool = False, commit_message: str | None = None)
         raise PublishError("HF_HUB_OFFLINE is set: push needs the network", file=p.repo_id)
     token = _token()
     if not token:
-        raise PublishError("no Hugging Face token: set HF_TOKEN or run `hf auth login` (a token with write access)", file=p.repo_id)
+        raise PublishError(
+            "no Hugging Face token: set HF_TOKEN or run `hf auth login` (a token with write access)", file=p.repo_id
+        )
     api = HfApi()
     message = commit_message or f"requant: {p.arm or 'checkpoint'}, manifest {p.manifest_digest}"
     try:
         ops = []
         for u in p.files:
-            op = CommitOperationAdd(path_in_repo=u.path_in_repo, path_or_fileobj=u.data if u.data is not None else str(u.local))
+            op = CommitOperationAdd(
+                path_in_repo=u.path_in_repo, path_or_fileobj=u.data if u.data is not None else str(u.local)
+            )
             if op.upload_info.sha256.hex() != u.sha256:
-                raise PublishError("changed since it was hashed for the manifest; nothing was pushed", file=u.local or u.path_in_repo)
+                raise PublishError(
+                    "changed since it was hashed for the manifest; nothing was pushed", file=u.local or u.path_in_repo
+                )
             ops.append(op)
         api.create_repo(p.repo_id, private=True if private else None, exist_ok=True, repo_type="model")
         if p.revision and p.revision != "main":
@@ -229,7 +252,9 @@ def upload(p: Plan, *, private: bool = False, commit_message: str | None = None)
     except PublishError:
         raise
     except (HfHubHTTPError, ValueError, *_transport_errors()) as exc:
-        raise PublishError(scrub(f"push failed: {_hub_message(exc, p.repo_id, api.endpoint)}", token), file=p.repo_id) from None
+        raise PublishError(
+            scrub(f"push failed: {_hub_message(exc, p.repo_id, api.endpoint)}", token), file=p.repo_id
+        ) from None
     return scrub(str(info.commit_url), token)
 
 

@@ -42,14 +42,33 @@ DEFAULT_NAMES = {
 SOURCE_OK = {"eval", "determinism"}
 
 _REQUIRED = {
-    "audit": ["backends", "cells", "layers", "detection", "scorecard.false_positives", "scorecard.false_negatives",
-              "scorecard.matrix_sha256", "scorecard.matrix_pinned", "per_layer_summary.line",
-              "per_layer_summary.native.layers", "per_layer_summary.native.bitwise_equal",
-              "per_layer_summary.pow2.layers", "per_layer_summary.pow2.bitwise_equal"],
+    "audit": [
+        "backends",
+        "cells",
+        "layers",
+        "detection",
+        "scorecard.false_positives",
+        "scorecard.false_negatives",
+        "scorecard.matrix_sha256",
+        "scorecard.matrix_pinned",
+        "per_layer_summary.line",
+        "per_layer_summary.native.layers",
+        "per_layer_summary.native.bitwise_equal",
+        "per_layer_summary.pow2.layers",
+        "per_layer_summary.pow2.bitwise_equal",
+    ],
     "eval": ["arms"],
     "determinism": ["regimes"],
-    "convert": ["arm", "totals.linears", "totals.channels", "totals.weights", "totals.scales_changed",
-                "totals.exponent_shifts", "totals.weights_clipped", "totals.rel_weight_error"],
+    "convert": [
+        "arm",
+        "totals.linears",
+        "totals.channels",
+        "totals.weights",
+        "totals.scales_changed",
+        "totals.exponent_shifts",
+        "totals.weights_clipped",
+        "totals.rel_weight_error",
+    ],
 }
 _EVAL_ARM_KEYS = ("word_perplexity", "byte_perplexity", "bits_per_byte")
 _DET_REGIME_KEYS = ("identical", "total")
@@ -108,7 +127,9 @@ def validate(kind: str, data, path: Path) -> None:
         for regime, row in regimes.items():
             for key in _DET_REGIME_KEYS:
                 if not isinstance(row, dict) or key not in row:
-                    raise PublishError(f"not a requant determinism report: missing key 'regimes.{regime}.{key}'", file=path)
+                    raise PublishError(
+                        f"not a requant determinism report: missing key 'regimes.{regime}.{key}'", file=path
+                    )
 
 
 def tie_of(data: dict, this_digest: str, source_digest: str | None) -> str:
@@ -156,8 +177,11 @@ def collect(ckpt_dir: Path, explicit: dict[str, Path | None], this_digest: str, 
             out.found[kind] = rep
             continue
         got = rep.data.get("manifest_digest")
-        why = ("carries no manifest digest, so it cannot be tied to these bytes" if got is None
-               else f"measured other bytes (manifest digest {got}, this checkpoint's is {this_digest})")
+        why = (
+            "carries no manifest digest, so it cannot be tied to these bytes"
+            if got is None
+            else f"measured other bytes (manifest digest {got}, this checkpoint's is {this_digest})"
+        )
         if rep.explicit:
             raise PublishError(f"the {kind} report {why}", file=path)
         out.warnings.append(f"{path}: {why}; its section says not measured")

@@ -14,10 +14,19 @@ import torch
 
 from requant import kernels
 from requant.runtime.ops import apply_rope, attend_decode, attend_prompt, dense_rows, rms_norm, rope_tables
-from requant.runtime.weights import (DENSE_LINEAR, REGIMES, Bf16Dir, arch_from_config, check_layout, load_bf16_dense,
-                                     load_dense, load_linears)
+from requant.runtime.weights import (
+    DENSE_LINEAR,
+    REGIMES,
+    Bf16Dir,
+    arch_from_config,
+    check_layout,
+    load_bf16_dense,
+    load_dense,
+    load_linears,
+)
 
 REDUCTIONS = ("auto", "torch", "tree")
+ENGINES = ("auto", "fast", "reference")
 
 
 def _pow2_at_least(n: int) -> int:
@@ -48,11 +57,25 @@ class Generation:
 
 class Model:
     """A Qwen3 on one device: dense bf16 tensors, one regime's quantized Linears (none for
-    a bf16 model), a GEMM backend and an activation-quantization backend by name."""
+    a bf16 model), a GEMM backend and an activation-quantization backend by name, and an
+    engine: "reference" (this module's torch ops), "fast" (requant/runtime/fast.py: fused
+    Triton kernels, CUDA graphs; its activation quantization is always its own Triton kernels,
+    the same bits as every act backend) or "auto" (fast on CUDA when the model allows it)."""
 
-    def __init__(self, config: dict, dense: dict[str, torch.Tensor], linears: dict[str, tuple[torch.Tensor, torch.Tensor]], *,
-                 backend: str = "reference-triton-order", act_backend: str = "reference", regime: str = "native",
-                 path: str | Path | None = None, tokenizer=None, reduction: str = "auto"):
+    def __init__(
+        self,
+        config: dict,
+        dense: dict[str, torch.Tensor],
+        linears: dict[str, tuple[torch.Tensor, torch.Tensor]],
+        *,
+        backend: str = "reference-triton-order",
+        act_backend: str = "reference",
+        regime: str = "native",
+        path: str | Path | None = None,
+        tokenizer=None,
+        reduction: str = "auto",
+        engine: str = "auto",
+    ):
         self.config = config
         self.arch = arch_from_config(config)
         self.dense = dense
@@ -70,6 +93,31 @@ class Model:
         self.tree = reduction == "tree" or (reduction == "auto" and self.device.type != "cpu")
         self._tokenizer = tokenizer
         self._fp32: dict[str, torch.Tensor] = {}  # fp32 copies of dense Linear weights (shared by variants)
+        if engine not in ENGINES:
+            raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+        self.engine = engine
+        self._fast = None  # FastWeights, built on first use (shared by with_backends copies)
+
+    @property
+    def fast(self) -> bool:
+        """Whether this model runs the fast path (engine "fast", or "auto" on CUDA when it can)."""
+        if self.engine == "reference":
+            return False
+        why = self.__dict__.get("_fast_why", False)
+        if why is False:
+            from requant.runtime.fast import fast_supported
+
+            why = self._fast_why = fast_supported(self)
+        if why is not None and self.engine == "fast":
+            raise ValueError(f"the fast engine cannot run this model: {why}")
+        return why is None and (self.engine == "fast" or self.device.type == "cuda")
+
+    def _fastw(self):
+        if self._fast is None:
+            from requant.runtime.fast import FastWeights
+
+            self._fast = FastWeights(self)
+        return self._fast
 
     # -- properties ---------------------------------------------------------------------
     @property
@@ -84,12 +132,22 @@ class Model:
             self._tokenizer = load_tokenizer(self.path, self.arch.vocab)
         return self._tokenizer
 
-    def with_backends(self, backend: str | None = None, act_backend: str | None = None) -> "Model":
-        """The same weights (shared, not copied) with other backends."""
+    def with_backends(
+        self, backend: str | None = None, act_backend: str | None = None, engine: str | None = None
+    ) -> "Model":
+        """The same weights (shared, not copied) with other backends (or another engine)."""
+        if engine is not None and engine not in ENGINES:
+            raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+        if self._fast is None and (engine or self.engine) != "reference" and self.fast:
+            self._fastw()  # built once, before the copy, so that every variant shares it
         m = copy.copy(self)
+        if engine is not None:
+            m.engine = engine
         if backend is not None:
             if backend not in kernels.scaled_mm_backends():
-                raise ValueError(f"unknown scaled_mm backend {backend!r}; known: {', '.join(kernels.scaled_mm_backends())}")
+                raise ValueError(
+                    f"unknown scaled_mm backend {backend!r}; known: {', '.join(kernels.scaled_mm_backends())}"
+                )
             m.backend = backend
         if act_backend is not None:
             m.act_backend = act_backend
@@ -97,8 +155,10 @@ class Model:
 
     def __repr__(self) -> str:
         a = self.arch
-        return (f"Model({a.layers} layers, hidden {a.hidden}, vocab {a.vocab}, regime {self.regime}, "
-                f"{len(self.linears)} quantized Linears, backend {self.backend}, act {self.act_backend}, {self.device})")
+        return (
+            f"Model({a.layers} layers, hidden {a.hidden}, vocab {a.vocab}, regime {self.regime}, "
+            f"{len(self.linears)} quantized Linears, backend {self.backend}, act {self.act_backend}, {self.device})"
+        )
 
     # -- building blocks ----------------------------------------------------------------
     def _norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -150,10 +210,14 @@ class Model:
         return logits.to(torch.float32)
 
     # -- prefill and decode -------------------------------------------------------------
-    def prefill(self, prompts: list[torch.Tensor], cache: KVCache | None = None, capture=None, last_only: bool = False) -> torch.Tensor:
+    def prefill(
+        self, prompts: list[torch.Tensor], cache: KVCache | None = None, capture=None, last_only: bool = False
+    ) -> torch.Tensor:
         """Packed prefill of 1-D id tensors. Returns fp32 logits [sum T, vocab] (last_only:
         [B, vocab], each prompt's last position). With a cache, each prompt's keys and
         values go to its row of the cache and its length is set."""
+        if capture is None and self.fast:
+            return self._fastw().prefill(self, prompts, cache=cache, last_only=last_only)
         sh = self.arch
         lens = [len(p) for p in prompts]
         bounds, s = [], 0
@@ -164,7 +228,7 @@ class Model:
         ids = torch.cat(prompts).to(dev)
         pos = torch.cat([torch.arange(n, device=dev) for n in lens])
         cos, sin = rope_tables(pos, sh.head_dim, sh.rope_theta)
-        scale = sh.head_dim ** -0.5
+        scale = sh.head_dim**-0.5
 
         def attend(i, q, k, v):
             if cache is not None:
@@ -185,6 +249,8 @@ class Model:
     def decode_step(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """One new token per sequence of the cache (tokens [B] ids, at position = its
         length); appends to the cache and returns fp32 logits [B, vocab]."""
+        if self.fast:
+            return self._fastw().decode_step(self, tokens, cache)
         sh = self.arch
         dev = self.device
         b = len(cache.lengths)
@@ -195,7 +261,7 @@ class Model:
         pos = torch.tensor(cache.lengths, dtype=torch.long, device=dev)
         rows = torch.arange(b, device=dev)
         cos, sin = rope_tables(pos, sh.head_dim, sh.rope_theta)
-        scale = sh.head_dim ** -0.5
+        scale = sh.head_dim**-0.5
 
         def attend(i, q, k, v):
             cache.k[i][rows, :, pos] = k
@@ -215,7 +281,11 @@ class Model:
         out = []
         vocab = self.arch.vocab
         for i, p in enumerate(prompts):
-            t = p.detach().to("cpu", torch.long).reshape(-1) if isinstance(p, torch.Tensor) else torch.tensor(list(p), dtype=torch.long)
+            t = (
+                p.detach().to("cpu", torch.long).reshape(-1)
+                if isinstance(p, torch.Tensor)
+                else torch.tensor(list(p), dtype=torch.long)
+            )
             if t.numel() == 0:
                 raise ValueError(f"prompt {i} is empty")
             if int(t.min()) < 0 or int(t.max()) >= vocab:
@@ -237,18 +307,39 @@ class Model:
         sh = self.arch
         return KVCache(sh.layers, batch, sh.kv_heads, capacity, sh.head_dim, self.device)
 
-    def generate(self, prompts, max_new_tokens: int = 64, eos_id=None, keep_logits: bool = False) -> Generation:
-        """Greedy decoding with a KV cache (see greedy); keep_logits also returns each step's logits."""
+    def extend(self, chunks, cache: KVCache) -> torch.Tensor:
+        """Fast engine only: append chunk j (token ids) to row j of the cache, after its cached
+        positions (chunked prefill after a cached prefix); fp32 logits [sum of chunk lengths,
+        vocab] of every chunk token, in order. The logits are the same bits as prefilling the
+        whole sequence (see requant/runtime/fast.py)."""
+        if not self.fast:
+            raise ValueError("extend needs the fast engine")
+        with torch.no_grad():
+            return self._fastw().extend(self, [torch.as_tensor(c, dtype=torch.long).reshape(-1) for c in chunks], cache)
+
+    def generate(
+        self, prompts, max_new_tokens: int = 64, eos_id=None, keep_logits: bool = False, graphs: bool = True
+    ) -> Generation:
+        """Greedy decoding with a KV cache (see greedy); keep_logits also returns each step's
+        logits. graphs: on the fast engine on CUDA, replay decode steps from CUDA graphs
+        (False: the same kernels launched eagerly; the same bits)."""
         tensors = self._as_tensors(prompts)
         if max_new_tokens < 0:
             raise ValueError("max_new_tokens must be >= 0")
         longest = max(len(t) for t in tensors) + max_new_tokens
         if longest > self.max_length:
             raise ValueError(f"prompt + new tokens = {longest} positions, more than max_length {self.max_length}")
-        eos = set() if eos_id is None else {int(e) for e in (eos_id if isinstance(eos_id, (list, tuple, set, frozenset)) else [eos_id])}
+        eos = (
+            set()
+            if eos_id is None
+            else {int(e) for e in (eos_id if isinstance(eos_id, (list, tuple, set, frozenset)) else [eos_id])}
+        )
         gen = Generation([[] for _ in tensors])
         if max_new_tokens == 0:
             return gen
+        if self.fast:
+            with torch.no_grad():
+                return self._fastw().generate(self, tensors, max_new_tokens, eos, keep_logits, graphs)
         cache = self.new_cache(len(tensors), _pow2_at_least(longest))
         done = [False] * len(tensors)
         with torch.no_grad():
@@ -274,14 +365,26 @@ class Model:
         return self.generate(prompts, max_new_tokens, eos_id).ids
 
 
-def load_model(src, regime: str = "native", backend: str = "reference-triton-order", act_backend: str = "reference",
-               device="cpu", *, revision: str | None = None, share: Model | None = None, reduction: str = "auto") -> Model:
+def load_model(
+    src,
+    regime: str = "native",
+    backend: str = "reference-triton-order",
+    act_backend: str = "reference",
+    device="cpu",
+    *,
+    revision: str | None = None,
+    share: Model | None = None,
+    reduction: str = "auto",
+    engine: str = "auto",
+) -> Model:
     """A Model from a W8A8 checkpoint (directory, Hub id or requant.checkpoint.Checkpoint)
     in one regime, or from a plain bf16 Qwen3 directory (no quantization_config: every
     Linear dense, regime "bf16"). share: a Model of the same checkpoint whose dense tensors
     (embeddings, norms, dense lm_head and its fp32 copy) this one reuses instead of reading
     them again (e.g. pow2 next to native). reduction: the RMSNorm reduction, "auto" (tree
-    sums on CUDA, torch's reduction on the CPU), "torch" or "tree" (see the package docstring)."""
+    sums on CUDA, torch's reduction on the CPU), "torch" or "tree" (see the package docstring).
+    engine: "auto" (the fast path on CUDA for a W8A8 checkpoint, else the reference path),
+    "fast" or "reference" (see requant/runtime/fast.py)."""
     if backend not in kernels.scaled_mm_backends():
         raise ValueError(f"unknown scaled_mm backend {backend!r}; known: {', '.join(kernels.scaled_mm_backends())}")
     dev = torch.device(device)
@@ -298,10 +401,22 @@ def load_model(src, regime: str = "native", backend: str = "reference-triton-ord
                 raise ValueError(f"{cfg_path}: not valid JSON: {exc}") from None
             if isinstance(cfg, dict) and cfg.get("quantization_config") is None:
                 if regime not in ("native", DENSE_LINEAR, "bf16"):
-                    raise ValueError(f"{cfg_path}: a bf16 checkpoint (no quantization_config) has no scales for regime {regime!r}")
+                    raise ValueError(
+                        f"{cfg_path}: a bf16 checkpoint (no quantization_config) has no scales for regime {regime!r}"
+                    )
                 bdir = Bf16Dir(p, cfg)
                 dense = share.dense if share is not None else load_bf16_dense(bdir, dev)
-                m = Model(cfg, dense, {}, backend=backend, act_backend=act_backend, regime="bf16", path=p, reduction=reduction)
+                m = Model(
+                    cfg,
+                    dense,
+                    {},
+                    backend=backend,
+                    act_backend=act_backend,
+                    regime="bf16",
+                    path=p,
+                    reduction=reduction,
+                    engine=engine,
+                )
                 if share is not None:
                     m._fp32 = share._fp32
                 return m
@@ -312,8 +427,17 @@ def load_model(src, regime: str = "native", backend: str = "reference-triton-ord
         raise ValueError(f"unknown regime {regime!r}; known: {', '.join(REGIMES)}")
     check_layout(ckpt)
     dense = share.dense if share is not None else load_dense(ckpt, dev)
-    m = Model(ckpt.config, dense, load_linears(ckpt, regime, dev), backend=backend, act_backend=act_backend,
-              regime=regime, path=getattr(ckpt, "path", None), reduction=reduction)
+    m = Model(
+        ckpt.config,
+        dense,
+        load_linears(ckpt, regime, dev),
+        backend=backend,
+        act_backend=act_backend,
+        regime=regime,
+        path=getattr(ckpt, "path", None),
+        reduction=reduction,
+        engine=engine,
+    )
     if share is not None:
         m._fp32 = share._fp32
         m._tokenizer = share._tokenizer

@@ -67,7 +67,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     """x [T, H, D] -> bf16(x * cos + rotate_half(x) * sin), in fp32, one rounding at the end."""
     d = x.shape[-1]
     xf = x.to(torch.float32)
-    rot = torch.cat([-xf[..., d // 2:], xf[..., : d // 2]], dim=-1)
+    rot = torch.cat([-xf[..., d // 2 :], xf[..., : d // 2]], dim=-1)
     return (xf * cos + rot * sin).to(x.dtype)
 
 
@@ -95,8 +95,8 @@ def dense_rows(x: torch.Tensor, w32: torch.Tensor, chunk: int = DENSE_CHUNK) -> 
         n = min(chunk, m - i)
         if n < chunk:
             buf[n:].zero_()
-        buf[:n] = x[i:i + n]
-        out[i:i + n] = (buf @ w32.T)[:n]
+        buf[:n] = x[i : i + n]
+        out[i : i + n] = (buf @ w32.T)[:n]
     return out
 
 
@@ -120,7 +120,9 @@ def attend_prompt(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: floa
     return (probs @ vh).to(torch.bfloat16).transpose(0, 1).reshape(t, heads * d)
 
 
-def attend_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lengths: torch.Tensor, scale: float) -> torch.Tensor:
+def attend_decode(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lengths: torch.Tensor, scale: float
+) -> torch.Tensor:
     """One decode step for B sequences at once: q [B, H, D] bf16; k_cache, v_cache
     [B, KV, L, D] bf16 (positions >= lengths[b] are zeros); lengths [B] (the new token
     included) -> bf16 [B, H*D].

@@ -28,7 +28,12 @@ from requant.qwen3 import Qwen3Arch
 
 REGIMES = ("native", "pow2")
 DENSE_LINEAR = "dense"  # the regime name of a bf16 model (every Linear dense)
-LAYER_NORMS = ("input_layernorm.weight", "post_attention_layernorm.weight", "self_attn.q_norm.weight", "self_attn.k_norm.weight")
+LAYER_NORMS = (
+    "input_layernorm.weight",
+    "post_attention_layernorm.weight",
+    "self_attn.q_norm.weight",
+    "self_attn.k_norm.weight",
+)
 
 
 def arch_from_config(config: dict, where: str = "config.json") -> Qwen3Arch:
@@ -55,7 +60,9 @@ def arch_from_config(config: dict, where: str = "config.json") -> Qwen3Arch:
     if config.get("use_sliding_window"):
         raise ValueError(f"{where}: use_sliding_window=true is not supported by the runtime")
     if arch.heads % arch.kv_heads:
-        raise ValueError(f"{where}: num_attention_heads {arch.heads} is not a multiple of num_key_value_heads {arch.kv_heads}")
+        raise ValueError(
+            f"{where}: num_attention_heads {arch.heads} is not a multiple of num_key_value_heads {arch.kv_heads}"
+        )
     return arch
 
 
@@ -78,7 +85,9 @@ def check_layout(ckpt) -> None:
     names = set(ckpt.tensor_names())
     for n in ckpt.quantized_linears:
         if n != "lm_head" and n not in known:
-            raise ValueError(f"quantized module {n!r} is not a Linear of a {sh.layers}-layer Qwen3 (the runtime knows q/k/v/o, gate/up/down, lm_head)")
+            raise ValueError(
+                f"quantized module {n!r} is not a Linear of a {sh.layers}-layer Qwen3 (the runtime knows q/k/v/o, gate/up/down, lm_head)"
+            )
     quantized = set(ckpt.quantized_linears)
     for n in known:
         if n not in quantized and n + ".weight" not in names:
@@ -103,8 +112,12 @@ def _finite(ckpt, name: str) -> torch.Tensor:
         if bool(bad.any()):
             i = int(bad.nonzero()[0, 0])
             where = ckpt.shard_of(name).path if hasattr(ckpt, "shard_of") else getattr(ckpt, "path", None)
-            raise TensorError(f"{float(t.reshape(-1)[i])!r} at flat index {i} ({int(bad.sum())} non-finite value(s) in all): "
-                              "a non-quantized tensor must be finite", file=where, tensor=name)
+            raise TensorError(
+                f"{float(t.reshape(-1)[i])!r} at flat index {i} ({int(bad.sum())} non-finite value(s) in all): "
+                "a non-quantized tensor must be finite",
+                file=where,
+                tensor=name,
+            )
     return t
 
 
@@ -164,6 +177,7 @@ def load_linears(ckpt, regime: str, device, threads: int | None = None) -> dict[
 
 
 # -- plain bf16 directories ------------------------------------------------------------
+
 
 class Bf16Dir:
     """A plain (unquantized) Qwen3 safetensors directory, read with the safetensors library."""
@@ -230,9 +244,13 @@ def load_bf16_dense(bdir: Bf16Dir, device) -> dict[str, torch.Tensor]:
             raise ValueError(f"{bdir.path}: no tensor {n!r} (not a Qwen3 bf16 checkpoint)")
         t = bdir.tensor(n)
         if not t.is_floating_point():
-            raise ValueError(f"{bdir.path / bdir.weight_map[n]}: tensor {n!r} is {t.dtype}, expected a float dtype (a bf16 checkpoint)")
+            raise ValueError(
+                f"{bdir.path / bdir.weight_map[n]}: tensor {n!r} is {t.dtype}, expected a float dtype (a bf16 checkpoint)"
+            )
         if tuple(t.shape) != tuple(shape):
-            raise ValueError(f"{bdir.path / bdir.weight_map[n]}: tensor {n!r} has shape {list(t.shape)}, expected {list(shape)}")
+            raise ValueError(
+                f"{bdir.path / bdir.weight_map[n]}: tensor {n!r} has shape {list(t.shape)}, expected {list(shape)}"
+            )
         dense[n] = t.to(torch.bfloat16).to(device)
     if "lm_head.weight" not in dense:
         dense["lm_head.weight"] = dense["model.embed_tokens.weight"]

@@ -28,25 +28,42 @@ from __future__ import annotations
 
 from requant.scales import ARMS, SERVABLE
 from requant.scales.exponents import (
-                                 ceil_exponent,
-                                 frexp,
-                                 nearest_exponent,
-                                 pow2_candidates,
-                                 pow2_scale,
-                                 shift_histogram,
+    ceil_exponent,
+    frexp,
+    nearest_exponent,
+    pow2_candidates,
+    pow2_scale,
+    shift_histogram,
 )
 from requant.scales.from_source import quantize_from_source, rtn_quantize
 from requant.scales.requantizer import (
-                                 BLOCK_ELEMENTS,
-                                 MSE_OFFSETS,
-                                 SCALE_DTYPES,
-                                 LinearStats,
-                                 Requantizer,
-                                 check_inputs,
-                                 requantize,
-                                 requantize_with_stats,
+    BLOCK_ELEMENTS,
+    MSE_OFFSETS,
+    SCALE_DTYPES,
+    LinearStats,
+    Requantizer,
+    check_inputs,
+    requantize,
+    requantize_with_stats,
 )
 
-__all__ = ["ARMS", "SERVABLE", "SCALE_DTYPES", "MSE_OFFSETS", "BLOCK_ELEMENTS", "LinearStats", "Requantizer", "check_inputs",
-           "requantize", "requantize_with_stats", "frexp", "ceil_exponent", "nearest_exponent", "pow2_scale", "pow2_candidates",
-           "shift_histogram", "quantize_from_source", "rtn_quantize"]
+__all__ = [
+    "ARMS",
+    "SERVABLE",
+    "SCALE_DTYPES",
+    "MSE_OFFSETS",
+    "BLOCK_ELEMENTS",
+    "LinearStats",
+    "Requantizer",
+    "check_inputs",
+    "requantize",
+    "requantize_with_stats",
+    "frexp",
+    "ceil_exponent",
+    "nearest_exponent",
+    "pow2_scale",
+    "pow2_candidates",
+    "shift_histogram",
+    "quantize_from_source",
+    "rtn_quantize",
+]

@@ -68,17 +68,19 @@ def _round_clip_rows(w: np.ndarray, inv_scale: np.ndarray):
     sq = np.zeros(rows, dtype=np.float64)
     step = max(1, BLOCK_ELEMENTS // max(cols, 1))
     for i in range(0, rows, step):
-        x = w[i:i + step].astype(np.float64) * inv_scale[i:i + step]
+        x = w[i : i + step].astype(np.float64) * inv_scale[i : i + step]
         r = np.rint(x)
-        clipped[i:i + step] = np.count_nonzero(r > 127, axis=1) + np.count_nonzero(r < -128, axis=1)
+        clipped[i : i + step] = np.count_nonzero(r > 127, axis=1) + np.count_nonzero(r < -128, axis=1)
         np.clip(r, -128, 127, out=r)
-        q[i:i + step] = r
-        d = (r - x) / inv_scale[i:i + step]  # exact: a power of two
-        sq[i:i + step] = np.einsum("ij,ij->i", d, d)
+        q[i : i + step] = r
+        d = (r - x) / inv_scale[i : i + step]  # exact: a power of two
+        sq[i : i + step] = np.einsum("ij,ij->i", d, d)
     return q, clipped, sq
 
 
-def quantize_from_source(w: torch.Tensor, arm: str, scale_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor, LinearStats]:
+def quantize_from_source(
+    w: torch.Tensor, arm: str, scale_dtype: torch.dtype | None = None
+) -> tuple[torch.Tensor, torch.Tensor, LinearStats]:
     """(q, s, stats) made from an original float weight instead of the int8 one.
 
     Assumptions: w is the float [out, in] weight the int8 checkpoint was made from (bf16
@@ -108,13 +110,15 @@ def quantize_from_source(w: torch.Tensor, arm: str, scale_dtype: torch.dtype | N
     # float32 holds bf16/fp16 exactly; blocks are widened to float64 as they are used
     wn = w.contiguous().numpy() if w.dtype in (torch.float32, torch.float64) else w.to(torch.float32).numpy()
     step = max(1, BLOCK_ELEMENTS // max(cols, 1))
-    stats.sq_norm = sum(float(np.einsum("ij,ij->", b, b)) for b in (wn[i:i + step].astype(np.float64) for i in range(0, rows, step)))
+    stats.sq_norm = sum(
+        float(np.einsum("ij,ij->", b, b)) for b in (wn[i : i + step].astype(np.float64) for i in range(0, rows, step))
+    )
 
     def error_of(q: torch.Tensor, s: torch.Tensor) -> float:
         s64 = s.to(torch.float64).numpy()
         total = 0.0
         for i in range(0, rows, step):
-            d = q[i:i + step].numpy().astype(np.float64) * s64[i:i + step] - wn[i:i + step]
+            d = q[i : i + step].numpy().astype(np.float64) * s64[i : i + step] - wn[i : i + step]
             total += float(np.einsum("ij,ij->", d, d))
         return total
 
@@ -136,7 +140,9 @@ def quantize_from_source(w: torch.Tensor, arm: str, scale_dtype: torch.dtype | N
             # per channel, as in Requantizer: an unrepresentable 2^e is no candidate for
             # that channel only (inv 1 is a placeholder; its error is set to inf)
             _, ok = pow2_candidates(e_c, scale_dtype)
-            inv = np.where(ok, torch.ldexp(torch.ones(e_c.shape, dtype=torch.float64), -e_c).reshape(-1).numpy(), 1.0).reshape(-1, 1)
+            inv = np.where(
+                ok, torch.ldexp(torch.ones(e_c.shape, dtype=torch.float64), -e_c).reshape(-1).numpy(), 1.0
+            ).reshape(-1, 1)
             q_c, clipped, sq = _round_clip_rows(wn, inv)
             sq = np.where(ok, sq, np.inf)
             better = sq < best_err

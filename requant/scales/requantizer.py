@@ -131,8 +131,8 @@ def _row_sq(q: np.ndarray) -> np.ndarray:
     out = np.empty(q.shape[0], dtype=np.float64)
     step = max(1, BLOCK_ELEMENTS // max(q.shape[1], 1))
     for i in range(0, q.shape[0], step):
-        b = q[i:i + step]
-        out[i:i + step] = np.einsum("ij,ij->i", b, b, dtype=np.int64)
+        b = q[i : i + step]
+        out[i : i + step] = np.einsum("ij,ij->i", b, b, dtype=np.int64)
     return out
 
 
@@ -161,26 +161,26 @@ def _requantize_rows(q: np.ndarray, ratio: np.ndarray, cdt, out: np.ndarray | No
     for i in range(0, rows, step):
         n = min(step, rows - i)
         xb, rb, mb = x[:n], r[:n], mask[:n]
-        np.copyto(xb, q[i:i + n], casting="unsafe")  # int8 -> float: exact
-        np.multiply(xb, ratio[i:i + n], out=xb)  # exact (see module docstring)
-        norm[i:i + n] = _row_dots(xb, exact_sums)
+        np.copyto(xb, q[i : i + n], casting="unsafe")  # int8 -> float: exact
+        np.multiply(xb, ratio[i : i + n], out=xb)  # exact (see module docstring)
+        norm[i : i + n] = _row_dots(xb, exact_sums)
         src = xb
-        if ratio[i:i + n].max(initial=0) > 1:
+        if ratio[i : i + n].max(initial=0) > 1:
             np.greater_equal(xb, 127.5, out=mb)
             hi = np.count_nonzero(mb, axis=1) if exact_sums else np.count_nonzero(mb)
             np.less(xb, -128.5, out=mb)
             lo = np.count_nonzero(mb, axis=1) if exact_sums else np.count_nonzero(mb)
             if exact_sums:
-                clipped[i:i + n] = hi + lo
+                clipped[i : i + n] = hi + lo
             else:
                 clipped += int(hi) + int(lo)
             if np.any(hi) or np.any(lo):
                 np.clip(xb, -128, 127, out=rb)
                 src = rb
         np.rint(src, out=rb)  # round half to even
-        np.copyto(out[i:i + n], rb, casting="unsafe")  # integers in [-128, 127]: exact
+        np.copyto(out[i : i + n], rb, casting="unsafe")  # integers in [-128, 127]: exact
         np.subtract(rb, xb, out=xb)
-        sq[i:i + n] = _row_dots(xb, exact_sums)
+        sq[i : i + n] = _row_dots(xb, exact_sums)
     return out, clipped, sq, norm
 
 
@@ -237,7 +237,9 @@ class Requantizer:
         modified. Returns `out` (allocated if None), or q itself for unconstrained and probe."""
         n = q.shape[0]
         if q.dtype != np.int8 or q.ndim != 2 or q.shape[1] != self.cols or start < 0 or start + n > self.rows_total:
-            raise ValueError(f"rows {start}..{start + n} of shape {list(q.shape)} {q.dtype} do not fit [{self.rows_total}, {self.cols}] int8")
+            raise ValueError(
+                f"rows {start}..{start + n} of shape {list(q.shape)} {q.dtype} do not fit [{self.rows_total}, {self.cols}] int8"
+            )
         self._fed += n
         sl = slice(start, start + n)
         st = self.stats
@@ -301,7 +303,9 @@ class Requantizer:
         return s_new, st
 
 
-def requantize_with_stats(q: torch.Tensor, scale: torch.Tensor, arm: str, *, out: np.ndarray | None = None) -> tuple[torch.Tensor, torch.Tensor, LinearStats]:
+def requantize_with_stats(
+    q: torch.Tensor, scale: torch.Tensor, arm: str, *, out: np.ndarray | None = None
+) -> tuple[torch.Tensor, torch.Tensor, LinearStats]:
     """(q', s', stats) for one Linear under `arm` (see the module docstring).
 
     out: optional int8 numpy buffer of at least q.numel() elements to write q' into; q'

@@ -31,5 +31,17 @@ from requant.tp.engine import REDUCES, Comm, ShardedModel
 from requant.tp.launch import Result, Run, Spec, run
 from requant.tp.shard import Plan, check_degree, plan, shard
 
-__all__ = ["REDUCES", "Comm", "Plan", "Result", "Run", "ShardedModel", "Spec", "check_degree", "compare", "plan", "run",
-           "shard"]
+__all__ = [
+    "REDUCES",
+    "Comm",
+    "Plan",
+    "Result",
+    "Run",
+    "ShardedModel",
+    "Spec",
+    "check_degree",
+    "compare",
+    "plan",
+    "run",
+    "shard",
+]

@@ -65,10 +65,16 @@ def compare(ref, got) -> dict:
             break
     if steps is None and len(ref.steps) != len(got.steps):
         steps = {"step": min(len(ref.steps), len(got.steps)), "prompt": 0}
-    return {"identical": first is None and tokens is None and steps is None, "logits_first_diff": first,
-            "logits_differing": differing, "logits_total": sum(t.numel() for t in ref.logits),
-            "logits_max_abs_diff": worst, "tokens_first_diff": tokens, "prompts_tokens_differ": prompts_differ,
-            "steps_first_diff": steps}
+    return {
+        "identical": first is None and tokens is None and steps is None,
+        "logits_first_diff": first,
+        "logits_differing": differing,
+        "logits_total": sum(t.numel() for t in ref.logits),
+        "logits_max_abs_diff": worst,
+        "tokens_first_diff": tokens,
+        "prompts_tokens_differ": prompts_differ,
+        "steps_first_diff": steps,
+    }
 
 
 def digest(logits: list[torch.Tensor], ids: list[list[int]], steps: list[torch.Tensor]) -> str:

@@ -7,7 +7,8 @@
 
 Every op but the split Linears is requant.runtime's (ops.rms_norm, apply_rope, rope_tables,
 attend_prompt, attend_decode, dense_rows; imported), in the same order as its Model, so that
-TP 1 here is the runtime's forward bit for bit (tested). Sharding: requant/tp/shard.py.
+TP 1 here is the runtime's reference-engine forward bit for bit on the CPU (tested; on a GPU the fixed
+call shapes below may pick other cuBLAS kernels than the runtime's batched ones). Sharding: requant/tp/shard.py.
 
 NUMERICS (reduce="int32", the default: every TP degree gives the TP-1 bits).
   Column-parallel Linears (q/k/v, gate/up, lm_head): the replicated input is quantized
@@ -44,11 +45,14 @@ INVARIANCE. By construction: the column-parallel slices and the int32 row-parall
 plus tree sums per head), everything replicated (norms, RoPE, residual adds, the
 embedding) since every rank holds the same residual stream (the collectives hand every rank
 the same result: exactly for MAX and int32 SUM; for the bf16 SUM because a ring or tree
-all-reduce reduces each element once and broadcasts it). Measured, as in the runtime:
-prefill attention's batched fp32 matmuls over H/tp heads instead of H (per-head GEMMs of
-one shape), and a dense (unquantized) lm_head's fp32 GEMM on N/tp columns instead of N
-(dense_rows' fixed [64, K] row blocks; a column's K order must not depend on N). The
-tests and `requant tp-check` check both, bit for bit.
+all-reduce reduces each element once and broadcasts it). By a fixed call shape, so that
+the BLAS library (cuBLAS picks kernels, split-K included, from the shapes; measured on an
+H200: batched heads at TP 4 changed 27 prefill logits) runs the same kernel at every degree:
+prefill attention runs one query head per call ([1, T, D] GEMMs whatever H/tp is), and a
+dense (unquantized) Linear runs in zero-padded [64, K] x [K, COL_CHUNK] blocks
+(dense_cols: dense_rows' row blocks, and fixed column blocks, whatever N/tp is). That a
+row or column inside one such call does not depend on the others is how GEMM kernels work;
+the tests and `requant tp-check` check it, bit for bit.
 """
 
 from __future__ import annotations
@@ -97,6 +101,36 @@ class Comm:
         return torch.cat(parts, dim=-1)
 
 
+COL_CHUNK = 2048  # columns per dense GEMM call (see INVARIANCE)
+
+
+def pad_rows(w32: torch.Tensor, chunk: int = COL_CHUNK) -> torch.Tensor:
+    """w32 with zero rows appended up to a multiple of `chunk` (done once per weight)."""
+    extra = -w32.shape[0] % chunk
+    return torch.cat([w32, w32.new_zeros(extra, w32.shape[1])]) if extra else w32
+
+
+def dense_cols(x: torch.Tensor, w32: torch.Tensor, n: int | None = None, chunk: int = COL_CHUNK) -> torch.Tensor:
+    """bf16(fp32(x) @ w32[:n]^T) in calls of exactly `chunk` weight rows (w32 zero-padded to a
+    multiple of chunk, see pad_rows): every column goes through a GEMM of one shape,
+    whatever N is."""
+    n = w32.shape[0] if n is None else n
+    w32 = pad_rows(w32, chunk)
+    return torch.cat([dense_rows(x, w32[j : j + chunk]) for j in range(0, w32.shape[0], chunk)], dim=1)[:, :n]
+
+
+def attend_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """attend_prompt one query head at a time: q [T, H, D], k, v [T, KV, D] -> bf16 [T, H*D]."""
+    group = q.shape[1] // k.shape[1]
+    return torch.cat(
+        [
+            attend_prompt(q[:, h : h + 1], k[:, h // group : h // group + 1], v[:, h // group : h // group + 1], scale)
+            for h in range(q.shape[1])
+        ],
+        dim=1,
+    )
+
+
 def _pow2_at_least(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
@@ -115,10 +149,19 @@ class _Cache:
 class ShardedModel:
     """One rank's part of a tensor-parallel Qwen3 (see the module docstring)."""
 
-    def __init__(self, arch: Qwen3Arch, p: Plan, dense: dict[str, torch.Tensor],
-                 linears: dict[str, tuple[torch.Tensor, torch.Tensor]], comm: Comm, *,
-                 backend: str = "reference-triton-order", act_backend: str = "reference", reduce: str = "int32",
-                 reduction: str = "auto"):
+    def __init__(
+        self,
+        arch: Qwen3Arch,
+        p: Plan,
+        dense: dict[str, torch.Tensor],
+        linears: dict[str, tuple[torch.Tensor, torch.Tensor]],
+        comm: Comm,
+        *,
+        backend: str = "reference-triton-order",
+        act_backend: str = "reference",
+        reduce: str = "int32",
+        reduction: str = "auto",
+    ):
         if reduce not in REDUCES:
             raise ValueError(f"reduce must be one of {', '.join(REDUCES)}, got {reduce!r}")
         if reduction not in ("auto", "torch", "tree"):
@@ -131,8 +174,15 @@ class ShardedModel:
         self._fp32: dict[str, torch.Tensor] = {}
 
     @classmethod
-    def build(cls, config: dict, dense: dict[str, torch.Tensor], linears: dict[str, tuple[torch.Tensor, torch.Tensor]],
-              comm: Comm, device=None, **kw) -> ShardedModel:
+    def build(
+        cls,
+        config: dict,
+        dense: dict[str, torch.Tensor],
+        linears: dict[str, tuple[torch.Tensor, torch.Tensor]],
+        comm: Comm,
+        device=None,
+        **kw,
+    ) -> ShardedModel:
         """This rank's model from the whole model's tensors (requant.runtime.load_dense and
         load_linears; not modified), moved to device (default: where they are)."""
         arch = arch_from_config(config)
@@ -144,11 +194,12 @@ class ShardedModel:
         return cls(arch, p, d, lin, comm, **kw)
 
     # -- the split Linears ----------------------------------------------------------------
-    def _w32(self, name: str) -> torch.Tensor:
+    def _dense(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        """A dense Linear on this rank's weight rows (dense_cols; the fp32 copy, padded once)."""
         w = self._fp32.get(name)
         if w is None:
-            w = self._fp32[name] = self.dense[name + ".weight"].to(torch.float32)
-        return w
+            w = self._fp32[name] = pad_rows(self.dense[name + ".weight"].to(torch.float32))
+        return dense_cols(x, w, self.dense[name + ".weight"].shape[0])
 
     def _column(self, x: torch.Tensor, names: tuple[str, ...]) -> list[torch.Tensor]:
         """Column-parallel Linears sharing the replicated input x (quantized once, whole)."""
@@ -160,7 +211,7 @@ class ShardedModel:
                 w, s_w = self.linears[n]
                 outs.append(kernels.scaled_mm(q, w, s, s_w, backend=self.backend))
             else:
-                outs.append(dense_rows(x, self._w32(n)))
+                outs.append(self._dense(x, n))
         return outs
 
     def _quantize_global(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -174,7 +225,7 @@ class ShardedModel:
     def _row(self, x: torch.Tensor, name: str) -> torch.Tensor:
         """Row-parallel Linear on this rank's K-slice x; the full output on every rank."""
         if name not in self.linears:
-            return dense_rows(self.comm.all_gather_cols(x), self._w32(name))
+            return self._dense(self.comm.all_gather_cols(x), name)
         w, s_w = self.linears[name]
         q, s = self._quantize_global(x)
         if self.reduce == "int32":
@@ -206,7 +257,9 @@ class ShardedModel:
         (local,) = self._column(x, ("lm_head",))
         return self.comm.all_gather_cols(local).to(torch.float32)
 
-    def prefill(self, prompts: list[torch.Tensor], cache: _Cache | None = None, last_only: bool = False) -> torch.Tensor:
+    def prefill(
+        self, prompts: list[torch.Tensor], cache: _Cache | None = None, last_only: bool = False
+    ) -> torch.Tensor:
         a, dev = self.arch, self.device
         lens = [len(t) for t in prompts]
         bounds, s = [], 0
@@ -216,14 +269,14 @@ class ShardedModel:
         ids = torch.cat(prompts).to(dev)
         pos = torch.cat([torch.arange(n, device=dev) for n in lens])
         cos, sin = rope_tables(pos, a.head_dim, a.rope_theta)
-        scale = a.head_dim ** -0.5
+        scale = a.head_dim**-0.5
 
         def attend(i, q, k, v):
             if cache is not None:
                 for j, (lo, hi) in enumerate(bounds):
                     cache.k[i][j, :, : hi - lo] = k[lo:hi].transpose(0, 1)
                     cache.v[i][j, :, : hi - lo] = v[lo:hi].transpose(0, 1)
-            return torch.cat([attend_prompt(q[lo:hi], k[lo:hi], v[lo:hi], scale) for lo, hi in bounds])
+            return torch.cat([attend_heads(q[lo:hi], k[lo:hi], v[lo:hi], scale) for lo, hi in bounds])
 
         x = self.dense["model.embed_tokens.weight"][ids].to(torch.bfloat16)
         for i in range(a.layers):
@@ -244,7 +297,7 @@ class ShardedModel:
         pos = torch.tensor(cache.lengths, dtype=torch.long, device=dev)
         rows = torch.arange(b, device=dev)
         cos, sin = rope_tables(pos, a.head_dim, a.rope_theta)
-        scale = a.head_dim ** -0.5
+        scale = a.head_dim**-0.5
 
         def attend(i, q, k, v):
             cache.k[i][rows, :, pos] = k
@@ -276,8 +329,14 @@ class ShardedModel:
 
     def new_cache(self, batch: int, positions: int) -> _Cache:
         """An empty KV cache of this rank's KV heads for `positions` (rounded up to a power of two)."""
-        return _Cache(self.arch.layers, batch, self.plan.local_kv_heads, _pow2_at_least(positions), self.arch.head_dim,
-                      self.device)
+        return _Cache(
+            self.arch.layers,
+            batch,
+            self.plan.local_kv_heads,
+            _pow2_at_least(positions),
+            self.arch.head_dim,
+            self.device,
+        )
 
     def generate(self, prompts, max_new_tokens: int) -> tuple[list[list[int]], list[torch.Tensor]]:
         """Greedy decoding with a KV cache (no stop token): the new ids per prompt and the

@@ -107,8 +107,13 @@ def _time(m, prompts: list[list[int]], new_tokens: int, reps: int, group, cuda: 
             sync()
             best_d = min(best_d, time.perf_counter() - t0)
     tokens = sum(len(t) for t in tensors)
-    return {"prefill_s": best_p, "prefill_tok_s": tokens / best_p, "decode_s": best_d, "decode_steps": steps,
-            "decode_tok_s": len(tensors) * steps / best_d}
+    return {
+        "prefill_s": best_p,
+        "prefill_tok_s": tokens / best_p,
+        "decode_s": best_d,
+        "decode_steps": steps,
+        "decode_tok_s": len(tensors) * steps / best_d,
+    }
 
 
 def _worker(rank: int, world: int, port: int, spec: Spec, out: str, timeout_s: float) -> None:
@@ -146,12 +151,22 @@ def _worker(rank: int, world: int, port: int, spec: Spec, out: str, timeout_s: f
             for d in spec.degrees:
                 if rank < d:
                     dn, lin = as_dense(dense, linears[r.regime], r.dense) if r.dense else (dense, linears[r.regime])
-                    m = ShardedModel.build(ckpt.config, dn, lin, Comm(groups[d]), device=device,
-                                           backend=r.backend, act_backend=r.act_backend, reduce=r.reduce,
-                                           reduction=spec.reduction)
+                    m = ShardedModel.build(
+                        ckpt.config,
+                        dn,
+                        lin,
+                        Comm(groups[d]),
+                        device=device,
+                        backend=r.backend,
+                        act_backend=r.act_backend,
+                        reduce=r.reduce,
+                        reduction=spec.reduction,
+                    )
                     logits = m.logits(prompts)
                     ids, steps = m.generate(prompts, spec.new_tokens)
-                    timing = _time(m, prompts, spec.new_tokens, spec.time_reps, groups[d], cuda) if spec.time_reps else {}
+                    timing = (
+                        _time(m, prompts, spec.new_tokens, spec.time_reps, groups[d], cuda) if spec.time_reps else {}
+                    )
                     if rank == 0:
                         # bf16 holds the logits exactly (bf16 values as fp32) in half the bytes
                         logits = [t.to(torch.bfloat16).cpu() for t in logits]
@@ -164,8 +179,13 @@ def _worker(rank: int, world: int, port: int, spec: Spec, out: str, timeout_s: f
                 dist.barrier()
         if rank == 0:
             tmp = out + ".tmp"
-            torch.save([(dataclasses.astuple(k), d, (r.logits, r.ids, r.steps, r.timing, r.digest))
-                        for (k, d), r in results.items()], tmp)
+            torch.save(
+                [
+                    (dataclasses.astuple(k), d, (r.logits, r.ids, r.steps, r.timing, r.digest))
+                    for (k, d), r in results.items()
+                ],
+                tmp,
+            )
             os.replace(tmp, out)
         dist.barrier()
     finally:
@@ -193,8 +213,14 @@ def run(spec: Spec, timeout_s: float = 300.0) -> dict[tuple[Run, int], Result]:
     store = dist.TCPStore("127.0.0.1", 0, world, is_master=True, wait_for_workers=False, timeout=td)
     with tempfile.TemporaryDirectory(prefix="requant-tp-") as tmp:
         out = str(Path(tmp) / "results.pt")
-        ctx = mp.start_processes(_worker, args=(world, store.port, spec, out, timeout_s), nprocs=world, join=False,
-                                 daemon=True, start_method="spawn")
+        ctx = mp.start_processes(
+            _worker,
+            args=(world, store.port, spec, out, timeout_s),
+            nprocs=world,
+            join=False,
+            daemon=True,
+            start_method="spawn",
+        )
         deadline = time.monotonic() + timeout_s
         try:
             while not ctx.join(timeout=0.5):

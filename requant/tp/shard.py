@@ -59,13 +59,19 @@ def check_degree(arch: Qwen3Arch, tp: int) -> None:
     """ValueError (naming the config fields) unless tp can shard this model."""
     if not isinstance(tp, int) or tp < 1:
         raise ValueError(f"tensor-parallel degree must be a positive integer, got {tp!r}")
-    what = (f"num_attention_heads {arch.heads}, num_key_value_heads {arch.kv_heads}, intermediate_size "
-            f"{arch.intermediate}, vocab_size {arch.vocab}")
+    what = (
+        f"num_attention_heads {arch.heads}, num_key_value_heads {arch.kv_heads}, intermediate_size "
+        f"{arch.intermediate}, vocab_size {arch.vocab}"
+    )
     if arch.heads % tp or arch.intermediate % tp or arch.vocab % tp:
-        raise ValueError(f"tp {tp} does not divide the model ({what}): it must divide the attention heads, "
-                         "the intermediate size and the vocabulary")
+        raise ValueError(
+            f"tp {tp} does not divide the model ({what}): it must divide the attention heads, "
+            "the intermediate size and the vocabulary"
+        )
     if arch.kv_heads % tp and tp % arch.kv_heads:
-        raise ValueError(f"tp {tp} neither divides num_key_value_heads {arch.kv_heads} nor is a multiple of it ({what})")
+        raise ValueError(
+            f"tp {tp} neither divides num_key_value_heads {arch.kv_heads} nor is a multiple of it ({what})"
+        )
 
 
 def plan(arch: Qwen3Arch, tp: int, rank: int) -> Plan:
@@ -109,8 +115,9 @@ def _cols(name: str, arch: Qwen3Arch, p: Plan) -> tuple[int, int]:
     return p.inter
 
 
-def shard(dense: dict[str, torch.Tensor], linears: dict[str, tuple[torch.Tensor, torch.Tensor]], arch: Qwen3Arch,
-          p: Plan) -> tuple[dict[str, torch.Tensor], dict[str, tuple[torch.Tensor, torch.Tensor]]]:
+def shard(
+    dense: dict[str, torch.Tensor], linears: dict[str, tuple[torch.Tensor, torch.Tensor]], arch: Qwen3Arch, p: Plan
+) -> tuple[dict[str, torch.Tensor], dict[str, tuple[torch.Tensor, torch.Tensor]]]:
     """This rank's tensors (contiguous copies; the inputs are not modified). dense: the
     runtime's {tensor name: bf16} (requant.runtime.load_dense), linears: {module: (int8 w,
     fp32 s_w [N, 1])} (requant.runtime.load_linears). Replicated tensors are shared."""
@@ -123,7 +130,7 @@ def shard(dense: dict[str, torch.Tensor], linears: dict[str, tuple[torch.Tensor,
         rows = _rows(module, arch, p)
         # a dense row-parallel Linear stays whole: the engine gathers its input instead (an
         # fp32 partial-sum all-reduce would not be exact)
-        out_dense[key] = t if rows is None else t[rows[0]:rows[1]].contiguous()
+        out_dense[key] = t if rows is None else t[rows[0] : rows[1]].contiguous()
     out_lin: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     for name, (w, s_w) in linears.items():
         rows = _rows(name, arch, p)
@@ -131,12 +138,13 @@ def shard(dense: dict[str, torch.Tensor], linears: dict[str, tuple[torch.Tensor,
             c0, c1 = _cols(name, arch, p)
             out_lin[name] = (w[:, c0:c1].contiguous(), s_w)
         else:
-            out_lin[name] = (w[rows[0]:rows[1]].contiguous(), s_w[rows[0]:rows[1]].contiguous())
+            out_lin[name] = (w[rows[0] : rows[1]].contiguous(), s_w[rows[0] : rows[1]].contiguous())
     return out_dense, out_lin
 
 
-def as_dense(dense: dict[str, torch.Tensor], linears: dict[str, tuple[torch.Tensor, torch.Tensor]],
-             names: tuple[str, ...]) -> tuple[dict[str, torch.Tensor], dict[str, tuple[torch.Tensor, torch.Tensor]]]:
+def as_dense(
+    dense: dict[str, torch.Tensor], linears: dict[str, tuple[torch.Tensor, torch.Tensor]], names: tuple[str, ...]
+) -> tuple[dict[str, torch.Tensor], dict[str, tuple[torch.Tensor, torch.Tensor]]]:
     """The model with the quantized Linears `names` turned into dense bf16 Linears
     (bf16(fp32(w) * s_w), their dequantized weights), as a checkpoint that leaves them
     unquantized would hold them: what-ifs and the tests of the dense paths. New dicts; the

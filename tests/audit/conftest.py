@@ -51,10 +51,9 @@ def _one_torch_thread():
 def default_audit():
     """One audit of the embedded default with the reference pair (shared by several tests)."""
     from requant import DEFAULT_CHECKPOINT
-    from requant.checkpoint import open_checkpoint
-
     from requant.audit.suite import run_audit
     from requant.backends import REFERENCE_PAIR
+    from requant.checkpoint import open_checkpoint
 
     with one_thread():
         return run_audit(open_checkpoint(DEFAULT_CHECKPOINT), REFERENCE_PAIR, 3, "cpu")

@@ -28,14 +28,26 @@ def test_c3_is_static_against_k_times_2_14():
     assert int32.exact_integer_bound() == 2**31 - 1 and MAX_K * 2**14 <= 2**31 - 1 < (MAX_K + 1) * 2**14
     assert not c3_accumulator_precondition(None, run_with_k(1024, fp32), fp32).fired  # 2**24 exactly
     assert c3_accumulator_precondition(None, run_with_k(1025, fp32), fp32).fired
-    assert c3_accumulator_precondition(None, run_with_k(2, KernelDesc("i16", "int", 16, "x")), KernelDesc("i16", "int", 16, "x")).fired
-    assert c3_accumulator_precondition(None, run_with_k(1, KernelDesc("bf16", "float", 8, "x")), KernelDesc("bf16", "float", 8, "x")).fired
+    assert c3_accumulator_precondition(
+        None, run_with_k(2, KernelDesc("i16", "int", 16, "x")), KernelDesc("i16", "int", 16, "x")
+    ).fired
+    assert c3_accumulator_precondition(
+        None, run_with_k(1, KernelDesc("bf16", "float", 8, "x")), KernelDesc("bf16", "float", 8, "x")
+    ).fired
 
 
 def test_reference_against_itself_is_silent_and_c5_needs_pow2():
     native, pow2 = make_case(1), make_case(2, pow2=True)
     o = outcomes(native.ref, native.ref)
-    assert o == {"C1": SILENT, "C2": SILENT, "C3": SILENT, "C4": SILENT, "C5": NOT_APPLICABLE, "C6": SILENT, "C7": NOT_APPLICABLE}
+    assert o == {
+        "C1": SILENT,
+        "C2": SILENT,
+        "C3": SILENT,
+        "C4": SILENT,
+        "C5": NOT_APPLICABLE,
+        "C6": SILENT,
+        "C7": NOT_APPLICABLE,
+    }
     assert outcomes(pow2.ref, pow2.ref)["C5"] == SILENT
 
 
@@ -78,7 +90,14 @@ def test_token_risk_arithmetic():
     ref = torch.tensor([[3.0, 2.5, 0.0], [1.0, 0.0, -1.0]])
     test = torch.tensor([[2.0, 2.5, 0.0], [1.0, 0.0, -1.0]])
     r = token_risk(ref, test)
-    assert r == {"tokens": 2, "flagged": 1, "top1_disagreements": 1, "max_deviation": 1.0, "min_margin": 0.5, "bitwise_equal": False}
+    assert r == {
+        "tokens": 2,
+        "flagged": 1,
+        "top1_disagreements": 1,
+        "max_deviation": 1.0,
+        "min_margin": 0.5,
+        "bitwise_equal": False,
+    }
     same = token_risk(ref, ref.clone())
     assert same["flagged"] == 0 and same["bitwise_equal"]
 

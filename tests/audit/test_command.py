@@ -15,9 +15,18 @@ app.command("noop")(lambda: None)  # two commands: "audit" stays a sub-command, 
 runner = CliRunner()
 
 QWEN3_1_7B = {
-    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 2048, "intermediate_size": 6144,
-    "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
-    "vocab_size": 151936, "rms_norm_eps": 1e-6, "rope_theta": 1000000, "tie_word_embeddings": True,
+    "architectures": ["Qwen3ForCausalLM"],
+    "model_type": "qwen3",
+    "hidden_size": 2048,
+    "intermediate_size": 6144,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "vocab_size": 151936,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000,
+    "tie_word_embeddings": True,
     "quantization_config": {"quant_method": "compressed-tensors", "format": "int-quantized", "ignore": ["lm_head"]},
 }
 
@@ -30,7 +39,11 @@ def test_plan_from_a_qwen3_1_7b_config(tmp_path):
     plan = json.loads((tmp_path / "plan.json").read_text())
     assert plan["cells"] == 8232 and plan["layers"] == 196
     assert {(s["out"], s["in"]): s["count"] for s in plan["shapes"]} == {
-        (2048, 2048): 56, (1024, 2048): 56, (6144, 2048): 56, (2048, 6144): 28}
+        (2048, 2048): 56,
+        (1024, 2048): 56,
+        (6144, 2048): 56,
+        (2048, 6144): 28,
+    }
 
 
 def test_plan_of_the_default_and_a_quantized_lm_head(tmp_path):
@@ -55,11 +68,28 @@ def test_errors_are_messages_not_tracebacks(tmp_path):
 
 def test_full_run_writes_the_report(tmp_path):
     out = tmp_path / "rep"
-    res = runner.invoke(app, ["audit", "--backends", "reference", "--prompts", "1", "--report", str(out), "--json", str(tmp_path / "a.json")])
+    res = runner.invoke(
+        app,
+        [
+            "audit",
+            "--backends",
+            "reference",
+            "--prompts",
+            "1",
+            "--report",
+            str(out),
+            "--json",
+            str(tmp_path / "a.json"),
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert {p.name for p in out.iterdir()} == {"audit.json", "audit.md", "detection_heatmap.png", "ulp_histograms.png"}
     data = json.loads((tmp_path / "a.json").read_text())
-    assert data["cells"] == 1764 and data["scorecard"]["false_positives"] == 0 and data["scorecard"]["false_negatives"] == 0
+    assert (
+        data["cells"] == 1764
+        and data["scorecard"]["false_positives"] == 0
+        and data["scorecard"]["false_negatives"] == 0
+    )
     assert (out / "detection_heatmap.png").read_bytes()[:4] == b"\x89PNG"
     md = (out / "audit.md").read_text()
     assert data["scorecard"]["matrix_sha256"] in md and "pow2: 42/42 layers bitwise equal" in md

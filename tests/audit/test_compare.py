@@ -33,8 +33,10 @@ def test_reference_pair_is_bitwise_equal_under_pow2():
 
 
 def test_summary_line():
-    rows = [{"name": "a", "regime": "pow2", "bitwise_equal": True, "mismatches": 0, "max_ulp": 0, "elements": 4},
-            {"name": "a", "regime": "native", "bitwise_equal": False, "mismatches": 2, "max_ulp": 1, "elements": 4}]
+    rows = [
+        {"name": "a", "regime": "pow2", "bitwise_equal": True, "mismatches": 0, "max_ulp": 0, "elements": 4},
+        {"name": "a", "regime": "native", "bitwise_equal": False, "mismatches": 2, "max_ulp": 1, "elements": 4},
+    ]
     s = summarize_layers(rows)
     assert s["line"] == "pow2: 1/1 layers bitwise equal; native: 0/1"
     assert s["native"]["mismatches"] == 2 and s["pow2"]["max_ulp"] == 0
@@ -65,3 +67,22 @@ def test_real_pair_on_random_operands_gpu():
         assert row["max_ulp"] <= 1
     card = scorer.summary()["scorecard"]
     assert card["false_positives"] == 0 and card["false_negatives"] == 0, card["contradictions"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _sm90(), reason="needs an sm90 GPU (CUTLASS)")
+def test_real_pair_audit_of_the_default_gpu():
+    """The whole audit of the embedded default with the real pair on the GPU, where the runtime's
+    engine "auto" would pick the fast engine: both prefills compared end to end (C7) must run the
+    same engine, so under pow2 their logits are equal and the scorecard is clean (independent
+    reference: the pinned prediction matrix)."""
+    from requant import DEFAULT_CHECKPOINT
+    from requant.audit.suite import run_audit
+    from requant.checkpoint import open_checkpoint
+
+    result = run_audit(open_checkpoint(DEFAULT_CHECKPOINT), ("cutlass", "triton"), 3, "cuda", keep_cells=False)
+    card = result["scorecard"]
+    assert card["false_positives"] == 0 and card["false_negatives"] == 0, card["contradictions"]
+    assert result["end_to_end"]["pow2"]["bitwise_equal"]
+    s = result["per_layer_summary"]["pow2"]
+    assert s["bitwise_equal"] == s["layers"]

@@ -16,8 +16,16 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from requant.audit.faults import (F9A_FACTOR, VARIANT_BY_ID, VARIANTS, accumulate_bf16_tiles, inject, reference_case,
-                                  shift_int8_by_one, wrap_int16)
+from requant.audit.faults import (
+    F9A_FACTOR,
+    VARIANT_BY_ID,
+    VARIANTS,
+    accumulate_bf16_tiles,
+    inject,
+    reference_case,
+    shift_int8_by_one,
+    wrap_int16,
+)
 from requant.audit.records import Activations, Weights
 from requant.kernels.bf16 import bitwise_equal, ulp_distance
 from requant.kernels.reference import accumulate_int64
@@ -63,7 +71,17 @@ def changed(y, ref):
 def test_catalogue_shape():
     assert len(VARIANTS) == 21
     fams = [v.family for v in VARIANTS]
-    assert {f: fams.count(f) for f in set(fams)} == {"F1": 3, "F2": 3, "F3": 3, "F4": 3, "F5": 3, "F6": 1, "F7": 1, "F8": 1, "F9": 3}
+    assert {f: fams.count(f) for f in set(fams)} == {
+        "F1": 3,
+        "F2": 3,
+        "F3": 3,
+        "F4": 3,
+        "F5": 3,
+        "F6": 1,
+        "F7": 1,
+        "F8": 1,
+        "F9": 3,
+    }
     assert len({v.id for v in VARIANTS}) == 21
 
 
@@ -107,7 +125,7 @@ def crafted_case(seed: int, hits: int = 3):
     activations sum to that acc (K = 2048, w = ones: acc = the row sum)."""
     rng = np.random.default_rng(seed)
     s_w = torch.tensor([[0.0037]]).to(torch.bfloat16).to(torch.float32)
-    sw = s_w.numpy()
+    s_w.numpy()
     sa = (rng.random(2_000_000) * 0.05 + 1e-3).astype(np.float32)
     acc = rng.integers(-200_000, 200_000, sa.size)
     ref = np_epilogue("triton", acc[:, None], torch.from_numpy(sa), s_w).view(torch.int16)
@@ -165,7 +183,9 @@ def test_f6_accumulates_in_bf16():
     assert not torch.equal(run.acc.to(torch.float64), case.acc.to(torch.float64))
     # one tile: no rounding between tiles beyond the final bf16 cast of an exact sum
     small = make_case(6, k=64)
-    assert torch.equal(accumulate_bf16_tiles(small.act.a, small.wt.w), small.acc.to(torch.float32).to(torch.bfloat16).to(torch.float32))
+    assert torch.equal(
+        accumulate_bf16_tiles(small.act.a, small.wt.w), small.acc.to(torch.float32).to(torch.bfloat16).to(torch.float32)
+    )
 
 
 def test_f7_wraps_to_int16():
@@ -174,7 +194,10 @@ def test_f7_wraps_to_int16():
     exact = accumulate_int64(case.act.a, case.wt.w)
     assert torch.equal(run.acc.to(torch.int64), (exact + 2**15) % 2**16 - 2**15)
     assert int(run.acc.min()) >= -(2**15) and int(run.acc.max()) < 2**15
-    assert torch.equal(wrap_int16(torch.tensor([32767, 32768, -32769, 65536])), torch.tensor([32767, -32768, 32767, 0], dtype=torch.int32))
+    assert torch.equal(
+        wrap_int16(torch.tensor([32767, 32768, -32769, 65536])),
+        torch.tensor([32767, -32768, 32767, 0], dtype=torch.int32),
+    )
 
 
 def test_f8_is_the_reference():

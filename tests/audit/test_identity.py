@@ -16,10 +16,10 @@ import typer
 from typer.testing import CliRunner
 
 from requant import DEFAULT_CHECKPOINT
-from requant.scales.arms import requantize
-from requant.commands.audit import audit
 from requant.audit.report import markdown
 from requant.checkpoint import open_checkpoint
+from requant.commands.audit import audit
+from requant.scales.arms import requantize
 from tests.digests import manifest_digest_by_hand
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
@@ -53,7 +53,9 @@ def test_converted_checkpoint_is_audited_as_stored(audited_pow2):
     rows = {(r["name"], r["regime"]): r for r in result["per_layer"]}
     for lin in ck.quantized_linears:
         native, pow2 = rows[(lin, "native")], rows[(lin, "pow2")]
-        assert {k: native[k] for k in ("bitwise_equal", "mismatches", "max_ulp")} == {k: pow2[k] for k in ("bitwise_equal", "mismatches", "max_ulp")}
+        assert {k: native[k] for k in ("bitwise_equal", "mismatches", "max_ulp")} == {
+            k: pow2[k] for k in ("bitwise_equal", "mismatches", "max_ulp")
+        }
     md = markdown(result)
     assert "Converted checkpoint, arm `nearest`" in md and result["manifest_digest"] in md
 

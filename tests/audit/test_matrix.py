@@ -5,8 +5,15 @@ import json
 
 from requant.audit.checks import CHECK_IDS
 from requant.audit.faults import VARIANTS
-from requant.audit.matrix import (BASELINE_VARIANTS, MATRIX_PATH, PINNED_SHA256, REGIMES, baseline_variant, file_sha256,
-                          load_matrix)
+from requant.audit.matrix import (
+    BASELINE_VARIANTS,
+    MATRIX_PATH,
+    PINNED_SHA256,
+    REGIMES,
+    baseline_variant,
+    file_sha256,
+    load_matrix,
+)
 
 
 def test_file_matches_the_pin():

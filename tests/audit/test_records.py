@@ -45,14 +45,24 @@ def test_operand_digests_against_hashlib():
     ws_vals = [2.0**-7, 0.0037]
     w = torch.tensor(w_vals, dtype=torch.int8).reshape(3, 2)
     ws = torch.tensor(ws_vals, dtype=torch.float32).reshape(2, 1)
-    assert Weights(w, ws).digest() == _expected(("torch.int8", "(3, 2)", "b", w_vals), ("torch.float32", "(2, 1)", "f", ws_vals))
+    assert Weights(w, ws).digest() == _expected(
+        ("torch.int8", "(3, 2)", "b", w_vals), ("torch.float32", "(2, 1)", "f", ws_vals)
+    )
     s2 = s.clone()
     s2[1, 0] = torch.nextafter(s2[1, 0], torch.tensor(1.0))  # one ulp of one scale
     bumped = struct.unpack("<f", struct.pack("<I", struct.unpack("<I", struct.pack("<f", s_vals[1]))[0] + 1))[0]
-    assert Activations(a, s2).digest() == _expected(("torch.int8", "(2, 4)", "b", a_vals), ("torch.float32", "(2, 1)", "f", [0.5, bumped])) != want
+    assert (
+        Activations(a, s2).digest()
+        == _expected(("torch.int8", "(2, 4)", "b", a_vals), ("torch.float32", "(2, 1)", "f", [0.5, bumped]))
+        != want
+    )
     a2 = a.clone()
     a2[0, 0] = 1
-    assert Activations(a2, s).digest() == _expected(("torch.int8", "(2, 4)", "b", [1] + a_vals[1:]), ("torch.float32", "(2, 1)", "f", s_vals)) != want
+    assert (
+        Activations(a2, s).digest()
+        == _expected(("torch.int8", "(2, 4)", "b", [1] + a_vals[1:]), ("torch.float32", "(2, 1)", "f", s_vals))
+        != want
+    )
     x.s_a[0, 0] = 7.0  # cached: the digest describes the operands at first use
     assert x.digest() == want
 

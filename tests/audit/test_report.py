@@ -33,9 +33,15 @@ def test_report_says_what_the_scorecard_proves(default_audit):
     emulations and that C1-C4 cannot fire on the real pair (reference: the sentence's
     required content, read back from the rendered Markdown)."""
     md = markdown(default_audit)
-    section = md[md.index("## Scorecard against the prediction matrix"):md.index("## Detection")]
-    for needle in ("injected into emulations", "not into CUTLASS or Triton", "C1 to C4 cannot fire on a real kernel run",
-                   "C1 and C2 hash the very operands", "C3 reads a declared accumulator descriptor", "C4 needs an accumulator",
-                   "not a claim about CUTLASS or Triton"):
+    section = md[md.index("## Scorecard against the prediction matrix") : md.index("## Detection")]
+    for needle in (
+        "injected into emulations",
+        "not into CUTLASS or Triton",
+        "C1 to C4 cannot fire on a real kernel run",
+        "C1 and C2 hash the very operands",
+        "C3 reads a declared accumulator descriptor",
+        "C4 needs an accumulator",
+        "not a claim about CUTLASS or Triton",
+    ):
         assert needle in section, needle
     assert all(f"`{b}`" in section for b in default_audit["backends"])

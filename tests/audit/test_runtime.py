@@ -39,7 +39,9 @@ def test_capture_shares_operands_and_pow2_logits_are_equal(pow2_model):
     # the first layer's input is the embedding's RMSNorm: recompute it from its definition
     emb = model.dense["model.embed_tokens.weight"][torch.tensor(sum(toks, []))].to(torch.float32)
     h = emb * torch.rsqrt(emb.pow(2).mean(-1, keepdim=True) + 1e-6)
-    x = (model.dense[p + "input_layernorm.weight"].to(torch.float32) * h.to(torch.bfloat16).to(torch.float32)).to(torch.bfloat16)
+    x = (model.dense[p + "input_layernorm.weight"].to(torch.float32) * h.to(torch.bfloat16).to(torch.float32)).to(
+        torch.bfloat16
+    )
     q, s = kernels.quantize_activations(x, backend="reference")
     assert torch.equal(ops[p + "self_attn.q_proj"].a, q) and torch.equal(ops[p + "self_attn.q_proj"].s_a, s)
 

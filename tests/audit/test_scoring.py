@@ -12,10 +12,14 @@ from requant.audit.scoring import CellResult, Scorer, bin_label, ulp_histogram
 def cell(variant, regime, observable, **over):
     fam, sev = variant.split(".") if not variant.startswith("B.") else ("B", "none")
     m = load_matrix()
-    outcomes = {c: ({"fire": FIRE, "not_applicable": NOT_APPLICABLE}.get(m.expected(c, variant, regime), SILENT))
-                for c in ("C1", "C2", "C3", "C4", "C5", "C6", "C7")}
+    outcomes = {
+        c: ({"fire": FIRE, "not_applicable": NOT_APPLICABLE}.get(m.expected(c, variant, regime), SILENT))
+        for c in ("C1", "C2", "C3", "C4", "C5", "C6", "C7")
+    }
     outcomes.update(over)
-    return CellResult("L", regime, variant, fam, sev, observable, 1 if observable else 0, 1 if observable else 0, outcomes, [0] * 33)
+    return CellResult(
+        "L", regime, variant, fam, sev, observable, 1 if observable else 0, 1 if observable else 0, outcomes, [0] * 33
+    )
 
 
 def test_predicted_outcomes_score_zero():
@@ -67,6 +71,8 @@ def test_end_to_end_c7_is_scored_against_the_matrix():
     assert s.add_end_to_end("C7", "pow2", FIRE, observable=True) == SILENT
     assert s.fp == 1
     rows = s.summary()["scorecard"]["contradictions"]
-    assert [(r["kind"], r["check"], r["regime"], r["expected"], r["got"]) for r in rows] == [("false_positive", "C7", "pow2", "silent", "fire")]
+    assert [(r["kind"], r["check"], r["regime"], r["expected"], r["got"]) for r in rows] == [
+        ("false_positive", "C7", "pow2", "silent", "fire")
+    ]
     s.add_end_to_end("C7", "pow2", NOT_APPLICABLE, observable=True)
     assert s.applicability_mismatches == 1

@@ -17,12 +17,20 @@ def test_scorecard_is_clean(default_audit):
 
 def test_cell_count(default_audit):
     assert default_audit["layers"] == 42  # the trained default: 6 layers x 7 Linears
-    assert default_audit["cells"] == 42 * 21 * 2 == len([r for r in default_audit["cell_results"] if not r["variant"].startswith("B.")])
+    assert (
+        default_audit["cells"]
+        == 42 * 21 * 2
+        == len([r for r in default_audit["cell_results"] if not r["variant"].startswith("B.")])
+    )
     assert len(default_audit["detection"]) == 42
 
 
 def det(result, fam=None, regime=None):
-    return [d for d in result["detection"] if (fam is None or d["fault"] == fam) and (regime is None or d["regime"] == regime)]
+    return [
+        d
+        for d in result["detection"]
+        if (fam is None or d["fault"] == fam) and (regime is None or d["regime"] == regime)
+    ]
 
 
 def test_null_fault_never_fires(default_audit):

@@ -21,7 +21,9 @@ MATRIX = load_matrix()
 
 
 @settings(max_examples=12, deadline=None, database=None)
-@given(seed=st.integers(0, 2**31 - 1), m=st.integers(16, 48), k=st.sampled_from([256, 512, 1024]), n=st.integers(32, 80))
+@given(
+    seed=st.integers(0, 2**31 - 1), m=st.integers(16, 48), k=st.sampled_from([256, 512, 1024]), n=st.integers(32, 80)
+)
 def test_random_layers_score_clean(seed, m, k, n):
     scorer = Scorer(MATRIX)
     for regime in ("native", "pow2"):
@@ -32,7 +34,9 @@ def test_random_layers_score_clean(seed, m, k, n):
             assert row["bitwise_equal"]
     out = scorer.summary()
     card = out["scorecard"]
-    assert card["false_positives"] == 0 and card["false_negatives"] == 0 and card["applicability_mismatches"] == 0, card["contradictions"]
+    assert card["false_positives"] == 0 and card["false_negatives"] == 0 and card["applicability_mismatches"] == 0, (
+        card["contradictions"]
+    )
     assert scorer.cells == CELLS_PER_LAYER
     for fam in ("F1", "F2", "F3", "F4", "F5"):
         assert out["max_ulp_by_fault"][fam] <= 1

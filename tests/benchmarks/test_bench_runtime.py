@@ -22,12 +22,40 @@ def test_cpu_smoke_run(tmp_path):
     pytest.importorskip("transformers")
     bench = _bench()
     out = tmp_path / "out"
-    assert bench.main(["--device", "cpu", "--backends", "reference", "--out", str(out), "--prefill", "24", "--batches", "2",
-                       "--new-tokens", "3", "--reps", "2", "--det-prompts", "1", "--det-new-tokens", "2"]) == 0
+    assert (
+        bench.main(
+            [
+                "--device",
+                "cpu",
+                "--backends",
+                "reference",
+                "--out",
+                str(out),
+                "--prefill",
+                "24",
+                "--batches",
+                "2",
+                "--new-tokens",
+                "3",
+                "--reps",
+                "2",
+                "--det-prompts",
+                "1",
+                "--det-new-tokens",
+                "2",
+            ]
+        )
+        == 0
+    )
     rec = json.loads((out / "bench_runtime.json").read_text())
     (e,) = rec["checkpoints"]
-    names = {"reference-cutlass-order native", "reference-cutlass-order pow2", "reference-triton-order native",
-             "reference-triton-order pow2", "transformers bf16"}
+    names = {
+        "reference-cutlass-order native",
+        "reference-cutlass-order pow2",
+        "reference-triton-order native",
+        "reference-triton-order pow2",
+        "transformers bf16",
+    }
     assert set(e["rows"]) == names
     for r in e["rows"].values():
         assert set(r) == {"prefill 24", "decode 2"}

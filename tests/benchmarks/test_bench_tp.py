@@ -20,13 +20,38 @@ def _bench():
 
 def test_cpu_smoke_run(tmp_path):
     out = tmp_path / "out"
-    assert _bench().main(["--device", "cpu", "--backends", "reference-triton-order", "--regimes", "pow2", "--tp", "2",
-                          "--batch", "2", "--prompt-len", "8", "--new-tokens", "3", "--reps", "1",
-                          "--nccl", "default;ALGO=Ring,NCHANNELS=1", "--out", str(out)]) == 0
+    assert (
+        _bench().main(
+            [
+                "--device",
+                "cpu",
+                "--backends",
+                "reference-triton-order",
+                "--regimes",
+                "pow2",
+                "--tp",
+                "2",
+                "--batch",
+                "2",
+                "--prompt-len",
+                "8",
+                "--new-tokens",
+                "3",
+                "--reps",
+                "1",
+                "--nccl",
+                "default;ALGO=Ring,NCHANNELS=1",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     rec = json.loads((out / "bench_tp.json").read_text())
     rows = rec["rows"]
     assert [(r["nccl"], r["reduce"], r["tp"]) for r in rows] == [
-        (n, red, tp) for n in ("default", "ALGO=Ring,NCHANNELS=1") for red in ("int32", "bf16") for tp in (1, 2)]
+        (n, red, tp) for n in ("default", "ALGO=Ring,NCHANNELS=1") for red in ("int32", "bf16") for tp in (1, 2)
+    ]
     for r in rows:
         assert r["timing"]["prefill_tok_s"] > 0 and r["timing"]["decode_tok_s"] > 0 and r["timing"]["decode_steps"] == 2
         assert r["identical"] == (r["reduce"] == "int32" or r["tp"] == 1)

@@ -21,8 +21,8 @@ def tiny_rows(dtype):
     """Rows the plain IEEE 127 / absmax overflows on (absmax < 127 / FLT_MAX), subnormal
     rows, rows either side of TINY = 2**-64, a zero row and an ordinary row."""
     rows = [
-        [1e-37, 0.0, -1e-37, 5e-38, 3e-38, -7.7e-38],          # normal bf16/fp32, inv overflows
-        [1.0e-39, -3e-40, 0.0, 2e-40, 9.2e-41, -5e-40],          # bf16/fp32 subnormals
+        [1e-37, 0.0, -1e-37, 5e-38, 3e-38, -7.7e-38],  # normal bf16/fp32, inv overflows
+        [1.0e-39, -3e-40, 0.0, 2e-40, 9.2e-41, -5e-40],  # bf16/fp32 subnormals
         [2.0**-64, -(2.0**-65), 2.0**-66 * 3, 0.0, 1e-20, -2e-20],  # absmax = TINY: plain path
         [2.0**-64 * 0.99, -(2.0**-65), 2.0**-66 * 3, 0.0, 1e-20, -2e-20],  # just below TINY
         [0.0] * 6,

@@ -24,8 +24,15 @@ import numpy as np
 import pytest
 import torch
 
-from requant.kernels.bf16 import (bf16_bits, bf16_ordinal, bitwise_equal, is_power_of_two, round_fp32_to_bf16,
-                                  truncate_fp32_to_bf16, ulp_distance)
+from requant.kernels.bf16 import (
+    bf16_bits,
+    bf16_ordinal,
+    bitwise_equal,
+    is_power_of_two,
+    round_fp32_to_bf16,
+    truncate_fp32_to_bf16,
+    ulp_distance,
+)
 from tests.kernels.bf16_ref import is_nan_bits, ref_round, ref_truncate
 
 STRIDE = 1031  # odd: coprime with 2^16, so the low half-words of the sweep take every value
@@ -126,9 +133,12 @@ def test_round_is_nearest_by_value():
     u = u[(u.astype(np.uint64) & 0x7FFFFFFF) < 0x7F7F8000]  # below the overflow threshold
     x = _to_torch_f32(u)
     got = _bits16(round_fp32_to_bf16(x)).astype(np.uint64)
-    down = (u.astype(np.uint64) >> 16)  # truncation toward zero: one neighbour
+    down = u.astype(np.uint64) >> 16  # truncation toward zero: one neighbour
     up = down + 1  # the next one away from zero
-    as64 = lambda h: _to_torch_f32((h << 16).astype(np.uint32)).double().numpy()
+
+    def as64(h):
+        return _to_torch_f32((h << 16).astype(np.uint32)).double().numpy()
+
     xv, dv, uv = x.double().numpy(), as64(down), as64(up)
     dd, du = np.abs(xv - dv), np.abs(uv - xv)
     want = np.where(dd < du, down, np.where(du < dd, up, np.where(down % 2 == 0, down, up)))
@@ -167,7 +177,9 @@ def test_ordinal_is_the_rank_by_value():
         if not math.isnan(v):
             assert o == ranks[v] - zero, v
             checked += 1
-    assert checked == 65536 - 2 * 127  # every pattern but the NaNs (exponent all ones, 127 non-zero mantissas, two signs)
+    assert (
+        checked == 65536 - 2 * 127
+    )  # every pattern but the NaNs (exponent all ones, 127 non-zero mantissas, two signs)
 
 
 def test_ulp_distance_against_ranks():
@@ -185,8 +197,14 @@ def test_ulp_distance_against_ranks():
             assert dist == 2**31
         else:
             assert dist == abs(ranks[va] - ranks[vb]), (va, vb)
-    pairs = [(float("inf"), 3.3895313892515355e38, 1), (0.0, -0.0, 0), (2.0**-133, -(2.0**-133), 2), (1.0, 1.0078125, 1),
-             (1.0, 0.99609375, 1), (-1.0, 1.0, 2 * 0x3F80)]
+    pairs = [
+        (float("inf"), 3.3895313892515355e38, 1),
+        (0.0, -0.0, 0),
+        (2.0**-133, -(2.0**-133), 2),
+        (1.0, 1.0078125, 1),
+        (1.0, 0.99609375, 1),
+        (-1.0, 1.0, 2 * 0x3F80),
+    ]
     for x1, x2, want in pairs:
         t1, t2 = torch.tensor([x1]).to(torch.bfloat16), torch.tensor([x2]).to(torch.bfloat16)
         assert float(t1) == x1 and float(t2) == x2  # the inputs are exact bf16 values
@@ -213,13 +231,44 @@ def test_is_power_of_two_every_bf16_and_fp16():
 
 def test_is_power_of_two_fp32_and_fp64():
     u = np.arange(0, 1 << 32, 40_961, dtype=np.uint64).astype(np.uint32)
-    extra = np.array([0x00000001, 0x00400000, 0x00800000, 0x7F000000, 0x7F800000, 0x3F800000, 0x3F800001, 0xBF800000], dtype=np.uint32)
+    extra = np.array(
+        [0x00000001, 0x00400000, 0x00800000, 0x7F000000, 0x7F800000, 0x3F800000, 0x3F800001, 0xBF800000],
+        dtype=np.uint32,
+    )
     x = _to_torch_f32(np.concatenate([u, extra]))
     assert is_power_of_two(x).tolist() == [_ref_pow2(v) for v in x.double().tolist()]
-    f64 = torch.tensor([5e-324, 2.0**-1074, 2.0**-1022, 2.0**1023, 1.7976931348623157e308, 0.5, 0.75, 3.0, -2.0, 0.0,
-                        float("inf"), float("nan")], dtype=torch.float64)
+    f64 = torch.tensor(
+        [
+            5e-324,
+            2.0**-1074,
+            2.0**-1022,
+            2.0**1023,
+            1.7976931348623157e308,
+            0.5,
+            0.75,
+            3.0,
+            -2.0,
+            0.0,
+            float("inf"),
+            float("nan"),
+        ],
+        dtype=torch.float64,
+    )
     assert is_power_of_two(f64).tolist() == [_ref_pow2(v) for v in f64.tolist()]
-    assert is_power_of_two(f64).tolist() == [True, True, True, True, False, True, False, False, False, False, False, False]
+    assert is_power_of_two(f64).tolist() == [
+        True,
+        True,
+        True,
+        True,
+        False,
+        True,
+        False,
+        False,
+        False,
+        False,
+        False,
+        False,
+    ]
 
 
 def _raw(t: torch.Tensor) -> bytes:
@@ -229,6 +278,7 @@ def _raw(t: torch.Tensor) -> bytes:
 
 def test_bitwise_equal_is_the_raw_bytes():
     """Reference: dtype, shape and the raw bytes compared as Python bytes."""
+
     def ref(a, b):
         return a.dtype == b.dtype and a.shape == b.shape and _raw(a) == _raw(b)
 

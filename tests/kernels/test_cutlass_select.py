@@ -36,9 +36,18 @@ QWEN3 = {
 }
 # The documented choices at M = 512 (w8a8_sm90_default_tile's comment).
 AT_512 = {
-    ("1.7B", "q,o"): "small", ("1.7B", "k,v"): "small", ("1.7B", "gate,up"): "mid", ("1.7B", "down"): "small",
-    ("8B", "q,o"): "mid", ("8B", "k,v"): "small", ("8B", "gate,up"): "medium", ("8B", "down"): "mid",
-    ("14B", "q,o"): "mid", ("14B", "k,v"): "small", ("14B", "gate,up"): "medium", ("14B", "down"): "mid",
+    ("1.7B", "q,o"): "small",
+    ("1.7B", "k,v"): "small",
+    ("1.7B", "gate,up"): "mid",
+    ("1.7B", "down"): "small",
+    ("8B", "q,o"): "mid",
+    ("8B", "k,v"): "small",
+    ("8B", "gate,up"): "medium",
+    ("8B", "down"): "mid",
+    ("14B", "q,o"): "mid",
+    ("14B", "k,v"): "small",
+    ("14B", "gate,up"): "medium",
+    ("14B", "down"): "mid",
 }
 
 
@@ -48,7 +57,9 @@ def select(tmp_path_factory):
     (d / "h.cpp").write_text(HARNESS)
     exe = d / "h"
     inc = cutlass._HERE
-    subprocess.run([CXX, "-std=c++17", "-O1", f"-I{inc}", str(d / "h.cpp"), "-o", str(exe)], check=True, capture_output=True)
+    subprocess.run(
+        [CXX, "-std=c++17", "-O1", f"-I{inc}", str(d / "h.cpp"), "-o", str(exe)], check=True, capture_output=True
+    )
 
     def run(shapes):
         text = "".join(f"{m} {n} {k}\n" for m, n, k in shapes)
@@ -77,7 +88,9 @@ def test_choices_on_every_qwen3_linear(select):
                 elif m == 512:
                     tile = AT_512[(model, lin)]
                 elif m == 1024:
-                    tile = {"1.7B": {"q,o": "mid", "down": "mid"}}.get(model, {}).get(lin, "small" if lin == "k,v" else "medium")
+                    tile = {"1.7B": {"q,o": "mid", "down": "mid"}}.get(model, {}).get(
+                        lin, "small" if lin == "k,v" else "medium"
+                    )
                 elif m == 2048 and lin == "k,v":
                     tile = "mid"
                 else:

@@ -104,7 +104,9 @@ def test_quantize_slice_gives_the_whole_rows_operands(backend, dtype):
         for r in range(parts):
             lo, hi = r * step, (r + 1) * step
             # the tensor-parallel way: the MAX of the slices' own absmax values
-            amax = torch.stack([x[:, i * step:(i + 1) * step].abs().amax(1, keepdim=True) for i in range(parts)]).amax(0)
+            amax = torch.stack(
+                [x[:, i * step : (i + 1) * step].abs().amax(1, keepdim=True) for i in range(parts)]
+            ).amax(0)
             assert torch.equal(amax, absmax)
             qs, ss = quantize_slice(x[:, lo:hi], amax.to(torch.float32), backend=backend)
             assert torch.equal(qs, q[:, lo:hi]), (parts, r)

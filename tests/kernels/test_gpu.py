@@ -16,9 +16,9 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU (the CUTLASS half needs sm90)", allow_module_level=True)
 
 from requant.kernels import reference as ref  # noqa: E402
+from requant.kernels.bf16 import bitwise_equal, is_power_of_two, ulp_distance  # noqa: E402
 from requant.kernels.cutlass import TILES  # noqa: E402 (no build at import)
 from requant.kernels.triton.scaled_mm import CONFIGS as TRITON_CONFIGS  # noqa: E402
-from requant.kernels.bf16 import bitwise_equal, is_power_of_two, ulp_distance  # noqa: E402
 from tests.kernels.operands import random_operands  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -48,8 +48,10 @@ def order_mismatch():
     yield stats
     if stats["outputs"]:
         rate = stats["differ"] / stats["outputs"]
-        print(f"\nCUTLASS vs Triton order, general bf16 scales: {stats['differ']} of "
-              f"{stats['outputs']} outputs differ by one spacing ({rate * 1e6:.2f} per million)")
+        print(
+            f"\nCUTLASS vs Triton order, general bf16 scales: {stats['differ']} of "
+            f"{stats['outputs']} outputs differ by one spacing ({rate * 1e6:.2f} per million)"
+        )
     if stats["outputs"] >= RATE_MIN_OUTPUTS:
         assert stats["differ"] > 0, f"no output differs between the orders over {stats['outputs']} outputs"
 
@@ -83,7 +85,9 @@ def test_qwen3_shape(model, lin, n, k, m, order_mismatch):
     y_t = {}
     for name, sw in (("general", s_w), ("pow2", s_w_pow2)):
         y_t[name] = tk.scaled_mm(a, w, s_a, sw)
-        assert bitwise_equal(y_t[name], ref.epilogue_triton_order(acc, s_a, sw)), f"triton != emulated triton order ({name} s_w)"
+        assert bitwise_equal(y_t[name], ref.epilogue_triton_order(acc, s_a, sw)), (
+            f"triton != emulated triton order ({name} s_w)"
+        )
     if not SM90:
         return
     from requant.kernels import cutlass as ck
@@ -118,8 +122,10 @@ def test_orders_differ_by_exactly_one_spacing_sometimes():
     assert bitwise_equal(y_t, ref.epilogue_triton_order(acc, s_a, s_w))
     d = ulp_distance(y_c, y_t)
     differ = int((d > 0).sum())
-    print(f"\nCUTLASS vs Triton order, {m}x{n}x{k}: {differ} of {d.numel()} outputs differ "
-          f"({differ / d.numel() * 1e6:.2f} per million)")
+    print(
+        f"\nCUTLASS vs Triton order, {m}x{n}x{k}: {differ} of {d.numel()} outputs differ "
+        f"({differ / d.numel() * 1e6:.2f} per million)"
+    )
     assert differ > 0, "the two epilogue orders gave identical bits on 25M outputs"
     assert int(d.max()) == 1, "every difference must be exactly one bf16 spacing"
 
@@ -167,7 +173,7 @@ def test_cutlass_strided_and_offset_operands():
     from requant.kernels import cutlass as ck
 
     big, w_big, s_a_big, s_w = random_operands(64, 256, 4096 + 16, seed=31, device="cuda")
-    a = big[3:40, 5:4096 + 5]  # neither contiguous nor 16-byte aligned: copied
+    a = big[3:40, 5 : 4096 + 5]  # neither contiguous nor 16-byte aligned: copied
     w = w_big[:, 16:]  # aligned base, row stride 4112: a strided view
     s_a = s_a_big[3:40]
     assert bitwise_equal(ck.scaled_mm(a, w, s_a, s_w), ref.scaled_mm_cutlass_order(a, w, s_a, s_w))
@@ -217,7 +223,9 @@ def test_triton_quantize_cached_and_nonfinite_rows():
     from requant.kernels import triton as tk
 
     for i in range(3):
-        x = torch.randn(333, 5120, device="cuda", generator=torch.Generator(device="cuda").manual_seed(i)).to(torch.bfloat16)
+        x = torch.randn(333, 5120, device="cuda", generator=torch.Generator(device="cuda").manual_seed(i)).to(
+            torch.bfloat16
+        )
         if i == 2:
             x[5, 17] = float("nan")
             x[6, 5000] = float("inf")

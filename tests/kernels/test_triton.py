@@ -34,7 +34,9 @@ def _check_triton_order(a, w, s_a, s_w, **kw):
     return got
 
 
-@pytest.mark.parametrize("shape", [(1, 24, 48), (1, 200, 130), (16, 64, 256), (37, 70, 300), (130, 72, 160), (3, 1, 16)])
+@pytest.mark.parametrize(
+    "shape", [(1, 24, 48), (1, 200, 130), (16, 64, 256), (37, 70, 300), (130, 72, 160), (3, 1, 16)]
+)
 def test_random_shapes_bitwise(shape):
     _check_triton_order(*_operands(*shape, seed=sum(shape)))
 
@@ -62,15 +64,15 @@ def test_row_strided_views(config):
 def test_adversarial_inputs():
     m, n, k = 24, 40, 2048
     a, w, s_a, s_w = _operands(m, n, k, seed=11)
-    a[0] = -128                       # |acc| = k * 2**14 = 2**25: past fp32's exact integers
+    a[0] = -128  # |acc| = k * 2**14 = 2**25: past fp32's exact integers
     w[0] = -128
     w[1] = 127
-    w[2, ::2] = -128                  # -128 weights (no symmetric int8 counterpart)
-    a[1] = 0                          # zero row, and a zero scale for it
+    w[2, ::2] = -128  # -128 weights (no symmetric int8 counterpart)
+    a[1] = 0  # zero row, and a zero scale for it
     s_a[1] = 0
-    a[2:6, :8] = 127                  # outlier channels: a few saturated columns
-    s_a[2:6] = 30.0                   # with large activation scales
-    s_w[3] = -s_w[3]                  # a negative scale: -0 outputs and sign handling
+    a[2:6, :8] = 127  # outlier channels: a few saturated columns
+    s_a[2:6] = 30.0  # with large activation scales
+    s_w[3] = -s_w[3]  # a negative scale: -0 outputs and sign handling
     got = _check_triton_order(a, w, s_a, s_w)
     assert ref.accumulate(a[:1], w[:1]).abs().max() > 2**24
     assert torch.all(got[1] == 0)
@@ -79,8 +81,8 @@ def test_adversarial_inputs():
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # inf * 0 in masked-off lanes (never stored)
 def test_overflow_and_tiny_scales():
     a, w, s_a, s_w = _operands(8, 16, 64, seed=12)
-    s_a[0] = 3.0e38                   # products past bf16/fp32 range: inf, rounded like the oracle
-    s_a[1] = 2.0**-140                # products in the fp32 and bf16 subnormal range
+    s_a[0] = 3.0e38  # products past bf16/fp32 range: inf, rounded like the oracle
+    s_a[1] = 2.0**-140  # products in the fp32 and bf16 subnormal range
     got = _check_triton_order(a, w, s_a, s_w)
     bits = bf16_bits(got[1])
     subnormal = ((bits & 0x7F80) == 0) & ((bits & 0x7F) != 0)
@@ -122,6 +124,7 @@ def test_operand_errors():
 
 
 # ---- activation quantization, reference: kernels.reference.quantize_activations ----
+
 
 def _check_quant(x):
     q, s = quantize_activations(x)
@@ -205,7 +208,7 @@ def _rows_with_nonfinite(dtype):
     g = torch.Generator().manual_seed(21)
     x = (torch.randn(6, 1500, generator=g) * 3).to(dtype)
     x[1, 7] = float("nan")
-    x[2, 1499] = float("inf")   # in the second K block of the Triton kernel
+    x[2, 1499] = float("inf")  # in the second K block of the Triton kernel
     x[3, 0] = -float("inf")
     x[3, 5] = float("nan")
     return x.to(DEVICE), [0, 4, 5], [1, 2, 3]

@@ -50,7 +50,7 @@ def _tensor(dtype, aligned, rows=64, cols=128):
     base = torch.zeros(rows * cols + 64, dtype=dtype)
     off = 0 if aligned else 1
     assert (base.data_ptr() % 16 == 0) and base.element_size() < 16
-    return base[off:off + rows * cols].view(rows, cols)
+    return base[off : off + rows * cols].view(rows, cols)
 
 
 def _check_key_determines_spec(binder, cases):
@@ -90,7 +90,10 @@ def test_pointer_kernel_key_determines_specialization():
     rng = random.Random(3)
     cases = []
     for _ in range(400):
-        ptrs = [_tensor(dt, rng.random() < 0.5) for dt in (torch.int8, torch.int8, torch.float32, torch.float32, torch.int16)]
+        ptrs = [
+            _tensor(dt, rng.random() < 0.5)
+            for dt in (torch.int8, torch.int8, torch.float32, torch.float32, torch.int16)
+        ]
         ints = [rng.choice(INTS) for _ in range(6)]
         consts = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 8, "EVEN_K": rng.random() < 0.5}
         args = tuple(ptrs) + tuple(ints)
@@ -156,6 +159,7 @@ class _FakeCompiled:
     def __getitem__(self, grid):
         def runner(*params, stream=None):
             self.launches.append((grid, params, stream))
+
         return runner
 
 
@@ -170,6 +174,7 @@ class _FakeJIT:
         def run(*args, **kw):
             self.calls.append((grid, args, kw))
             return self.compiled
+
         return run
 
 

@@ -9,8 +9,19 @@ from requant import DEFAULT_CHECKPOINT
 from requant.synthetic import Preset, generate
 
 # A micro Qwen3 (every Linear dimension a multiple of 16), fast enough for every test.
-MICRO = Preset(hidden=32, intermediate=64, layers=2, heads=2, kv_heads=1, head_dim=16, vocab=64, tie=False,
-               max_position=128, bos=1, eos=2)
+MICRO = Preset(
+    hidden=32,
+    intermediate=64,
+    layers=2,
+    heads=2,
+    kv_heads=1,
+    head_dim=16,
+    vocab=64,
+    tie=False,
+    max_position=128,
+    bos=1,
+    eos=2,
+)
 
 
 @pytest.fixture
@@ -50,8 +61,16 @@ def load_all(path: Path) -> dict:
     return {k: v.clone() for k, v in load_file(str(path)).items()}
 
 
-def write_custom(path: Path, tensors: dict, header_order: list[str], data_order: list[str], metadata=None,
-                 metadata_last=False, pad: int = 0, indent=None) -> None:
+def write_custom(
+    path: Path,
+    tensors: dict,
+    header_order: list[str],
+    data_order: list[str],
+    metadata=None,
+    metadata_last=False,
+    pad: int = 0,
+    indent=None,
+) -> None:
     """A valid safetensors file that the library would never write: header keys in one
     order, data in another, __metadata__ anywhere, arbitrary space padding."""
     import json

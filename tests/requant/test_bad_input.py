@@ -23,7 +23,7 @@ LIN = "model.layers.1.mlp.up_proj"
 def _header(path):
     raw = path.read_bytes()
     n = struct.unpack("<Q", raw[:8])[0]
-    return json.loads(raw[8:8 + n]), raw[8 + n:]
+    return json.loads(raw[8 : 8 + n]), raw[8 + n :]
 
 
 def _rewrite(path, header, data):
@@ -36,7 +36,7 @@ def _set_scale(src, value):
     info = f.info(LIN + ".weight_scale")
     raw = bytearray((src / F).read_bytes())
     pos = f.data_start + info.begin + 2 * 3  # output channel 3
-    raw[pos:pos + 2] = torch.tensor([value], dtype=torch.bfloat16).view(torch.int16).numpy().tobytes()
+    raw[pos : pos + 2] = torch.tensor([value], dtype=torch.bfloat16).view(torch.int16).numpy().tobytes()
     (src / F).write_bytes(bytes(raw))
 
 
@@ -55,7 +55,7 @@ def header_past_end(src):
 
 def header_not_json(src):
     raw = bytearray((src / F).read_bytes())
-    raw[8 + 10: 8 + 20] = b"#" * 10
+    raw[8 + 10 : 8 + 20] = b"#" * 10
     (src / F).write_bytes(bytes(raw))
     return F, "not valid JSON"
 
@@ -144,10 +144,36 @@ def missing_weights(src):
     return str(src), "no weights"
 
 
-CASES = [truncated, header_past_end, header_not_json, overlapping, gapped, scale_nan, scale_zero, scale_negative,
-         scale_inf, scale_shape, weight_not_int8, weight_uint8, linear_without_scale, zero_point, missing_config, missing_weights]
-TENSOR_NAMED = {overlapping, scale_nan, scale_zero, scale_negative, scale_inf, scale_shape, weight_not_int8, weight_uint8,
-                linear_without_scale, zero_point}
+CASES = [
+    truncated,
+    header_past_end,
+    header_not_json,
+    overlapping,
+    gapped,
+    scale_nan,
+    scale_zero,
+    scale_negative,
+    scale_inf,
+    scale_shape,
+    weight_not_int8,
+    weight_uint8,
+    linear_without_scale,
+    zero_point,
+    missing_config,
+    missing_weights,
+]
+TENSOR_NAMED = {
+    overlapping,
+    scale_nan,
+    scale_zero,
+    scale_negative,
+    scale_inf,
+    scale_shape,
+    weight_not_int8,
+    weight_uint8,
+    linear_without_scale,
+    zero_point,
+}
 
 
 def _check_refused(src, tmp_path, file, needle, tensor=None):
@@ -176,7 +202,9 @@ def test_index_names_missing_shard(tmp_path, micro_sharded):
     _check_refused(micro_sharded, tmp_path, "model.safetensors.index.json", f"{shard.name!r}, which does not exist")
 
 
-@pytest.mark.parametrize("evil", ["../evil.safetensors", "/etc/passwd.safetensors", "sub/x.safetensors", "..", "a\\b.safetensors"])
+@pytest.mark.parametrize(
+    "evil", ["../evil.safetensors", "/etc/passwd.safetensors", "sub/x.safetensors", "..", "a\\b.safetensors"]
+)
 def test_index_path_traversal(tmp_path, micro_sharded, evil):
     (tmp_path / "evil.safetensors").write_bytes(b"")
     idx = micro_sharded / "model.safetensors.index.json"
@@ -221,7 +249,10 @@ SCHEMES = {
     "fp8": (lambda c: (_w(c).update(type="float"), _a(c).update(type="float")), "weights.type"),
     "fp8-format": (lambda c: c["quantization_config"].update(format="float-quantized"), "quantization_config.format"),
     "gptq": (lambda c: c["quantization_config"].update(quant_method="gptq"), "quantization_config.quant_method"),
-    "no-activations": (lambda c: c["quantization_config"]["config_groups"]["group_0"].update(input_activations=None), "input_activations is missing"),
+    "no-activations": (
+        lambda c: c["quantization_config"]["config_groups"]["group_0"].update(input_activations=None),
+        "input_activations is missing",
+    ),
     "kv-cache": (lambda c: c["quantization_config"].update(kv_cache_scheme={"num_bits": 8}), "kv_cache_scheme"),
     "not-quantized": (lambda c: c.pop("quantization_config"), "no quantization_config"),
     "bits-as-bool": (lambda c: _w(c).update(num_bits=True), "weights.num_bits"),

@@ -105,10 +105,16 @@ app()
 def test_signal_mid_convert_leaves_nothing(tmp_path, micro, sig):
     """A real interrupt of the CLI process half way: exit 130, no OUT, no temp dir."""
     out = tmp_path / "outs" / "out"
-    proc = subprocess.Popen([sys.executable, "-c", SLOW_CONVERT, "convert", str(micro), "-o", str(out)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SLOW_CONVERT, "convert", str(micro), "-o", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.time() + 60
-    while time.time() < deadline and not (out.parent.exists() and any(p.name.startswith(".out.requant-tmp") for p in out.parent.iterdir())):
+    while time.time() < deadline and not (
+        out.parent.exists() and any(p.name.startswith(".out.requant-tmp") for p in out.parent.iterdir())
+    ):
         time.sleep(0.02)
     time.sleep(0.2)  # a few Linears in
     proc.send_signal(sig)

@@ -13,11 +13,11 @@ import pytest
 import torch
 
 import requant.scales.arms
-from requant.kernels.bf16 import is_power_of_two
-from requant.scales.arms import requantize
 from requant.checkpoint import open_checkpoint
 from requant.convert import PROVENANCE_KEY, convert
 from requant.errors import OutputError
+from requant.kernels.bf16 import is_power_of_two
+from requant.scales.arms import requantize
 from requant.synthetic import generate
 
 from .conftest import MICRO, leftovers, load_all, tree_bytes, write_custom
@@ -31,7 +31,11 @@ def _all_tensors(ckpt_dir):
 
 
 def _same_bits(a, b):
-    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
+    return (
+        a.dtype == b.dtype
+        and a.shape == b.shape
+        and torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
+    )
 
 
 @pytest.mark.parametrize("fixture", ["default_copy", "micro", "micro_sharded"])
@@ -71,7 +75,9 @@ def test_constrained_arms(request, tmp_path, fixture, arm):
         n = int.from_bytes(p.read_bytes()[:8], "little")
         assert (out / p.name).read_bytes()[: 8 + n] == p.read_bytes()[: 8 + n]
     if (src / "model.safetensors.index.json").exists():
-        assert (out / "model.safetensors.index.json").read_bytes() == (src / "model.safetensors.index.json").read_bytes()
+        assert (out / "model.safetensors.index.json").read_bytes() == (
+            src / "model.safetensors.index.json"
+        ).read_bytes()
     cfg_in, cfg_out = json.loads((src / "config.json").read_text()), json.loads((out / "config.json").read_text())
     prov = cfg_out.pop(PROVENANCE_KEY)
     assert cfg_out == cfg_in  # quantization_config untouched
@@ -79,9 +85,12 @@ def test_constrained_arms(request, tmp_path, fixture, arm):
     assert prov["source"] == {"path": str(src)} and prov["version"]
     assert (prov["manifest"], prov["source_manifest"]) == ("SHA256SUMS", "SHA256SUMS.source")
     assert ("warning" in prov) == (arm == "probe")
+
     # the manifests: plain sha256 of every file (reference: hashlib over the bytes), the output's
     # covering config.json and the source's list; the statistics beside them, tied by the digest
-    sums = lambda d, names: "".join(f"{hashlib.sha256((d / n).read_bytes()).hexdigest()}  {n}\n" for n in sorted(names))
+    def sums(d, names):
+        return "".join(f"{hashlib.sha256((d / n).read_bytes()).hexdigest()}  {n}\n" for n in sorted(names))
+
     src_files = [p.name for p in src.iterdir()]
     assert (out / "SHA256SUMS.source").read_text() == sums(src, src_files)
     out_files = [p.name for p in out.iterdir() if p.name not in ("SHA256SUMS", "requant-convert.json")]
@@ -101,8 +110,15 @@ def test_unusual_header_layout_round_trips(tmp_path, micro):
     names = sorted(tensors)
     src = tmp_path / "odd"
     shutil.copytree(micro, src)
-    write_custom(src / "model.safetensors", tensors, header_order=names[::-1], data_order=names,
-                 metadata={"format": "pt", "note": "hand made"}, metadata_last=True, pad=13)
+    write_custom(
+        src / "model.safetensors",
+        tensors,
+        header_order=names[::-1],
+        data_order=names,
+        metadata={"format": "pt", "note": "hand made"},
+        metadata_last=True,
+        pad=13,
+    )
     convert(src, tmp_path / "u", "unconstrained")
     assert tree_bytes(tmp_path / "u") == tree_bytes(src)
     convert(src, tmp_path / "n", "nearest")
@@ -128,7 +144,9 @@ def test_weight_and_scale_in_different_shards(tmp_path, micro):
     save_file(a, str(src / "model-00001-of-00002.safetensors"), metadata={"format": "pt"})
     save_file(b, str(src / "model-00002-of-00002.safetensors"), metadata={"format": "pt"})
     wm = {n: "model-00001-of-00002.safetensors" for n in a} | {n: "model-00002-of-00002.safetensors" for n in b}
-    (src / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": 0}, "weight_map": wm}, indent=2))
+    (src / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": 0}, "weight_map": wm}, indent=2)
+    )
     convert(src, tmp_path / "j1", "nearest", jobs=1)
     convert(src, tmp_path / "j2", "nearest", jobs=2)
     assert tree_bytes(tmp_path / "j1") == tree_bytes(tmp_path / "j2")
@@ -154,7 +172,9 @@ def test_converting_twice_is_stable(tmp_path, micro):
     prov = json.loads((tmp_path / "b" / "config.json").read_text())[PROVENANCE_KEY]
     assert prov["source"] == {"path": str(tmp_path / "a")}
     # the chain: b's source list holds a's config.json (with a's provenance) and a's own manifests
-    listed = dict(reversed(line.split("  ")) for line in (tmp_path / "b" / "SHA256SUMS.source").read_text().splitlines())
+    listed = dict(
+        reversed(line.split("  ")) for line in (tmp_path / "b" / "SHA256SUMS.source").read_text().splitlines()
+    )
     assert listed["config.json"] == hashlib.sha256((tmp_path / "a" / "config.json").read_bytes()).hexdigest()
     assert "SHA256SUMS.source" in listed and "SHA256SUMS" not in listed and "requant-convert.json" not in listed
 
@@ -163,7 +183,9 @@ def test_deterministic_digest_and_bytes(tmp_path, micro):
     r1 = convert(micro, tmp_path / "a", "mse")
     r2 = convert(micro, tmp_path / "b", "mse")
     assert r1.source_digest == r2.source_digest and r1.manifest_digest == r2.manifest_digest
-    assert tree_bytes(tmp_path / "a") == tree_bytes(tmp_path / "b")  # requant-convert.json included: no times, no paths of OUT
+    assert tree_bytes(tmp_path / "a") == tree_bytes(
+        tmp_path / "b"
+    )  # requant-convert.json included: no times, no paths of OUT
 
 
 def test_given_source_hashes_give_the_same_bytes(tmp_path, micro):
@@ -171,13 +193,14 @@ def test_given_source_hashes_give_the_same_bytes(tmp_path, micro):
     conversion. Reference: the conversion that hashes its source itself (and hashlib, for
     SHA256SUMS.source). Entries that do not name the source's files are refused before
     anything is written."""
-    from requant.evidence import manifest as mf
     from requant.errors import CheckpointError
+    from requant.evidence import manifest as mf
 
     entries: dict = {}
     mf.identity(micro, entries_out=entries)
     assert {rel: e.sha256 for rel, e in entries.items()} == {
-        p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in micro.iterdir() if p.is_file()}
+        p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in micro.iterdir() if p.is_file()
+    }
     convert(micro, tmp_path / "self", "nearest")
     convert(micro, tmp_path / "given", "nearest", src_entries=entries)
     assert tree_bytes(tmp_path / "given") == tree_bytes(tmp_path / "self")
@@ -280,7 +303,10 @@ def test_mse_costs_less_than_nearest_and_ceiling(tmp_path, default_copy):
         outs[arm] = _all_tensors(tmp_path / arm)
     for lin in open_checkpoint(default_copy).quantized_linears:
         ref = src[lin + ".weight"].double() * src[lin + ".weight_scale"].double()
-        err = {arm: ((t[lin + ".weight"].double() * t[lin + ".weight_scale"].double() - ref) ** 2).sum(1) for arm, t in outs.items()}
+        err = {
+            arm: ((t[lin + ".weight"].double() * t[lin + ".weight_scale"].double() - ref) ** 2).sum(1)
+            for arm, t in outs.items()
+        }
         assert bool((err["mse"] <= torch.minimum(err["nearest"], err["ceiling"])).all()), lin
         assert float(err["mse"].sum()) <= min(float(err["nearest"].sum()), float(err["ceiling"].sum())), lin
 
@@ -356,7 +382,7 @@ def test_outputs_are_fsynced_before_and_after_the_rename(tmp_path, monkeypatch, 
     _, tmp, final = events[renames[0]]
     assert final == str(out) and tmp.startswith(str(out.parent / ".out.requant-tmp-"))
     before = {e[1] for e in events[: renames[0]] if e[0] == "fsync"}
-    after = {e[1] for e in events[renames[0]:] if e[0] == "fsync"}
+    after = {e[1] for e in events[renames[0] :] if e[0] == "fsync"}
     for p in sorted(micro_sharded.iterdir()):  # every file, shards and the rest
         assert f"{tmp}/{p.name}" in before, p.name
     assert tmp in before  # the directory's entries
@@ -381,9 +407,16 @@ def test_symlinked_output_is_replaced_in_its_own_directory(tmp_path, monkeypatch
     renames = [e for e in events if e[0] == "rename"]
     assert len(renames) == 2
     for _, a, b in renames:
-        assert str(tmp_path / "here") == str(__import__("pathlib").Path(a).parent) == str(__import__("pathlib").Path(b).parent)
+        assert (
+            str(tmp_path / "here")
+            == str(__import__("pathlib").Path(a).parent)
+            == str(__import__("pathlib").Path(b).parent)
+        )
     assert out.is_dir() and not out.is_symlink() and (out / "model.safetensors").exists()
-    assert sorted(p.name for p in elsewhere.iterdir()) == ["target"] and (elsewhere / "target" / "keep.txt").read_text() == "x"
+    assert (
+        sorted(p.name for p in elsewhere.iterdir()) == ["target"]
+        and (elsewhere / "target" / "keep.txt").read_text() == "x"
+    )
     assert leftovers(here, "out") == ["out"]
 
 
@@ -444,7 +477,9 @@ def test_write_error_names_the_output_shard(tmp_path, monkeypatch, micro_sharded
     assert re.findall(r"model-\d+-of-\d+\.safetensors", msg) == [shards[0]]  # the first unit's error, alone
     # its first write of tensor data: the first tensor in file order that is not a scale
     # (scales are written with their weight)
-    first_tensor = next(t.name for t in open_checkpoint(micro_sharded).shards[shards[0]].by_offset if not t.name.endswith("_scale"))
+    first_tensor = next(
+        t.name for t in open_checkpoint(micro_sharded).shards[shards[0]].by_offset if not t.name.endswith("_scale")
+    )
     assert ei.value.tensor == first_tensor
     assert not parent.exists() or leftovers(parent, "out") == []
 
@@ -482,15 +517,21 @@ def test_tiny_pieces_and_parallel_units_give_the_same_bytes(tmp_path, monkeypatc
 
     ref = tmp_path / "ref"
     convert(micro_sharded, ref, arm)
-    assert len(conv.segments(open_checkpoint(micro_sharded).shards[sorted(open_checkpoint(micro_sharded).shards)[0]])) == 1
+    assert (
+        len(conv.segments(open_checkpoint(micro_sharded).shards[sorted(open_checkpoint(micro_sharded).shards)[0]])) == 1
+    )
     monkeypatch.setattr(conv, "BLOCK_BYTES", 64)
     monkeypatch.setattr(conv, "CHUNK", 16)
     monkeypatch.setattr(conv, "SEGMENT", 256)
     ck = open_checkpoint(micro_sharded)
     assert max(len(conv.segments(f)) for f in ck.shards.values()) > 4
-    assert any(info.nbytes > 16 for f in ck.shards.values() for info in f.by_offset if info.name.endswith("norm.weight"))
+    assert any(
+        info.nbytes > 16 for f in ck.shards.values() for info in f.by_offset if info.name.endswith("norm.weight")
+    )
     cols = min(ck.info(lin + ".weight").shape[1] for lin in ck.quantized_linears)
-    assert 64 // cols < min(ck.info(lin + ".weight").shape[0] for lin in ck.quantized_linears)  # several blocks per weight
+    assert 64 // cols < min(
+        ck.info(lin + ".weight").shape[0] for lin in ck.quantized_linears
+    )  # several blocks per weight
     r1 = convert(micro_sharded, tmp_path / "j1", arm, jobs=1)
     r4 = convert(micro_sharded, tmp_path / "j4", arm, jobs=4)
     t1, t4, tref = tree_bytes(tmp_path / "j1"), tree_bytes(tmp_path / "j4"), tree_bytes(ref)

@@ -18,8 +18,8 @@ import typer
 from typer.testing import CliRunner
 
 from requant import DEFAULT_CHECKPOINT
-from requant.determinism import first_divergence, ids_sha256
 from requant.commands.determinism import determinism
+from requant.determinism import first_divergence, ids_sha256
 from requant.prompts import prompts
 from requant.tokenizer import load_tokenizer
 
@@ -41,10 +41,21 @@ def test_digest_and_divergence_helpers():
 
 def test_default_with_the_emulated_orders(tmp_path):
     out = tmp_path / "det.json"
-    res = runner.invoke(app, ["determinism", "--backends", "reference", "--prompts", "3", "--new-tokens", "5", "--json", str(out)])
+    res = runner.invoke(
+        app, ["determinism", "--backends", "reference", "--prompts", "3", "--new-tokens", "5", "--json", str(out)]
+    )
     assert res.exit_code == 0, res.output
     data = json.loads(out.read_text())
-    assert set(data) >= {"regimes", "batch_invariance", "tokenizer", "backends", "new_tokens", "device", "tool_version", "summary"}
+    assert set(data) >= {
+        "regimes",
+        "batch_invariance",
+        "tokenizer",
+        "backends",
+        "new_tokens",
+        "device",
+        "tool_version",
+        "summary",
+    }
     assert data["backends"] == ["reference-cutlass-order", "reference-triton-order"] and data["new_tokens"] == 5
     vocab = json.loads((DEFAULT_CHECKPOINT / "config.json").read_text())["vocab_size"]
     assert data["tokenizer"] == load_tokenizer(DEFAULT_CHECKPOINT, vocab).describe()
@@ -90,8 +101,19 @@ def write_walk_checkpoint(path):
 
     from requant.synthetic import Preset, model_config
 
-    p = Preset(hidden=64, intermediate=64, layers=1, heads=2, kv_heads=1, head_dim=32, vocab=64, tie=False,
-               max_position=256, bos=62, eos=63)
+    p = Preset(
+        hidden=64,
+        intermediate=64,
+        layers=1,
+        heads=2,
+        kv_heads=1,
+        head_dim=32,
+        vocab=64,
+        tie=False,
+        max_position=256,
+        bos=62,
+        eos=63,
+    )
     t = {"model.embed_tokens.weight": torch.eye(64, dtype=torch.bfloat16)}
     norm = torch.ones(64, dtype=torch.bfloat16)
     norm[T_STAR] = G
@@ -138,7 +160,10 @@ def test_the_walk_premise_with_the_kernels_directly():
 def test_a_pair_that_must_differ_is_found_at_the_known_position(tmp_path):
     ck = write_walk_checkpoint(tmp_path / "walk")
     out = tmp_path / "walk.json"
-    res = runner.invoke(app, ["determinism", str(ck), "--backends", "reference", "--prompts", "5", "--new-tokens", "7", "--json", str(out)])
+    res = runner.invoke(
+        app,
+        ["determinism", str(ck), "--backends", "reference", "--prompts", "5", "--new-tokens", "7", "--json", str(out)],
+    )
     assert res.exit_code == 0, res.output  # pow2 identical and batch-invariant: success even though native differs
     data = json.loads(out.read_text())
     assert data["summary"] == "pow2: 5/5 identical; native: 1/5"
@@ -160,7 +185,21 @@ def test_a_converted_checkpoint_is_its_own_pow2_regime(tmp_path):
     conv = tmp_path / "walk-pow2"
     convert(src, conv, "nearest")
     out = tmp_path / "conv.json"
-    res = runner.invoke(app, ["determinism", str(conv), "--backends", "reference", "--prompts", "2", "--new-tokens", "6", "--json", str(out)])
+    res = runner.invoke(
+        app,
+        [
+            "determinism",
+            str(conv),
+            "--backends",
+            "reference",
+            "--prompts",
+            "2",
+            "--new-tokens",
+            "6",
+            "--json",
+            str(out),
+        ],
+    )
     assert res.exit_code == 0, res.output
     data = json.loads(out.read_text())
     assert data["converted"]["arm"] == "nearest" and data["converted"]["all_scales_pow2"]
@@ -186,15 +225,21 @@ def test_exit_status_one_when_pow2_is_not_identical(monkeypatch):
     assert res.exit_code == 1, res.output
 
 
-@pytest.mark.parametrize("args, word", [
-    (["--backends", "reference-triton-order"], "two comma-separated"),
-    (["--backends", "cutlass,triton", "--device", "cpu"], "GPU"),
-    (["--backends", "reference", "--device", "cuda:0"], "CUDA"),
-    (["--prompts", "17"], "--prompts"),
-    (["--new-tokens", "0"], "--new-tokens"),
-    (["/nonexistent/checkpoint"], "nonexistent"),
-    (["--backends", "reference", "--prompts", "1", "--new-tokens", "1", "--act-backend", "nope"], "unknown quantize_activations backend 'nope'"),
-])
+@pytest.mark.parametrize(
+    "args, word",
+    [
+        (["--backends", "reference-triton-order"], "two comma-separated"),
+        (["--backends", "cutlass,triton", "--device", "cpu"], "GPU"),
+        (["--backends", "reference", "--device", "cuda:0"], "CUDA"),
+        (["--prompts", "17"], "--prompts"),
+        (["--new-tokens", "0"], "--new-tokens"),
+        (["/nonexistent/checkpoint"], "nonexistent"),
+        (
+            ["--backends", "reference", "--prompts", "1", "--new-tokens", "1", "--act-backend", "nope"],
+            "unknown quantize_activations backend 'nope'",
+        ),
+    ],
+)
 def test_usage_errors_are_one_line(args, word):
     if "cuda:0" in args and torch.cuda.is_available():
         pytest.skip("a CUDA device is present")
@@ -216,7 +261,9 @@ def test_json_ties_the_generations_to_the_bytes_and_the_code(tmp_path):
     res = runner.invoke(app, ["determinism", str(src), *args])
     assert res.exit_code == 0, res.output
     data = json.loads((tmp_path / "det.json").read_text())
-    assert data["manifest"] is None and data["manifest_digest"] == manifest_digest_by_hand(src)  # no SHA256SUMS: computed
+    assert data["manifest"] is None and data["manifest_digest"] == manifest_digest_by_hand(
+        src
+    )  # no SHA256SUMS: computed
     assert {k: data[k] for k in ("tool_version", "git_commit")} == build_info()
     assert f"checkpoint manifest digest: `{data['manifest_digest']}`" in res.stdout
     mf.write(src)

@@ -17,13 +17,24 @@ import pytest
 import torch
 
 from requant import DEFAULT_CHECKPOINT, kernels
-from requant.scales.arms import requantize
 from requant.checkpoint import open_checkpoint
 from requant.kernels.bf16 import bitwise_equal, is_power_of_two, ulp_distance
 from requant.prompts import prompts
 from requant.qwen3 import Qwen3Arch
-from requant.runtime import (DENSE_CHUNK, arch_from_config, attend_decode, attend_prompt, dense_names, dense_rows, load_linears,
-                             load_model, rms_norm, rope, tree_sum)
+from requant.runtime import (
+    DENSE_CHUNK,
+    arch_from_config,
+    attend_decode,
+    attend_prompt,
+    dense_names,
+    dense_rows,
+    load_linears,
+    load_model,
+    rms_norm,
+    rope,
+    tree_sum,
+)
+from requant.scales.arms import requantize
 from requant.synthetic import generate
 from tests.requant.conftest import MICRO
 
@@ -54,6 +65,7 @@ def _one_thread():
 
 # -- building blocks -----------------------------------------------------------------------
 
+
 def test_rope_convention():
     """Rotate-half RoPE (HF Qwen3): position 0 is the identity; pair (i, i + d/2) of position t
     is rotated by t * theta**(-2i/d): x = e_i goes to (cos, sin) of that angle."""
@@ -74,7 +86,7 @@ def test_rms_norm_definition(tree):
     x = torch.tensor([[3.0, 4.0]], dtype=torch.bfloat16)
     w = torch.tensor([1.0, 2.0], dtype=torch.bfloat16)
     y = rms_norm(x, w, 0.0, tree=tree)
-    want = torch.tensor([[3.0, 4.0]]) / (12.5 ** 0.5)
+    want = torch.tensor([[3.0, 4.0]]) / (12.5**0.5)
     assert bitwise_equal(y, (want.to(torch.bfloat16).to(torch.float32) * torch.tensor([1.0, 2.0])).to(torch.bfloat16))
 
 
@@ -111,7 +123,7 @@ def test_dense_rows_are_batch_invariant_and_accurate():
     w = torch.randn(40, 96, generator=g).to(torch.bfloat16).to(torch.float32)
     full = dense_rows(x, w)
     for i in (0, 1, DENSE_CHUNK - 1, DENSE_CHUNK, len(x) - 1):
-        assert bitwise_equal(dense_rows(x[i:i + 1], w)[0], full[i])
+        assert bitwise_equal(dense_rows(x[i : i + 1], w)[0], full[i])
     assert bitwise_equal(dense_rows(x[5:77], w), full[5:77])
     exact = (x.to(torch.float64) @ w.to(torch.float64).T).to(torch.bfloat16)
     assert int(ulp_distance(full, exact).max()) <= 1
@@ -129,13 +141,13 @@ def test_decode_attention_against_prompt_attention():
         q = (torch.randn(t, 8, 32, generator=g) * 3).to(torch.bfloat16)
         k = (torch.randn(t, 2, 32, generator=g) * 3).to(torch.bfloat16)
         v = torch.randn(t, 2, 32, generator=g).to(torch.bfloat16)
-        ref = attend_prompt(q, k, v, 32 ** -0.5)[-1]
+        ref = attend_prompt(q, k, v, 32**-0.5)[-1]
         outs = []
         for cap in (128, 512):
             kc = torch.zeros(1, 2, cap, 32, dtype=torch.bfloat16)
             vc = torch.zeros_like(kc)
             kc[0, :, :t], vc[0, :, :t] = k.transpose(0, 1), v.transpose(0, 1)
-            outs.append(attend_decode(q[-1:].contiguous(), kc, vc, torch.tensor([t]), 32 ** -0.5)[0])
+            outs.append(attend_decode(q[-1:].contiguous(), kc, vc, torch.tensor([t]), 32**-0.5)[0])
         assert bitwise_equal(outs[0], outs[1])
         d = ulp_distance(outs[0], ref)
         worst, differing, total = max(worst, int(d.max())), differing + int((d > 0).sum()), total + d.numel()
@@ -157,6 +169,7 @@ def test_decode_attention_zero_sums_are_positive_zero():
 
 
 # -- loading --------------------------------------------------------------------------------
+
 
 def test_runtime_reads_every_tensor_of_the_default(ckpt):
     used = set(dense_names(ckpt.config, set(ckpt.quantized_linears)))
@@ -183,16 +196,24 @@ def test_config_rope_parameters_and_refusals():
     tf5["rope_parameters"] = {"rope_theta": 1000000.0, "rope_type": "default"}
     assert arch_from_config(tf5).rope_theta == 1e6  # transformers 5 writes no top-level rope_theta
     assert Qwen3Arch.from_config(tf5).rope_theta == 10000.0  # what the bare description would use
-    for bad, word in ((dict(base, rope_scaling={"rope_type": "yarn", "factor": 4.0}), "yarn"),
-                      (dict(base, attention_bias=True), "attention_bias"), (dict(base, hidden_act="gelu"), "hidden_act"),
-                      (dict(base, use_sliding_window=True), "sliding")):
+    for bad, word in (
+        (dict(base, rope_scaling={"rope_type": "yarn", "factor": 4.0}), "yarn"),
+        (dict(base, attention_bias=True), "attention_bias"),
+        (dict(base, hidden_act="gelu"), "hidden_act"),
+        (dict(base, use_sliding_window=True), "sliding"),
+    ):
         with pytest.raises(ValueError, match=word):
             arch_from_config(bad)
 
 
 def test_bad_requests_are_value_errors(native, tmp_path):
-    for bad, word in (([], "non-empty"), ([[]], "empty"), ([[1, native.arch.vocab]], "outside"), ([[-1]], "outside"),
-                      ([[1] * (native.max_length + 1)], "max_length")):
+    for bad, word in (
+        ([], "non-empty"),
+        ([[]], "empty"),
+        ([[1, native.arch.vocab]], "outside"),
+        ([[-1]], "outside"),
+        ([[1] * (native.max_length + 1)], "max_length"),
+    ):
         with pytest.raises(ValueError, match=word):
             native.logits(bad)
     with pytest.raises(ValueError, match="max_length"):
@@ -207,6 +228,7 @@ def test_bad_requests_are_value_errors(native, tmp_path):
 
 # -- prefill ----------------------------------------------------------------------------------
 
+
 def _block_diagonal_reference(model, token_lists, backend):
     """The Qwen3 forward written out over ALL prompts packed, attention under one T x T
     block-diagonal causal mask (how the audit runtime worked before requant.runtime)."""
@@ -219,7 +241,9 @@ def _block_diagonal_reference(model, token_lists, backend):
 
     def norm(x, w):
         xf = x.float()
-        return (w.float() * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + sh.eps)).to(x.dtype).float()).to(x.dtype)
+        return (w.float() * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + sh.eps)).to(x.dtype).float()).to(
+            x.dtype
+        )
 
     def rot(x):
         dd = x.shape[-1]
@@ -227,7 +251,7 @@ def _block_diagonal_reference(model, token_lists, backend):
         ang = pos.float()[:, None] * inv[None, :]
         cos, sin = torch.cat([ang, ang], -1).cos()[:, None], torch.cat([ang, ang], -1).sin()[:, None]
         xf = x.float()
-        return (xf * cos + torch.cat([-xf[..., dd // 2:], xf[..., : dd // 2]], -1) * sin).to(x.dtype)
+        return (xf * cos + torch.cat([-xf[..., dd // 2 :], xf[..., : dd // 2]], -1) * sin).to(x.dtype)
 
     def lin(x, name):
         if name in model.linears:
@@ -242,14 +266,22 @@ def _block_diagonal_reference(model, token_lists, backend):
         p = f"model.layers.{i}."
         h = norm(x, d[p + "input_layernorm.weight"])
         q = rot(norm(lin(h, p + "self_attn.q_proj").view(t, sh.heads, sh.head_dim), d[p + "self_attn.q_norm.weight"]))
-        k = rot(norm(lin(h, p + "self_attn.k_proj").view(t, sh.kv_heads, sh.head_dim), d[p + "self_attn.k_norm.weight"]))
+        k = rot(
+            norm(lin(h, p + "self_attn.k_proj").view(t, sh.kv_heads, sh.head_dim), d[p + "self_attn.k_norm.weight"])
+        )
         v = lin(h, p + "self_attn.v_proj").view(t, sh.kv_heads, sh.head_dim)
-        qh, kh, vh = q.transpose(0, 1).float(), k.transpose(0, 1).float().repeat_interleave(g, 0), v.transpose(0, 1).float().repeat_interleave(g, 0)
-        probs = torch.softmax(((qh @ kh.transpose(1, 2)) * sh.head_dim ** -0.5).masked_fill(mask, float("-inf")), -1)
+        qh, kh, vh = (
+            q.transpose(0, 1).float(),
+            k.transpose(0, 1).float().repeat_interleave(g, 0),
+            v.transpose(0, 1).float().repeat_interleave(g, 0),
+        )
+        probs = torch.softmax(((qh @ kh.transpose(1, 2)) * sh.head_dim**-0.5).masked_fill(mask, float("-inf")), -1)
         attn = (probs.to(torch.bfloat16).float() @ vh).to(torch.bfloat16).transpose(0, 1).reshape(t, -1)
         x = x + lin(attn, p + "self_attn.o_proj")
         h = norm(x, d[p + "post_attention_layernorm.weight"])
-        act = (torch.nn.functional.silu(lin(h, p + "mlp.gate_proj").float()) * lin(h, p + "mlp.up_proj").float()).to(torch.bfloat16)
+        act = (torch.nn.functional.silu(lin(h, p + "mlp.gate_proj").float()) * lin(h, p + "mlp.up_proj").float()).to(
+            torch.bfloat16
+        )
         x = x + lin(act, p + "mlp.down_proj")
     return lin(norm(x, d["model.norm.weight"]), "lm_head").float()
 
@@ -279,6 +311,7 @@ def test_prefill_alone_equals_inside_a_batch(ckpt, toks, reduction):
 
 
 # -- decode -----------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("reduction", ["torch", "tree"])
 def test_decode_alone_equals_inside_a_batch(ckpt, toks, reduction):
@@ -329,6 +362,7 @@ def test_backends_share_weights_and_pow2_orders_agree(ckpt, toks):
 
 
 # -- bf16 directories -----------------------------------------------------------------------
+
 
 def test_bf16_directory_runs_every_linear_dense(tmp_path):
     """A plain bf16 Qwen3 (requant.synthetic --keep-source): every Linear is fp32(x) @ W^T

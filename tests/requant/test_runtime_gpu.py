@@ -21,8 +21,12 @@ from requant.runtime import load_model  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 SM90 = torch.cuda.get_device_capability() == (9, 0)
-KERNELS = [("triton", "reference-triton-order"),
-           pytest.param("cutlass", "reference-cutlass-order", marks=pytest.mark.skipif(not SM90, reason="CUTLASS is sm90a only"))]
+KERNELS = [
+    ("triton", "reference-triton-order"),
+    pytest.param(
+        "cutlass", "reference-cutlass-order", marks=pytest.mark.skipif(not SM90, reason="CUTLASS is sm90a only")
+    ),
+]
 
 
 @pytest.fixture(scope="module", params=["native", "pow2"])
@@ -32,9 +36,8 @@ def model(request):
 
 @pytest.fixture(scope="module")
 def toks():
-    from requant.tokenizer import load_tokenizer
-
     from requant.checkpoint import open_checkpoint
+    from requant.tokenizer import load_tokenizer
 
     tok = load_tokenizer(DEFAULT_CHECKPOINT, open_checkpoint(DEFAULT_CHECKPOINT).config["vocab_size"])
     return [tok.encode(p) for p in prompts(8)]
@@ -52,7 +55,9 @@ def test_kernels_equal_their_emulated_order_end_to_end(model, toks, kernel, emul
     assert g.ids == w.ids and all(bitwise_equal(a, b) for a, b in zip(g.step_logits, w.step_logits))
 
 
-@pytest.mark.parametrize("kernel", ["triton", pytest.param("cutlass", marks=pytest.mark.skipif(not SM90, reason="sm90a only"))])
+@pytest.mark.parametrize(
+    "kernel", ["triton", pytest.param("cutlass", marks=pytest.mark.skipif(not SM90, reason="sm90a only"))]
+)
 def test_decode_alone_equals_inside_the_batch_on_cuda(model, toks, kernel):
     m = model.with_backends(kernel, "triton")
     batch = m.generate(toks, 24, keep_logits=True)

@@ -88,8 +88,11 @@ def w8a8_tensors(ckpt) -> dict:
 def deviation(ours: list, ref: list) -> dict:
     o, r = torch.cat(ours), torch.cat(ref)
     spread = max(float(x.max() - x.min()) for x in ref)
-    return {"rel_rms": float((o - r).pow(2).mean().sqrt() / r.std()), "max_rel": float((o - r).abs().max()) / spread,
-            "top1": float((o.argmax(-1) == r.argmax(-1)).to(torch.float64).mean())}
+    return {
+        "rel_rms": float((o - r).pow(2).mean().sqrt() / r.std()),
+        "max_rel": float((o - r).abs().max()) / spread,
+        "top1": float((o.argmax(-1) == r.argmax(-1)).to(torch.float64).mean()),
+    }
 
 
 def check_against_yardstick(ours: dict, yard: dict, what: str) -> None:
@@ -121,7 +124,9 @@ def _hf_logits(model, seqs):
 def test_prefill_logits_match_transformers(setup):
     model, ref32, ref16, toks = setup
     r32 = _hf_logits(ref32, toks)
-    check_against_yardstick(deviation(model.logits(toks), r32), deviation(_hf_logits(ref16, toks), r32), "prefill, 8 prompts")
+    check_against_yardstick(
+        deviation(model.logits(toks), r32), deviation(_hf_logits(ref16, toks), r32), "prefill, 8 prompts"
+    )
 
 
 def test_kv_cache_decode_matches_transformers(setup):
@@ -133,9 +138,11 @@ def test_kv_cache_decode_matches_transformers(setup):
     r32, r16 = _hf_logits(ref32, seqs), _hf_logits(ref16, seqs)
     pick = [(i, len(t) - 1 + s) for i, t in enumerate(toks) for s in range(12)]
     ours = [torch.stack([gen.step_logits[s][i] for i in range(len(toks)) for s in range(12)])]
-    check_against_yardstick(deviation(ours, [torch.stack([r32[i][p] for i, p in pick])]),
-                            deviation([torch.stack([r16[i][p] for i, p in pick])], [torch.stack([r32[i][p] for i, p in pick])]),
-                            "decode, 8 prompts x 12 tokens")
+    check_against_yardstick(
+        deviation(ours, [torch.stack([r32[i][p] for i, p in pick])]),
+        deviation([torch.stack([r16[i][p] for i, p in pick])], [torch.stack([r32[i][p] for i, p in pick])]),
+        "decode, 8 prompts x 12 tokens",
+    )
 
 
 def test_bf16_directory_matches_transformers(tmp_path):
@@ -157,6 +164,8 @@ def test_bf16_directory_matches_transformers(tmp_path):
         ref16 = hf_qwen3(model.config, tensors, set(), torch.bfloat16)
         toks = [model.tokenizer.encode(p) for p in prompts(4)]
         r32 = _hf_logits(ref32, toks)
-        check_against_yardstick(deviation(model.logits(toks), r32), deviation(_hf_logits(ref16, toks), r32), "bf16 directory, 4 prompts")
+        check_against_yardstick(
+            deviation(model.logits(toks), r32), deviation(_hf_logits(ref16, toks), r32), "bf16 directory, 4 prompts"
+        )
     finally:
         torch.set_num_threads(n)

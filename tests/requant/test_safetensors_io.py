@@ -13,7 +13,18 @@ from safetensors.torch import load_file, save_file
 from requant.errors import SafetensorsFormatError
 from requant.safetensors_io import DTYPES, library_order, read_header, serialize_header, write_file
 
-DTS = [torch.int8, torch.uint8, torch.bfloat16, torch.float16, torch.float32, torch.float64, torch.int32, torch.int64, torch.int16, torch.bool]
+DTS = [
+    torch.int8,
+    torch.uint8,
+    torch.bfloat16,
+    torch.float16,
+    torch.float32,
+    torch.float64,
+    torch.int32,
+    torch.int64,
+    torch.int16,
+    torch.bool,
+]
 
 
 def _rand(shape, dtype, gen):
@@ -41,7 +52,9 @@ def tensor_dicts(draw):
     return out
 
 
-@settings(max_examples=40, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])  # no ./.hypothesis
+@settings(
+    max_examples=40, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)  # no ./.hypothesis
 @given(tensors=tensor_dicts(), with_meta=st.booleans())
 def test_writer_matches_library_and_reader_matches_load_file(tmp_path, tensors, with_meta):
     """Reference: safetensors.torch.save_file bytes and load_file values."""
@@ -65,7 +78,10 @@ def test_header_is_padded_with_spaces_to_8_bytes():
     prefix, infos = serialize_header([("a", "I8", (3,)), ("b", "BF16", (2, 1))], {"format": "pt"})
     n = int.from_bytes(prefix[:8], "little")
     assert len(prefix) == 8 + n and n % 8 == 0
-    assert prefix[8:].rstrip(b" ") == b'{"__metadata__":{"format":"pt"},"a":{"dtype":"I8","shape":[3],"data_offsets":[0,3]},"b":{"dtype":"BF16","shape":[2,1],"data_offsets":[3,7]}}'
+    assert (
+        prefix[8:].rstrip(b" ")
+        == b'{"__metadata__":{"format":"pt"},"a":{"dtype":"I8","shape":[3],"data_offsets":[0,3]},"b":{"dtype":"BF16","shape":[2,1],"data_offsets":[3,7]}}'
+    )
     assert [(i.begin, i.end) for i in infos] == [(0, 3), (3, 7)]
 
 
@@ -84,15 +100,36 @@ def _file(tmp_path, header: dict | bytes, data: bytes, n_override=None):
         (b"[1, 2]", b"", None, "not a JSON object"),
         ({"a": {"dtype": "I8", "shape": [4], "data_offsets": [0, 4]}}, b"\0\0", None, "truncated"),
         ({"a": {"dtype": "I8", "shape": [2], "data_offsets": [0, 2]}}, b"\0\0\0", None, "trailing bytes"),
-        ({"a": {"dtype": "I8", "shape": [2], "data_offsets": [0, 2]}, "b": {"dtype": "I8", "shape": [2], "data_offsets": [3, 5]}}, b"\0" * 5, None, "gap"),
-        ({"a": {"dtype": "I8", "shape": [2], "data_offsets": [0, 2]}, "b": {"dtype": "I8", "shape": [2], "data_offsets": [1, 3]}}, b"\0" * 3, None, "overlap"),
+        (
+            {
+                "a": {"dtype": "I8", "shape": [2], "data_offsets": [0, 2]},
+                "b": {"dtype": "I8", "shape": [2], "data_offsets": [3, 5]},
+            },
+            b"\0" * 5,
+            None,
+            "gap",
+        ),
+        (
+            {
+                "a": {"dtype": "I8", "shape": [2], "data_offsets": [0, 2]},
+                "b": {"dtype": "I8", "shape": [2], "data_offsets": [1, 3]},
+            },
+            b"\0" * 3,
+            None,
+            "overlap",
+        ),
         ({"a": {"dtype": "I8", "shape": [2], "data_offsets": [1, 3]}}, b"\0" * 3, None, "gap"),
         ({"a": {"dtype": "BF16", "shape": [2], "data_offsets": [0, 2]}}, b"\0" * 2, None, "needs 4"),
         ({"a": {"dtype": "Q4", "shape": [2], "data_offsets": [0, 2]}}, b"\0" * 2, None, "unknown dtype"),
         ({"a": {"dtype": "I8", "shape": [-2], "data_offsets": [0, 2]}}, b"\0" * 2, None, "shape"),
         ({"a": {"dtype": "I8", "shape": [2]}}, b"\0" * 2, None, "exactly dtype, shape and data_offsets"),
         ({"__metadata__": {"format": 1}}, b"", None, "__metadata__"),
-        (b'{"a": {"dtype": "I8", "shape": [1], "data_offsets": [0, 1]}, "a": {"dtype": "I8", "shape": [1], "data_offsets": [0, 1]}}', b"\0", None, "duplicate"),
+        (
+            b'{"a": {"dtype": "I8", "shape": [1], "data_offsets": [0, 1]}, "a": {"dtype": "I8", "shape": [1], "data_offsets": [0, 1]}}',
+            b"\0",
+            None,
+            "duplicate",
+        ),
         (b"{}", b"", 10_000, "past the end"),
         (b"{}", b"", 10**12, "exceeds"),
     ],
@@ -113,7 +150,14 @@ def test_file_shorter_than_length_field(tmp_path):
 
 
 def test_offset_errors_name_the_tensor(tmp_path):
-    p = _file(tmp_path, {"w": {"dtype": "I8", "shape": [2], "data_offsets": [0, 2]}, "x": {"dtype": "I8", "shape": [2], "data_offsets": [1, 3]}}, b"\0" * 3)
+    p = _file(
+        tmp_path,
+        {
+            "w": {"dtype": "I8", "shape": [2], "data_offsets": [0, 2]},
+            "x": {"dtype": "I8", "shape": [2], "data_offsets": [1, 3]},
+        },
+        b"\0" * 3,
+    )
     with pytest.raises(SafetensorsFormatError) as ei:
         read_header(p)
     assert "'x'" in str(ei.value) and "'w'" in str(ei.value)
@@ -122,14 +166,22 @@ def test_offset_errors_name_the_tensor(tmp_path):
 def test_all_dtypes_round_trip(tmp_path):
     """Reference: safetensors.torch.load_file."""
     gen = torch.Generator().manual_seed(0)
-    tensors = {f"t{i}": _rand((3, 2), DTYPES[d][0], gen) if DTYPES[d][0] not in (torch.uint16, torch.uint32, torch.uint64, torch.float8_e4m3fn, torch.float8_e5m2)
-               else torch.zeros(3, 2, dtype=DTYPES[d][0]) for i, d in enumerate(DTYPES)}
+    tensors = {
+        f"t{i}": _rand((3, 2), DTYPES[d][0], gen)
+        if DTYPES[d][0] not in (torch.uint16, torch.uint32, torch.uint64, torch.float8_e4m3fn, torch.float8_e5m2)
+        else torch.zeros(3, 2, dtype=DTYPES[d][0])
+        for i, d in enumerate(DTYPES)
+    }
     p = tmp_path / "all.safetensors"
     write_file(p, list(tensors.items()), {"format": "pt"})
     ref = load_file(str(p))
     f = read_header(p)
     for n, t in ref.items():
-        assert torch.equal(f.tensor(n).view(torch.uint8), t.view(torch.uint8)) if t.dtype != torch.bool else torch.equal(f.tensor(n), t)
+        assert (
+            torch.equal(f.tensor(n).view(torch.uint8), t.view(torch.uint8))
+            if t.dtype != torch.bool
+            else torch.equal(f.tensor(n), t)
+        )
 
 
 def test_null_metadata_is_accepted_and_kept(tmp_path):

@@ -44,7 +44,11 @@ def test_default_is_the_packaged_trained_model(tmp_path):
 def test_generator_module_equals_the_api(tmp_path):
     """`python -m requant.synthetic tiny` writes what generate('tiny') writes (reference: the
     API's files, byte for byte)."""
-    subprocess.run([sys.executable, "-m", "requant.synthetic", "tiny", str(tmp_path / "m"), "--seed", "0"], check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "requant.synthetic", "tiny", str(tmp_path / "m"), "--seed", "0"],
+        check=True,
+        capture_output=True,
+    )
     assert tree_bytes(tmp_path / "m") == tree_bytes(generate("tiny", tmp_path / "api"))
 
 
@@ -53,10 +57,20 @@ def test_tiny_preset_is_a_sensible_qwen3(tmp_path):
     ck = open_checkpoint(generate("tiny", tmp_path / "tiny"))
     cfg = ck.config
     assert cfg["architectures"] == ["Qwen3ForCausalLM"] and cfg["model_type"] == "qwen3"
-    assert (cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"], cfg["num_attention_heads"],
-            cfg["num_key_value_heads"], cfg["head_dim"], cfg["vocab_size"], cfg["tie_word_embeddings"]) == (256, 768, 4, 4, 2, 64, 512, False)
+    assert (
+        cfg["hidden_size"],
+        cfg["intermediate_size"],
+        cfg["num_hidden_layers"],
+        cfg["num_attention_heads"],
+        cfg["num_key_value_heads"],
+        cfg["head_dim"],
+        cfg["vocab_size"],
+        cfg["tie_word_embeddings"],
+    ) == (256, 768, 4, 4, 2, 64, 512, False)
     qc = cfg["quantization_config"]
-    assert qc["quant_method"] == "compressed-tensors" and qc["format"] == "int-quantized" and qc["ignore"] == ["lm_head"]
+    assert (
+        qc["quant_method"] == "compressed-tensors" and qc["format"] == "int-quantized" and qc["ignore"] == ["lm_head"]
+    )
     assert qc["config_groups"]["group_0"]["targets"] == ["Linear"]
     assert len(ck.quantized_linears) == 28
     f = read_header(ck.path / "model.safetensors")
@@ -81,15 +95,25 @@ def test_default_is_the_trained_qwen3():
     embeddings, with its tokenizer."""
     ck = open_checkpoint(DEFAULT_CHECKPOINT)
     cfg = ck.config
-    assert (cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"], cfg["num_attention_heads"],
-            cfg["num_key_value_heads"], cfg["head_dim"], cfg["vocab_size"], cfg["tie_word_embeddings"]) == (256, 768, 6, 4, 2, 64, 8192, True)
+    assert (
+        cfg["hidden_size"],
+        cfg["intermediate_size"],
+        cfg["num_hidden_layers"],
+        cfg["num_attention_heads"],
+        cfg["num_key_value_heads"],
+        cfg["head_dim"],
+        cfg["vocab_size"],
+        cfg["tie_word_embeddings"],
+    ) == (256, 768, 6, 4, 2, 64, 8192, True)
     assert len(ck.quantized_linears) == 42 and "lm_head.weight" not in ck.tensor_names()
     assert (DEFAULT_CHECKPOINT / "tokenizer.json").is_file()
     assert any(bool((ck.weight_and_scale(lin)[0] == -128).any()) for lin in ck.quantized_linears)
     assert not bool((ck.tensor("model.norm.weight") == 1).all())  # trained, not initialised
 
 
-@pytest.mark.parametrize("preset,linears,tied", [("qwen3-1.7b", 196, True), ("qwen3-8b", 252, False), ("qwen3-14b", 280, False)])
+@pytest.mark.parametrize(
+    "preset,linears,tied", [("qwen3-1.7b", 196, True), ("qwen3-8b", 252, False), ("qwen3-14b", 280, False)]
+)
 def test_presets_are_the_real_configs(preset, linears, tied):
     p = PRESETS[preset]
     entries = plan(p)
@@ -97,9 +121,13 @@ def test_presets_are_the_real_configs(preset, linears, tied):
     assert p.tie == tied and (("lm_head.weight", "head", (p.vocab, p.hidden)) in entries) == (not tied)
     assert p.head_dim == 128 and p.kv_heads == 8 and p.vocab == 151936
     shapes = p.layer_linear_shapes()
-    assert shapes["self_attn.q_proj"] == (p.heads * 128, p.hidden) and shapes["mlp.down_proj"] == (p.hidden, p.intermediate)
-    assert {"qwen3-1.7b": (2048, 6144, 28, 16), "qwen3-8b": (4096, 12288, 36, 32), "qwen3-14b": (5120, 17408, 40, 40)}[preset] == (
-        p.hidden, p.intermediate, p.layers, p.heads)
+    assert shapes["self_attn.q_proj"] == (p.heads * 128, p.hidden) and shapes["mlp.down_proj"] == (
+        p.hidden,
+        p.intermediate,
+    )
+    assert {"qwen3-1.7b": (2048, 6144, 28, 16), "qwen3-8b": (4096, 12288, 36, 32), "qwen3-14b": (5120, 17408, 40, 40)}[
+        preset
+    ] == (p.hidden, p.intermediate, p.layers, p.heads)
 
 
 def test_rtn_matches_float32_restatement():

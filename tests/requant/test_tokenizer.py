@@ -35,8 +35,12 @@ def test_tokenizer_json_is_used_and_recorded(tmp_path):
     ref = Tokenizer.from_file(str(path))
     tok = load_tokenizer(tmp_path, 512)
     d = tok.describe()
-    assert d == {"kind": "tokenizer.json", "sha256": hashlib.sha256(path.read_bytes()).hexdigest(), "vocab_size": 259,
-                 "model_vocab_size": 512}
+    assert d == {
+        "kind": "tokenizer.json",
+        "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+        "vocab_size": 259,
+        "model_vocab_size": 512,
+    }
     for t in TEXTS:
         assert tok.encode(t) == ref.encode(t, add_special_tokens=False).ids
         assert tok.decode(tok.encode(t)) == t

@@ -52,8 +52,9 @@ def test_the_byte_level_vocabulary_needs_no_tokenizer_json(tmp_path):
 
 
 def test_determinism_refuses_a_checkpoint_that_lost_its_tokenizer(no_tokenizer):
-    res = runner.invoke(app, ["determinism", str(no_tokenizer), "--backends", "reference", "--prompts", "1",
-                              "--new-tokens", "1"])
+    res = runner.invoke(
+        app, ["determinism", str(no_tokenizer), "--backends", "reference", "--prompts", "1", "--new-tokens", "1"]
+    )
     assert res.exit_code == 2, res.output
     _one_error_line(res)
 
@@ -78,8 +79,22 @@ def test_audit_refuses_a_checkpoint_that_lost_its_tokenizer(no_tokenizer):
 
 def test_byte_tokens_option_for_one_command_only(no_tokenizer, tmp_path):
     out = tmp_path / "d.json"
-    res = runner.invoke(app, ["determinism", str(no_tokenizer), "--backends", "reference", "--prompts", "1",
-                              "--new-tokens", "1", "--byte-tokens", "--json", str(out)])
+    res = runner.invoke(
+        app,
+        [
+            "determinism",
+            str(no_tokenizer),
+            "--backends",
+            "reference",
+            "--prompts",
+            "1",
+            "--new-tokens",
+            "1",
+            "--byte-tokens",
+            "--json",
+            str(out),
+        ],
+    )
     assert res.exit_code in (0, 1), res.output  # it ran (the verdict is not the point here)
     data = json.loads(out.read_text())
     assert data["tokenizer"]["kind"] == "byte-level" and "--byte-tokens" in data["command"]

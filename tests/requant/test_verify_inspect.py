@@ -31,9 +31,17 @@ def test_verify_reports_one_changed_element(tmp_path, micro):
     (other / "model.safetensors").write_bytes(bytes(raw))
     rep = verify(micro, other)
     assert rep["differing_files"] == ["model.safetensors"]
-    assert rep["tensors"] == [{"tensor": "model.layers.0.mlp.down_proj.weight", "file_a": "model.safetensors",
-                               "file_b": "model.safetensors", "what": "values", "elements_differing": 1,
-                               "elements": info.numel, "first_index": 7}]
+    assert rep["tensors"] == [
+        {
+            "tensor": "model.layers.0.mlp.down_proj.weight",
+            "file_a": "model.safetensors",
+            "file_b": "model.safetensors",
+            "what": "values",
+            "elements_differing": 1,
+            "elements": info.numel,
+            "first_index": 7,
+        }
+    ]
     assert verify(micro, micro)["identical"] is True
 
 
@@ -46,7 +54,9 @@ def test_inspect_sharded(micro_sharded):
     assert info["quantized_linears"] == len(qs) == 14
     assert info["int8_range"] == [min(int(q.min()) for q in qs), max(int(q.max()) for q in qs)]
     assert info["int8_min128_count"] == sum(int((q == -128).sum()) for q in qs)
-    assert len(info["shards"]) > 2 and info["bytes"] == sum(p.stat().st_size for p in micro_sharded.glob("*.safetensors"))
+    assert len(info["shards"]) > 2 and info["bytes"] == sum(
+        p.stat().st_size for p in micro_sharded.glob("*.safetensors")
+    )
     json.dumps(info)  # machine-readable as is
 
 

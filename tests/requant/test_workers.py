@@ -108,6 +108,7 @@ def test_an_interrupt_stops_every_unit():
 
 def test_a_unit_told_to_stop_is_not_reported():
     """Aborted units never mask the real failure, even when they finish first."""
+
     def unit(i, stop):
         if i == 0:
             raise UnitError("unit 0")

@@ -9,8 +9,27 @@ import pytest
 from training import train_default
 
 # The CPU test run: the tiny model, 3 steps of 2 x 64-token windows, 4 validation windows.
-TINY_ARGS = ["--device", "cpu", "--tiny", "--seed", "0", "--max-steps", "3", "--seq-len", "64", "--batch-size", "2",
-             "--val-windows", "4", "--eval-every", "2", "--log-every", "1", "--warmup-steps", "2"]
+TINY_ARGS = [
+    "--device",
+    "cpu",
+    "--tiny",
+    "--seed",
+    "0",
+    "--max-steps",
+    "3",
+    "--seq-len",
+    "64",
+    "--batch-size",
+    "2",
+    "--val-windows",
+    "4",
+    "--eval-every",
+    "2",
+    "--log-every",
+    "1",
+    "--warmup-steps",
+    "2",
+]
 
 
 def train_tiny(out: Path, *extra: str) -> Path:

@@ -42,7 +42,9 @@ def test_w8a8_checkpoint_is_accepted_and_rtn(tiny_package, tiny_run):
     p = arch.TINY
     assert len(ck.quantized_linears) == 7 * p.layers
     qc = ck.config["quantization_config"]
-    assert qc["ignore"] == ["lm_head"] and qc["format"] == "int-quantized" and qc["quant_method"] == "compressed-tensors"
+    assert (
+        qc["ignore"] == ["lm_head"] and qc["format"] == "int-quantized" and qc["quant_method"] == "compressed-tensors"
+    )
     assert "lm_head.weight" not in ck.tensor_names() and ck.config["tie_word_embeddings"] is True
     trained = _tensors(tiny_run / "model.safetensors")
     for lin in ck.quantized_linears:
@@ -51,7 +53,9 @@ def test_w8a8_checkpoint_is_accepted_and_rtn(tiny_package, tiny_run):
         # RTN restated in float32: scale = bf16(absmax / 127.5); q = rint(clamp(bf16(w / scale)))
         absmax = w.float().abs().amax(dim=1, keepdim=True)
         s_ref = (absmax / 127.5).to(torch.bfloat16)
-        q_ref = torch.round(torch.clamp((w.float() / s_ref.float()).to(torch.bfloat16).float(), -128, 127)).to(torch.int8)
+        q_ref = torch.round(torch.clamp((w.float() / s_ref.float()).to(torch.bfloat16).float(), -128, 127)).to(
+            torch.int8
+        )
         assert torch.equal(_bits(s), _bits(s_ref)) and torch.equal(q, q_ref), lin
     with safe_open(str(tiny_package / "default" / "model.safetensors"), "pt") as f:
         assert f.metadata() == {"format": "pt"}
@@ -65,7 +69,10 @@ def test_unquantized_tensors_are_the_source_bytes(tiny_package, tiny_run):
     for name, t in trained.items():
         assert torch.equal(_bits(bf16[name]), _bits(t)), name  # the bf16 checkpoint is the trained weights
         if name.endswith("_proj.weight"):
-            assert w8a8[name].dtype == torch.int8 and w8a8[name.replace(".weight", ".weight_scale")].dtype == torch.bfloat16
+            assert (
+                w8a8[name].dtype == torch.int8
+                and w8a8[name.replace(".weight", ".weight_scale")].dtype == torch.bfloat16
+            )
         else:
             assert w8a8[name].dtype == torch.bfloat16 and torch.equal(_bits(w8a8[name]), _bits(t)), name
     assert set(w8a8) == set(trained) | {n + "_scale" for n in trained if n.endswith("_proj.weight")}
@@ -78,9 +85,26 @@ def test_unquantized_tensors_are_the_source_bytes(tiny_package, tiny_run):
 def test_cli_convert_from_source_reproduces_it(tiny_package, tmp_path):
     out = tmp_path / "reproduced"
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    res = subprocess.run([sys.executable, "-m", "requant.cli", "convert", str(tiny_package / "default"), "-o", str(out),
-                          "--source", str(tiny_package / "default-bf16"), "--arm", "unconstrained"],
-                         capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "requant.cli",
+            "convert",
+            str(tiny_package / "default"),
+            "-o",
+            str(out),
+            "--source",
+            str(tiny_package / "default-bf16"),
+            "--arm",
+            "unconstrained",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert res.returncode == 0, res.stderr
     assert tree_bytes(out) == tree_bytes(tiny_package / "default")
 
@@ -113,16 +137,21 @@ def test_existing_output_needs_force(tiny_run, tmp_path, capsys):
     assert err.startswith("error: ") and "pass --force" in err and "\n" not in err
     assert sorted(p.name for p in out.iterdir()) == ["default"] and (out / "default" / "keep").read_text() == "old"
     assert package_default.main([str(tiny_run), "--out-dir", str(out), "--force"]) == 0
-    assert sorted(p.name for p in out.iterdir()) == ["default", "default-bf16"] and not (out / "default" / "keep").exists()
+    assert (
+        sorted(p.name for p in out.iterdir()) == ["default", "default-bf16"] and not (out / "default" / "keep").exists()
+    )
 
 
-@pytest.mark.parametrize("damage,message", [
-    ("drop", "tensor model.layers.1.mlp.down_proj.weight is missing"),
-    ("dtype", "tensor model.norm.weight is torch.float32, expected torch.bfloat16"),
-    ("extra", "unexpected tensor lm_head.weight"),
-    ("config", "field 'hidden_act' is 'gelu', expected 'silu'"),
-    ("shape", "tensor model.embed_tokens.weight has shape [8192, 64], expected [8192, 128]"),
-])
+@pytest.mark.parametrize(
+    "damage,message",
+    [
+        ("drop", "tensor model.layers.1.mlp.down_proj.weight is missing"),
+        ("dtype", "tensor model.norm.weight is torch.float32, expected torch.bfloat16"),
+        ("extra", "unexpected tensor lm_head.weight"),
+        ("config", "field 'hidden_act' is 'gelu', expected 'silu'"),
+        ("shape", "tensor model.embed_tokens.weight has shape [8192, 64], expected [8192, 128]"),
+    ],
+)
 def test_bad_training_output_is_one_line_and_writes_nothing(tiny_run, tmp_path, capsys, damage, message):
     from safetensors.torch import save_file
 

@@ -42,8 +42,13 @@ def test_held_out_novel_is_absent(raw, docs):
     assert len(lines) > 5000
     training_lines = {ln for d in docs for ln in d.text.split("\n")}
     assert sorted(lines & training_lines) == []
-    assert {d.book for d in docs if d.source == "austen"} == {"EMMA", "MANSFIELD PARK", "NORTHANGER ABBEY", "Persuasion",
-                                                              "PRIDE AND PREJUDICE"}
+    assert {d.book for d in docs if d.source == "austen"} == {
+        "EMMA",
+        "MANSFIELD PARK",
+        "NORTHANGER ABBEY",
+        "Persuasion",
+        "PRIDE AND PREJUDICE",
+    }
 
 
 def test_documents_are_the_corpus_cut(raw, docs):
@@ -65,9 +70,13 @@ def test_documents_are_the_corpus_cut(raw, docs):
             assert d.text.startswith(d.book + "\n") and f"\n{d.heading}\n" in d.text
         else:
             assert d.text.startswith(d.heading + "\n")
-    assert {b: d.heading for b, d in firsts.items()} == {"EMMA": "CHAPTER I", "MANSFIELD PARK": "CHAPTER I",
-                                                         "NORTHANGER ABBEY": "CHAPTER 1", "Persuasion": "Chapter 1",
-                                                         "PRIDE AND PREJUDICE": "Chapter 1"}
+    assert {b: d.heading for b, d in firsts.items()} == {
+        "EMMA": "CHAPTER I",
+        "MANSFIELD PARK": "CHAPTER I",
+        "NORTHANGER ABBEY": "CHAPTER 1",
+        "Persuasion": "Chapter 1",
+        "PRIDE AND PREJUDICE": "Chapter 1",
+    }
     assert kjv_docs[-1].heading == "Revelation 22"
 
 
@@ -94,6 +103,8 @@ def test_tampered_corpus_is_refused(tmp_path):
 
 
 def test_held_out_text_in_a_document_is_caught():
-    leak = texts.Document("austen", "EMMA", "CHAPTER I", "CHAPTER I\nThe family of Dashwood had long been settled in Sussex.\n")
+    leak = texts.Document(
+        "austen", "EMMA", "CHAPTER I", "CHAPTER I\nThe family of Dashwood had long been settled in Sussex.\n"
+    )
     with pytest.raises(texts.CorpusError, match="held-out text"):
         texts.assert_no_held_out([leak])

@@ -17,9 +17,21 @@ from training import texts, tokens, train_tokenizer
 from training.train_tokenizer import TOKENIZER_DIR
 
 COMMITTED_SHA256 = "9f3a074379204c1fcd20099deb04428cf5fbe03c1ad25030f66a758ff32f58e3"
-ODD = ["", " ", "\n\n\n", "  1 In the beginning", "\r\n\tTabs\tand CRLF\r\n", "£5, 'tis—“quoted”…",
-       "e\u0301 vs \u00e9 (NFD and NFC kept apart)", "日本語のテキスト", "emoji 🙂👍🏽", "\x00\x01 control",
-       "<|endoftext|> typed as text", "_italic_ -- dashes --", "x" * 3000]
+ODD = [
+    "",
+    " ",
+    "\n\n\n",
+    "  1 In the beginning",
+    "\r\n\tTabs\tand CRLF\r\n",
+    "£5, 'tis—“quoted”…",
+    "e\u0301 vs \u00e9 (NFD and NFC kept apart)",
+    "日本語のテキスト",
+    "emoji 🙂👍🏽",
+    "\x00\x01 control",
+    "<|endoftext|> typed as text",
+    "_italic_ -- dashes --",
+    "x" * 3000,
+]
 
 
 @pytest.fixture(scope="module")
@@ -51,8 +63,8 @@ def test_vocabulary_layout(tok):
 def test_round_trip_on_corpus_and_odd_strings(tok):
     austen = texts.read_text("austen.txt.gz")
     kjv = texts.read_text("kjv.txt.gz")
-    samples = [austen[i: i + 20000] for i in range(0, len(austen), len(austen) // 7)]
-    samples += [kjv[i: i + 20000] for i in range(0, len(kjv), len(kjv) // 7)]
+    samples = [austen[i : i + 20000] for i in range(0, len(austen), len(austen) // 7)]
+    samples += [kjv[i : i + 20000] for i in range(0, len(kjv), len(kjv) // 7)]
     samples += ODD
     for x in samples:
         ids = tok.encode(x, add_special_tokens=False).ids
@@ -68,7 +80,9 @@ def test_transformers_loads_it():
     assert (at.eos_token, at.pad_token, at.bos_token) == ("<|endoftext|>",) * 3
     assert (at.eos_token_id, at.pad_token_id, at.bos_token_id) == (0, 0, 0)
     assert at.model_max_length == 2048
-    for x in [o for o in ODD[1:] if "<|endoftext|>" not in o] + ["It is a truth universally acknowledged, that a single man"]:
+    for x in [o for o in ODD[1:] if "<|endoftext|>" not in o] + [
+        "It is a truth universally acknowledged, that a single man"
+    ]:
         ids = at(x)["input_ids"]
         assert ids[0] != 0 and at.decode(ids) == x  # no bos added, exact decode (no space clean-up)
     assert at("a<|endoftext|>b")["input_ids"][1] == 0
@@ -89,4 +103,4 @@ def test_token_streams_are_the_pinned_data(tok):
     val = streams["val"]
     cuts = np.flatnonzero(val == 0)
     for i in (0, 5, len(val_docs) - 1):
-        assert val[cuts[i] + 1: cuts[i + 1]].tolist() == tok.encode(val_docs[i].text).ids
+        assert val[cuts[i] + 1 : cuts[i + 1]].tolist() == tok.encode(val_docs[i].text).ids

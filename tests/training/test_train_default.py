@@ -32,7 +32,9 @@ def test_tiny_run_writes_its_outputs(tiny_run):
     assert summary["files"] == ["model.safetensors", "config.json", "train_log.jsonl", "summary.json", "loss.png"]
     rows = [json.loads(line) for line in (tiny_run / "train_log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1, 2, 3]
-    assert all({"step", "lr", "train_loss", "tokens_per_s", "elapsed_s", "tokens_seen", "epoch"} <= set(r) for r in rows[1:])
+    assert all(
+        {"step", "lr", "train_loss", "tokens_per_s", "elapsed_s", "tokens_seen", "epoch"} <= set(r) for r in rows[1:]
+    )
     assert [("val_loss" in r) for r in rows] == [True, False, True, True]  # initial, every 2 steps and at the end
     assert abs(rows[0]["val_loss"] - math.log(8192)) < 0.1  # the initial model is close to uniform
     assert min(r["val_loss"] for r in rows if "val_loss" in r) == summary["best_val_loss"]
@@ -110,11 +112,14 @@ def test_validation_windows_cover_every_target_once():
     assert [len(w) for w in wins] == [65, 65, 65, 65, 43]
 
 
-@pytest.mark.parametrize("extra,message", [
-    (["--seq-len", "0"], "--seq-len must be at least 1"),
-    (["--device", "cuda:0"] if not torch.cuda.is_available() else ["--device", "mps"], "--device"),
-    (["--max-steps", "0"], "--max-steps must be at least 1"),
-])
+@pytest.mark.parametrize(
+    "extra,message",
+    [
+        (["--seq-len", "0"], "--seq-len must be at least 1"),
+        (["--device", "cuda:0"] if not torch.cuda.is_available() else ["--device", "mps"], "--device"),
+        (["--max-steps", "0"], "--max-steps must be at least 1"),
+    ],
+)
 def test_bad_arguments_are_one_line(tmp_path, capsys, extra, message):
     args = ["--out", str(tmp_path / "o"), *TINY_ARGS, *extra]
     assert train_default.main(args) == 2

@@ -18,8 +18,10 @@ print(",".join(heavy) or "none")
 """
 
 
-@pytest.mark.parametrize("args", [["--help"], ["--version"], ["convert", "--help"], ["audit", "--help"],
-                                  ["eval", "--help"], ["push", "--help"]])
+@pytest.mark.parametrize(
+    "args",
+    [["--help"], ["--version"], ["convert", "--help"], ["audit", "--help"], ["eval", "--help"], ["push", "--help"]],
+)
 def test_help_imports_no_numerics(args):
     res = subprocess.run([sys.executable, "-c", PROBE, *args], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr

@@ -82,3 +82,13 @@ def test_version():
 
     res = _invoke("--version")
     assert res.exit_code == 0 and res.stdout.strip() == f"requant {__version__}"
+
+
+@pytest.mark.parametrize("command", ["determinism", "eval"])
+@pytest.mark.parametrize(
+    "engine,what", [("turbo", "--engine must be one of"), ("fast", "--engine fast needs a CUDA GPU")]
+)
+def test_bad_engine_exits_2_naming_the_option(command, engine, what, monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    res = _invoke(command, "--device", "cpu", "--engine", engine)
+    assert res.exit_code == 2 and what in _one_error_line(res)

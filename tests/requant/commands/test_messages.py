@@ -27,7 +27,7 @@ def _nan_in(path, tensor, index=3):
     info = f.info(tensor)
     raw = bytearray(path.read_bytes())
     pos = f.data_start + info.begin + 2 * index
-    raw[pos:pos + 2] = torch.tensor([float("nan")], dtype=torch.bfloat16).view(torch.int16).numpy().tobytes()
+    raw[pos : pos + 2] = torch.tensor([float("nan")], dtype=torch.bfloat16).view(torch.int16).numpy().tobytes()
     path.write_bytes(bytes(raw))
 
 
@@ -36,8 +36,12 @@ def test_an_error_piped_to_a_file_is_one_line(tmp_path):
     err = tmp_path / "stderr.txt"
     env = dict(os.environ, COLUMNS="80")
     with open(err, "wb") as f:
-        rc = subprocess.run([sys.executable, "-m", "requant.cli", "audit", str(long), "--backends", "reference",
-                             "--prompts", "1"], stdout=subprocess.DEVNULL, stderr=f, env=env).returncode
+        rc = subprocess.run(
+            [sys.executable, "-m", "requant.cli", "audit", str(long), "--backends", "reference", "--prompts", "1"],
+            stdout=subprocess.DEVNULL,
+            stderr=f,
+            env=env,
+        ).returncode
     text = err.read_text()
     assert rc == 2 and len(text) > 160, text  # longer than two 80-column lines
     assert text.count("\n") == 1 and text.startswith("error: ") and str(long) in text
@@ -49,8 +53,12 @@ def test_a_refused_tensor_piped_to_a_file_is_one_line(tmp_path, micro):
     _set_scale(micro, float("nan"))  # the case: "...NaN scale \nnan at output channel 3"
     err = tmp_path / "stderr.txt"
     with open(err, "wb") as f:
-        rc = subprocess.run([sys.executable, "-m", "requant.cli", "determinism", str(micro), "--backends", "reference"],
-                            stdout=subprocess.DEVNULL, stderr=f, env=dict(os.environ, COLUMNS="80")).returncode
+        rc = subprocess.run(
+            [sys.executable, "-m", "requant.cli", "determinism", str(micro), "--backends", "reference"],
+            stdout=subprocess.DEVNULL,
+            stderr=f,
+            env=dict(os.environ, COLUMNS="80"),
+        ).returncode
     text = err.read_text()
     assert rc == 2 and text.count("\n") == 1 and text.startswith("error: "), text
     assert "NaN scale nan at output channel 3" in text and len(text) > 80
@@ -68,8 +76,10 @@ def test_nan_embeddings_are_named_with_their_file(tmp_path):
     d = tmp_path / "ckpt"
     shutil.copytree(DEFAULT_CHECKPOINT, d, ignore=shutil.ignore_patterns("SHA256SUMS"))
     _nan_in(d / "model.safetensors", "model.embed_tokens.weight")
-    for args in (["determinism", str(d), "--backends", "reference", "--prompts", "1", "--new-tokens", "1"],
-                 ["audit", str(d), "--backends", "reference", "--prompts", "1"]):
+    for args in (
+        ["determinism", str(d), "--backends", "reference", "--prompts", "1", "--new-tokens", "1"],
+        ["audit", str(d), "--backends", "reference", "--prompts", "1"],
+    ):
         res = runner.invoke(app, args)
         assert res.exit_code == 2, res.output  # the audit passed this with exit 0
         errors = _error_lines(res.stderr)
@@ -87,7 +97,8 @@ def test_the_hubs_message_and_requants_hint_stay_apart(hub, pow2_copy):
     (line,) = _error_lines(res.stderr)
     assert TOKEN not in res.output
     assert "(the Hub said: 'denied for Bearer ***')" in line and line.endswith(
-        ". Hint: set HF_TOKEN or run `hf auth login` with a write token"), line
+        ". Hint: set HF_TOKEN or run `hf auth login` with a write token"
+    ), line
 
 
 def test_scrub_stops_at_the_punctuation_after_a_credential():

@@ -49,8 +49,9 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("args,option", CASES, ids=[f"{a[0]}{a[-2] if a[-2].startswith('-') else ''}-{i}"
-                                                    for i, (a, _) in enumerate(CASES)])
+@pytest.mark.parametrize(
+    "args,option", CASES, ids=[f"{a[0]}{a[-2] if a[-2].startswith('-') else ''}-{i}" for i, (a, _) in enumerate(CASES)]
+)
 def test_an_unwritable_output_path_is_refused_before_any_work(tmp_path, plainfile, no_work, args, option):
     before = sorted(p.name for p in tmp_path.iterdir())
     res = runner.invoke(app, [a.format(f=plainfile, t=tmp_path) for a in args])

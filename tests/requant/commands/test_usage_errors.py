@@ -20,8 +20,14 @@ def _usage_error(res, *words):
     return errors[0]
 
 
-@pytest.mark.parametrize("command", [["audit", "--backends", "reference"], ["determinism", "--backends", "reference"],
-                                     ["eval", "--arms", "native", "--limit", "1"]])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["audit", "--backends", "reference"],
+        ["determinism", "--backends", "reference"],
+        ["eval", "--arms", "native", "--limit", "1"],
+    ],
+)
 def test_a_device_that_is_not_one(command):
     _usage_error(runner.invoke(app, command + ["--device", "banana"]), "--device", "banana")
 
@@ -44,13 +50,20 @@ def test_card_validates_the_repo_id_as_push_does(pow2_copy):
 
 def test_act_backend_triton_on_cpu_names_act_backend(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    line = _usage_error(runner.invoke(app, ["determinism", "--backends", "reference", "--act-backend", "triton",
-                                            "--device", "cpu"]), "--act-backend")
+    line = _usage_error(
+        runner.invoke(app, ["determinism", "--backends", "reference", "--act-backend", "triton", "--device", "cpu"]),
+        "--act-backend",
+    )
     assert "--backends" not in line
-    _usage_error(runner.invoke(app, ["eval", "--arms", "native", "--limit", "1", "--act-backend", "triton",
-                                     "--device", "cpu"]), "--act-backend")
-    _usage_error(runner.invoke(app, ["eval", "--arms", "native", "--limit", "1", "--backend", "cutlass",
-                                     "--device", "cpu"]), "--backend", "cutlass")
+    _usage_error(
+        runner.invoke(app, ["eval", "--arms", "native", "--limit", "1", "--act-backend", "triton", "--device", "cpu"]),
+        "--act-backend",
+    )
+    _usage_error(
+        runner.invoke(app, ["eval", "--arms", "native", "--limit", "1", "--backend", "cutlass", "--device", "cpu"]),
+        "--backend",
+        "cutlass",
+    )
 
 
 @pytest.mark.parametrize("jobs", ["0", "-3"])

@@ -97,7 +97,12 @@ def test_probe_decomposition_known_share():
     dec = out["decomposition"]
     assert dec["probe_mismatch_share"] == pytest.approx(share, rel=1e-9)
     assert dec["ci90"] == pytest.approx([share, share], rel=1e-9)  # independent of the resample here
-    assert paired_bootstrap({"native": d, "nearest": arms["nearest"]}, replicates=10)["decomposition"]["probe_mismatch_share"] is None
+    assert (
+        paired_bootstrap({"native": d, "nearest": arms["nearest"]}, replicates=10)["decomposition"][
+            "probe_mismatch_share"
+        ]
+        is None
+    )
     same = paired_bootstrap({"native": d, "nearest": d, "probe": d}, replicates=10)["decomposition"]
     assert same["probe_mismatch_share"] is None  # 0/0: the probe did no damage
 
@@ -110,8 +115,12 @@ def test_refusals_and_seeding():
     with pytest.raises(ValueError, match="other documents"):
         paired_bootstrap({"native": d, "nearest": other})
     with pytest.raises(ValueError, match="other documents"):
-        paired_bootstrap({"native": Docs(d.ll, d.words, d.nbytes, np.arange(5)),
-                          "nearest": Docs(d.ll, d.words, d.nbytes, np.arange(1, 6))})
+        paired_bootstrap(
+            {
+                "native": Docs(d.ll, d.words, d.nbytes, np.arange(5)),
+                "nearest": Docs(d.ll, d.words, d.nbytes, np.arange(1, 6)),
+            }
+        )
     a, b = resample_indices(7, 50, seed=9), resample_indices(7, 50, seed=9)
     assert np.array_equal(a, b) and a.shape == (50, 7) and a.min() >= 0 and a.max() < 7
     assert not np.array_equal(a, resample_indices(7, 50, seed=10))

@@ -18,8 +18,20 @@ from typer.testing import CliRunner
 from requant.cli import app
 
 runner = CliRunner()
-REQUIRED = {"arms", "documents", "bootstrap", "decomposition", "lm_eval_version", "backend", "tokenizer", "tasks", "limit",
-            "checkpoint", "tool_version", "command"}
+REQUIRED = {
+    "arms",
+    "documents",
+    "bootstrap",
+    "decomposition",
+    "lm_eval_version",
+    "backend",
+    "tokenizer",
+    "tasks",
+    "limit",
+    "checkpoint",
+    "tool_version",
+    "command",
+}
 
 
 def _invoke(args):
@@ -51,7 +63,9 @@ def test_eval_native_nearest_limit_2_json(micro_with_source, tmp_path):
     assert r["arms"]["native"]["word_perplexity"] == pytest.approx(math.exp(-ll["native"] / W), rel=1e-12)
     assert r["arms"]["native"]["bits_per_byte"] == pytest.approx(-ll["native"] / B / math.log(2), rel=1e-12)
     near = r["arms"]["nearest"]
-    assert near["delta_pct"] == pytest.approx(100 * (math.exp(-ll["nearest"] / W) / math.exp(-ll["native"] / W) - 1), rel=1e-9)
+    assert near["delta_pct"] == pytest.approx(
+        100 * (math.exp(-ll["nearest"] / W) / math.exp(-ll["native"] / W) - 1), rel=1e-9
+    )
     assert near["ci90"][0] <= near["ci90"][1] and near["byte_ci90"][0] <= near["byte_ci90"][1]
     assert ll["nearest"] != ll["native"]  # the converted arm really is another model
     assert "nearest" in res.output and "Δ word ppl" in res.output
@@ -66,8 +80,25 @@ def test_eval_all_rows_report_and_decomposition(micro_with_source, tmp_path):
 
     ckpt, source = micro_with_source
     rep = tmp_path / "rep"
-    res = _invoke([ckpt, "--arms", "nearest,probe", "--source", source, "--limit", 1, "--bootstrap", 200, "--seed", 7,
-                   "--report", rep, "--max-length", 96])
+    res = _invoke(
+        [
+            ckpt,
+            "--arms",
+            "nearest,probe",
+            "--source",
+            source,
+            "--limit",
+            1,
+            "--bootstrap",
+            200,
+            "--seed",
+            7,
+            "--report",
+            rep,
+            "--max-length",
+            96,
+        ]
+    )
     assert res.exit_code == 0, res.output
     assert sorted(p.name for p in rep.iterdir()) == ["eval.json", "eval.md", "eval.png"]
     r = json.loads((rep / "eval.json").read_text())
@@ -94,16 +125,19 @@ def test_eval_all_rows_report_and_decomposition(micro_with_source, tmp_path):
     assert r["per_task"]["requant-heldout"]["per_document"][0]["loglikelihood"]["nearest"] == ll
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--arms", "native,fancy"], "unknown arm 'fancy'"),
-    (["--arms", "nearest,nearest"], "twice"),
-    (["--backend", "warp-drive"], "unknown backend 'warp-drive'"),
-    (["--limit", "0"], "--limit"),
-    (["--device", "cuda:7"], "no CUDA device"),
-    (["--backend", "cutlass", "--device", "cpu"], "needs a CUDA GPU"),
-    (["--act-backend", "nope"], "unknown act backend 'nope'"),
-    (["--max-length", "4096"], "2048 positions"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--arms", "native,fancy"], "unknown arm 'fancy'"),
+        (["--arms", "nearest,nearest"], "twice"),
+        (["--backend", "warp-drive"], "unknown backend 'warp-drive'"),
+        (["--limit", "0"], "--limit"),
+        (["--device", "cuda:7"], "no CUDA device"),
+        (["--backend", "cutlass", "--device", "cpu"], "needs a CUDA GPU"),
+        (["--act-backend", "nope"], "unknown act backend 'nope'"),
+        (["--max-length", "4096"], "2048 positions"),
+    ],
+)
 def test_usage_errors_exit_2_with_one_line(args, message):
     res = _invoke(["--limit", 1] + args if "--limit" not in args else args)
     assert res.exit_code == 2, res.output
@@ -142,7 +176,11 @@ def test_unknown_task_exit_2(monkeypatch):
     import lm_eval.tasks
 
     real = lm_eval.tasks.TaskManager
-    monkeypatch.setattr(lm_eval.tasks, "TaskManager", lambda include_path=None, include_defaults=True: real(include_path=include_path, include_defaults=False))
+    monkeypatch.setattr(
+        lm_eval.tasks,
+        "TaskManager",
+        lambda include_path=None, include_defaults=True: real(include_path=include_path, include_defaults=False),
+    )
     res = _invoke(["--tasks", "requant-heldout,no-such-task", "--limit", 1])
     assert res.exit_code == 2 and "unknown task 'no-such-task'" in res.output
 
@@ -159,10 +197,14 @@ def test_json_ties_the_numbers_to_the_bytes_and_the_code(micro_with_source, tmp_
 
     ckpt, _ = micro_with_source
     out = tmp_path / "eval.json"
-    res = _invoke([ckpt, "--arms", "native", "--limit", 1, "--bootstrap", 10, "--json", out, "--report", tmp_path / "rep"])
+    res = _invoke(
+        [ckpt, "--arms", "native", "--limit", 1, "--bootstrap", 10, "--json", out, "--report", tmp_path / "rep"]
+    )
     assert res.exit_code == 0, res.output
     r = json.loads(out.read_text())
-    assert r["tool"] == "requant eval" and r["manifest"] is None and r["manifest_digest"] == manifest_digest_by_hand(ckpt)
+    assert (
+        r["tool"] == "requant eval" and r["manifest"] is None and r["manifest_digest"] == manifest_digest_by_hand(ckpt)
+    )
     assert {k: r[k] for k in ("tool_version", "git_commit")} == build_info()
     assert f"checkpoint manifest digest: `{r['manifest_digest']}`" in (tmp_path / "rep" / "eval.md").read_text()
     mf.write(ckpt)

@@ -16,15 +16,17 @@ from requant.evidence import manifest as mf
 runner = CliRunner()
 
 
-def test_one_document_warns_of_a_degenerate_interval_and_stderr_stays_quiet(micro_with_source, tmp_path, monkeypatch,
-                                                                          capfd):
+def test_one_document_warns_of_a_degenerate_interval_and_stderr_stays_quiet(
+    micro_with_source, tmp_path, monkeypatch, capfd
+):
     ckpt, _ = micro_with_source
     away = tmp_path / "not-a-checkout"
     away.mkdir()
     monkeypatch.chdir(away)  # lm-eval asks git about the working directory
     out = tmp_path / "e.json"
-    res = runner.invoke(app, ["eval", str(ckpt), "--arms", "native,nearest", "--limit", "1", "--bootstrap", "50",
-                              "--json", str(out)])
+    res = runner.invoke(
+        app, ["eval", str(ckpt), "--arms", "native,nearest", "--limit", "1", "--bootstrap", "50", "--json", str(out)]
+    )
     captured = capfd.readouterr()
     assert res.exit_code == 0, res.output
     r = json.loads(out.read_text())

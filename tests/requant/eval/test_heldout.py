@@ -48,7 +48,7 @@ def test_regenerates_byte_for_byte_from_the_corpus(tmp_path):
     assert heldout.make(corpus, out) == heldout.OUTPUT_SHA256
     assert out.read_bytes() == HELDOUT_FILE.read_bytes()
     lines = gzip.decompress(corpus.read_bytes()).decode("utf-8").split("\n")
-    novel_words = sum(len(line.split()) for line in lines[heldout.TITLE_LINENO - 1:])
+    novel_words = sum(len(line.split()) for line in lines[heldout.TITLE_LINENO - 1 :])
     not_prose = len("SENSE AND SENSIBILITY by Jane Austen (1811)".split()) + 2 * 50 + len("THE END".split())
     assert sum(len(d["text"].split()) for d in heldout_docs()) == novel_words - not_prose
 

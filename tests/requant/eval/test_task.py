@@ -26,7 +26,11 @@ def test_process_results_counts_words_and_bytes():
     out = process_results({"text": text}, [-123.5])
     words, nbytes = len(text.split()), len(text.encode("utf-8"))
     assert nbytes > len(text)  # the dash is three bytes
-    assert out == {"word_perplexity": (-123.5, words), "byte_perplexity": (-123.5, nbytes), "bits_per_byte": (-123.5, nbytes)}
+    assert out == {
+        "word_perplexity": (-123.5, words),
+        "byte_perplexity": (-123.5, nbytes),
+        "bits_per_byte": (-123.5, nbytes),
+    }
 
 
 def test_other_task_names_bring_in_lm_evals_index(monkeypatch):

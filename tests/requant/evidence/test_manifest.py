@@ -14,8 +14,8 @@ import subprocess
 import pytest
 from typer.testing import CliRunner
 
-from requant.evidence import manifest as mf
 from requant.cli import app
+from requant.evidence import manifest as mf
 
 runner = CliRunner()
 
@@ -41,8 +41,10 @@ def test_sha256sum_checks_what_requant_writes(tmp_path):
     d = _ckpt(tmp_path)
     path, digest = mf.write(d)
     text = path.read_text()
-    expected = "".join(f"{hashlib.sha256((d / rel).read_bytes()).hexdigest()}  {rel}\n"
-                       for rel in ("LICENSE", "config.json", "model.safetensors", "sub/tokenizer.json"))
+    expected = "".join(
+        f"{hashlib.sha256((d / rel).read_bytes()).hexdigest()}  {rel}\n"
+        for rel in ("LICENSE", "config.json", "model.safetensors", "sub/tokenizer.json")
+    )
     assert text == expected
     if shutil.which("sha256sum") is None:
         pytest.skip("no sha256sum binary")
@@ -74,16 +76,19 @@ def test_verify_names_the_first_problem(tmp_path):
     assert mf.verify(d).ok
 
 
-@pytest.mark.parametrize("bad", [
-    b"B" * 64 + b"  config.json\n",  # uppercase hex
-    b"a" * 64 + b" config.json\n",  # one space
-    b"a" * 64 + b"  config.json\r\n",  # CRLF
-    b"a" * 64 + b"  config.json",  # no final newline
-    b"b" * 64 + b"  z.json\n" + b"a" * 64 + b"  a.json\n",  # unsorted
-    b"a" * 64 + b"  a.json\n" + b"a" * 64 + b"  a.json\n",  # duplicate
-    b"a" * 64 + b"  ../a.json\n",  # not a plain relative path
-    b"a" * 63 + b"  a.json\n",  # short hash
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        b"B" * 64 + b"  config.json\n",  # uppercase hex
+        b"a" * 64 + b" config.json\n",  # one space
+        b"a" * 64 + b"  config.json\r\n",  # CRLF
+        b"a" * 64 + b"  config.json",  # no final newline
+        b"b" * 64 + b"  z.json\n" + b"a" * 64 + b"  a.json\n",  # unsorted
+        b"a" * 64 + b"  a.json\n" + b"a" * 64 + b"  a.json\n",  # duplicate
+        b"a" * 64 + b"  ../a.json\n",  # not a plain relative path
+        b"a" * 63 + b"  a.json\n",  # short hash
+    ],
+)
 def test_parse_refuses_non_canonical(bad):
     with pytest.raises(mf.ManifestError):
         mf.parse(bad)
@@ -115,7 +120,9 @@ def test_identity_checks_a_stored_manifest(tmp_path):
     computed = mf.identity(d)
     assert computed["manifest"] is None
     _, digest = mf.write(d)
-    assert mf.identity(d) == {"manifest": mf.MANIFEST, "manifest_digest": digest} and digest == computed["manifest_digest"]
+    assert (
+        mf.identity(d) == {"manifest": mf.MANIFEST, "manifest_digest": digest} and digest == computed["manifest_digest"]
+    )
     (d / "config.json").write_bytes(b'{"a": 2}\n')
     with pytest.raises(mf.ManifestError, match="config.json differs"):
         mf.identity(d)

@@ -76,10 +76,14 @@ def _refused(tmp_path, ckpt, source, tensor, *needles):
     for needle in needles + (INSTEAD,):
         assert needle in msg, msg
     assert not parent.exists()  # nothing written, not even OUT's parent
-    res = runner.invoke(app, ["convert", str(ckpt), "--source", str(source), "-o", str(parent / "out"), "--arm", "nearest"])
+    res = runner.invoke(
+        app, ["convert", str(ckpt), "--source", str(source), "-o", str(parent / "out"), "--arm", "nearest"]
+    )
     assert res.exit_code == 2, res.output
     lines = [ln for ln in res.output.splitlines() if ln.strip()]
-    assert len(lines) == 1 and "Traceback" not in res.output and tensor in lines[0] and needles[0] in lines[0], res.output
+    assert len(lines) == 1 and "Traceback" not in res.output and tensor in lines[0] and needles[0] in lines[0], (
+        res.output
+    )
     assert not parent.exists()
     assert (tree_bytes(ckpt), tree_bytes(source)) == before
     return msg
@@ -93,15 +97,23 @@ def test_smoothquant_checkpoint_is_refused(tmp_path, origin):
     smoothed = dict(orig)
     for i in range(MICRO.layers):
         pre = f"model.layers.{i}."
-        for norm, leaves, seed in (("input_layernorm", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), 2 * i),
-                                   ("post_attention_layernorm", ("mlp.gate_proj", "mlp.up_proj"), 2 * i + 1)):
+        for norm, leaves, seed in (
+            ("input_layernorm", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), 2 * i),
+            ("post_attention_layernorm", ("mlp.gate_proj", "mlp.up_proj"), 2 * i + 1),
+        ):
             v = _smoothing_vector(seed, MICRO.hidden)
             smoothed[pre + norm + ".weight"] = (orig[pre + norm + ".weight"].float() * v).to(torch.bfloat16)
             for leaf in leaves:
                 smoothed[pre + leaf + ".weight"] = (orig[pre + leaf + ".weight"].float() / v).to(torch.bfloat16)
     ckpt = _write_checkpoint(tmp_path / "smoothquant", smoothed)
-    msg = _refused(tmp_path, ckpt, bf16, "model.layers.0.input_layernorm.weight", "differs from the source",
-                   "the checkpoint was smoothed (SmoothQuant?)")
+    msg = _refused(
+        tmp_path,
+        ckpt,
+        bf16,
+        "model.layers.0.input_layernorm.weight",
+        "differs from the source",
+        "the checkpoint was smoothed (SmoothQuant?)",
+    )
     # the first differing element of the norm is named (the construction: norm 1.0 times v)
     v0 = _smoothing_vector(0, MICRO.hidden)
     k = int(((orig["model.layers.0.input_layernorm.weight"].float() * v0).to(torch.bfloat16) != 1).nonzero()[0, 0])
@@ -119,8 +131,14 @@ def test_smoothing_folded_into_a_linear_is_refused_at_its_scale(tmp_path, origin
     pre = "model.layers.0.self_attn."
     w[pre + "v_proj.weight"] = (orig[pre + "v_proj.weight"].float() * v[:, None]).to(torch.bfloat16)
     ckpt = _write_checkpoint(tmp_path / "smooth_vo", w)
-    msg = _refused(tmp_path, ckpt, bf16, pre + "v_proj.weight_scale", "is not the RTN scale of the source weight",
-                   "output channel 3 ")
+    msg = _refused(
+        tmp_path,
+        ckpt,
+        bf16,
+        pre + "v_proj.weight_scale",
+        "is not the RTN scale of the source weight",
+        "output channel 3 ",
+    )
     assert "smoothed, or another observer?" in msg
 
 
@@ -151,8 +169,13 @@ def test_gptq_checkpoint_is_refused(tmp_path, origin):
     diff = q_gptq.astype(np.int16) - q_rtn
     assert np.abs(diff).max() == 1  # the construction: +-1 moves
     r, c = np.argwhere(diff != 0)[0]
-    msg = _refused(tmp_path, ckpt, bf16, first, "int8 weights are not RTN of the source at the checkpoint's scale (GPTQ?)")
-    assert f"first difference at [{r}, {c}], {q_gptq[r, c]} here, RTN gives {q_rtn[r, c]} ({np.count_nonzero(diff)} of {diff.size} weights differ;" in msg
+    msg = _refused(
+        tmp_path, ckpt, bf16, first, "int8 weights are not RTN of the source at the checkpoint's scale (GPTQ?)"
+    )
+    assert (
+        f"first difference at [{r}, {c}], {q_gptq[r, c]} here, RTN gives {q_rtn[r, c]} ({np.count_nonzero(diff)} of {diff.size} weights differ;"
+        in msg
+    )
 
 
 def test_one_moved_weight_is_found(tmp_path, origin):
@@ -174,8 +197,14 @@ def test_another_models_weights_are_refused(tmp_path, origin):
     order) differs, and the message does not guess at smoothing."""
     rtn, _ = origin
     generate(MICRO, tmp_path / "other_q", seed=6, keep_source=tmp_path / "other_bf16")
-    msg = _refused(tmp_path, rtn, tmp_path / "other_bf16", "model.embed_tokens.weight", "differs from the source",
-                   "the source is not the checkpoint's origin")
+    msg = _refused(
+        tmp_path,
+        rtn,
+        tmp_path / "other_bf16",
+        "model.embed_tokens.weight",
+        "differs from the source",
+        "the source is not the checkpoint's origin",
+    )
     assert "SmoothQuant" not in msg
 
 
@@ -184,12 +213,19 @@ def test_missing_or_retyped_passthrough_tensor_is_refused(tmp_path, origin):
     orig = load_all(bf16 / "model.safetensors")
     src = tmp_path / "src_missing"
     shutil.copytree(bf16, src)
-    save_file({k: v for k, v in orig.items() if k != "model.norm.weight"}, str(src / "model.safetensors"), metadata={"format": "pt"})
+    save_file(
+        {k: v for k, v in orig.items() if k != "model.norm.weight"},
+        str(src / "model.safetensors"),
+        metadata={"format": "pt"},
+    )
     _refused(tmp_path, rtn, src, "model.norm.weight", "not in the source weights")
     src2 = tmp_path / "src_f32"
     shutil.copytree(bf16, src2)
-    save_file({k: (v.float() if k == "lm_head.weight" else v) for k, v in orig.items()}, str(src2 / "model.safetensors"),
-              metadata={"format": "pt"})
+    save_file(
+        {k: (v.float() if k == "lm_head.weight" else v) for k, v in orig.items()},
+        str(src2 / "model.safetensors"),
+        metadata={"format": "pt"},
+    )
     _refused(tmp_path, rtn, src2, "lm_head.weight", "is BF16 [64, 32] here but F32 [64, 32] in the source")
 
 
@@ -197,12 +233,26 @@ def test_rtn_checkpoint_is_accepted_and_reproduced(tmp_path):
     """The true RTN origin passes the proof: --arm unconstrained gives back the
     checkpoint byte for byte (sharded, through the CLI too), and nearest converts."""
     ckpt = generate(MICRO, tmp_path / "rtn", seed=7, shard_size=4096, keep_source=tmp_path / "bf16")
-    res = runner.invoke(app, ["convert", str(ckpt), "--source", str(tmp_path / "bf16"), "-o", str(tmp_path / "again"),
-                              "--arm", "unconstrained", "-q"])
+    res = runner.invoke(
+        app,
+        [
+            "convert",
+            str(ckpt),
+            "--source",
+            str(tmp_path / "bf16"),
+            "-o",
+            str(tmp_path / "again"),
+            "--arm",
+            "unconstrained",
+            "-q",
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert tree_bytes(tmp_path / "again") == tree_bytes(ckpt)
     convert(ckpt, tmp_path / "near", "nearest", source=tmp_path / "bf16", jobs=2)
-    assert json.loads((tmp_path / "near" / "config.json").read_text())["requant"]["bf16_source"] == str(tmp_path / "bf16")
+    assert json.loads((tmp_path / "near" / "config.json").read_text())["requant"]["bf16_source"] == str(
+        tmp_path / "bf16"
+    )
 
 
 def test_fp32_scales_made_from_bf16_rtn_are_accepted(tmp_path, origin):

@@ -18,10 +18,34 @@ import pytest
 def eval_report(digest: str | None) -> dict:
     rep = {
         "arms": {
-            "native": {"word_perplexity": 71.92, "byte_perplexity": 2.2231, "bits_per_byte": 1.1526, "delta_pct": None, "ci90": None},
-            "nearest": {"word_perplexity": 72.01, "byte_perplexity": 2.2236, "bits_per_byte": 1.1529, "delta_pct": 0.125, "ci90": [0.031, 0.219]},
-            "ceiling": {"word_perplexity": 71.90, "byte_perplexity": 2.2230, "bits_per_byte": 1.1525, "delta_pct": -0.028, "ci90": [-0.11, 0.05]},
-            "probe": {"word_perplexity": 95.5, "byte_perplexity": 2.41, "bits_per_byte": 1.27, "delta_pct": 32.78, "ci90": [30.1, 35.6]},
+            "native": {
+                "word_perplexity": 71.92,
+                "byte_perplexity": 2.2231,
+                "bits_per_byte": 1.1526,
+                "delta_pct": None,
+                "ci90": None,
+            },
+            "nearest": {
+                "word_perplexity": 72.01,
+                "byte_perplexity": 2.2236,
+                "bits_per_byte": 1.1529,
+                "delta_pct": 0.125,
+                "ci90": [0.031, 0.219],
+            },
+            "ceiling": {
+                "word_perplexity": 71.90,
+                "byte_perplexity": 2.2230,
+                "bits_per_byte": 1.1525,
+                "delta_pct": -0.028,
+                "ci90": [-0.11, 0.05],
+            },
+            "probe": {
+                "word_perplexity": 95.5,
+                "byte_perplexity": 2.41,
+                "bits_per_byte": 1.27,
+                "delta_pct": 32.78,
+                "ci90": [30.1, 35.6],
+            },
         },
         "documents": 50,
         "bootstrap": {"replicates": 2000, "seed": 0},
@@ -36,11 +60,23 @@ def eval_report(digest: str | None) -> dict:
 
 def determinism_report(digest: str | None) -> dict:
     def prompt(same, first):
-        return {"identical": same, "first_divergence": first, "sha256": {"cutlass": "a" * 64, "triton": ("a" if same else "b") * 64}}
+        return {
+            "identical": same,
+            "first_divergence": first,
+            "sha256": {"cutlass": "a" * 64, "triton": ("a" if same else "b") * 64},
+        }
 
-    rep = {"regimes": {"native": {"identical": 5, "total": 8, "prompts": [prompt(True, None)] * 5 + [prompt(False, 17), prompt(False, 3), prompt(False, 40)]},
-                       "pow2": {"identical": 8, "total": 8, "prompts": [prompt(True, None)] * 8}},
-           "backends": ["cutlass", "triton"]}
+    rep = {
+        "regimes": {
+            "native": {
+                "identical": 5,
+                "total": 8,
+                "prompts": [prompt(True, None)] * 5 + [prompt(False, 17), prompt(False, 3), prompt(False, 40)],
+            },
+            "pow2": {"identical": 8, "total": 8, "prompts": [prompt(True, None)] * 8},
+        },
+        "backends": ["cutlass", "triton"],
+    }
     if digest is not None:
         rep["manifest_digest"] = digest
     return rep
@@ -79,10 +115,32 @@ def micro_reported(tmp_path_factory) -> Path:
         mp.setenv("HF_HUB_OFFLINE", "1")
         mp.setenv("HF_DATASETS_CACHE", str(root / "hf-datasets-cache"))
         try:
-            for args in (["eval", micro, "--arms", "native,nearest,probe", "--limit", 1, "--bootstrap", 100,
-                          "--json", pow2 / "requant-eval.json"],
-                         ["determinism", pow2, "--backends", "reference", "--prompts", 1, "--new-tokens", 3,
-                          "--json", pow2 / "requant-determinism.json"]):
+            for args in (
+                [
+                    "eval",
+                    micro,
+                    "--arms",
+                    "native,nearest,probe",
+                    "--limit",
+                    1,
+                    "--bootstrap",
+                    100,
+                    "--json",
+                    pow2 / "requant-eval.json",
+                ],
+                [
+                    "determinism",
+                    pow2,
+                    "--backends",
+                    "reference",
+                    "--prompts",
+                    1,
+                    "--new-tokens",
+                    3,
+                    "--json",
+                    pow2 / "requant-determinism.json",
+                ],
+            ):
                 res = runner.invoke(app, [str(a) for a in args])
                 assert res.exit_code == 0, res.output
         finally:

@@ -17,8 +17,8 @@ import shutil
 from huggingface_hub import ModelCard, ModelCardData
 from typer.testing import CliRunner
 
-from requant.evidence import manifest as mf
 from requant.cli import app
+from requant.evidence import manifest as mf
 from tests.digests import manifest_digest_by_hand
 
 from .conftest import determinism_report, eval_report, write
@@ -40,10 +40,15 @@ def test_card_with_every_report_round_trips(pow2_copy):
     (ck / "README.md").write_text("---\nlicense: apache-2.0\nbase_model: Qwen/Qwen3-0.6B\n---\n# the source's card\n")
     res, text = _card(ck, "--repo-id", "someone/tiny-pow2")
     assert res.exit_code == 0, res.output
-    expected = {"base_model": "Qwen/Qwen3-0.6B", "base_model_relation": "quantized", "license": "apache-2.0",
-                "library_name": "transformers", "pipeline_tag": "text-generation",
-                # no deterministic: the fixture's audit is by the reference emulations (test_card_trust.py)
-                "tags": ["int8", "w8a8", "compressed-tensors", "requant", "power-of-two-scales"]}
+    expected = {
+        "base_model": "Qwen/Qwen3-0.6B",
+        "base_model_relation": "quantized",
+        "license": "apache-2.0",
+        "library_name": "transformers",
+        "pipeline_tag": "text-generation",
+        # no deterministic: the fixture's audit is by the reference emulations (test_card_trust.py)
+        "tags": ["int8", "w8a8", "compressed-tensors", "requant", "power-of-two-scales"],
+    }
     data = ModelCard.load(ck / "README.md").data.to_dict()
     assert data == expected
     assert ModelCardData(**data).to_dict() == data
@@ -63,7 +68,10 @@ def test_card_with_every_report_round_trips(pow2_copy):
     assert mf.verify(ck).ok and mf.verify(ck).digest == digest
     stats = json.loads((ck / "requant-convert.json").read_text())["totals"]
     assert f"| scales changed | {stats['scales_changed']:,} of {stats['channels']:,} |" in text
-    assert re.search(r"<!-- requant-card v1: manifest (sha256:[0-9a-f]{64}), repo someone/tiny-pow2\.", text).group(1) == digest
+    assert (
+        re.search(r"<!-- requant-card v1: manifest (sha256:[0-9a-f]{64}), repo someone/tiny-pow2\.", text).group(1)
+        == digest
+    )
     for line in (ck / "SHA256SUMS").read_text().splitlines():
         sha, rel = line.split("  ")
         assert f"| `{rel}` | {(ck / rel).stat().st_size:,} | `{sha}` |" in text
@@ -178,8 +186,11 @@ def test_card_quotes_the_real_eval_and_determinism_reports(micro_reported, tmp_p
     assert set(eval_report("sha256:x")) <= set(ev) and set(determinism_report("sha256:x")) <= set(det)
     # eval measured the source (no SHA256SUMS there: computed), determinism these bytes (their SHA256SUMS)
     assert ev["manifest"] is None
-    assert ev["manifest_digest"] == manifest_digest_by_hand(micro_reported.parent / "micro") \
+    assert (
+        ev["manifest_digest"]
+        == manifest_digest_by_hand(micro_reported.parent / "micro")
         == "sha256:" + hashlib.sha256((ck / "SHA256SUMS.source").read_bytes()).hexdigest()
+    )
     assert det["manifest"] == "SHA256SUMS"
     assert det["manifest_digest"] == "sha256:" + hashlib.sha256((ck / "SHA256SUMS").read_bytes()).hexdigest()
     res, text = _card(ck)
@@ -193,10 +204,15 @@ def test_card_quotes_the_real_eval_and_determinism_reports(micro_reported, tmp_p
         label = "**nearest** (this checkpoint)" if name == "nearest" else name
         delta = "-" if a.get("delta_pct") is None else f"{a['delta_pct']:+.3f}%"
         ci = "-" if a.get("ci90") is None else f"[{a['ci90'][0]:+.3f}%, {a['ci90'][1]:+.3f}%]"
-        assert f"| {label} | {a['word_perplexity']:.4f} | {a['byte_perplexity']:.4f} | {a['bits_per_byte']:.4f} | {delta} | {ci} |" in perp
+        assert (
+            f"| {label} | {a['word_perplexity']:.4f} | {a['byte_perplexity']:.4f} | {a['bits_per_byte']:.4f} | {delta} | {ci} |"
+            in perp
+        )
     assert f"{ev['decomposition']['probe_mismatch_share'] * 100:.1f}% of the probe arm's damage" in perp
     dsec = _section(text, "## Determinism")
     assert "Measured on these bytes" in dsec and det["manifest_digest"] in dsec and made_by in dsec
-    line = "; ".join(f"{r}: {det['regimes'][r]['identical']}/{det['regimes'][r]['total']} identical" for r in ("pow2", "native"))
+    line = "; ".join(
+        f"{r}: {det['regimes'][r]['identical']}/{det['regimes'][r]['total']} identical" for r in ("pow2", "native")
+    )
     assert f"**{line}**" in dsec and f"{det['new_tokens']} new tokens per prompt." in dsec
     assert "Not measured" not in perp + dsec

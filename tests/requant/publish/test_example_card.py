@@ -17,8 +17,8 @@ from pathlib import Path
 from huggingface_hub import ModelCard
 from typer.testing import CliRunner
 
-from requant.cli import app
 from requant import DEFAULT_CHECKPOINT
+from requant.cli import app
 
 ROOT = Path(__file__).resolve().parents[3]
 RESULTS = ROOT / "benchmarks" / "results" / "default_gpu"
@@ -42,9 +42,19 @@ def test_example_card_is_rendered_from_the_committed_reports(tmp_path, monkeypat
     for rep in (RESULTS / "determinism_default.json", RESULTS / "eval" / "eval.json"):
         assert json.loads(rep.read_text())["manifest_digest"] == source, rep
     shutil.copyfile(RESULTS / "audit_pow2" / "audit.json", out / "requant-audit.json")
-    res = runner.invoke(app, ["card", str(out), "--eval", str(RESULTS / "eval" / "eval.json"),
-                              "--determinism", str(RESULTS / "determinism_default.json"),
-                              "--repo-id", "requant-demo/default-w8a8-pow2"])
+    res = runner.invoke(
+        app,
+        [
+            "card",
+            str(out),
+            "--eval",
+            str(RESULTS / "eval" / "eval.json"),
+            "--determinism",
+            str(RESULTS / "determinism_default.json"),
+            "--repo-id",
+            "requant-demo/default-w8a8-pow2",
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert (out / "README.md").read_bytes() == EXAMPLE.read_bytes()
     card = ModelCard(EXAMPLE.read_text())

@@ -21,8 +21,8 @@ from huggingface_hub import ModelCard
 from typer.testing import CliRunner
 
 from requant import DEFAULT_CHECKPOINT
-from requant.evidence import manifest as mf
 from requant.cli import app
+from requant.evidence import manifest as mf
 from tests.conftest import TOKEN, point_hub_library_at
 from tests.hubserver import FakeHub
 
@@ -65,10 +65,13 @@ def test_push_uploads_exactly_these_bytes(hub, pow2_copy):
     assert {"SHA256SUMS.source", "config.json", "model.safetensors"} <= set(listed)
     assert mf.parse(got["SHA256SUMS"]) == {rel: hashlib.sha256(local[rel]).hexdigest() for rel in listed}
     card = ModelCard(got["README.md"].decode())
-    assert card.data.to_dict() == {"license": "apache-2.0", "library_name": "transformers",
-                                   "pipeline_tag": "text-generation",
-                                   # no deterministic: the fixture's audit is by the reference emulations
-                                   "tags": ["int8", "w8a8", "compressed-tensors", "requant", "power-of-two-scales"]}
+    assert card.data.to_dict() == {
+        "license": "apache-2.0",
+        "library_name": "transformers",
+        "pipeline_tag": "text-generation",
+        # no deterministic: the fixture's audit is by the reference emulations
+        "tags": ["int8", "w8a8", "compressed-tensors", "requant", "power-of-two-scales"],
+    }
     assert f"vllm serve {REPO}" in card.text
     # the token went to the Hub, as a Bearer credential on every write, and nowhere else
     writes = [(m, p, a) for m, p, a in hub.requests if m == "POST"]
@@ -125,13 +128,16 @@ def _tamper_audit(ckpt, **changes):
     p.write_text(json.dumps(d))
 
 
-@pytest.mark.parametrize("case, expect", [
-    ("no audit", "no audit report"),
-    ("other bytes", "not an audit of these bytes"),
-    ("false positive", "1 false positives"),
-    ("unpinned", "unpinned prediction matrix"),
-    ("pow2 layer differs", "pow2 layers are bitwise equal"),
-])
+@pytest.mark.parametrize(
+    "case, expect",
+    [
+        ("no audit", "no audit report"),
+        ("other bytes", "not an audit of these bytes"),
+        ("false positive", "1 false positives"),
+        ("unpinned", "unpinned prediction matrix"),
+        ("pow2 layer differs", "pow2 layers are bitwise equal"),
+    ],
+)
 def test_refusals_without_force(hub, pow2_copy, case, expect):
     ck = pow2_copy
     if case == "no audit":
@@ -155,7 +161,9 @@ def test_refusals_without_force(hub, pow2_copy, case, expect):
         res = _push(ck, "--force")
         assert res.exit_code == 0 and "--force: pushing although" in res.stderr
         assert hub.files(REPO)["requant-audit.json"] == before["requant-audit.json"]
-        assert "deterministic" not in ModelCard(hub.files(REPO)["README.md"].decode()).data.tags  # no claim without evidence
+        assert (
+            "deterministic" not in ModelCard(hub.files(REPO)["README.md"].decode()).data.tags
+        )  # no claim without evidence
 
 
 def test_broken_audit_report_is_never_overridden(hub, tmp_path):
@@ -213,12 +221,15 @@ def test_bad_repo_ids(hub, pow2_copy, repo):
     assert hub.requests == []
 
 
-@pytest.mark.parametrize("method, kind, status, expect", [
-    ("POST", "commit", 500, "the Hub answered 500"),
-    ("POST", "create", 401, "rejected the credentials (401)"),
-    ("POST", "create", 403, "no write access"),
-    ("POST", "commit", 409, "conflict (409)"),
-])
+@pytest.mark.parametrize(
+    "method, kind, status, expect",
+    [
+        ("POST", "commit", 500, "the Hub answered 500"),
+        ("POST", "create", 401, "rejected the credentials (401)"),
+        ("POST", "create", 403, "no write access"),
+        ("POST", "commit", 409, "conflict (409)"),
+    ],
+)
 def test_failed_upload_changes_nothing_local(hub, pow2_copy, method, kind, status, expect):
     """The server echoes the request's Authorization header in its error message (as a careless
     server might): the token must still not appear."""
@@ -239,7 +250,9 @@ def test_network_failure(pow2_copy, tmp_path, monkeypatch):
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
     s.close()  # nothing listens there now
-    point_hub_library_at(monkeypatch, {"HF_ENDPOINT": f"http://127.0.0.1:{port}", "HF_HOME": str(tmp_path / "home"), "HF_TOKEN": TOKEN})
+    point_hub_library_at(
+        monkeypatch, {"HF_ENDPOINT": f"http://127.0.0.1:{port}", "HF_HOME": str(tmp_path / "home"), "HF_TOKEN": TOKEN}
+    )
     before = tree_bytes(pow2_copy)
     res = _push(pow2_copy)
     assert res.exit_code == 2 and "could not reach the Hub" in res.stderr and len(_error_lines(res)) == 1, res.output
@@ -272,10 +285,19 @@ def test_push_from_a_shell(pow2_copy, tmp_path):
     try:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING"))}
         root = str(Path(__file__).resolve().parents[3])  # this checkout, as PYTHONPATH=$PWD gives it
-        env.update(HF_ENDPOINT=hub.url, HF_HOME=str(tmp_path / "home"), HF_TOKEN=TOKEN,
-                   PYTHONPATH=os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p))
-        res = subprocess.run([sys.executable, "-m", "requant.cli", "push", str(pow2_copy), REPO], env=env,
-                             capture_output=True, text=True, timeout=300)
+        env.update(
+            HF_ENDPOINT=hub.url,
+            HF_HOME=str(tmp_path / "home"),
+            HF_TOKEN=TOKEN,
+            PYTHONPATH=os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p),
+        )
+        res = subprocess.run(
+            [sys.executable, "-m", "requant.cli", "push", str(pow2_copy), REPO],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert res.returncode == 0, res.stderr
         assert res.stdout.strip().startswith(f"{hub.url}/{REPO}/commit/")
         assert TOKEN not in res.stdout + res.stderr

@@ -10,7 +10,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from requant.kernels.bf16 import is_power_of_two
-from requant.scales.arms import ARMS, MSE_OFFSETS, ceil_exponent, nearest_exponent, quantize_from_source, requantize, requantize_with_stats
+from requant.scales.arms import (
+    ARMS,
+    MSE_OFFSETS,
+    ceil_exponent,
+    nearest_exponent,
+    quantize_from_source,
+    requantize,
+    requantize_with_stats,
+)
 from requant.scales.from_source import rtn_quantize
 
 SETTINGS = settings(max_examples=60, deadline=None, database=None)  # no ./.hypothesis in the repo
@@ -187,8 +195,16 @@ def frac_mse_errors(q_row, fs: Fraction, dtype: torch.dtype) -> dict[int, Fracti
     """{offset: exact squared error} for every MSE candidate that dtype can hold."""
     ce = frac_ceil_exponent(fs)
     return {
-        o: sum((Fraction(frac_requant(int(a), fs, Fraction(2) ** (ce + o))[0]) * Fraction(2) ** (ce + o) - Fraction(int(a)) * fs) ** 2 for a in q_row)
-        for o in MSE_OFFSETS if representable(ce + o, dtype)
+        o: sum(
+            (
+                Fraction(frac_requant(int(a), fs, Fraction(2) ** (ce + o))[0]) * Fraction(2) ** (ce + o)
+                - Fraction(int(a)) * fs
+            )
+            ** 2
+            for a in q_row
+        )
+        for o in MSE_OFFSETS
+        if representable(ce + o, dtype)
     }
 
 
@@ -232,8 +248,8 @@ def test_mse_candidacy_is_per_channel():
     q = (torch.randint(-12, 12, (s.shape[0], 24), generator=g) * 2 + 1).to(torch.int8)
     qm, sm, stm = requantize_with_stats(q, s, "mse")
     for i in range(q.shape[0]):
-        qi, si = requantize(q[i:i + 1], s[i:i + 1], "mse")
-        assert torch.equal(qi, qm[i:i + 1]) and torch.equal(si.view(torch.int16), sm[i:i + 1].view(torch.int16))
+        qi, si = requantize(q[i : i + 1], s[i : i + 1], "mse")
+        assert torch.equal(qi, qm[i : i + 1]) and torch.equal(si.view(torch.int16), sm[i : i + 1].view(torch.int16))
         fs = Fraction(float(s[i, 0]))
         errs = frac_mse_errors(q[i], fs, torch.float16)
         best = min(errs.values())
@@ -256,13 +272,18 @@ def test_from_source_candidacy_is_per_channel():
     qm, sm, _ = quantize_from_source(w, "mse", torch.float16)
     assert float(sm[1, 0]) == 2.0**15
     for i in range(3):
-        qi, si, _ = quantize_from_source(w[i:i + 1], "mse", torch.float16)
-        assert torch.equal(qi, qm[i:i + 1]) and torch.equal(si.view(torch.int16), sm[i:i + 1].view(torch.int16))
+        qi, si, _ = quantize_from_source(w[i : i + 1], "mse", torch.float16)
+        assert torch.equal(qi, qm[i : i + 1]) and torch.equal(si.view(torch.int16), sm[i : i + 1].view(torch.int16))
 
 
 def test_bad_inputs_are_refused():
     q = torch.zeros(2, 3, dtype=torch.int8)
-    for s in (torch.tensor([[0.0], [1.0]]), torch.tensor([[-1.0], [1.0]]), torch.tensor([[float("nan")], [1.0]]), torch.tensor([[float("inf")], [1.0]])):
+    for s in (
+        torch.tensor([[0.0], [1.0]]),
+        torch.tensor([[-1.0], [1.0]]),
+        torch.tensor([[float("nan")], [1.0]]),
+        torch.tensor([[float("inf")], [1.0]]),
+    ):
         with pytest.raises(ValueError):
             requantize(q, s.to(torch.bfloat16), "nearest")
     with pytest.raises(ValueError, match="shape"):

@@ -23,7 +23,9 @@ def model():
 
 
 def _arch(heads, kv, inter=64, vocab=64):
-    return Qwen3Arch(hidden=32, intermediate=inter, layers=1, heads=heads, kv_heads=kv, head_dim=8, vocab=vocab, tie=False)
+    return Qwen3Arch(
+        hidden=32, intermediate=inter, layers=1, heads=heads, kv_heads=kv, head_dim=8, vocab=vocab, tie=False
+    )
 
 
 @pytest.mark.parametrize("heads,kv,tp", [(4, 2, 1), (4, 2, 2), (4, 2, 4), (8, 8, 4), (8, 2, 8), (16, 4, 2), (6, 3, 6)])
@@ -40,9 +42,15 @@ def test_every_query_head_finds_its_kv_head(heads, kv, tp):
     assert held == list(range(heads))  # each query head on exactly one rank, in order
 
 
-@pytest.mark.parametrize("heads,kv,tp,what", [(4, 2, 3, "does not divide"), (4, 2, 8, "does not divide"),
-                                              (12, 3, 2, "neither divides num_key_value_heads 3"),
-                                              (4, 2, 0, "positive integer")])
+@pytest.mark.parametrize(
+    "heads,kv,tp,what",
+    [
+        (4, 2, 3, "does not divide"),
+        (4, 2, 8, "does not divide"),
+        (12, 3, 2, "neither divides num_key_value_heads 3"),
+        (4, 2, 0, "positive integer"),
+    ],
+)
 def test_degrees_that_do_not_fit_are_refused(heads, kv, tp, what):
     with pytest.raises(ValueError, match=what):
         check_degree(_arch(heads, kv, inter=48, vocab=48), tp)

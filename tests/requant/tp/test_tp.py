@@ -19,12 +19,23 @@ from requant.tp.compare import bits_equal
 from requant.tp.shard import as_dense
 
 NEW = 6
-RUNS = (Run("reference-triton-order"), Run("reference-cutlass-order"), Run("reference"),
-        Run("reference-triton-order", "pow2"),
-        # unquantized Linears (as a checkpoint's ignore list leaves them): dense row- and column-parallel paths
-        Run("reference-cutlass-order", dense=("model.layers.0.self_attn.o_proj", "model.layers.1.mlp.down_proj",
-                                              "model.layers.2.self_attn.k_proj", "model.layers.3.mlp.up_proj")),
-        Run("reference-triton-order", reduce="bf16"))
+RUNS = (
+    Run("reference-triton-order"),
+    Run("reference-cutlass-order"),
+    Run("reference"),
+    Run("reference-triton-order", "pow2"),
+    # unquantized Linears (as a checkpoint's ignore list leaves them): dense row- and column-parallel paths
+    Run(
+        "reference-cutlass-order",
+        dense=(
+            "model.layers.0.self_attn.o_proj",
+            "model.layers.1.mlp.down_proj",
+            "model.layers.2.self_attn.k_proj",
+            "model.layers.3.mlp.up_proj",
+        ),
+    ),
+    Run("reference-triton-order", reduce="bf16"),
+)
 INT32 = [r for r in RUNS if r.reduce == "int32"]
 
 
@@ -73,9 +84,16 @@ def test_tp1_is_the_runtime(results, ckpt, ids, r):
 @pytest.mark.parametrize("r", INT32, ids=_name)
 def test_int32_reduce_is_bitwise_tp1(results, r, tp):
     c = compare(results[(r, 1)], results[(r, tp)])
-    assert c == {"identical": True, "logits_first_diff": None, "logits_differing": 0,
-                 "logits_total": sum(t.numel() for t in results[(r, 1)].logits), "logits_max_abs_diff": 0.0,
-                 "tokens_first_diff": None, "prompts_tokens_differ": 0, "steps_first_diff": None}
+    assert c == {
+        "identical": True,
+        "logits_first_diff": None,
+        "logits_differing": 0,
+        "logits_total": sum(t.numel() for t in results[(r, 1)].logits),
+        "logits_max_abs_diff": 0.0,
+        "tokens_first_diff": None,
+        "prompts_tokens_differ": 0,
+        "steps_first_diff": None,
+    }
 
 
 def test_bf16_reduce(results):

@@ -41,8 +41,9 @@ def test_int32_identical_exit_0_and_json(tmp_path):
 
 def test_bf16_reduce_differs_exit_1(tmp_path):
     out = tmp_path / "tp.json"
-    res = runner.invoke(app, ["tp-check", "--tp", "2", "--reduce", "bf16", "--prompts", "1", "--new-tokens", "2",
-                              "--json", str(out)])
+    res = runner.invoke(
+        app, ["tp-check", "--tp", "2", "--reduce", "bf16", "--prompts", "1", "--new-tokens", "2", "--json", str(out)]
+    )
     assert res.exit_code == 1, res.output
     assert res.output.strip().splitlines()[-1] == "tp 1,2: NOT bitwise identical to tp 1 at tp 2"
     rec = json.loads(out.read_text())
@@ -53,20 +54,23 @@ def test_bf16_reduce_differs_exit_1(tmp_path):
     assert two["logits_first_diff"] == {"prompt": 0, "position": 0} and two["logits_differing"] > 0
 
 
-@pytest.mark.parametrize("args,what", [
-    (["--tp", "3"], "--tp 3: "),
-    (["--tp", "8"], "--tp 8: "),
-    (["--tp", "two"], "--tp takes comma-separated positive integers"),
-    (["--tp", "0,2"], "--tp takes comma-separated positive integers"),
-    (["--backend", "cutlass"], "cutlass backend needs a CUDA GPU"),
-    (["--backend", "nope"], "--backend: unknown backend 'nope'"),
-    (["--reduce", "fp32"], "--reduce must be one of int32, bf16"),
-    (["--regime", "ceiling"], "--regime must be one of native, pow2"),
-    (["--new-tokens", "-1"], "--new-tokens must be >= 0"),
-    (["--prompts", "17"], "--prompts at most 16"),
-    (["--comm", "nccl"], "--comm must be gloo, or nccl on a CUDA device"),
-    (["--comm", "mpi"], "--comm must be gloo, or nccl on a CUDA device"),
-])
+@pytest.mark.parametrize(
+    "args,what",
+    [
+        (["--tp", "3"], "--tp 3: "),
+        (["--tp", "8"], "--tp 8: "),
+        (["--tp", "two"], "--tp takes comma-separated positive integers"),
+        (["--tp", "0,2"], "--tp takes comma-separated positive integers"),
+        (["--backend", "cutlass"], "cutlass backend needs a CUDA GPU"),
+        (["--backend", "nope"], "--backend: unknown backend 'nope'"),
+        (["--reduce", "fp32"], "--reduce must be one of int32, bf16"),
+        (["--regime", "ceiling"], "--regime must be one of native, pow2"),
+        (["--new-tokens", "-1"], "--new-tokens must be >= 0"),
+        (["--prompts", "17"], "--prompts at most 16"),
+        (["--comm", "nccl"], "--comm must be gloo, or nccl on a CUDA device"),
+        (["--comm", "mpi"], "--comm must be gloo, or nccl on a CUDA device"),
+    ],
+)
 def test_usage_errors_exit_2_with_one_line(args, what):
     res = runner.invoke(app, ["tp-check", *args])
     assert res.exit_code == 2, res.output
@@ -75,8 +79,9 @@ def test_usage_errors_exit_2_with_one_line(args, what):
     assert res.stdout == ""
 
 
-@pytest.mark.parametrize("args,what", [(["/nonexistent/requant-checkpoint"], "nonexistent"),
-                                       (["--device", "banana"], "--device")])
+@pytest.mark.parametrize(
+    "args,what", [(["/nonexistent/requant-checkpoint"], "nonexistent"), (["--device", "banana"], "--device")]
+)
 def test_missing_checkpoint_or_bad_device_exit_2(args, what):
     res = runner.invoke(app, ["tp-check", *args])
     assert res.exit_code == 2 and "Traceback" not in res.output

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# One GPU call (one H200, <= 9.5 minutes) on the merged tree: every GPU test, the runtime's users
+# timed with each engine (requant eval and requant determinism, --engine reference vs fast; the
+# audit, whose capture runs the reference engine), and requant tp-check with the real kernels on
+# the one GPU (ranks share it; collectives through gloo). From the repository root:
+#
+#     OUT=/some/dir REQUANT_COMMIT=$(bash benchmarks/commit_id.sh) bash benchmarks/gpu_users.sh
+#
+# Files in $OUT: env.txt, timings.txt, gpu_tests.log, results.tgz (every JSON and log below).
+set -uo pipefail
+: "${OUT:?set OUT to the results directory}"
+mkdir -p "$OUT/res" && OUT=$(cd "$OUT" && pwd)
+cd "$(dirname "$0")/.."
+source benchmarks/gpu_setup.sh || exit 1
+REQUANT_COMMIT=$(bash benchmarks/commit_id.sh)  # $REQUANT_COMMIT, else git, else unknown
+export REQUANT_COMMIT PYTHONUNBUFFERED=1
+RES="$OUT/res"
+TIMINGS="$OUT/timings.txt"
+: > "$TIMINGS"
+step() {  # step NAME TIMEOUT_S CMD...: output to res/NAME.log, wall time and exit status to timings.txt
+    local name="$1" limit="$2"; shift 2
+    local t0=$SECONDS
+    timeout "$limit" "$@" > "$RES/$name.log" 2>&1
+    local rc=$?
+    printf '%-24s %5d s  rc=%d\n' "$name" $((SECONDS - t0)) "$rc" | tee -a "$TIMINGS"
+}
+{
+    date -u
+    echo "commit $REQUANT_COMMIT"
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+    python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, 'transformers', transformers.__version__)"
+    python3 -c "import setuptools, requant, requant.kernels; print('setuptools', setuptools.__version__); print(requant.__file__, requant.kernels.__file__)"
+} > "$OUT/env.txt" 2>&1
+cat "$OUT/env.txt"
+
+rm -f "$REQUANT_CUTLASS_CACHE/lock"  # a build killed by a timeout leaves it behind
+step cutlass_build 240 python3 -c "import requant.kernels.cutlass as c; c.build()"
+step gpu_tests 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests
+cp "$RES/gpu_tests.log" "$OUT/gpu_tests.log"
+
+for engine in reference fast; do
+    step "eval_$engine" 150 requant eval --engine "$engine" --backend triton --source requant/data/default-bf16 \
+        --json "$RES/eval_$engine.json"
+    step "determinism_$engine" 120 requant determinism --engine "$engine" --backends cutlass,triton \
+        --json "$RES/determinism_$engine.json"
+done
+step audit 120 requant audit --backends cutlass,triton --json "$RES/audit.json"
+
+for be in cutlass triton; do
+    for regime in native pow2; do
+        step "tp_${be}_${regime}" 120 requant tp-check --device cuda --comm gloo --tp 1,2,4 --backend "$be" \
+            --regime "$regime" --new-tokens 16 --prompts 4 --json "$RES/tp_${be}_${regime}.json"
+    done
+done
+step tp_cutlass_bf16 120 requant tp-check --device cuda --comm gloo --tp 1,2,4 --backend cutlass --reduce bf16 \
+    --new-tokens 16 --prompts 4 --json "$RES/tp_cutlass_bf16.json"
+
+tar czf "$OUT/results.tgz" -C "$OUT" res && rm -rf "$RES"
+cat "$TIMINGS"

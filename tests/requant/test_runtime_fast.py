@@ -1,0 +1,217 @@
+"""The fast engine on the CPU: its Triton kernels under TRITON_INTERPRET=1 (set here before
+Triton is imported, as tests/kernels/conftest.py does).
+
+References, each independent of the kernel under test:
+  * the fused row kernels against their torch emulations (requant/runtime/fast_ops.py: torch's
+    elementwise IEEE operations, requant.runtime.ops.tree_sum and kernels.reference's
+    quantize_activations), bit for bit;
+  * attention: the same query rows computed in one block, in chunks and one token at a time
+    (bit for bit), and within a bf16 spacing or two of the reference path's attend_prompt;
+  * the model (the micro checkpoint): a token's logits prefilled whole, in chunks of 1, 3, 7
+    after a cached prefix and decoded (bit for bit); a prompt alone against its row of a
+    batch of mixed lengths (bit for bit); and close to the reference engine's logits.
+The same properties on compiled GPU kernels: tests/requant/test_runtime_fast_gpu.py.
+"""
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():  # on a GPU machine, Triton compiles (and these tests skip)
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+from requant.kernels.triton import _launch
+
+if not _launch.INTERPRET:
+    pytest.skip(
+        "Triton was imported without TRITON_INTERPRET=1 (the GPU tests cover the kernels)",
+        allow_module_level=True,
+    )
+
+from requant.kernels.bf16 import bitwise_equal
+from requant.kernels.triton.attention import attention, tokens_per_block
+from requant.kernels.triton.dense import dense
+from requant.kernels.triton.fused import add_rms_norm, qk_norm_rope, silu_mul_quantize
+from requant.runtime import load_model
+from requant.runtime.fast_ops import (
+    add_rms_norm_ref,
+    qk_norm_rope_ref,
+    silu_mul_quantize_ref,
+)
+from requant.runtime.ops import attend_prompt, rope_tables
+
+
+def same(a, b) -> bool:
+    return a.shape == b.shape and bitwise_equal(a, b)
+
+
+def _bf16(g, *shape, scale=1.0):
+    return (torch.randn(*shape, generator=g) * scale).to(torch.bfloat16)
+
+
+def test_add_rms_norm_equals_its_emulation():
+    g = torch.Generator().manual_seed(0)
+    n = 80  # not a power of two: the tree's zero padding
+    x = _bf16(g, 6, n, scale=3.0)
+    x[1] = 0  # a zero row: s = 0, q = 0
+    x[2] *= 2.0**-100  # tiny rows: the quantizer's 2**64 rescaling
+    d = _bf16(g, 6, n)
+    d[1] = 0
+    d[2] *= 2.0**-100
+    w = (torch.rand(n, generator=g) + 0.5).to(torch.bfloat16)
+    xk = x.clone()
+    h, q, s = add_rms_norm(xk, w, 1e-6, delta=d, write_h=True)
+    xr, hr, qr, sr = add_rms_norm_ref(x, w, 1e-6, delta=d)
+    assert same(xk, xr) and same(h, hr) and torch.equal(q, qr) and same(s, sr)
+    # no residual, a subset of rows (the last positions of a prefill)
+    rows = torch.tensor([5, 0, 3], dtype=torch.int32)
+    h2, q2, s2 = add_rms_norm(x.clone(), w, 1e-6, write_h=True, rows=rows)
+    _, hr2, qr2, sr2 = add_rms_norm_ref(x[rows.long()], w, 1e-6)
+    assert same(h2, hr2) and torch.equal(q2, qr2) and same(s2, sr2)
+
+
+def test_qk_norm_rope_equals_its_emulation_and_fills_the_cache():
+    g = torch.Generator().manual_seed(1)
+    heads, kv, dim, t = 6, 2, 16, 7  # 6 query heads: padded to 8 rows in the kernel
+    qkv = _bf16(g, t, (heads + 2 * kv) * dim)
+    qw, kw = ((torch.rand(dim, generator=g) + 0.5).to(torch.bfloat16) for _ in range(2))
+    cos, sin = (c.reshape(64, dim).contiguous() for c in rope_tables(torch.arange(64), dim, 1e6))
+    pos = torch.tensor([0, 1, 2, 40, 41, 63, 5], dtype=torch.int32)
+    rows = torch.tensor([0, 0, 0, 1, 1, 1, 2], dtype=torch.int32)
+    kc = torch.zeros(3, kv, 64, dim, dtype=torch.bfloat16)
+    vc = torch.zeros_like(kc)
+    q = qk_norm_rope(qkv, qw, kw, cos, sin, pos, rows, kc, vc, heads, kv, 1e-6)
+    qr, kr, vr = qk_norm_rope_ref(qkv, qw, kw, cos, sin, pos, heads, kv, 1e-6)
+    assert same(q, qr)
+    assert same(kc[rows.long(), :, pos.long()], kr) and same(vc[rows.long(), :, pos.long()], vr)
+    assert int((kc != 0).any(-1).sum()) == t * kv  # nothing else written
+
+
+def test_silu_mul_quantize_equals_its_emulation():
+    g = torch.Generator().manual_seed(2)
+    gu = _bf16(g, 3, 2 * 3000, scale=3.0)  # two slices of SILU_BLOCK_K, the second partial
+    q, s = silu_mul_quantize(gu)
+    qr, sr = silu_mul_quantize_ref(gu)
+    assert torch.equal(q, qr) and same(s, sr)
+
+
+def test_attention_rows_do_not_depend_on_blocks_or_tiles():
+    """130 positions (3 KV tiles of 64): whole-sequence blocks, chunked blocks and one-token
+    (decode) blocks give the same bits; two sequences in one call equal each alone."""
+    g = torch.Generator().manual_seed(3)
+    heads, kv, dim, t = 4, 2, 16, 130
+    per = tokens_per_block(heads, kv)
+    q = _bf16(g, t, heads, dim)
+    kc = _bf16(g, 2, kv, 256, dim)
+    vc = _bf16(g, 2, kv, 256, dim)
+    pos = torch.arange(t, dtype=torch.int32)
+
+    def run(blocks, qq=q, pp=pos):
+        return attention(qq, kc, vc, pp, torch.tensor(blocks, dtype=torch.int32), dim**-0.5)
+
+    whole = run([(i, min(per, t - i), 0) for i in range(0, t, per)])
+    chunks, i = [], 0
+    for c in (5, 1, 3, 7, 1, 3, 7, 30, 64, 9):
+        chunks += [(i + j, min(per, c - j), 0) for j in range(0, c, per)]
+        i += c
+    assert i == t and same(run(chunks), whole)
+    picked = [0, 1, 62, 63, 64, 65, 127, 128, 129]  # tile edges
+    single = run([(i, 1, 0) for i in picked])
+    assert same(single[picked], whole[picked])
+    # a second sequence (row 1, 20 tokens) packed after the first
+    q2 = torch.cat([q, q[:20]])
+    pos2 = torch.cat([pos, torch.arange(20, dtype=torch.int32)])
+    both = run([(i, min(per, t - i), 0) for i in range(0, t, per)] + [(t, 20, 1)], q2, pos2)
+    assert same(both[:t], whole)
+    ref = attend_prompt(q[:20], kc[1, :, :20].transpose(0, 1), vc[1, :, :20].transpose(0, 1), dim**-0.5)
+    assert (both[t:].float() - ref.float()).abs().max() <= 2 * 2.0**-8 * ref.float().abs().max()
+    ref0 = attend_prompt(q, kc[0, :, :t].transpose(0, 1), vc[0, :, :t].transpose(0, 1), dim**-0.5)
+    assert (whole.float() - ref0.float()).abs().max() <= 2 * 2.0**-8 * ref0.float().abs().max()
+
+
+def test_dense_rows_do_not_depend_on_the_batch():
+    g = torch.Generator().manual_seed(4)
+    x = _bf16(g, 70, 96)
+    w = _bf16(g, 200, 96, scale=0.1)
+    full = dense(x, w)
+    assert all(same(dense(x[i : i + 1], w), full[i : i + 1]) for i in (0, 5, 63, 64, 69))
+    assert same(dense(x[3:40], w), full[3:40])
+    ref = (x.float() @ w.float().T).to(torch.bfloat16).float()  # one rounding; sums in another order
+    assert (full - ref).abs().max() <= 2.0**-7 * ref.abs().max()
+
+
+@pytest.fixture(scope="module")
+def micro_fast(tmp_path_factory):
+    from requant.synthetic import generate
+    from tests.requant.conftest import MICRO
+
+    path = generate(MICRO, tmp_path_factory.mktemp("micro") / "micro", seed=1)
+    return load_model(path, regime="pow2", engine="fast")
+
+
+def test_prefill_chunks_and_decode_give_the_same_logits(micro_fast):
+    m = micro_fast
+    assert m.fast
+    seq = torch.randint(0, m.arch.vocab, (15,), generator=torch.Generator().manual_seed(5))
+    whole = m.logits([seq])[0]
+    cache = m.new_cache(1, 32)
+    parts = [m.extend([seq[:2]], cache)]
+    i = 2
+    for c in (1, 3, 7):
+        parts.append(m.extend([seq[i : i + c]], cache))
+        i += c
+    while i < len(seq):
+        parts.append(m.decode_step(seq[i : i + 1], cache))
+        i += 1
+    assert cache.lengths == [15]
+    assert same(torch.cat(parts), whole)
+
+
+def test_alone_equals_in_the_batch_and_is_close_to_the_reference(micro_fast):
+    m = micro_fast
+    g = torch.Generator().manual_seed(6)
+    prompts = [torch.randint(0, m.arch.vocab, (n,), generator=g) for n in (7, 1, 3)]
+    batch = m.logits(prompts)
+    assert all(same(m.logits([p])[0], batch[i]) for i, p in enumerate(prompts))
+    gen = m.generate(prompts, 3, keep_logits=True)
+    alone = m.generate([prompts[0]], 3, keep_logits=True)
+    assert alone.ids[0] == gen.ids[0] and all(same(alone.step_logits[s][0], gen.step_logits[s][0]) for s in range(3))
+    ref = m.with_backends(engine="reference").logits(prompts)
+    o, r = torch.cat(batch), torch.cat(ref)
+    assert float((o - r).pow(2).mean().sqrt() / r.std()) <= 0.05
+    assert float((o.argmax(-1) == r.argmax(-1)).float().mean()) >= 0.9
+
+
+def test_engine_choice_and_refusals(micro_fast, tmp_path):
+    m = micro_fast
+    with pytest.raises(ValueError, match="engine must be one of"):
+        m.with_backends(engine="turbo")
+    ref = m.with_backends(engine="reference")
+    assert not ref.fast
+    with pytest.raises(ValueError, match="extend needs the fast engine"):
+        ref.extend([[1, 2]], ref.new_cache(1, 8))
+    cache = m.new_cache(1, 8)
+    with pytest.raises(ValueError, match="KV cache full"):
+        m.extend([list(range(9))], cache)
+    big = m.new_cache(1, 2 * m.max_length)
+    with pytest.raises(ValueError, match="beyond max_length"):
+        m.extend([[1] * (m.max_length + 1)], big)
+
+
+def test_capture_runs_the_reference_engine(micro_fast):
+    """The audit's capture needs every Linear's operands: logits(capture=...) on the fast
+    engine is the reference engine's computation (same bits), and it records each input."""
+
+    class Rec:
+        def __init__(self):
+            self.names = []
+
+        def record(self, names, q, s):
+            self.names.append(names)
+
+    rec = Rec()
+    prompts = [[3, 4, 5, 6], [7]]
+    got = micro_fast.logits(prompts, capture=rec)
+    want = micro_fast.with_backends(engine="reference").logits(prompts)
+    assert all(same(a, b) for a, b in zip(got, want))
+    assert len(rec.names) == 4 * micro_fast.arch.layers + ("lm_head" in micro_fast.linears)
