@@ -67,7 +67,8 @@ audit_default() {  # audit_default PAIR
 }
 audit_synthetic() {  # audit_synthetic PAIR
     local tag=${1/,/_}
-    step "audit_${PRESET}_$tag" bash -c "python3 -m requant.cli audit '$CKPT' --backends $1 --matrix v2 --prompts 8 \
+    # a synthetic checkpoint has no tokenizer.json: --byte-tokens feeds UTF-8 byte values as token ids
+    step "audit_${PRESET}_$tag" bash -c "python3 -m requant.cli audit '$CKPT' --backends $1 --matrix v2 --prompts 8 --byte-tokens \
         --device $DEV --json '$OUT/audit_${PRESET}_$tag.json' > /tmp/audit_q_$tag.log 2>&1; rc=\$?; tail -n 22 /tmp/audit_q_$tag.log; exit \$rc"
 }
 fits() { [ $(( $(elapsed) + $1 )) -lt "$BUDGET_S" ] || { echo "== skipped $2: $(elapsed) s of $BUDGET_S used"; return 1; }; }
@@ -83,5 +84,6 @@ fits 40 "determinism_default_$PAIR_B" && step "determinism_default_$PAIR_B" bash
      --json $D/determinism_default.json > $D/determinism_default.log 2>&1; rc=\$?; tail -n 12 $D/determinism_default.log; exit \$rc"
 if [ -f "$CKPT/config.json" ] && fits 75 "audit_${PRESET}_$PAIR_B"; then audit_synthetic "$PAIR_B"; fi
 tar -C /tmp -czf "$OUT/audit_default.tar.gz" audit_default
+shopt -s nullglob
 python3 benchmarks/conform_tables.py "$D"/audit_default_*.json "$OUT"/audit_"$PRESET"_*.json
 echo "total $(elapsed) s"
