@@ -6,6 +6,8 @@
 #
 #     OUT=/some/dir REQUANT_COMMIT=$(bash benchmarks/commit_id.sh) bash benchmarks/gpu_users.sh
 #
+# STEPS (default "build tests users audit tp") picks the steps; TESTS (default: tests) the
+# pytest paths of the tests step; ENGINES (default "reference fast") the engines of the users step.
 # Files in $OUT: env.txt, timings.txt, gpu_tests.log, results.tgz (every JSON and log below).
 set -uo pipefail
 : "${OUT:?set OUT to the results directory}"
@@ -15,6 +17,8 @@ source benchmarks/gpu_setup.sh || exit 1
 REQUANT_COMMIT=$(bash benchmarks/commit_id.sh)  # $REQUANT_COMMIT, else git, else unknown
 export REQUANT_COMMIT PYTHONUNBUFFERED=1
 RES="$OUT/res"
+STEPS="${STEPS:-build tests users audit tp}"
+has() { case " $STEPS " in *" $1 "*) return 0;; esac; return 1; }
 TIMINGS="$OUT/timings.txt"
 : > "$TIMINGS"
 step() {  # step NAME TIMEOUT_S CMD...: output to res/NAME.log, wall time and exit status to timings.txt
@@ -34,25 +38,28 @@ step() {  # step NAME TIMEOUT_S CMD...: output to res/NAME.log, wall time and ex
 cat "$OUT/env.txt"
 
 rm -f "$REQUANT_CUTLASS_CACHE/lock"  # a build killed by a timeout leaves it behind
-step cutlass_build 240 python3 -c "import requant.kernels.cutlass as c; c.build()"
-step gpu_tests 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests
-cp "$RES/gpu_tests.log" "$OUT/gpu_tests.log"
+has build && step cutlass_build 240 python3 -c "import requant.kernels.cutlass as c; c.build()"
+if has tests; then
+    # shellcheck disable=SC2086
+    step gpu_tests 240 python3 -m pytest -q -m gpu -p no:cacheprovider ${TESTS:-tests}
+    cp "$RES/gpu_tests.log" "$OUT/gpu_tests.log"
+fi
 
-for engine in reference fast; do
+has users && for engine in ${ENGINES:-reference fast}; do
     step "eval_$engine" 150 requant eval --engine "$engine" --backend triton --source requant/data/default-bf16 \
         --json "$RES/eval_$engine.json"
     step "determinism_$engine" 120 requant determinism --engine "$engine" --backends cutlass,triton \
         --json "$RES/determinism_$engine.json"
 done
-step audit 120 requant audit --backends cutlass,triton --json "$RES/audit.json"
+has audit && step audit 120 requant audit --backends cutlass,triton --json "$RES/audit.json"
 
-for be in cutlass triton; do
+has tp && for be in cutlass triton; do
     for regime in native pow2; do
         step "tp_${be}_${regime}" 120 requant tp-check --device cuda --comm gloo --tp 1,2,4 --backend "$be" \
             --regime "$regime" --new-tokens 16 --prompts 4 --json "$RES/tp_${be}_${regime}.json"
     done
 done
-step tp_cutlass_bf16 120 requant tp-check --device cuda --comm gloo --tp 1,2,4 --backend cutlass --reduce bf16 \
+has tp && step tp_cutlass_bf16 120 requant tp-check --device cuda --comm gloo --tp 1,2,4 --backend cutlass --reduce bf16 \
     --new-tokens 16 --prompts 4 --json "$RES/tp_cutlass_bf16.json"
 
 tar czf "$OUT/results.tgz" -C "$OUT" res && rm -rf "$RES"
