@@ -36,19 +36,33 @@ NUMERICS.
 import torch
 
 from requant.kernels import quantize_activations
-from requant.kernels.reference import MAX_K, accumulate, epilogue_cutlass_order, epilogue_exact, epilogue_triton_order
+from requant.kernels.reference import (
+    MAX_K,
+    accumulate,
+    epilogue_cutlass_order,
+    epilogue_exact,
+    epilogue_fused_order,
+    epilogue_triton_order,
+)
 
 __all__ = ["ORDERS", "ORDER_OF", "apply_epilogue", "int_mm", "order_of", "quantize_slice"]
 
-_EPILOGUES = {"cutlass": epilogue_cutlass_order, "triton": epilogue_triton_order, "exact": epilogue_exact}
+_EPILOGUES = {
+    "cutlass": epilogue_cutlass_order,
+    "triton": epilogue_triton_order,
+    "fused": epilogue_fused_order,
+    "exact": epilogue_exact,
+}
 ORDERS = tuple(_EPILOGUES)
 # The epilogue order of every registered scaled_mm backend (kernels/__init__.py).
 ORDER_OF = {
     "reference": "exact",
     "reference-cutlass-order": "cutlass",
     "reference-triton-order": "triton",
+    "reference-fused-order": "fused",
     "triton": "triton",
     "cutlass": "cutlass",
+    "cublas": "fused",
 }
 
 
