@@ -21,6 +21,7 @@ NUMERICS.
   with one round to nearest even at the end:
     "cutlass"  bf16_rne(s_a * fp32(s_w * fp32(acc)))   (cutlass, reference-cutlass-order)
     "triton"   bf16_rne(fp32(s_a * fp32(acc)) * s_w)   (triton, reference-triton-order)
+    "fused"    bf16_rne(fp32(acc) * fp32(s_a * s_w))   (cublas, reference-fused-order)
     "exact"    acc * s_a * s_w rounded once to bf16    (reference)
   Each is the reference's own epilogue function (imported, not rewritten), which the
   real kernels equal bit for bit (kernels/cutlass and kernels/triton docstrings, their
@@ -36,11 +37,23 @@ NUMERICS.
 import torch
 
 from requant.kernels import quantize_activations
-from requant.kernels.reference import MAX_K, accumulate, epilogue_cutlass_order, epilogue_exact, epilogue_triton_order
+from requant.kernels.reference import (
+    MAX_K,
+    accumulate,
+    epilogue_cutlass_order,
+    epilogue_exact,
+    epilogue_fused_order,
+    epilogue_triton_order,
+)
 
 __all__ = ["ORDERS", "ORDER_OF", "apply_epilogue", "int_mm", "order_of", "quantize_slice"]
 
-_EPILOGUES = {"cutlass": epilogue_cutlass_order, "triton": epilogue_triton_order, "exact": epilogue_exact}
+_EPILOGUES = {
+    "cutlass": epilogue_cutlass_order,
+    "triton": epilogue_triton_order,
+    "fused": epilogue_fused_order,
+    "exact": epilogue_exact,
+}
 ORDERS = tuple(_EPILOGUES)
 # The epilogue order of every registered scaled_mm backend (kernels/__init__.py).
 ORDER_OF = {
@@ -49,6 +62,8 @@ ORDER_OF = {
     "reference-triton-order": "triton",
     "triton": "triton",
     "cutlass": "cutlass",
+    "reference-fused-order": "fused",
+    "cublas": "fused",
 }
 
 
