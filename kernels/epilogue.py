@@ -21,6 +21,7 @@ NUMERICS.
   with one round to nearest even at the end:
     "cutlass"  bf16_rne(s_a * fp32(s_w * fp32(acc)))   (cutlass, reference-cutlass-order)
     "triton"   bf16_rne(fp32(s_a * fp32(acc)) * s_w)   (triton, reference-triton-order)
+    "fused"    bf16_rne(fp32(acc) * fp32(s_a * s_w))   (cublas, reference-fused-order)
     "exact"    acc * s_a * s_w rounded once to bf16    (reference)
   Each is the reference's own epilogue function (imported, not rewritten), which the
   real kernels equal bit for bit (kernels/cutlass and kernels/triton docstrings, their
