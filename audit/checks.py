@@ -49,8 +49,13 @@ import torch
 
 from requant.audit.records import KernelDesc, Run, output_distance, output_equal
 from requant.kernels.bf16 import bitwise_equal
-from requant.kernels.reference import (accumulate, epilogue_cutlass_order, epilogue_exact, epilogue_fused_order,
-                                       epilogue_triton_order)
+from requant.kernels.reference import (
+    accumulate,
+    epilogue_cutlass_order,
+    epilogue_exact,
+    epilogue_fused_order,
+    epilogue_triton_order,
+)
 
 FIRE = "fire"
 SILENT = "silent"
@@ -118,7 +123,11 @@ def c3_accumulator_precondition(ref: Run, test: Run, kernel: KernelDesc) -> Chec
         return _na("C3", "no operands: K unknown")
     k = test.act.a.shape[1]
     need = k * 128 * 128
-    return _verdict("C3", need > kernel.exact_integer_bound(), f"K*2**14={need}, {kernel.acc_kind}{kernel.acc_bits} holds {kernel.exact_integer_bound()}")
+    return _verdict(
+        "C3",
+        need > kernel.exact_integer_bound(),
+        f"K*2**14={need}, {kernel.acc_kind}{kernel.acc_bits} holds {kernel.exact_integer_bound()}",
+    )
 
 
 def c4_exact_accumulator(ref: Run, test: Run, kernel: KernelDesc) -> CheckResult:
@@ -187,8 +196,15 @@ def declared_output(ref: Run | None, test: Run, order: str):
     int8 tensors, never taken from the run itself.
     """
     act, wt = test.act, test.wt
-    shared = ref is not None and ref.act is not None and ref.wt is not None and ref.acc is not None and \
-        act.a is ref.act.a and wt.w is ref.wt.w and ref.acc.dtype == torch.int32
+    shared = (
+        ref is not None
+        and ref.act is not None
+        and ref.wt is not None
+        and ref.acc is not None
+        and act.a is ref.act.a
+        and wt.w is ref.wt.w
+        and ref.acc.dtype == torch.int32
+    )
     if shared and act.s_a is ref.act.s_a and wt.s_w is ref.wt.s_w:
         key = ("declared", order)
         if key not in ref.memo:

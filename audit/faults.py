@@ -97,7 +97,11 @@ FAMILY_TITLES = {
     "F8": "null fault",
     "F9": "operand fault (activations the reference did not use)",
 }
-_SEVERITIES_OF = {f: SEVERITIES for f in ("F1", "F2", "F3", "F4", "F5", "F9")} | {"F6": ("all",), "F7": ("all",), "F8": ("all",)}
+_SEVERITIES_OF = {f: SEVERITIES for f in ("F1", "F2", "F3", "F4", "F5", "F9")} | {
+    "F6": ("all",),
+    "F7": ("all",),
+    "F8": ("all",),
+}
 
 VARIANTS: tuple[Variant, ...] = tuple(
     Variant(f"{fam}.{sev}", fam, sev, FAMILY_TITLES[fam]) for fam in FAMILY_TITLES for sev in _SEVERITIES_OF[fam]
@@ -108,7 +112,9 @@ assert len(VARIANTS) == 21
 # Each fault kernel declares the order of the pipeline it modifies (the reference's Triton
 # order): a fault is a kernel that deviates from what it claims (check C8).
 FAULT_KERNELS = {
-    "F1": KernelDesc("F1 reciprocal scale", "int", 32, "triton-order, s_w via fp32 reciprocal", declares="triton-order"),
+    "F1": KernelDesc(
+        "F1 reciprocal scale", "int", 32, "triton-order, s_w via fp32 reciprocal", declares="triton-order"
+    ),
     "F2": KernelDesc("F2 double rounding", "int", 32, "triton-order, bf16 after s_a", declares="triton-order"),
     "F3": KernelDesc("F3 cutlass order", "int", 32, "cutlass-order", declares="triton-order"),
     "F4": KernelDesc("F4 truncation", "int", 32, "triton-order, truncating cast", declares="triton-order"),
@@ -162,7 +168,9 @@ def _changed(y: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
     return y.view(torch.int16) != ref.view(torch.int16)
 
 
-def severity_mask(severity: str, y_fault: torch.Tensor, y_ref: torch.Tensor, gen: torch.Generator) -> torch.Tensor | None:
+def severity_mask(
+    severity: str, y_fault: torch.Tensor, y_ref: torch.Tensor, gen: torch.Generator
+) -> torch.Tensor | None:
     """Boolean [M, N] mask of the elements the fault replaces (None = all)."""
     if severity == "all":
         return None
@@ -257,7 +265,9 @@ def _operand_fault(case: LayerCase, severity: str, gen: torch.Generator) -> Run:
         acc = case.acc  # the int8 tensors are untouched, so is the accumulator
     elif severity == "1pct":  # F9b: 1% of int8 activations shifted by one
         flat = a.reshape(-1).clone()
-        idx = torch.unique(torch.randint(0, flat.numel(), (math.ceil(0.01 * flat.numel()),), generator=gen)).to(a.device)
+        idx = torch.unique(torch.randint(0, flat.numel(), (math.ceil(0.01 * flat.numel()),), generator=gen)).to(
+            a.device
+        )
         flat[idx] = shift_int8_by_one(flat[idx])
         act = Activations(flat.view_as(a), s_a)
         acc = accumulate(act.a, wt.w)

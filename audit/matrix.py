@@ -39,8 +39,11 @@ OUTCOMES = (FIRE, SILENT, NOT_APPLICABLE, PREDICTED_MISS)
 REGIMES = ("native", "pow2")
 BASELINE_VARIANTS = ("B.cutlass-order", "B.triton-order")
 BASELINE_VARIANTS_V2 = BASELINE_VARIANTS + ("B.fused-order",)
-_BASELINE_OF = {"reference-cutlass-order": "B.cutlass-order", "reference-triton-order": "B.triton-order",
-                "reference-fused-order": "B.fused-order"}
+_BASELINE_OF = {
+    "reference-cutlass-order": "B.cutlass-order",
+    "reference-triton-order": "B.triton-order",
+    "reference-fused-order": "B.fused-order",
+}
 
 
 def baseline_variant(order_backend: str) -> str:

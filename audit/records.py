@@ -70,8 +70,14 @@ class KernelDesc:
         raise ValueError(f"unknown accumulator kind {self.acc_kind!r}")
 
     def as_dict(self) -> dict:
-        return {"name": self.name, "acc_kind": self.acc_kind, "acc_bits": self.acc_bits, "epilogue": self.epilogue, "exposes_acc": self.exposes_acc,
-                "declares": self.declared_order}
+        return {
+            "name": self.name,
+            "acc_kind": self.acc_kind,
+            "acc_bits": self.acc_bits,
+            "epilogue": self.epilogue,
+            "exposes_acc": self.exposes_acc,
+            "declares": self.declared_order,
+        }
 
 
 # Epilogue orders a kernel can declare, each emulated bit for bit in kernels/reference.py.

@@ -23,20 +23,24 @@ def matrix_warning(result: dict) -> str | None:
     if card.get("matrix_pinned"):
         return None
     pin = PINS.get(card.get("matrix_version"), PINNED_SHA256)
-    return (f"WARNING: the prediction matrix digest {card['matrix_sha256']} is NOT the pinned {pin}; "
-            "this run was scored against an unpinned matrix.")
+    return (
+        f"WARNING: the prediction matrix digest {card['matrix_sha256']} is NOT the pinned {pin}; "
+        "this run was scored against an unpinned matrix."
+    )
 
 
 def scope_note(result: dict) -> str:
     """What the scorecard is evidence of, and what it is not (said in every report)."""
     pair = " and ".join(f"`{b}`" for b in result["backends"])
-    return ("**What the scorecard proves.** The faults are injected into emulations of the W8A8 pipeline (the exact "
-            "reference with one step changed), not into CUTLASS or Triton; the real pair (" + pair + ") is compared per "
-            "layer and end to end. C1 to C4 cannot fire on a real kernel run: C1 and C2 hash the very operands the suite "
-            "hands to both sides, C3 reads a declared accumulator descriptor, and C4 needs an accumulator the kernel "
-            "exposes (the real backends expose none). So 0 false positives and 0 false negatives mean that the checks "
-            "behave as the prediction matrix says on the emulated faults; they are not a claim about CUTLASS or Triton "
-            "themselves.")
+    return (
+        "**What the scorecard proves.** The faults are injected into emulations of the W8A8 pipeline (the exact "
+        "reference with one step changed), not into CUTLASS or Triton; the real pair (" + pair + ") is compared per "
+        "layer and end to end. C1 to C4 cannot fire on a real kernel run: C1 and C2 hash the very operands the suite "
+        "hands to both sides, C3 reads a declared accumulator descriptor, and C4 needs an accumulator the kernel "
+        "exposes (the real backends expose none). So 0 false positives and 0 false negatives mean that the checks "
+        "behave as the prediction matrix says on the emulated faults; they are not a claim about CUTLASS or Triton "
+        "themselves."
+    )
 
 
 def write_json(result: dict, path: Path) -> Path:
@@ -69,9 +73,16 @@ def markdown(result: dict, command: str | None = None) -> str:
     ]
     conv = result.get("converted")
     if conv:
-        lines += [f"**Converted checkpoint, arm `{conv['arm']}`**{'' if conv.get('servable', True) else ' (NOT servable: an ablation)'}: "
-                  f"{conv['regimes']}." + ("" if conv.get("scales_all_power_of_two", True)
-                                           else " **Warning: some stored scales are not powers of two, although the provenance names a converted arm.**"), ""]
+        lines += [
+            f"**Converted checkpoint, arm `{conv['arm']}`**{'' if conv.get('servable', True) else ' (NOT servable: an ablation)'}: "
+            f"{conv['regimes']}."
+            + (
+                ""
+                if conv.get("scales_all_power_of_two", True)
+                else " **Warning: some stored scales are not powers of two, although the provenance names a converted arm.**"
+            ),
+            "",
+        ]
     lines += [
         "## Per-layer comparison of the pair",
         "",
@@ -79,45 +90,115 @@ def markdown(result: dict, command: str | None = None) -> str:
         "",
     ]
     s = result["per_layer_summary"]
-    lines += _table(["regime", "layers bitwise equal", "mismatching elements", "elements", "max ULP"],
-                    [[r, f"{s[r]['bitwise_equal']}/{s[r]['layers']}", s[r]["mismatches"], s[r]["elements"], s[r]["max_ulp"]] for r in REGIMES])
+    lines += _table(
+        ["regime", "layers bitwise equal", "mismatching elements", "elements", "max ULP"],
+        [
+            [r, f"{s[r]['bitwise_equal']}/{s[r]['layers']}", s[r]["mismatches"], s[r]["elements"], s[r]["max_ulp"]]
+            for r in REGIMES
+        ],
+    )
     if result.get("native_scales_all_pow2_layers"):
-        lines += ["", f"Note: {result['native_scales_all_pow2_layers']} layers already have power-of-two native scales "
-                  "(C5 then applies under native too: counted as applicability mismatches)."]
+        lines += [
+            "",
+            f"Note: {result['native_scales_all_pow2_layers']} layers already have power-of-two native scales "
+            "(C5 then applies under native too: counted as applicability mismatches).",
+        ]
     differing = [r for r in result["per_layer"] if not r["bitwise_equal"]]
     if differing:
         lines += ["", "Layers that differ:", ""]
-        lines += _table(["layer", "regime", "mismatches", "max ULP"], [[r["name"], r["regime"], r["mismatches"], r["max_ulp"]] for r in differing])
-    lines += ["", "## Scorecard against the prediction matrix", "",
-              f"- false positives: **{card['false_positives']}**",
-              f"- false negatives: **{card['false_negatives']}**",
-              f"- applicability mismatches: {card['applicability_mismatches']}", "", scope_note(result), ""]
+        lines += _table(
+            ["layer", "regime", "mismatches", "max ULP"],
+            [[r["name"], r["regime"], r["mismatches"], r["max_ulp"]] for r in differing],
+        )
+    lines += [
+        "",
+        "## Scorecard against the prediction matrix",
+        "",
+        f"- false positives: **{card['false_positives']}**",
+        f"- false negatives: **{card['false_negatives']}**",
+        f"- applicability mismatches: {card['applicability_mismatches']}",
+        "",
+        scope_note(result),
+        "",
+    ]
     if card["contradictions"]:
         lines += ["Contradictions:", ""]
-        lines += _table(["kind", "check", "variant", "regime", "expected", "got", "cells", "example layers"],
-                        [[c["kind"], c["check"], c["variant"], c["regime"], c["expected"], c["got"], c["count"], ", ".join(c["example_layers"])]
-                         for c in card["contradictions"]])
+        lines += _table(
+            ["kind", "check", "variant", "regime", "expected", "got", "cells", "example layers"],
+            [
+                [
+                    c["kind"],
+                    c["check"],
+                    c["variant"],
+                    c["regime"],
+                    c["expected"],
+                    c["got"],
+                    c["count"],
+                    ", ".join(c["example_layers"]),
+                ]
+                for c in card["contradictions"]
+            ],
+        )
         lines += [""]
     lines += ["## Detection (observable cells; detected = some applicable check fired)", ""]
     rows = []
     for d in result["detection"]:
         by = ", ".join(f"{c}:{n}" for c, n in d["by_check"].items() if n)
-        rows.append([d["variant"], d["regime"], d["cells"], d["observable"], d["detected"], by or "-", d["max_ulp"],
-                     "yes" if d["predicted_detected"] else "no"])
-    lines += _table(["variant", "regime", "cells", "observable", "detected", "by check", "max ULP", "predicted detected"], rows)
+        rows.append(
+            [
+                d["variant"],
+                d["regime"],
+                d["cells"],
+                d["observable"],
+                d["detected"],
+                by or "-",
+                d["max_ulp"],
+                "yes" if d["predicted_detected"] else "no",
+            ]
+        )
+    lines += _table(
+        ["variant", "regime", "cells", "observable", "detected", "by check", "max ULP", "predicted detected"], rows
+    )
     lines += ["", "## Baseline rows (each backend of the pair as the kernel under test, no fault)", ""]
     brows = []
     for b in result["baseline"]:
         fired = ", ".join(f"{c}:{o['fire']}" for c, o in b["outcomes"].items() if o["fire"]) or "none"
         na = ", ".join(c for c, o in b["outcomes"].items() if o["not_applicable"]) or "-"
         brows.append([b["variant"], b["regime"], b["cells"], b["differing_cells"], b["max_ulp"], fired, na])
-    lines += _table(["row", "regime", "layers", "layers differing from reference", "max ULP", "checks fired", "not applicable"], brows)
+    lines += _table(
+        ["row", "regime", "layers", "layers differing from reference", "max ULP", "checks fired", "not applicable"],
+        brows,
+    )
     lines += ["", "## Largest distance per fault family (bf16 spacings)", ""]
-    lines += _table(["fault", "what", "max ULP"], [[f, FAMILY_TITLES[f], u] for f, u in result["max_ulp_by_fault"].items()])
+    lines += _table(
+        ["fault", "what", "max ULP"], [[f, FAMILY_TITLES[f], u] for f, u in result["max_ulp_by_fault"].items()]
+    )
     lines += ["", "## End to end (C7: tokens whose top-1 margin is below the largest logit deviation)", ""]
-    lines += _table(["regime", "tokens", "flagged", "top-1 disagreements", "logits bitwise equal", "max deviation", "outcome", "expected"],
-                    [[r, e["tokens"], e["flagged"], e["top1_disagreements"], e["bitwise_equal"], e["max_deviation"], e["outcome"], e["expected"] or "no claim"]
-                     for r, e in result["end_to_end"].items()])
+    lines += _table(
+        [
+            "regime",
+            "tokens",
+            "flagged",
+            "top-1 disagreements",
+            "logits bitwise equal",
+            "max deviation",
+            "outcome",
+            "expected",
+        ],
+        [
+            [
+                r,
+                e["tokens"],
+                e["flagged"],
+                e["top1_disagreements"],
+                e["bitwise_equal"],
+                e["max_deviation"],
+                e["outcome"],
+                e["expected"] or "no claim",
+            ]
+            for r, e in result["end_to_end"].items()
+        ],
+    )
     lines += ["", "Checks: " + "; ".join(f"{c} {t}" for c, t in CHECK_TITLES.items()), ""]
     return "\n".join(lines)
 
@@ -146,7 +227,15 @@ def plot_heatmap(result: dict, path: Path) -> Path:
     for i in range(data.shape[0]):
         for j in range(data.shape[1]):
             if not math.isnan(data[i, j]):
-                ax.text(j, i, f"{data[i, j]:.2f}", ha="center", va="center", fontsize=6, color="w" if data[i, j] < 0.5 else "k")
+                ax.text(
+                    j,
+                    i,
+                    f"{data[i, j]:.2f}",
+                    ha="center",
+                    va="center",
+                    fontsize=6,
+                    color="w" if data[i, j] < 0.5 else "k",
+                )
     ax.axvline(len(checks) - 0.5, color="k", lw=1)
     ax.set_title("fraction of observable cells in which each check fired (grey: no observable cell)")
     fig.colorbar(im, ax=ax, shrink=0.6)
@@ -190,9 +279,11 @@ def write_report(result: dict, directory: Path, command: str | None = None) -> l
     d = Path(directory)
     text = json.dumps(result, indent=1) + "\n"
     md = markdown(result, command)
-    return write_files_atomic([
-        (d / "audit.json", lambda tmp: tmp.write_text(text, encoding="utf-8")),
-        (d / "audit.md", lambda tmp: tmp.write_text(md, encoding="utf-8")),
-        (d / "detection_heatmap.png", lambda tmp: plot_heatmap(result, tmp)),
-        (d / "ulp_histograms.png", lambda tmp: plot_histograms(result, tmp)),
-    ])
+    return write_files_atomic(
+        [
+            (d / "audit.json", lambda tmp: tmp.write_text(text, encoding="utf-8")),
+            (d / "audit.md", lambda tmp: tmp.write_text(md, encoding="utf-8")),
+            (d / "detection_heatmap.png", lambda tmp: plot_heatmap(result, tmp)),
+            (d / "ulp_histograms.png", lambda tmp: plot_histograms(result, tmp)),
+        ]
+    )

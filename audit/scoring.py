@@ -61,8 +61,13 @@ class CellResult:
 
     def as_row(self) -> dict:
         return {
-            "layer": self.layer, "regime": self.regime, "variant": self.variant, "observable": self.observable,
-            "mismatches": self.mismatches, "max_ulp": self.max_ulp, "outcomes": dict(self.outcomes),
+            "layer": self.layer,
+            "regime": self.regime,
+            "variant": self.variant,
+            "observable": self.observable,
+            "mismatches": self.mismatches,
+            "max_ulp": self.max_ulp,
+            "outcomes": dict(self.outcomes),
         }
 
 
@@ -134,10 +139,17 @@ class Scorer:
         self.rows.append(cell.as_row())
         if cell.family == "B":
             self.baseline_cells += 1
-            row = self.baselines.setdefault((cell.variant, cell.regime), {
-                "variant": cell.variant, "regime": cell.regime, "cells": 0, "differing_cells": 0, "max_ulp": 0,
-                "outcomes": {cid: {FIRE: 0, SILENT: 0, NOT_APPLICABLE: 0} for cid in self.layer_checks},
-            })
+            row = self.baselines.setdefault(
+                (cell.variant, cell.regime),
+                {
+                    "variant": cell.variant,
+                    "regime": cell.regime,
+                    "cells": 0,
+                    "differing_cells": 0,
+                    "max_ulp": 0,
+                    "outcomes": {cid: {FIRE: 0, SILENT: 0, NOT_APPLICABLE: 0} for cid in self.layer_checks},
+                },
+            )
             row["cells"] += 1
             row["differing_cells"] += int(cell.observable)
             row["max_ulp"] = max(row["max_ulp"], cell.max_ulp)
@@ -145,11 +157,23 @@ class Scorer:
                 row["outcomes"][cid][cell.outcomes[cid]] += 1
             return
         self.cells += 1
-        row = self.detection.setdefault((cell.variant, cell.regime), {
-            "fault": cell.family, "severity": cell.severity, "variant": cell.variant, "regime": cell.regime,
-            "cells": 0, "observable": 0, "detected": 0, "by_check": {cid: 0 for cid in self.layer_checks}, "max_ulp": 0,
-            "predicted_detected": any(self.matrix.expected(cid, cell.variant, cell.regime) == FIRE for cid in self.layer_checks),
-        })
+        row = self.detection.setdefault(
+            (cell.variant, cell.regime),
+            {
+                "fault": cell.family,
+                "severity": cell.severity,
+                "variant": cell.variant,
+                "regime": cell.regime,
+                "cells": 0,
+                "observable": 0,
+                "detected": 0,
+                "by_check": {cid: 0 for cid in self.layer_checks},
+                "max_ulp": 0,
+                "predicted_detected": any(
+                    self.matrix.expected(cid, cell.variant, cell.regime) == FIRE for cid in self.layer_checks
+                ),
+            },
+        )
         row["cells"] += 1
         row["max_ulp"] = max(row["max_ulp"], cell.max_ulp)
         self.max_ulp[cell.family] = max(self.max_ulp[cell.family], cell.max_ulp)

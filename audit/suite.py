@@ -24,7 +24,16 @@ from requant.audit.checks import CHECK_IDS, c7_token_risk, run_checks, token_ris
 from requant.audit.compare import compare_layer, summarize_layers
 from requant.audit.faults import VARIANTS, LayerCase, inject, reference_case
 from requant.audit.matrix import REGIMES, Matrix, baseline_variant, load_matrix
-from requant.audit.records import BACKEND_KERNELS, REFERENCE_KERNEL, Activations, KernelDesc, Run, Weights, output_distance, output_equal
+from requant.audit.records import (
+    BACKEND_KERNELS,
+    REFERENCE_KERNEL,
+    Activations,
+    KernelDesc,
+    Run,
+    Weights,
+    output_distance,
+    output_equal,
+)
 from requant.audit.scoring import CellResult, Scorer, ulp_histogram
 from requant.backends import environment
 from requant.evidence.identity import checkpoint_identity
@@ -70,18 +79,30 @@ def evaluate_cell(case: LayerCase, variant: str, family: str, severity: str, tes
         return CellResult(case.name, case.regime, variant, family, severity, False, 0, 0, outcomes, [])
     dist = output_distance(case.ref, test)
     mism = int((test.y.view(torch.int16) != case.ref.y.view(torch.int16)).sum())
-    return CellResult(case.name, case.regime, variant, family, severity, True, mism, int(dist.max()), outcomes, ulp_histogram(dist))
+    return CellResult(
+        case.name, case.regime, variant, family, severity, True, mism, int(dist.max()), outcomes, ulp_histogram(dist)
+    )
 
 
-def audit_layer(name: str, regime: str, act: Activations, wt: Weights, backends: tuple[str, str], scorer: Scorer,
-                advance: Callable[[int], None] | None = None) -> dict:
+def audit_layer(
+    name: str,
+    regime: str,
+    act: Activations,
+    wt: Weights,
+    backends: tuple[str, str],
+    scorer: Scorer,
+    advance: Callable[[int], None] | None = None,
+) -> dict:
     """Pair comparison, baseline rows and the 21 fault cells of one (layer, regime)."""
     case = reference_case(name, regime, act, wt)
     outs = {b: kernels.scaled_mm(act.a, wt.w, act.s_a, wt.s_w, backend=b) for b in dict.fromkeys(backends)}
     row = compare_layer(name, regime, outs[backends[0]], outs[backends[1]], case.shape)
     for b in dict.fromkeys(backends):
-        scorer.add(evaluate_cell(case, baseline_variant(b), "B", "none", Run(act, wt, None, outs[b], backend_kernel(b)),
-                                 scorer.checks))
+        scorer.add(
+            evaluate_cell(
+                case, baseline_variant(b), "B", "none", Run(act, wt, None, outs[b], backend_kernel(b)), scorer.checks
+            )
+        )
     for v in VARIANTS:
         scorer.add(evaluate_cell(case, v.id, v.family, v.severity, inject(v, case), scorer.checks))
         if advance is not None:
@@ -99,12 +120,25 @@ def converted_info(config: dict) -> dict | None:
     prov = config.get("requant")
     if not isinstance(prov, dict) or "arm" not in prov:
         return None
-    return {"arm": prov.get("arm"), "servable": prov.get("servable"), "source": prov.get("source"),
-            "regimes": "native = pow2 = the stored scales (converted checkpoint: no second requantization)"}
+    return {
+        "arm": prov.get("arm"),
+        "servable": prov.get("servable"),
+        "source": prov.get("source"),
+        "regimes": "native = pow2 = the stored scales (converted checkpoint: no second requantization)",
+    }
 
 
-def run_audit(ckpt, backends: tuple[str, str], n_prompts: int, device: str, advance=None, on_phase=None,
-              matrix: Matrix | None = None, keep_cells: bool = True, identity: dict | None = None) -> dict:
+def run_audit(
+    ckpt,
+    backends: tuple[str, str],
+    n_prompts: int,
+    device: str,
+    advance=None,
+    on_phase=None,
+    matrix: Matrix | None = None,
+    keep_cells: bool = True,
+    identity: dict | None = None,
+) -> dict:
     """The whole audit on an opened checkpoint; returns the result dict (JSON-ready).
 
     Args:
@@ -138,17 +172,20 @@ def run_audit(ckpt, backends: tuple[str, str], n_prompts: int, device: str, adva
         linears = load_linears(ckpt, regime, device)
         # The reference engine for both backends: the capture records its operands, and the two
         # prefills compared end to end (C7) must differ in the GEMM backend alone.
-        model = Model(config, dense, linears, regime=regime, path=getattr(ckpt, "path", None), tokenizer=tok,
-                      engine="reference")
+        model = Model(
+            config, dense, linears, regime=regime, path=getattr(ckpt, "path", None), tokenizer=tok, engine="reference"
+        )
         say(f"{regime}: prefill of {len(token_lists)} prompts with {backends[0]} (capture) and {backends[1]}")
         cap = Capture()
         logits_a = run_prompts(model, token_lists, backends[0], cap)
         logits_b = run_prompts(model, token_lists, backends[1], None)
         risk = token_risk(logits_a, logits_b)
         # C7 decides from the same logits (it recomputes token_risk: [tokens, vocab], cheap).
-        outcome = c7_token_risk(Run(None, None, None, None, backend_kernel(backends[0]), logits=logits_a),
-                                Run(None, None, None, None, backend_kernel(backends[1]), logits=logits_b),
-                                backend_kernel(backends[1])).outcome
+        outcome = c7_token_risk(
+            Run(None, None, None, None, backend_kernel(backends[0]), logits=logits_a),
+            Run(None, None, None, None, backend_kernel(backends[1]), logits=logits_b),
+            backend_kernel(backends[1]),
+        ).outcome
         expected = scorer.add_end_to_end("C7", regime, outcome, observable=not risk["bitwise_equal"])
         risk.update({"outcome": outcome, "expected": expected})
         e2e[regime] = risk
@@ -167,6 +204,7 @@ def run_audit(ckpt, backends: tuple[str, str], n_prompts: int, device: str, adva
         del model, linears, ops, cap
     summary = scorer.summary()
     from requant.audit.faults import FAULT_KERNELS
+
     layers = len(ckpt.quantized_linears)
     converted = converted_info(config)
     if converted is not None:
@@ -191,8 +229,11 @@ def run_audit(ckpt, backends: tuple[str, str], n_prompts: int, device: str, adva
         "per_layer_summary": summarize_layers(per_layer),
         **summary,
         "end_to_end": e2e,
-        "kernels": {"reference": REFERENCE_KERNEL.as_dict(), "backends": {b: backend_kernel(b).as_dict() for b in backends},
-                    "faults": {f: k.as_dict() for f, k in FAULT_KERNELS.items()}},
+        "kernels": {
+            "reference": REFERENCE_KERNEL.as_dict(),
+            "backends": {b: backend_kernel(b).as_dict() for b in backends},
+            "faults": {f: k.as_dict() for f, k in FAULT_KERNELS.items()},
+        },
         "environment": environment(device),
         "timings": timings,
         "wall_seconds": round(time.perf_counter() - t0, 3),
@@ -200,4 +241,3 @@ def run_audit(ckpt, backends: tuple[str, str], n_prompts: int, device: str, adva
     if keep_cells:
         result["cell_results"] = scorer.rows
     return result
-

@@ -75,7 +75,9 @@ def quantize_backends() -> list[str]:
     return list(_QUANTIZE)
 
 
-def scaled_mm(a: torch.Tensor, w: torch.Tensor, s_a: torch.Tensor, s_w: torch.Tensor, backend: str = "reference-cutlass-order") -> torch.Tensor:
+def scaled_mm(
+    a: torch.Tensor, w: torch.Tensor, s_a: torch.Tensor, s_w: torch.Tensor, backend: str = "reference-cutlass-order"
+) -> torch.Tensor:
     """y = epilogue(sum_k a[m, k] * w[n, k], s_a[m], s_w[n]) in the backend's documented order.
 
     Args:
@@ -94,5 +96,7 @@ def scaled_mm(a: torch.Tensor, w: torch.Tensor, s_a: torch.Tensor, s_w: torch.Te
     return fn(a, w, s_a, s_w)
 
 
-def quantize_activations(x: torch.Tensor, backend: str = "reference", check: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_activations(
+    x: torch.Tensor, backend: str = "reference", check: bool | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     return _resolve(_QUANTIZE, "quantize_activations", backend)(x, check=check)

@@ -14,8 +14,8 @@ NUMERICS.
   int_mm: acc[m, n] = sum_k a[m, k] * w[n, k] in integers. |acc| <= K * 2**14 < 2**31 for
   K <= MAX_K, so int32 holds it (checked). CPU (and any non-CUDA device): the reference's
   float64 matmul (kernels.reference.accumulate, exact below 2**53). CUDA: torch._int_mm
-  (cuBLASLt int8 GEMM with int32 accumulation: integer adds, exact), with zero padding of
-  M up to 17 rows and of K and N to multiples of 8, which that call requires (zero products
+  (cuBLASLt int8 GEMM with int32 accumulation: integer adds, exact) through
+  kernels.cublas.int_mm_exact, which zero-pads the shapes that call requires (zero products
   add nothing); not run in this repository's CI (no GPU there).
   apply_epilogue: the documented orders of kernels/reference.py, as elementwise fp32 ops
   with one round to nearest even at the end:
@@ -86,14 +86,6 @@ def _check(a: torch.Tensor, w: torch.Tensor) -> None:
         raise ValueError(f"int_mm operands on several devices: a on {a.device}, w on {w.device}")
 
 
-def _pad_to(t: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
-    if t.shape == (rows, cols):
-        return t.contiguous()
-    out = t.new_zeros(rows, cols)
-    out[: t.shape[0], : t.shape[1]] = t
-    return out
-
-
 def int_mm(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """Exact int32 accumulator a @ w^T: a int8 [M, K], w int8 [N, K] -> int32 [M, N]."""
     _check(a, w)
@@ -101,10 +93,9 @@ def int_mm(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     n = w.shape[0]
     if a.device.type != "cuda" or m == 0 or n == 0 or k == 0:
         return accumulate(a, w)
-    mp, kp, np_ = max(m, 17), -(-k // 8) * 8, -(-n // 8) * 8
-    # torch._int_mm wants a row-major and b = w^T column-major: w [N, K] row-major, transposed.
-    acc = torch._int_mm(_pad_to(a, mp, kp), _pad_to(w, np_, kp).t())
-    return acc[:m, :n]
+    from requant.kernels.cublas import int_mm_exact  # torch._int_mm with the padding it needs
+
+    return int_mm_exact(a, w)
 
 
 def apply_epilogue(acc: torch.Tensor, s_a: torch.Tensor, s_w: torch.Tensor, order: str) -> torch.Tensor:

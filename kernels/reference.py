@@ -58,13 +58,26 @@ def check_operands(a: torch.Tensor, w: torch.Tensor, s_a: torch.Tensor, s_w: tor
     Host metadata only (no device synchronization); every GEMM call runs it, so the common
     case is one short test and the messages are built only on failure.
     """
-    if (a.dtype is torch.int8 and w.dtype is torch.int8 and s_a.dtype is torch.float32 and s_w.dtype is torch.float32
-            and a.dim() == 2 and w.dim() == 2):
+    if (
+        a.dtype is torch.int8
+        and w.dtype is torch.int8
+        and s_a.dtype is torch.float32
+        and s_w.dtype is torch.float32
+        and a.dim() == 2
+        and w.dim() == 2
+    ):
         m, k = a.shape
         n, k2 = w.shape
         dev = a.device
-        if (k == k2 and k <= MAX_K and s_a.shape == (m, 1) and s_w.shape == (n, 1)
-                and w.device == dev and s_a.device == dev and s_w.device == dev):
+        if (
+            k == k2
+            and k <= MAX_K
+            and s_a.shape == (m, 1)
+            and s_w.shape == (n, 1)
+            and w.device == dev
+            and s_a.device == dev
+            and s_w.device == dev
+        ):
             return
     _explain_operands(a, w, s_a, s_w)
 
@@ -104,7 +117,7 @@ def accumulate_int64(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     out = torch.zeros(a.shape[0], w.shape[0], dtype=torch.int64, device=a.device)
     step = 256  # bounded temporaries: [M, N, step] products at a time
     for k0 in range(0, a.shape[1], step):
-        out += (a64[:, None, k0:k0 + step] * w64[None, :, k0:k0 + step]).sum(dim=2)
+        out += (a64[:, None, k0 : k0 + step] * w64[None, :, k0 : k0 + step]).sum(dim=2)
     return out
 
 

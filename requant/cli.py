@@ -11,7 +11,7 @@ from requant.commands import audit, checkpoint, conform, determinism, eval, publ
 app = typer.Typer(
     name="requant",
     help="Power-of-two INT8 scales for deterministic W8A8 inference across GPU kernels.\n\n"
-         "Exit codes: 0 done or check passed, 1 the check failed, 2 could not run, 130 interrupted.",
+    "Exit codes: 0 done or check passed, 1 the check failed, 2 could not run, 130 interrupted.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -25,8 +25,11 @@ def _version(value: bool) -> None:
 
 
 @app.callback()
-def main(version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
-                                               help="Print the version and exit.")] = False) -> None:
+def main(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
+) -> None:
     """Power-of-two INT8 scales for deterministic W8A8 inference across GPU kernels."""
 
 

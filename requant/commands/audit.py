@@ -53,7 +53,6 @@ from requant.commands._common import (
     command_line,
     default_device,
     err,
-    fail,
     set_threads,
     write_json_atomic,
 )
@@ -89,9 +88,13 @@ def _print_plan(plan: dict, where: str) -> None:
     for col in ("GEMM [out, in]", "Linears", "cells"):
         t.add_column(col, justify="right")
     for s in plan["shapes"]:
-        t.add_row(f"[{s['out']}, {s['in']}]", str(s["count"]), str(s["count"] * plan["variants"] * len(plan["regimes"])))
+        t.add_row(
+            f"[{s['out']}, {s['in']}]", str(s["count"]), str(s["count"] * plan["variants"] * len(plan["regimes"]))
+        )
     console.print(t)
-    print(f"layers: {plan['layers']}  variants: {plan['variants']}  regimes: {','.join(plan['regimes'])}  cells: {plan['cells']}")
+    print(
+        f"layers: {plan['layers']}  variants: {plan['variants']}  regimes: {','.join(plan['regimes'])}  cells: {plan['cells']}"
+    )
 
 
 def _print_summary(result: dict) -> None:
@@ -117,19 +120,29 @@ def _print_summary(result: dict) -> None:
     console.print(t)
     print(f"per layer: {result['per_layer_summary']['line']}")
     if result.get("native_scales_all_pow2_layers"):
-        print(f"note: {result['native_scales_all_pow2_layers']}/{result['layers']} layers already have power-of-two native scales "
-              "(a converted checkpoint?): C5 applies under native there, counted as applicability mismatches")
-    print(f"cells: {result['cells']}  false positives: {card['false_positives']}  false negatives: {card['false_negatives']}  "
-          f"applicability mismatches: {card['applicability_mismatches']}")
+        print(
+            f"note: {result['native_scales_all_pow2_layers']}/{result['layers']} layers already have power-of-two native scales "
+            "(a converted checkpoint?): C5 applies under native there, counted as applicability mismatches"
+        )
+    print(
+        f"cells: {result['cells']}  false positives: {card['false_positives']}  false negatives: {card['false_negatives']}  "
+        f"applicability mismatches: {card['applicability_mismatches']}"
+    )
     print("max ULP by fault: " + ", ".join(f"{k}={v}" for k, v in result["max_ulp_by_fault"].items()))
     e2e = result["end_to_end"]
     print("end to end (C7 tokens flagged): " + ", ".join(f"{r}: {e['flagged']}/{e['tokens']}" for r, e in e2e.items()))
-    print(f"matrix sha256: {card['matrix_sha256']} ({'pinned' if card['matrix_pinned'] else 'NOT PINNED'})  wall: {result['wall_seconds']} s")
-    print(f"manifest digest: {result.get('manifest_digest')} ({result.get('manifest') or 'computed; no SHA256SUMS'})  "
-          f"requant {result.get('tool_version')} ({result.get('git_commit') or 'no git checkout'})")
+    print(
+        f"matrix sha256: {card['matrix_sha256']} ({'pinned' if card['matrix_pinned'] else 'NOT PINNED'})  wall: {result['wall_seconds']} s"
+    )
+    print(
+        f"manifest digest: {result.get('manifest_digest')} ({result.get('manifest') or 'computed; no SHA256SUMS'})  "
+        f"requant {result.get('tool_version')} ({result.get('git_commit') or 'no git checkout'})"
+    )
     conv = result.get("converted")
     if conv:
-        print(f"converted checkpoint, arm {conv['arm']}{'' if conv.get('servable', True) else ' (NOT servable)'}: {conv['regimes']}")
+        print(
+            f"converted checkpoint, arm {conv['arm']}{'' if conv.get('servable', True) else ' (NOT servable)'}: {conv['regimes']}"
+        )
 
 
 @byte_tokens_option
@@ -139,13 +152,17 @@ def audit(
     prompts: Annotated[int, typer.Option("--prompts", help="calibration prompts to run (prefill)")] = 8,
     json_out: JsonOpt = None,
     report: ReportOpt = None,
-    plan: Annotated[bool, typer.Option("--plan", help="print cell count and shapes from config.json, run nothing")] = False,
+    plan: Annotated[
+        bool, typer.Option("--plan", help="print cell count and shapes from config.json, run nothing")
+    ] = False,
     device: DeviceOpt = None,
     revision: RevisionOpt = None,
     threads: ThreadsOpt = None,
     byte_tokens: ByteTokensOpt = False,
-    matrix: Annotated[str, typer.Option(
-        "--matrix", help="Pinned prediction matrix: v2 (C1..C8, default) or v1 (C1..C7, the paper's).")] = "v2",
+    matrix: Annotated[
+        str,
+        typer.Option("--matrix", help="Pinned prediction matrix: v2 (C1..C8, default) or v1 (C1..C7, the paper's)."),
+    ] = "v2",
 ) -> None:
     """Bitwise CUTLASS-vs-Triton comparison per Linear on real activations, and the
     fault-injection suite scored against the pinned prediction matrix."""
@@ -180,8 +197,9 @@ def audit(
         pred = load_matrix(matrix_path(matrix))
         for b in pair:
             if not pred.has_variant(baseline_variant(b)):
-                raise UsageError(f"--matrix {matrix} has no baseline row {baseline_variant(b)} for backend {b}; "
-                                 "use --matrix v2")
+                raise UsageError(
+                    f"--matrix {matrix} has no baseline row {baseline_variant(b)} for backend {b}; use --matrix v2"
+                )
         prompt_list(prompts)  # validate N before loading (or downloading) anything big
         src = DEFAULT_CHECKPOINT if ckpt is None else ckpt
         checkpoint = open_checkpoint(src, revision=revision)
@@ -189,23 +207,53 @@ def audit(
         # a tokenizer that cannot encode the prompts is a usage error, before the run
         tok = load_tokenizer(checkpoint.path, int(checkpoint.config["vocab_size"]))
         [tok.encode(t) for t in prompt_list(prompts)]
-        identity = with_progress(checkpoint, console)  # before the long run: a SHA256SUMS that does not match fails here
+        identity = with_progress(
+            checkpoint, console
+        )  # before the long run: a SHA256SUMS that does not match fails here
 
     from requant.audit.report import write_json, write_report
     from requant.audit.suite import run_audit
 
     total = len(checkpoint.quantized_linears) * CELLS_PER_LAYER
-    console.print(f"auditing {checkpoint.path} with {pair[0]} vs {pair[1]} on {dev}: {len(checkpoint.quantized_linears)} Linears, {total} cells")
+    console.print(
+        f"auditing {checkpoint.path} with {pair[0]} vs {pair[1]} on {dev}: {len(checkpoint.quantized_linears)} Linears, {total} cells"
+    )
     with cannot_run():  # a tensor that turned out unreadable while running
-        with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                      TimeElapsedColumn(), TimeRemainingColumn(), console=console, transient=False) as progress:
+        with Progress(
+            TextColumn("[progress.description]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            console=console,
+            transient=False,
+        ) as progress:
             task = progress.add_task("cells", total=total)
-            result = run_audit(checkpoint, pair, prompts, dev, identity=identity, matrix=pred,
-                               advance=lambda n: progress.advance(task, n),
-                               on_phase=lambda msg: progress.console.log(msg))
-    command = command_line("audit", [ckpt], {
-        "--backends": spec, "--prompts": prompts, "--json": json_out, "--report": report, "--device": device,
-        "--revision": revision, "--threads": threads, "--byte-tokens": byte_tokens, "--matrix": matrix})
+            result = run_audit(
+                checkpoint,
+                pair,
+                prompts,
+                dev,
+                identity=identity,
+                matrix=pred,
+                advance=lambda n: progress.advance(task, n),
+                on_phase=lambda msg: progress.console.log(msg),
+            )
+    command = command_line(
+        "audit",
+        [ckpt],
+        {
+            "--backends": spec,
+            "--prompts": prompts,
+            "--json": json_out,
+            "--report": report,
+            "--device": device,
+            "--revision": revision,
+            "--threads": threads,
+            "--byte-tokens": byte_tokens,
+            "--matrix": matrix,
+        },
+    )
     result["command"] = command
     with cannot_run():
         if json_out is not None:
@@ -215,7 +263,11 @@ def audit(
                 console.print(f"wrote {f}")
     _print_summary(result)
     card = result["scorecard"]
-    ok = card["matrix_pinned"] and card["false_positives"] == 0 and card["false_negatives"] == 0 and \
-        result["per_layer_summary"]["pow2"]["bitwise_equal"] == result["per_layer_summary"]["pow2"]["layers"]
+    ok = (
+        card["matrix_pinned"]
+        and card["false_positives"] == 0
+        and card["false_negatives"] == 0
+        and result["per_layer_summary"]["pow2"]["bitwise_equal"] == result["per_layer_summary"]["pow2"]["layers"]
+    )
     if not ok:
         raise typer.Exit(EXIT_FAILED)

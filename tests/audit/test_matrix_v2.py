@@ -125,10 +125,16 @@ def test_v2_baseline_rows_include_the_fused_order(v2_audits):
     assert res["kernels"]["backends"]["cublas"]["declares"] == "fused-order"
 
 
-@pytest.mark.parametrize("args,msg", [
-    (["--matrix", "v3"], "--matrix takes v1 or v2, got 'v3'"),
-    (["--matrix", "v1", "--backends", "reference-cutlass-order,cublas"], "--matrix v1 has no baseline row B.fused-order"),
-])
+@pytest.mark.parametrize(
+    "args,msg",
+    [
+        (["--matrix", "v3"], "--matrix takes v1 or v2, got 'v3'"),
+        (
+            ["--matrix", "v1", "--backends", "reference-cutlass-order,cublas"],
+            "--matrix v1 has no baseline row B.fused-order",
+        ),
+    ],
+)
 def test_audit_refuses_a_matrix_it_cannot_score(args, msg):
     from typer.testing import CliRunner
 

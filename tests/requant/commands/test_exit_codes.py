@@ -39,6 +39,7 @@ CANNOT_RUN = {
     "card": ["card", MISSING],
     "push": ["push", MISSING, "someone/model", "--dry-run"],
     "tp-check": ["tp-check", MISSING],
+    "conform": ["conform", "--kernel", "nonexistent_requant_module:scaled_mm"],
 }
 
 
