@@ -142,6 +142,30 @@ def sigterm_as_interrupt():
 
 
 # -- devices and threads -----------------------------------------------------------------
+def progress_bar(console: Console, *middle, transient: bool = False):
+    """The counting progress bar of the long commands (description, bar, done/total, `middle`
+    columns, elapsed, remaining), on `console`."""
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    return Progress(
+        TextColumn("[progress.description]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        *middle,
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        transient=transient,
+    )
+
+
 def default_device() -> str:
     import torch
 

@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
 from requant.commands._common import (
@@ -53,6 +52,7 @@ from requant.commands._common import (
     command_line,
     default_device,
     err,
+    progress_bar,
     set_threads,
     write_json_atomic,
 )
@@ -219,15 +219,7 @@ def audit(
         f"auditing {checkpoint.path} with {pair[0]} vs {pair[1]} on {dev}: {len(checkpoint.quantized_linears)} Linears, {total} cells"
     )
     with cannot_run():  # a tensor that turned out unreadable while running
-        with Progress(
-            TextColumn("[progress.description]{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            TimeRemainingColumn(),
-            console=console,
-            transient=False,
-        ) as progress:
+        with progress_bar(console) as progress:
             task = progress.add_task("cells", total=total)
             result = run_audit(
                 checkpoint,

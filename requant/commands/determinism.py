@@ -21,7 +21,6 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from requant.commands._common import (
     EXIT_FAILED,
@@ -42,6 +41,7 @@ from requant.commands._common import (
     command_line,
     default_device,
     err,
+    progress_bar,
     set_threads,
     write_json_atomic,
 )
@@ -102,14 +102,7 @@ def determinism(
         f"determinism of {checkpoint.path}: {pair[0]} vs {pair[1]} on {dev}, {prompts} prompts x {new_tokens} tokens"
     )
     with cannot_run():  # e.g. a tokenizer the model cannot embed, an unknown act backend
-        with Progress(
-            TextColumn("[progress.description]{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            TimeRemainingColumn(),
-            console=console,
-        ) as progress:
+        with progress_bar(console) as progress:
             task = progress.add_task("greedy runs", total=units)
             result = run_determinism(
                 checkpoint,

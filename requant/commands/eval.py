@@ -40,6 +40,7 @@ from requant.commands._common import (
     default_device,
     err,
     out,
+    progress_bar,
     warn,
 )
 from requant.eval.report import fmt_number
@@ -125,28 +126,13 @@ def eval_command(
     with cannot_run():  # before any work (an hour of CPU with the defaults): a bad path costs nothing
         check_output_file(json_out, "--json")
         check_output_dir(report, "--report")
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
+    from rich.progress import TextColumn
 
     from requant.eval.report import write_json, write_report
     from requant.eval.run import parse_arms, run_eval
 
     task_list = [t.strip() for t in tasks.split(",") if t.strip()]
-    progress = Progress(
-        TextColumn("[progress.description]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[unit]}"),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-        console=console,
-    )
+    progress = progress_bar(console, TextColumn("{task.fields[unit]}"))
     bars: dict[str, int] = {}
 
     def progress_for(arm: str, unit: str = "documents"):

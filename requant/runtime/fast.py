@@ -38,6 +38,7 @@ from __future__ import annotations
 import torch
 
 from requant import kernels
+from requant.qwen3 import LAYER_LINEARS
 from requant.runtime.ops import rope_tables
 
 __all__ = ["BUCKETS", "FastWeights", "fast_supported"]
@@ -50,15 +51,7 @@ def fast_supported(model) -> str | None:
     """Why `model` cannot run the fast path (None when it can)."""
     a = model.arch
     for i in range(a.layers):
-        for n in (
-            "self_attn.q_proj",
-            "self_attn.k_proj",
-            "self_attn.v_proj",
-            "self_attn.o_proj",
-            "mlp.gate_proj",
-            "mlp.up_proj",
-            "mlp.down_proj",
-        ):
+        for n in LAYER_LINEARS:
             if f"model.layers.{i}.{n}" not in model.linears:
                 return f"model.layers.{i}.{n} is not quantized (the fast path runs W8A8 decoder layers only)"
     if (a.heads // a.kv_heads) > 64 or 64 % (a.heads // a.kv_heads):
