@@ -179,12 +179,12 @@ def hf_prefill(hf, prompts):
 
 def requant_decoder(model, prompts, steps: int, graphs: bool):
     """A primed decoder: prompts prefilled into its cache, first step run (and captured)."""
-    from requant.runtime.model import _pow2_at_least
+    from requant.runtime.model import pow2_at_least
 
     fw = model._fastw()
     b = len(prompts)
     bucket = next((k for k in BUCKETS if k >= b), b)
-    cap = _pow2_at_least(max(len(p) for p in prompts) + steps + 8)
+    cap = pow2_at_least(max(len(p) for p in prompts) + steps + 8)
     dec = fw._decoder(model, bucket, cap, graphs)
     with torch.no_grad():
         logits = fw.prefill(model, prompts, cache=dec.cache, last_only=True)

@@ -333,12 +333,12 @@ class FastWeights:
         keep_logits: bool,
         graphs: bool,
     ):
-        from requant.runtime.model import Generation, _pow2_at_least
+        from requant.runtime.model import Generation, pow2_at_least
 
         b = len(tensors)
         gen = Generation([[] for _ in tensors])
         bucket = next((k for k in BUCKETS if k >= b), b)
-        cap = _pow2_at_least(max(len(t) for t in tensors) + max_new_tokens)
+        cap = pow2_at_least(max(len(t) for t in tensors) + max_new_tokens)
         dec = self._decoder(model, bucket, cap, graphs)
         logits = self.prefill(model, tensors, cache=dec.cache, last_only=True)
         first = torch.argmax(logits, dim=-1)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,7 +30,7 @@ REDUCTIONS = ("auto", "torch", "tree")
 ENGINES = ("auto", "fast", "reference")
 
 
-def _pow2_at_least(n: int) -> int:
+def pow2_at_least(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
 
@@ -44,6 +45,28 @@ class KVCache:
         self.v = [torch.zeros(shape, dtype=torch.bfloat16, device=device) for _ in range(layers)]
         self.capacity = capacity
         self.lengths = [0] * batch  # on the host: no device sync to size a step
+
+
+def decode_attention(cache: KVCache, arch, device) -> tuple[torch.Tensor, torch.Tensor, Callable]:
+    """For one decode step of the reference engine's attention (one new token per row of
+    `cache`, at position = its length): the RoPE tables and attend(i, q, k, v), which writes
+    layer i's new keys and values into the cache and attends over each row's positions
+    (attend_decode over a power-of-two span of the cache). Shared by requant.tp."""
+    longest = max(cache.lengths) + 1
+    if longest > cache.capacity:
+        raise ValueError(f"KV cache full: {longest} positions > capacity {cache.capacity}")
+    span = min(pow2_at_least(longest), cache.capacity)
+    pos = torch.tensor(cache.lengths, dtype=torch.long, device=device)
+    rows = torch.arange(len(cache.lengths), device=device)
+    cos, sin = rope_tables(pos, arch.head_dim, arch.rope_theta)
+    scale = arch.head_dim**-0.5
+
+    def attend(i, q, k, v):
+        cache.k[i][rows, :, pos] = k
+        cache.v[i][rows, :, pos] = v
+        return attend_decode(q, cache.k[i][:, :, :span], cache.v[i][:, :, :span], pos + 1, scale)
+
+    return cos, sin, attend
 
 
 @dataclass
@@ -253,21 +276,7 @@ class Model:
             return self._fastw().decode_step(self, tokens, cache)
         sh = self.arch
         dev = self.device
-        b = len(cache.lengths)
-        longest = max(cache.lengths) + 1
-        if longest > cache.capacity:
-            raise ValueError(f"KV cache full: {longest} positions > capacity {cache.capacity}")
-        span = min(_pow2_at_least(longest), cache.capacity)
-        pos = torch.tensor(cache.lengths, dtype=torch.long, device=dev)
-        rows = torch.arange(b, device=dev)
-        cos, sin = rope_tables(pos, sh.head_dim, sh.rope_theta)
-        scale = sh.head_dim**-0.5
-
-        def attend(i, q, k, v):
-            cache.k[i][rows, :, pos] = k
-            cache.v[i][rows, :, pos] = v
-            return attend_decode(q, cache.k[i][:, :, :span], cache.v[i][:, :, :span], pos + 1, scale)
-
+        cos, sin, attend = decode_attention(cache, sh, dev)
         x = self.dense["model.embed_tokens.weight"][tokens.to(dev)].to(torch.bfloat16)
         for i in range(sh.layers):
             x = self._layer(i, x, cos, sin, attend, None)
@@ -340,7 +349,7 @@ class Model:
         if self.fast:
             with torch.no_grad():
                 return self._fastw().generate(self, tensors, max_new_tokens, eos, keep_logits, graphs)
-        cache = self.new_cache(len(tensors), _pow2_at_least(longest))
+        cache = self.new_cache(len(tensors), pow2_at_least(longest))
         done = [False] * len(tensors)
         with torch.no_grad():
             logits = self.prefill(tensors, cache=cache, last_only=True)

@@ -63,9 +63,9 @@ import torch.distributed as dist
 from requant import kernels
 from requant.kernels.epilogue import apply_epilogue, int_mm, order_of, quantize_slice
 from requant.qwen3 import Qwen3Arch
+from requant.runtime.model import KVCache, decode_attention, pow2_at_least
 from requant.runtime.ops import (
     apply_rope,
-    attend_decode,
     attend_prompt,
     dense_rows,
     rms_norm,
@@ -129,21 +129,6 @@ def attend_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
         ],
         dim=1,
     )
-
-
-def _pow2_at_least(n: int) -> int:
-    return 1 << max(n - 1, 0).bit_length()
-
-
-class _Cache:
-    """This rank's KV heads: per layer [B, KV_local, capacity, D] bf16, zero-filled."""
-
-    def __init__(self, layers: int, batch: int, kv_heads: int, capacity: int, head_dim: int, device):
-        shape = (batch, kv_heads, capacity, head_dim)
-        self.k = [torch.zeros(shape, dtype=torch.bfloat16, device=device) for _ in range(layers)]
-        self.v = [torch.zeros(shape, dtype=torch.bfloat16, device=device) for _ in range(layers)]
-        self.capacity = capacity
-        self.lengths = [0] * batch
 
 
 class ShardedModel:
@@ -258,7 +243,7 @@ class ShardedModel:
         return self.comm.all_gather_cols(local).to(torch.float32)
 
     def prefill(
-        self, prompts: list[torch.Tensor], cache: _Cache | None = None, last_only: bool = False
+        self, prompts: list[torch.Tensor], cache: KVCache | None = None, last_only: bool = False
     ) -> torch.Tensor:
         a, dev = self.arch, self.device
         lens = [len(t) for t in prompts]
@@ -287,23 +272,9 @@ class ShardedModel:
             x = x[torch.tensor([hi - 1 for _, hi in bounds], device=dev)]
         return self._head(x)
 
-    def decode_step(self, tokens: torch.Tensor, cache: _Cache) -> torch.Tensor:
+    def decode_step(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
         a, dev = self.arch, self.device
-        b = len(cache.lengths)
-        longest = max(cache.lengths) + 1
-        if longest > cache.capacity:
-            raise ValueError(f"KV cache full: {longest} positions > capacity {cache.capacity}")
-        span = min(_pow2_at_least(longest), cache.capacity)
-        pos = torch.tensor(cache.lengths, dtype=torch.long, device=dev)
-        rows = torch.arange(b, device=dev)
-        cos, sin = rope_tables(pos, a.head_dim, a.rope_theta)
-        scale = a.head_dim**-0.5
-
-        def attend(i, q, k, v):
-            cache.k[i][rows, :, pos] = k
-            cache.v[i][rows, :, pos] = v
-            return attend_decode(q, cache.k[i][:, :, :span], cache.v[i][:, :, :span], pos + 1, scale)
-
+        cos, sin, attend = decode_attention(cache, a, dev)  # the runtime's decode attention, on this rank's heads
         x = self.dense["model.embed_tokens.weight"][tokens.to(dev)].to(torch.bfloat16)
         for i in range(a.layers):
             x = self._layer(i, x, cos, sin, attend)
@@ -327,13 +298,13 @@ class ShardedModel:
             flat = self.prefill(tensors)
         return list(torch.split(flat, [len(t) for t in tensors]))
 
-    def new_cache(self, batch: int, positions: int) -> _Cache:
+    def new_cache(self, batch: int, positions: int) -> KVCache:
         """An empty KV cache of this rank's KV heads for `positions` (rounded up to a power of two)."""
-        return _Cache(
+        return KVCache(
             self.arch.layers,
             batch,
             self.plan.local_kv_heads,
-            _pow2_at_least(positions),
+            pow2_at_least(positions),
             self.arch.head_dim,
             self.device,
         )
