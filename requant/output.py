@@ -365,8 +365,12 @@ def write_files_atomic(items: list[tuple[Path, Callable[[Path], None]]]) -> list
     return [dest for _, dest in temps]
 
 
+def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> Path:
+    """`data` at `path`, atomically (a temporary beside it, then a rename)."""
+    (written,) = write_files_atomic([(Path(path), lambda tmp: tmp.write_bytes(data))])
+    return written
+
+
 def write_json_atomic(path: str | os.PathLike, obj, indent: int = 1) -> Path:
     """`obj` as JSON (indented, newline-terminated) at `path`, atomically."""
-    text = json.dumps(obj, indent=indent) + "\n"
-    (written,) = write_files_atomic([(Path(path), lambda tmp: tmp.write_text(text, encoding="utf-8"))])
-    return written
+    return write_bytes_atomic(path, (json.dumps(obj, indent=indent) + "\n").encode("utf-8"))
