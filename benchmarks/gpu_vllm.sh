@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# vLLM 0.26.0 serving requant's checkpoints on one H200. vLLM's wheels do not fit one call's
+# carry, so they travel in parts (benchmarks/vllm_wheels.py fills .vllm/ here):
+#
+#   STAGE=part PART=00 bash benchmarks/gpu_vllm.sh    # carry .vllm/SHA256SUMS and .vllm/vllm-wheels.tar.part00
+#   ... one call per part, each within the machine's warm window (30 s after the last call) ...
+#   STAGE=run OUT=/dir bash benchmarks/gpu_vllm.sh    # join, check, install, serve, compare
+#
+# The parts wait under /tmp/vllm-parts on the GPU machine. Results in $OUT: env.txt,
+# timings.txt, run_*.json (one per checkpoint and kernel), vllm_compare.json, requant_*.json.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PARTS=/tmp/vllm-parts
+mkdir -p "$PARTS"
+if [ "${STAGE:-run}" = part ]; then
+    cp ".vllm/vllm-wheels.tar.part${PART:?set PART}" .vllm/SHA256SUMS "$PARTS/" && ls -la "$PARTS"
+    exit $?
+fi
+: "${OUT:?set OUT to the results directory}"
+mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
+cat "$PARTS"/vllm-wheels.tar.part* > /tmp/vllm-wheels.tar
+want=$(awk '$2 == "vllm-wheels.tar" {print $1}' "$PARTS/SHA256SUMS")
+got=$(sha256sum /tmp/vllm-wheels.tar | cut -d' ' -f1)
+[ "$want" = "$got" ] || { echo "gpu_vllm: joined tar sha256 $got, want $want" >&2; exit 2; }
+mkdir -p /tmp/vllm-w && tar -xf /tmp/vllm-wheels.tar -C /tmp/vllm-w
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/vsite \
+    /tmp/vllm-w/wheels/*.whl || exit 2
+export PYTHONPATH=/tmp/vsite${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . || exit 2
+REQUANT_COMMIT=$(bash benchmarks/commit_id.sh)
+{
+    date -u; echo "commit $REQUANT_COMMIT"
+    nvidia-smi --query-gpu=name,driver_version --format=csv
+    python3 -c "import torch, vllm; print('torch', torch.__version__, 'vllm', vllm.__version__)"
+} > "$OUT/env.txt" 2>&1
+cat "$OUT/env.txt"
+: > "$OUT/timings.txt"
+step() {
+    local name="$1" limit="$2"; shift 2
+    local t0=$SECONDS
+    timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+    local rc=$?
+    printf '%-28s %5d s  rc=%d\n' "$name" $((SECONDS - t0)) "$rc" | tee -a "$OUT/timings.txt"
+}
+CK=/tmp/vllm-ck
+mkdir -p "$CK"
+step convert_default 60 requant convert -o "$CK/default-pow2"
+cp -r requant/data/default "$CK/default-native"
+step synthetic 120 python3 -m requant.synthetic qwen3-1.7b "$CK/q17-native"
+step convert_q17 120 requant convert "$CK/q17-native" -o "$CK/q17-pow2"
+runs=()
+for ck in default-native default-pow2 q17-native q17-pow2; do
+    for k in cutlass triton; do
+        step "run_${ck}_$k" 240 python3 benchmarks/vllm_client.py one --model "$CK/$ck" --kernel "$k" \
+            --out "$OUT/run_${ck}_$k.json"
+        runs+=("$OUT/run_${ck}_$k.json")
+    done
+done
+step compare 60 python3 benchmarks/vllm_client.py compare "${runs[@]}" --out "$OUT/vllm_compare.json"
+for ck in default-pow2 q17-pow2; do
+    step "requant_$ck" 120 python3 benchmarks/vllm_client.py requant --model "$CK/$ck" \
+        --runs "$OUT/run_${ck}_cutlass.json" --out "$OUT/requant_$ck.json"
+done
