@@ -18,13 +18,17 @@ if [ "${STAGE:-run}" = part ]; then
 fi
 : "${OUT:?set OUT to the results directory}"
 mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
-cat "$PARTS"/vllm-wheels.tar.part* > /tmp/vllm-wheels.tar
-want=$(awk '$2 == "vllm-wheels.tar" {print $1}' "$PARTS/SHA256SUMS")
-got=$(sha256sum /tmp/vllm-wheels.tar | cut -d' ' -f1)
-[ "$want" = "$got" ] || { echo "gpu_vllm: joined tar sha256 $got, want $want" >&2; exit 2; }
-mkdir -p /tmp/vllm-w && tar -xf /tmp/vllm-wheels.tar -C /tmp/vllm-w
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/vsite \
-    /tmp/vllm-w/wheels/*.whl || exit 2
+KEEP=/tmp/vllm-out  # results of earlier run calls on this machine (CKS picks the checkpoints of one call)
+mkdir -p "$KEEP"
+if [ ! -d /tmp/vsite/vllm ]; then
+    cat "$PARTS"/vllm-wheels.tar.part* > /tmp/vllm-wheels.tar
+    want=$(awk '$2 == "vllm-wheels.tar" {print $1}' "$PARTS/SHA256SUMS")
+    got=$(sha256sum /tmp/vllm-wheels.tar | cut -d' ' -f1)
+    [ "$want" = "$got" ] || { echo "gpu_vllm: joined tar sha256 $got, want $want" >&2; exit 2; }
+    mkdir -p /tmp/vllm-w && tar -xf /tmp/vllm-wheels.tar -C /tmp/vllm-w
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/vsite \
+        /tmp/vllm-w/wheels/*.whl || exit 2
+fi
 export PYTHONPATH=/tmp/vsite${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . || exit 2
 REQUANT_COMMIT=$(bash benchmarks/commit_id.sh)
@@ -32,32 +36,37 @@ REQUANT_COMMIT=$(bash benchmarks/commit_id.sh)
     date -u; echo "commit $REQUANT_COMMIT"
     nvidia-smi --query-gpu=name,driver_version --format=csv
     python3 -c "import torch, vllm; print('torch', torch.__version__, 'vllm', vllm.__version__)"
-} > "$OUT/env.txt" 2>&1
-cat "$OUT/env.txt"
-: > "$OUT/timings.txt"
+} > "$KEEP/env.txt" 2>&1
+cat "$KEEP/env.txt"
 step() {
     local name="$1" limit="$2"; shift 2
     local t0=$SECONDS
-    timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+    timeout "$limit" "$@" > "$KEEP/$name.log" 2>&1
     local rc=$?
-    printf '%-28s %5d s  rc=%d\n' "$name" $((SECONDS - t0)) "$rc" | tee -a "$OUT/timings.txt"
+    printf '%-28s %5d s  rc=%d\n' "$name" $((SECONDS - t0)) "$rc" | tee -a "$KEEP/timings.txt"
 }
 CK=/tmp/vllm-ck
 mkdir -p "$CK"
-step convert_default 60 requant convert -o "$CK/default-pow2"
-cp -r requant/data/default "$CK/default-native"
-step synthetic 120 python3 -m requant.synthetic qwen3-1.7b "$CK/q17-native"
-step convert_q17 120 requant convert "$CK/q17-native" -o "$CK/q17-pow2"
-runs=()
-for ck in default-native default-pow2 q17-native q17-pow2; do
+CKS=${CKS:-default-native default-pow2 q17-native q17-pow2}
+for ck in $CKS; do
+    if [ ! -d "$CK/$ck" ]; then
+        case $ck in
+            default-native) cp -r requant/data/default "$CK/$ck" ;;
+            default-pow2) step convert_default 60 requant convert -o "$CK/$ck" ;;
+            q17-native) step synthetic_q17 180 python3 -m requant.synthetic qwen3-1.7b "$CK/$ck" ;;
+            q17-pow2) step convert_q17 180 requant convert "$CK/q17-native" -o "$CK/$ck" ;;
+        esac
+    fi
     for k in cutlass triton; do
-        step "run_${ck}_$k" 240 python3 benchmarks/vllm_client.py one --model "$CK/$ck" --kernel "$k" \
-            --out "$OUT/run_${ck}_$k.json"
-        runs+=("$OUT/run_${ck}_$k.json")
+        step "run_${ck}_$k" 200 python3 benchmarks/vllm_client.py one --model "$CK/$ck" --kernel "$k" \
+            --out "$KEEP/run_${ck}_$k.json"
     done
+    case $ck in
+        *-pow2) step "requant_$ck" 150 python3 benchmarks/vllm_client.py requant --model "$CK/$ck" \
+            --runs "$KEEP/run_${ck}_cutlass.json" --out "$KEEP/requant_$ck.json" ;;
+    esac
 done
-step compare 60 python3 benchmarks/vllm_client.py compare "${runs[@]}" --out "$OUT/vllm_compare.json"
-for ck in default-pow2 q17-pow2; do
-    step "requant_$ck" 120 python3 benchmarks/vllm_client.py requant --model "$CK/$ck" \
-        --runs "$OUT/run_${ck}_cutlass.json" --out "$OUT/requant_$ck.json"
-done
+step compare 60 python3 benchmarks/vllm_client.py compare "$KEEP"/run_*.json --out "$KEEP/vllm_compare.json"
+tar -czf "$OUT/vllm_results.tgz" -C "$KEEP" .
+cp "$KEEP/timings.txt" "$KEEP/vllm_compare.json" "$OUT/" 2>/dev/null
+grep -h -i "int8\|ScaledMM\|Using .*kernel\|Error\|Traceback" "$KEEP"/run_*.log | sort | uniq -c | sort -rn | head -40

@@ -110,7 +110,7 @@ def split(path: Path, part_bytes: int) -> list[Path]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dir", type=Path, default=Path(".vllm"))
-    ap.add_argument("--part-mb", type=int, default=20)
+    ap.add_argument("--part-mb", type=int, default=23)
     args = ap.parse_args()
     dl, wheels = args.dir / "dl", args.dir / "wheels"
     dl.mkdir(parents=True, exist_ok=True)
