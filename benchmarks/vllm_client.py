@@ -36,6 +36,7 @@ OFFLINE = {
     "VLLM_USE_DEEP_GEMM": "0",
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
     "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",
+    "VLLM_USE_FLASHINFER_SAMPLER": "0",  # flashinfer is not carried (greedy needs no top-k/top-p sampler)
 }
 
 
