@@ -231,9 +231,9 @@ def load_model(
     Linear dense, regime "bf16"). share: a Model of the same checkpoint whose dense tensors
     (embeddings, norms, dense lm_head and its fp32 copy) this one reuses instead of reading
     them again (e.g. pow2 next to native). reduction: the RMSNorm reduction, "auto" (tree
-    sums on CUDA, torch's reduction on the CPU), "torch" or "tree" (see the package docstring).
-    engine: "auto" (the fast path on CUDA for a W8A8 checkpoint, else the reference path),
-    "fast" or "reference" (see requant/runtime/fast.py)."""
+    sums on CUDA, torch's reduction on the CPU), "torch" or "tree" (docs/runtime.md).
+    engine: "auto" (the fast engine on CUDA for a W8A8 checkpoint, else the reference one),
+    "fast" or "reference", resolved once (Model.engine)."""
     _check_backend(backend)
     dev = torch.device(device)
     if backend == "cutlass" and dev.type != "cuda":

@@ -1,5 +1,5 @@
-"""The runtime's numerical building blocks (see requant/runtime/__init__.py for the whole
-contract). Each function states its arithmetic and whether a row's result can depend on
+"""The reference engine's numerical building blocks (the whole contract: docs/runtime.md).
+Each function states its arithmetic and whether a row's result can depend on
 the other rows of the call.
 
 Two reductions are written as a fixed pairwise tree of elementwise adds (`tree_sum_halves`):
