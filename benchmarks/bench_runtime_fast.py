@@ -9,7 +9,7 @@ disk: generating an 8B checkpoint takes minutes of CPU): int8 weights uniform in
 with the power-of-two scale 2**-12 (std ~0.02, the synthetic checkpoints' std), ones for the
 norms, N(0, 0.02) embeddings and lm_head; transformers' model is its own random init in bf16
 (speed only: the weights do not change its kernels). Parity on trained weights is a GPU test
-(tests/requant/test_runtime_fast_gpu.py).
+(tests/requant/runtime/test_fast_gpu.py).
 
 What is measured (CUDA-synchronised, perf_counter, median of --reps [min-max] after a warm-up):
   * prefill tokens/s: 1 x 2048, 8 x 512, 8 mixed lengths (sum 4224; transformers: one padded
@@ -142,7 +142,7 @@ def hf_random(model):
 
 def weight_bytes(model) -> int:
     """Bytes of weights one decode step reads: every int8 Linear and its scales, the lm_head."""
-    fw = model._fastw()
+    fw = model.impl.layout
     n = sum(t.numel() * t.element_size() for w in fw.layers for k in ("qkv", "o", "gu", "down") for t in w[k])
     lm = fw.lm_head
     n += sum(t.numel() * t.element_size() for t in lm) if fw.lm_quantized else lm.numel() * lm.element_size()
@@ -179,15 +179,15 @@ def hf_prefill(hf, prompts):
 
 def requant_decoder(model, prompts, steps: int, graphs: bool):
     """A primed decoder: prompts prefilled into its cache, first step run (and captured)."""
-    from requant.runtime.model import pow2_at_least
+    from requant.runtime.cache import pow2_at_least
 
-    fw = model._fastw()
+    fw = model.impl
     b = len(prompts)
     bucket = next((k for k in BUCKETS if k >= b), b)
     cap = pow2_at_least(max(len(p) for p in prompts) + steps + 8)
-    dec = fw._decoder(model, bucket, cap, graphs)
+    dec = fw.decoder(bucket, cap, graphs)
     with torch.no_grad():
-        logits = fw.prefill(model, prompts, cache=dec.cache, last_only=True)
+        logits = fw.prefill(prompts, cache=dec.cache, last_only=True)
         dec.tok.zero_()
         dec.tok[:b] = logits.argmax(-1)
         dec.pos.zero_()
@@ -358,7 +358,7 @@ def prices(model, reps: int) -> dict:
     from requant.kernels.triton.fused import add_rms_norm
 
     a = model.arch
-    fw = model._fastw()
+    fw = model.impl.layout
     out = {}
     w = fw.lm_head if not fw.lm_quantized else None
     if w is not None:
@@ -463,7 +463,7 @@ def bench_shape(name: str, args, log) -> dict:
         "profile_backend": args.backends[0],
     }
     base = random_model(name, args.backends[0])
-    base._fastw()  # the stacked weights, shared by the other backend's copy
+    assert base.engine == "fast"  # the stacked weights, built at load, shared by the other backend's copy
     models = {
         args.backends[0]: base,
         **{b: base.with_backends(b) for b in args.backends[1:]},
@@ -547,7 +547,7 @@ def bench_shape(name: str, args, log) -> dict:
         log(f"{name} invariance: {entry['invariance']}")
     entry["prices"] = _guard(prices, base, args.reps)
     log(f"{name} prices: {entry['prices']}")
-    base._fast.decoders.clear()
+    base.impl.layout.decoders.clear()
     return entry
 
 

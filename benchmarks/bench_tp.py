@@ -106,7 +106,7 @@ def main(argv=None) -> int:
     from requant.checkpoint import open_checkpoint
     from requant.evidence.buildinfo import git_commit
     from requant.runtime.weights import arch_from_config
-    from requant.tp import Run, Spec, check_degree, run
+    from requant.tp import LaunchConfig, Spec, check_degree, run
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("checkpoints", nargs="*", help="W8A8 checkpoint directories (default: the embedded default)")
@@ -130,7 +130,7 @@ def main(argv=None) -> int:
     act = args.act_backend or ("triton" if args.device == "cuda" else "reference")
     degrees = tuple(sorted({1, *(int(x) for x in args.tp.split(","))}))
     runs = tuple(
-        Run(b, g, red, act)
+        LaunchConfig(b, g, red, act)
         for b in args.backends.split(",")
         for g in args.regimes.split(",")
         for red in args.reduces.split(",")

@@ -7,7 +7,7 @@
 #
 # Steps (each time-limited, timed in timings.txt, run even when an earlier one failed):
 #   cutlass_build     the CUTLASS JIT build (a stale lock from a killed build removed first)
-#   gpu_tests         tests/requant/test_runtime_gpu.py and the audit's real-pair test
+#   gpu_tests         tests/requant/runtime/test_gpu.py and the audit's real-pair test
 #   convert_pow2      `requant convert` of the default to the nearest (pow2) arm: the bytes a
 #                     user would publish; convert is byte-exact, so the same command on any
 #                     machine makes the same files and the same manifest digest
@@ -57,7 +57,7 @@ cat "$R/env.txt" >> "$LOG"
 rm -f "$REQUANT_CUTLASS_CACHE/lock"
 step cutlass_build 240 python3 -c "import requant.kernels.cutlass as c; c.build(); print('cutlass built')"
 rm -f "$REQUANT_CUTLASS_CACHE/lock"
-step gpu_tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/requant/test_runtime_gpu.py tests/audit/test_compare.py
+step gpu_tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/requant/runtime/test_gpu.py tests/audit/test_compare.py
 step convert_pow2 60 python3 cli.py convert "$DEF" --arm nearest -o "$POW2"
 step audit_native 90 python3 cli.py audit "$DEF" --backends cutlass,triton --report "$R/audit_native"
 step audit_pow2 90 python3 cli.py audit "$POW2" --backends cutlass,triton --report "$R/audit_pow2"

@@ -64,7 +64,7 @@ if has tests || has determinism || has bench; then
 fi
 
 if has tests; then  # the runtime with the real kernels == the emulated orders, batch invariance on CUDA
-    step gpu_tests 300 bash -c "python3 -m pytest -q -m gpu -p no:cacheprovider tests/requant/test_runtime_gpu.py tests/requant/test_runtime_fast_gpu.py > '$OUT/gpu_tests.log' 2>&1; \
+    step gpu_tests 300 bash -c "python3 -m pytest -q -m gpu -p no:cacheprovider tests/requant/runtime/test_gpu.py tests/requant/runtime/test_fast_gpu.py > '$OUT/gpu_tests.log' 2>&1; \
         rc=\$?; tail -n 5 '$OUT/gpu_tests.log'; exit \$rc"
 fi
 

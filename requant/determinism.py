@@ -188,7 +188,7 @@ def run_determinism(
         "backends": list(backends),
         "act_backend": act_backend,
         "device": str(device),
-        "engine": "fast" if native.fast else "reference",
+        "engine": native.engine,
         "reduction": "tree" if native.tree else "torch",
         "prompts": len(texts),
         "prompt_tokens": sum(len(t) for t in token_lists),

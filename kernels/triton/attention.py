@@ -33,7 +33,7 @@ INVARIANCE (prefill == chunked prefill == decode, and batch invariance), by cons
     acc * 1 + 0 @ v = acc (v is finite: positions beyond the block's last are loaded as 0);
   * K/V always come from the cache, so prefill and decode read the same bytes;
   * the walk bound is read from device memory (pos), so a CUDA graph replays it unchanged.
-The test (tests/requant/test_runtime_fast.py, test_runtime_fast_gpu.py) compares a token's
+The test (tests/requant/runtime/test_fast.py, test_fast_gpu.py) compares a token's
 logits prefilled whole, in chunks after a cached prefix and decoded, bit for bit.
 """
 

@@ -10,16 +10,16 @@ that covers the whole row (silu_mul_quantize: fixed slices of SILU_BLOCK_K): its
 function of the row length alone (the next power of two), never of the number of rows. So a row's arithmetic is the same code on the same
 data whatever else is in the call: BATCH INVARIANCE by construction, no measurement needed.
 
-NUMERICS (each kernel equals its torch emulation in requant/runtime/fast_ops.py bit for bit;
-tests/requant/test_runtime_fast.py runs them under TRITON_INTERPRET=1 in CI):
+NUMERICS (each kernel equals its torch emulation in kernels/triton/emulation.py bit for bit;
+tests/requant/runtime/test_fast.py runs them under TRITON_INTERPRET=1 in CI):
   * bf16 in and out through their bits (an int16 view): bf16 -> fp32 is `bits << 16` (exact),
     fp32 -> bf16 is round-to-nearest-even on the bits (_bf16.py). Triton's CPU interpreter
     truncates in `.to(tl.bfloat16)` and mis-converts bf16 subnormals in `.to(tl.float32)`.
-  * Sums of squares are a fixed pairwise tree over adjacent elements (fast_ops.pairwise_sum:
+  * Sums of squares are a fixed pairwise tree over adjacent elements (emulation.tree_sum_adjacent:
     element 2j plus element 2j + 1, halving down to one; zero padding to a power of two is
     exact), written as reshapes to [rows, n/2, 2] summed over the last axis: one IEEE add each.
     Adjacent pairs live in one thread first, then one warp, so the tree needs few block
-    barriers (5 against 23 for the reference path's tree_sum order, which pairs i with i + n/2:
+    barriers (5 against 23 for the reference path's tree_sum_halves order, which pairs i with i + n/2:
     measured on the sm90 SASS of a 4096-element row with 8 warps).
   * RMSNorm: var = ss / n (IEEE division), r = 1 / sqrt_rn(var + eps) (IEEE square root and
     division, not the approximate rsqrt), h = bf16(w * bf16(x * r)). This differs from the
@@ -82,7 +82,7 @@ def _pair(x, R: tl.constexpr, N: tl.constexpr):
 @triton.jit
 def tree_sum_rows(x, R: tl.constexpr, N: tl.constexpr):
     """[R, N] fp32 (N a power of two <= 32768) -> [R, 1]: the adjacent pairwise tree of
-    requant.runtime.fast_ops.pairwise_sum per row."""
+    requant.kernels.triton.emulation.tree_sum_adjacent per row."""
     if N >= 32768:
         x = _pair(x, R, 32768)
     if N >= 16384:

@@ -139,7 +139,7 @@ def tp_check(
         from requant.prompts import prompts as prompt_list
         from requant.runtime import REGIMES, arch_from_config, check_layout
         from requant.tokenizer import load_tokenizer
-        from requant.tp import REDUCES, Run, check_degree
+        from requant.tp import REDUCES, LaunchConfig, check_degree
 
         dev = check_device(device or default_device())
         cuda = dev.startswith("cuda")
@@ -185,7 +185,7 @@ def tp_check(
             raise UsageError("--new-tokens: prompt + new tokens exceed max_position_embeddings")
         identity = with_progress(checkpoint, console)
 
-    run_spec = Run(name, regime, reduce, act_backend)
+    run_spec = LaunchConfig(name, regime, reduce, act_backend)
     console.print(
         f"tp-check of {checkpoint.path}: tp {','.join(map(str, degrees))}, {name}, {regime}, {reduce} all-reduce, "
         f"{'NCCL' if nccl else 'gloo'} on {dev}, {prompts} prompts x {new_tokens} tokens"

@@ -163,7 +163,7 @@ class RequantLM(TemplateLM):
                 "act_backend": self.act_backend,
                 "regime": self.regime,
                 "device": self.device_name,
-                "engine": "fast" if self.model.fast else "reference",
+                "engine": self.model.engine,
                 "max_length": self.max_length,
                 "prefix_token_id": self.prefix_token_id,
                 "batch_size": self.batch_size,

@@ -1,36 +1,31 @@
-"""The runtime's fast path: fused Triton kernels, one attention for prefill and decode, a
-bf16 lm_head with one fixed tile, and decode steps replayed from CUDA graphs.
+"""The fast engine: fused Triton kernels, one attention for prefill and decode, a bf16
+lm_head with one fixed tile, and decode steps replayed from CUDA graphs.
 
-Model(engine="fast") routes prefill / decode_step / logits / generate here (engine="auto"
-picks it on CUDA for W8A8 checkpoints; see requant/runtime/__init__.py). The reference path
-(ops.py, Model._layer) stays the CPU oracle and serves the audit's capture.
-
-One decoder layer, T packed tokens (every quantized GEMM is kernels.scaled_mm by backend name;
-q/k/v and gate/up are one GEMM each over their weights stacked along N, which gives the same
-bits as separate GEMMs: every output element is its own exact int32 dot product and epilogue):
+FastEngine has the reference engine's methods (prefill, extend, decode_step, generate,
+new_cache); requant.runtime.Model chooses one of them once (engine="auto" picks this one on
+CUDA when `fast_supported` says the model can run it). Its weights are laid out once
+(`FastLayout`: q/k/v and gate/up stacked along N, which gives the same bits as separate GEMMs)
+and shared by every with_backends copy. One decoder layer on T packed tokens:
     add_rms_norm(x, input_layernorm, delta = previous down_proj)  -> x += delta; q8, s8
-    qkv  = scaled_mm(q8, [Wq; Wk; Wv])
-    q    = qk_norm_rope(qkv)  (k and v written to the KV cache at each token's (row, position))
-    attn = attention(q, cache)                       kernels/triton/attention.py
-    o    = scaled_mm(quantize_activations(attn), Wo)
+    qkv  = scaled_mm(q8, [Wq; Wk; Wv]);  q = qk_norm_rope(qkv)  (k, v written to the cache)
+    attn = attention(q, cache);  o = scaled_mm(quantize_activations(attn), Wo)
     add_rms_norm(x, post_attention_layernorm, delta = o) -> x += o; q8, s8
     gu   = scaled_mm(q8, [Wgate; Wup]);  q8, s8 = silu_mul_quantize(gu);  delta = scaled_mm(q8, Wdown)
-then add_rms_norm(x, model.norm, delta) and the lm_head (kernels/triton/dense.py, or
-scaled_mm when the checkpoint quantizes it). The numerics of each kernel are in its module
-docstring (kernels/triton/fused.py, attention.py, dense.py).
+then add_rms_norm(x, model.norm, delta) and the lm_head (kernels/triton/dense.py, or scaled_mm
+when the checkpoint quantizes it). Each kernel's numerics: its module docstring; their torch
+emulations: kernels/triton/emulation.py; why a token's logits are the same bits prefilled,
+extended, decoded, batched or replayed from a graph: docs/runtime.md.
 
-INVARIANCE. Every kernel works per row with a configuration that depends on the model's
-shapes only (never on the number of tokens), the int8 GEMMs are exact, and attention reads
-K/V from the cache with one tile walk for all modes. So a token's logits are the same bits
-whether it is prefilled with its whole prompt, in chunks after a cached prefix (`extend`),
-or decoded, and whatever else is in the batch; a CUDA graph replays the same kernels on
-static buffers (positions and walk bounds are read from device memory), so graph == eager.
+capture (prefill and decode_step, eager only): record(names, q, s) with the operands this
+engine feeds its GEMMs: (q, k, v names) and (gate, up names) share one record each, then
+o_proj, down_proj, lm_head when quantized. The names and shapes are the reference engine's;
+the values can differ, since the hidden states are computed differently (docs/runtime.md).
 
-CUDA graphs (generate(graphs=True), the default on CUDA): the batch is padded to a bucket
-(1, 2, 4, ..., 64; larger batches run eagerly with their exact size); padded rows decode
-token 0 from position 0 in rows of the cache of their own and are never read back. The first
-decode step of a (bucket, capacity, backends) runs eagerly, then the step is captured and
-replayed; the last two such decoders (cache and graph) are kept for the next call.
+CUDA graphs (generate(graphs=True), the default): the batch is padded to a bucket (BUCKETS;
+larger batches run eagerly at their exact size); padded rows decode token 0 in cache rows of
+their own and are never read. The graph holds the forward only: `choose` runs after it on the
+logits it wrote, so the tokens are the same bits eager or replayed. The first decode step of a
+(bucket, capacity, backends) runs eagerly, then it is captured; the last two decoders are kept.
 """
 
 from __future__ import annotations
@@ -39,9 +34,10 @@ import torch
 
 from requant import kernels
 from requant.qwen3 import LAYER_LINEARS
+from requant.runtime.cache import Generation, KVCache, argmax_choose, generation_capacity, stop_ids
 from requant.runtime.ops import rope_tables
 
-__all__ = ["BUCKETS", "FastWeights", "fast_supported"]
+__all__ = ["BUCKETS", "FastEngine", "FastLayout", "fast_supported"]
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 _KEEP_DECODERS = 2
@@ -81,61 +77,52 @@ def _stack(linears, names):
 
 
 class _Decoder:
-    """Static buffers, a KV cache and (once captured) the CUDA graph of one decode step."""
+    """Static buffers, a KV cache and (once captured) the CUDA graph of one decode step: the
+    forward of `tok` at `pos` into `logits`, then pos += 1."""
 
-    def __init__(self, fw, model, bucket: int, capacity: int, graphs: bool):
-        dev = model.device
+    def __init__(self, engine: FastEngine, bucket: int, capacity: int, graphs: bool):
+        dev = engine.model.device
         self.bucket = bucket
-        self.cache = model.new_cache(bucket, capacity)
+        self.cache = engine.new_cache(bucket, capacity)
         self.tok = torch.zeros(bucket, dtype=torch.long, device=dev)
         self.pos = torch.zeros(bucket, dtype=torch.int32, device=dev)
         self.rows = torch.arange(bucket, dtype=torch.int32, device=dev)
         self.blocks = torch.stack([self.rows, torch.ones_like(self.rows), self.rows], 1).contiguous()
-        self.logits = torch.empty(bucket, model.arch.vocab, dtype=torch.float32, device=dev)
-        self.next = torch.zeros(bucket, dtype=torch.long, device=dev)
-        self.fw = fw
-        self.model = model
+        self.logits = torch.empty(bucket, engine.model.arch.vocab, dtype=torch.float32, device=dev)
+        self.engine = engine
         self.graphs = graphs and dev.type == "cuda"
         self.graph = None
         self.eager_steps = 0
 
     def _step(self):
-        fw, m = self.fw, self.model
-        fw.forward(
-            m,
-            self.tok,
-            self.pos,
-            self.rows,
-            self.blocks,
-            self.cache.k,
-            self.cache.v,
-            None,
-            self.logits,
-        )
-        self.next.copy_(torch.argmax(self.logits, dim=-1))
-        self.tok.copy_(self.next)
+        self.engine.forward(self.tok, self.pos, self.rows, self.blocks, self.cache.k, self.cache.v, None, self.logits)
         self.pos.add_(1)
 
-    def step(self):
+    def step(self, tokens: torch.Tensor | None = None) -> torch.Tensor:
+        """Decode tokens [b] (b <= bucket; the other rows keep theirs; None: every row keeps
+        its token); logits [b, vocab], a view of the static buffer (valid until the next step)."""
+        b = self.bucket if tokens is None else tokens.shape[0]
+        if tokens is not None:
+            self.tok[:b].copy_(tokens)
         if not self.graphs:
             self._step()
-            return
-        if self.graph is None:
-            if self.eager_steps == 0:  # compiles and loads every kernel; a real step, same code
-                self.eager_steps += 1
-                self._step()
-                return
-            torch.cuda.synchronize(self.model.device)
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                self._step()
-            self.graph = g
-        self.graph.replay()
+        elif self.graph is None and self.eager_steps == 0:  # compiles and loads every kernel; a real step
+            self.eager_steps += 1
+            self._step()
+        else:
+            if self.graph is None:
+                torch.cuda.synchronize(self.engine.model.device)
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g):
+                    self._step()
+                self.graph = g
+            self.graph.replay()
+        return self.logits[:b]
 
 
-class FastWeights:
-    """A model's weights laid out for the fast path (built once per Model and its
-    with_backends copies): stacked q/k/v and gate/up, the norms, the lm_head, RoPE tables."""
+class FastLayout:
+    """A model's weights laid out for the fast engine (built once, shared by with_backends
+    copies): stacked q/k/v and gate/up, the norms, the lm_head, RoPE tables; and the decoders."""
 
     def __init__(self, model):
         a = model.arch
@@ -143,25 +130,20 @@ class FastWeights:
         self.layers = []
         for i in range(a.layers):
             p = f"model.layers.{i}."
-            qkv = _stack(
-                lin,
-                [
-                    p + "self_attn.q_proj",
-                    p + "self_attn.k_proj",
-                    p + "self_attn.v_proj",
-                ],
-            )
-            gu = _stack(lin, [p + "mlp.gate_proj", p + "mlp.up_proj"])
+            qkv_names = (p + "self_attn.q_proj", p + "self_attn.k_proj", p + "self_attn.v_proj")
+            gu_names = (p + "mlp.gate_proj", p + "mlp.up_proj")
             self.layers.append(
                 {
                     "in_norm": d[p + "input_layernorm.weight"].contiguous(),
                     "post_norm": d[p + "post_attention_layernorm.weight"].contiguous(),
                     "q_norm": d[p + "self_attn.q_norm.weight"].contiguous(),
                     "k_norm": d[p + "self_attn.k_norm.weight"].contiguous(),
-                    "qkv": qkv,
+                    "qkv": _stack(lin, list(qkv_names)),
                     "o": lin[p + "self_attn.o_proj"],
-                    "gu": gu,
+                    "gu": _stack(lin, list(gu_names)),
                     "down": lin[p + "mlp.down_proj"],
+                    "names": {"qkv": qkv_names, "o": (p + "self_attn.o_proj",), "gu": gu_names},
+                    "down_name": (p + "mlp.down_proj",),
                 }
             )
         self.final_norm = d["model.norm.weight"].contiguous()
@@ -169,103 +151,102 @@ class FastWeights:
         self.lm_quantized = "lm_head" in lin
         self.lm_head = lin["lm_head"] if self.lm_quantized else d["lm_head.weight"].contiguous()
         positions = torch.arange(model.max_length, device=model.device)
-        cos, sin = rope_tables(positions, a.head_dim, a.rope_theta)  # the reference path's tables
+        cos, sin = rope_tables(positions, a.head_dim, a.rope_theta)  # the reference engine's tables
         self.cos = cos.reshape(model.max_length, a.head_dim).contiguous()
         self.sin = sin.reshape(model.max_length, a.head_dim).contiguous()
         self.decoders: dict = {}
 
+
+class FastEngine:
+    """The fast engine of `model` (its backend names are read at each call) over a shared
+    FastLayout (built from the model when none is given)."""
+
+    name = "fast"
+
+    def __init__(self, model, layout: FastLayout | None = None):
+        self.model = model
+        self.layout = layout if layout is not None else FastLayout(model)
+
+    def new_cache(self, batch: int, capacity: int) -> KVCache:
+        a = self.model.arch
+        return KVCache(a.layers, batch, a.kv_heads, capacity, a.head_dim, self.model.device)
+
     # -- one forward over packed tokens ------------------------------------------------------
-    def forward(
-        self,
-        model,
-        ids,
-        pos,
-        rows,
-        blocks,
-        k_caches,
-        v_caches,
-        head_rows=None,
-        out=None,
-    ) -> torch.Tensor:
+    def forward(self, ids, pos, rows, blocks, k_caches, v_caches, head_rows=None, out=None, capture=None):
         """fp32 logits of the rows head_rows (all when None) of the packed tokens ids [T]:
         pos, rows int32 [T] (position and KV-cache row of each token), blocks int32 [NB, 3]
         (attention programs, see kernels/triton/attention.py). K/V go to the caches."""
         from requant.kernels.triton.attention import attention
         from requant.kernels.triton.dense import dense
-        from requant.kernels.triton.fused import (
-            add_rms_norm,
-            qk_norm_rope,
-            silu_mul_quantize,
-        )
+        from requant.kernels.triton.fused import add_rms_norm, qk_norm_rope, silu_mul_quantize
 
-        a = model.arch
-        be = model.backend
-        act = "triton"  # the o_proj input: the Triton quantizer (the same bits as every backend; no host copies)
+        m, lay = self.model, self.layout
+        a = m.arch
+        backend = m.backend
+        # the o_proj input: the Triton quantizer (the same bits as every act backend; no host copies)
+        act_backend = "triton"
         eps = a.eps
         scale = a.head_dim**-0.5
-        x = self.embed[ids].to(torch.bfloat16).contiguous()
+
+        def mm(q, s, ws, names):
+            if capture is not None:
+                capture.record(names, q, s)
+            return kernels.scaled_mm(q, ws[0], s, ws[1], backend=backend)
+
+        x = lay.embed[ids].to(torch.bfloat16).contiguous()
         delta = None
-        for i, w in enumerate(self.layers):
+        for i, w in enumerate(lay.layers):
             _, q8, s8 = add_rms_norm(x, w["in_norm"], eps, delta=delta)
-            qkv = kernels.scaled_mm(q8, w["qkv"][0], s8, w["qkv"][1], backend=be)
+            qkv = mm(q8, s8, w["qkv"], w["names"]["qkv"])
             q = qk_norm_rope(
-                qkv,
-                w["q_norm"],
-                w["k_norm"],
-                self.cos,
-                self.sin,
-                pos,
-                rows,
-                k_caches[i],
-                v_caches[i],
-                a.heads,
-                a.kv_heads,
-                eps,
-            )
+                qkv, w["q_norm"], w["k_norm"], lay.cos, lay.sin, pos, rows, k_caches[i], v_caches[i],
+                a.heads, a.kv_heads, eps,
+            )  # fmt: skip
             att = attention(q, k_caches[i], v_caches[i], pos, blocks, scale)
-            qa, sa = kernels.quantize_activations(att, backend=act, check=False)
-            o = kernels.scaled_mm(qa, w["o"][0], sa, w["o"][1], backend=be)
+            qa, sa = kernels.quantize_activations(att, backend=act_backend, check=False)
+            o = mm(qa, sa, w["o"], w["names"]["o"])
             _, q8, s8 = add_rms_norm(x, w["post_norm"], eps, delta=o)
-            gu = kernels.scaled_mm(q8, w["gu"][0], s8, w["gu"][1], backend=be)
+            gu = mm(q8, s8, w["gu"], w["names"]["gu"])
             qm, sm = silu_mul_quantize(gu)
-            delta = kernels.scaled_mm(qm, w["down"][0], sm, w["down"][1], backend=be)
+            delta = mm(qm, sm, w["down"], w["down_name"])
         h, q8, s8 = add_rms_norm(
             x,
-            self.final_norm,
+            lay.final_norm,
             eps,
             delta=delta,
-            quantize=self.lm_quantized,
-            write_h=not self.lm_quantized,
+            quantize=lay.lm_quantized,
+            write_h=not lay.lm_quantized,
             rows=head_rows,
         )
-        if self.lm_quantized:
-            logits = kernels.scaled_mm(q8, self.lm_head[0], s8, self.lm_head[1], backend=be).to(torch.float32)
+        if lay.lm_quantized:
+            logits = mm(q8, s8, lay.lm_head, ("lm_head",)).to(torch.float32)
             if out is not None:
                 out.copy_(logits)
                 return out
             return logits
-        return dense(h, self.lm_head, out=out)
+        return dense(h, lay.lm_head, out=out)
 
     # -- packed sequences from the host --------------------------------------------------------
-    def run(self, model, seqs, k_caches, v_caches, last_only: bool) -> torch.Tensor:
+    def _run(self, seqs, k_caches, v_caches, last_only: bool, capture=None) -> torch.Tensor:
         """seqs: (cache row, start position, ids 1-D) per sequence; the ids go to positions
         start.. of that row. Returns fp32 logits [sum n, vocab] (last_only: [len(seqs), vocab])."""
         from requant.kernels.triton.attention import tokens_per_block
 
-        a = model.arch
+        m = self.model
+        a = m.arch
         per = tokens_per_block(a.heads, a.kv_heads)
         pos, rows, blocks, last = [], [], [], []
         off = 0
         for row, start, ids in seqs:
             n = len(ids)
-            if start + n > model.max_length:  # the RoPE tables end there
-                raise ValueError(f"position {start + n - 1} is beyond max_length {model.max_length}")
+            if start + n > m.max_length:  # the RoPE tables end there
+                raise ValueError(f"position {start + n - 1} is beyond max_length {m.max_length}")
             pos.extend(range(start, start + n))
             rows.extend([row] * n)
             blocks.extend((off + i, min(per, n - i), row) for i in range(0, n, per))
             off += n
             last.append(off - 1)
-        dev = model.device
+        dev = m.device
         ids = torch.cat([s[2].reshape(-1) for s in seqs]).to(dev)
         pos_t = torch.tensor(pos, dtype=torch.int32).to(dev)
         rows_t = torch.tensor(rows, dtype=torch.int32).to(dev)
@@ -273,88 +254,97 @@ class FastWeights:
         head_rows = None
         if last_only and len(last) != off:  # every sequence one token: all rows already
             head_rows = torch.tensor(last, dtype=torch.int32).to(dev)
-        return self.forward(model, ids, pos_t, rows_t, blocks_t, k_caches, v_caches, head_rows)
+        return self.forward(ids, pos_t, rows_t, blocks_t, k_caches, v_caches, head_rows, capture=capture)
 
-    def prefill(self, model, prompts, cache=None, last_only: bool = False) -> torch.Tensor:
-        a = model.arch
+    def prefill(self, prompts, cache: KVCache | None = None, capture=None, last_only: bool = False) -> torch.Tensor:
+        a = self.model.arch
         if cache is None:  # one layer's scratch K/V, reused by every layer (nothing is kept)
             cap = 1 << max(max(len(p) for p in prompts) - 1, 0).bit_length()
             shape = (len(prompts), a.kv_heads, cap, a.head_dim)
-            k = torch.empty(shape, dtype=torch.bfloat16, device=model.device)
-            v = torch.empty(shape, dtype=torch.bfloat16, device=model.device)
+            k = torch.empty(shape, dtype=torch.bfloat16, device=self.model.device)
+            v = torch.empty(shape, dtype=torch.bfloat16, device=self.model.device)
             kc, vc = [k] * a.layers, [v] * a.layers
         else:
             kc, vc = cache.k, cache.v
-        out = self.run(model, [(j, 0, p) for j, p in enumerate(prompts)], kc, vc, last_only)
+        out = self._run([(j, 0, p) for j, p in enumerate(prompts)], kc, vc, last_only, capture)
         if cache is not None:
             cache.lengths[: len(prompts)] = [len(p) for p in prompts]
         return out
 
-    def extend(self, model, chunks, cache) -> torch.Tensor:
+    def extend(self, chunks, cache: KVCache) -> torch.Tensor:
         """Append chunk j to row j of the cache (after its cached positions); logits of every
-        chunk token [sum n, vocab]. Empty chunks are skipped."""
+        chunk token [sum n, vocab], the same bits as prefilling the whole sequence. Empty
+        chunks are skipped."""
         seqs = [(j, cache.lengths[j], c) for j, c in enumerate(chunks) if len(c)]
         top = max(cache.lengths[j] + len(c) for j, c in enumerate(chunks))
         if top > cache.capacity:
             raise ValueError(f"KV cache full: {top} positions > capacity {cache.capacity}")
-        out = self.run(model, seqs, cache.k, cache.v, last_only=False)
+        out = self._run(seqs, cache.k, cache.v, last_only=False)
         for j, c in enumerate(chunks):
             cache.lengths[j] += len(c)
         return out
 
-    def decode_step(self, model, tokens, cache) -> torch.Tensor:
+    def decode_step(self, tokens: torch.Tensor, cache: KVCache, capture=None) -> torch.Tensor:
         longest = max(cache.lengths) + 1
         if longest > cache.capacity:
             raise ValueError(f"KV cache full: {longest} positions > capacity {cache.capacity}")
         tokens = tokens.reshape(-1)
         seqs = [(j, cache.lengths[j], tokens[j : j + 1]) for j in range(len(cache.lengths))]
-        out = self.run(model, seqs, cache.k, cache.v, last_only=True)
+        out = self._run(seqs, cache.k, cache.v, last_only=True, capture=capture)
         cache.lengths = [n + 1 for n in cache.lengths]
         return out
 
-    # -- greedy decoding -----------------------------------------------------------------------
-    def _decoder(self, model, bucket: int, capacity: int, graphs: bool) -> _Decoder:
-        key = (bucket, capacity, model.backend, model.act_backend, graphs)
-        dec = self.decoders.pop(key, None)
+    # -- decoding ------------------------------------------------------------------------------
+    def decoder(self, bucket: int, capacity: int, graphs: bool) -> _Decoder:
+        """The decoder of (bucket, capacity, backends, graphs), built or reused (most recent kept)."""
+        m, decoders = self.model, self.layout.decoders
+        key = (bucket, capacity, m.backend, m.act_backend, graphs)
+        dec = decoders.pop(key, None)
         if dec is None:
-            while len(self.decoders) >= _KEEP_DECODERS:
-                self.decoders.pop(next(iter(self.decoders)))
-            dec = _Decoder(self, model, bucket, capacity, graphs)
-        dec.model = model
-        self.decoders[key] = dec  # most recent last
+            while len(decoders) >= _KEEP_DECODERS:
+                decoders.pop(next(iter(decoders)))
+            dec = _Decoder(self, bucket, capacity, graphs)
+        dec.engine = self
+        decoders[key] = dec  # most recent last
         return dec
 
     def generate(
         self,
-        model,
-        tensors,
-        max_new_tokens: int,
-        eos: set,
-        keep_logits: bool,
-        graphs: bool,
-    ):
-        from requant.runtime.model import Generation, pow2_at_least
-
-        b = len(tensors)
-        gen = Generation([[] for _ in tensors])
+        prompts: list[torch.Tensor],
+        max_new_tokens: int = 64,
+        eos_id=None,
+        keep_logits: bool = False,
+        graphs: bool = True,
+        choose=None,
+    ) -> Generation:
+        """The reference engine's generate, with decode steps from CUDA graphs (graphs=True,
+        on CUDA) or the same kernels launched eagerly (the same bits)."""
+        choose = argmax_choose if choose is None else choose
+        eos = stop_ids(eos_id)
+        b = len(prompts)
+        gen = Generation([[] for _ in prompts])
+        if max_new_tokens <= 0:
+            return gen
         bucket = next((k for k in BUCKETS if k >= b), b)
-        cap = pow2_at_least(max(len(t) for t in tensors) + max_new_tokens)
-        dec = self._decoder(model, bucket, cap, graphs)
-        logits = self.prefill(model, tensors, cache=dec.cache, last_only=True)
-        first = torch.argmax(logits, dim=-1)
+        cap = generation_capacity(max(len(t) for t in prompts) + max_new_tokens)
+        dec = self.decoder(bucket, cap, graphs)
+        logits = self.prefill(prompts, cache=dec.cache, last_only=True)
         dec.tok.zero_()
-        dec.tok[:b] = first
         dec.pos.zero_()
-        dec.pos[:b] = torch.tensor([len(t) for t in tensors], dtype=torch.int32).to(model.device)
-        steps_ids = [first]
-        steps_logits = [logits] if keep_logits else []
-        for step in range(1, max_new_tokens):
-            if eos and step % 16 == 0 and _all_done(steps_ids, eos):
-                break
-            dec.step()
-            steps_ids.append(dec.next[:b].clone())
+        dec.pos[:b] = torch.tensor([len(t) for t in prompts], dtype=torch.int32).to(self.model.device)
+        steps_ids, steps_logits = [], []
+        nxt = None
+        for step in range(max_new_tokens):
+            if step:
+                if eos and step % 16 == 0 and _all_done(steps_ids, eos):
+                    break
+                logits = dec.step(nxt)
+                if keep_logits:
+                    logits = logits.clone()
+            nxt = choose(step, logits).reshape(-1).to(torch.long)
+            steps_ids.append(nxt)
             if keep_logits:
-                steps_logits.append(dec.logits[:b].clone())
+                steps_logits.append(logits)
         ids = torch.stack(steps_ids, 1).tolist()  # [B, steps]
         # what the reference loop emits: each sequence up to its first eos; steps until all are done
         n_steps = 0

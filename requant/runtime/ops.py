@@ -1,8 +1,8 @@
-"""The runtime's numerical building blocks (see requant/runtime/__init__.py for the whole
-contract). Each function states its arithmetic and whether a row's result can depend on
+"""The reference engine's numerical building blocks (the whole contract: docs/runtime.md).
+Each function states its arithmetic and whether a row's result can depend on
 the other rows of the call.
 
-Two reductions are written as a fixed pairwise tree of elementwise adds (`tree_sum`):
+Two reductions are written as a fixed pairwise tree of elementwise adds (`tree_sum_halves`):
 element i is added to element i + n/2, then the halves again, down to one. Elementwise
 IEEE adds round the same way on any device and for any tensor shape, so a tree sum of a
 row depends on that row alone, never on how many rows the call holds or how a library
@@ -18,7 +18,7 @@ import torch
 DENSE_CHUNK = 64
 
 
-def tree_sum(x: torch.Tensor, dim: int) -> torch.Tensor:
+def tree_sum_halves(x: torch.Tensor, dim: int) -> torch.Tensor:
     """Sum over `dim` (kept, size 1) by the fixed pairwise tree of the module docstring."""
     dim = dim % x.dim()
     n = x.shape[dim]
@@ -40,11 +40,11 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, tree: bool = Fal
     reduces each row serially at these sizes (a row's bits do not depend on the number of
     rows: measured by the batch-invariance tests); on CUDA its reduction kernel chooses
     threads per row from the number of rows, so the bits of a row can change with the batch.
-    tree=True: the sum of squares is tree_sum (invariant by construction on every device),
+    tree=True: the sum of squares is tree_sum_halves (invariant by construction on every device),
     divided by the row length (an IEEE division by a tensor)."""
     xf = x.to(torch.float32)
     if tree:
-        ss = tree_sum(xf * xf, -1)
+        ss = tree_sum_halves(xf * xf, -1)
         var = ss / torch.full_like(ss, float(xf.shape[-1]))
     else:
         var = xf.pow(2).mean(-1, keepdim=True)
@@ -127,7 +127,7 @@ def attend_decode(
     [B, KV, L, D] bf16 (positions >= lengths[b] are zeros); lengths [B] (the new token
     included) -> bf16 [B, H*D].
 
-    fp32, every reduction a tree_sum: scores_l = tree_D(q * k_l) * scale; -inf beyond the
+    fp32, every reduction a tree_sum_halves: scores_l = tree_D(q * k_l) * scale; -inf beyond the
     length; m = max (exact); e = exp(s - m); P = bf16(e / tree_L(e)); out = tree_L(P * v) + 0.
     Invariant by construction: every op is elementwise or a tree over one sequence's own
     row, and the padding beyond a sequence's length (to the batch's longest, rounded up to a
@@ -138,10 +138,12 @@ def attend_decode(
     group = heads // kv
     L = k_cache.shape[2]
     qf = q.reshape(b, kv, group, 1, d).to(torch.float32)
-    scores = tree_sum(qf * k_cache.to(torch.float32).unsqueeze(2), -1).squeeze(-1) * scale  # [B, KV, G, L]
+    scores = tree_sum_halves(qf * k_cache.to(torch.float32).unsqueeze(2), -1).squeeze(-1) * scale  # [B, KV, G, L]
     valid = torch.arange(L, device=q.device)[None, :] < lengths.reshape(-1, 1)
     scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
     e = torch.exp(scores - scores.amax(-1, keepdim=True))
-    probs = (e / tree_sum(e, -1)).to(torch.bfloat16).to(torch.float32)
-    out = tree_sum(probs.unsqueeze(-1) * v_cache.to(torch.float32).unsqueeze(2), -2).squeeze(-2) + 0.0  # [B, KV, G, D]
+    probs = (e / tree_sum_halves(e, -1)).to(torch.bfloat16).to(torch.float32)
+    out = (
+        tree_sum_halves(probs.unsqueeze(-1) * v_cache.to(torch.float32).unsqueeze(2), -2).squeeze(-2) + 0.0
+    )  # [B, KV, G, D]
     return out.to(torch.bfloat16).reshape(b, heads * d)

@@ -27,7 +27,7 @@ import torch
 from requant.qwen3 import Qwen3Arch
 
 REGIMES = ("native", "pow2")
-DENSE_LINEAR = "dense"  # the regime name of a bf16 model (every Linear dense)
+BF16 = "bf16"  # the regime name of a bf16 model (every Linear dense)
 LAYER_NORMS = (
     "input_layernorm.weight",
     "post_attention_layernorm.weight",

@@ -1,14 +1,14 @@
 """Tensor parallelism that cannot change a bit: W8A8 Qwen3 sharded over torch.distributed,
 with the row-parallel Linears' int32 accumulators all-reduced before the epilogue.
 
-    from requant.tp import Run, Spec, compare, run
-    r = Run("reference-triton-order", regime="native", reduce="int32")
+    from requant.tp import LaunchConfig, Spec, compare, run
+    r = LaunchConfig("reference-triton-order", regime="native", reduce="int32")
     res = run(Spec(ckpt_dir, prompts=ids, degrees=(1, 2, 4), runs=(r,)))
     compare(res[(r, 1)], res[(r, 4)])["identical"]      # True
     # `requant tp-check [CKPT] --tp 1,2,4 --backend NAME` is this, from the command line
 
 Modules: shard.py (which rank holds what; the weight slicing), engine.py (one rank's
-forward: requant.runtime's ops around column- and row-parallel Linears), launch.py (spawned
+forward: the runtime's reference engine with column- and row-parallel Linears), launch.py (spawned
 processes: gloo on the CPU, NCCL on GPUs), compare.py (bitwise comparison with TP 1).
 The int32 accumulator / epilogue split is kernels/epilogue.py (requant.kernels.epilogue).
 
@@ -17,9 +17,9 @@ are slices of the unsharded outputs, the row-parallel int32 sums are exact and a
 and the epilogue runs once on the full sum in the backend's documented order; activation
 scales of a row-parallel input come from a MAX all-reduce of the per-token absmax (exact),
 so they never depend on the shard. reduce="bf16" sums bf16 partial outputs instead (the
-usual scheme), which rounds twice and in the collective's order. engine.py states both,
-and what is only measured (prefill attention over fewer heads per call, a dense lm_head on
-fewer columns per call).
+usual scheme), which rounds twice and in the collective's order. docs/tensor-parallel.md
+states both, and what is only measured (the fixed call shapes of dense GEMMs and prefill
+attention).
 
 What runs where: the CPU path (gloo) is what the tests run. The CUDA path (NCCL, one GPU
 per rank, torch._int_mm for the accumulator) is written but has not run in this
@@ -28,7 +28,7 @@ repository's CI; benchmarks/gpu_tp.sh is the script for a 2-GPU machine.
 
 from requant.tp.compare import compare
 from requant.tp.engine import REDUCES, Comm, ShardedModel
-from requant.tp.launch import Result, Run, Spec, run
+from requant.tp.launch import LaunchConfig, Result, Spec, run
 from requant.tp.shard import Plan, check_degree, plan, shard
 
 __all__ = [
@@ -36,7 +36,7 @@ __all__ = [
     "Comm",
     "Plan",
     "Result",
-    "Run",
+    "LaunchConfig",
     "ShardedModel",
     "Spec",
     "check_degree",

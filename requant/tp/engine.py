@@ -3,56 +3,23 @@
     comm = Comm(group)                         # a process group of tp ranks (None: one rank)
     m = ShardedModel.build(config, dense, linears, comm, backend="reference-triton-order")
     m.logits(prompts)                          # fp32 [T_i, vocab] per prompt, on every rank
-    m.generate(prompts, max_new_tokens=16)     # (new ids per prompt, fp32 [B, vocab] per step)
+    m.generate(prompts, max_new_tokens=16)     # a requant.runtime Generation (ids, step logits)
 
-Every op but the split Linears is requant.runtime's (ops.rms_norm, apply_rope, rope_tables,
-attend_prompt, attend_decode, dense_rows; imported), in the same order as its Model, so that
-TP 1 here is the runtime's reference-engine forward bit for bit on the CPU (tested; on a GPU the fixed
-call shapes below may pick other cuBLAS kernels than the runtime's batched ones). Sharding: requant/tp/shard.py.
+The forward is the runtime's reference engine (requant/runtime/reference.py: the same layer,
+prefill, decode_step and generate code) with two things supplied by this module: the Linears
+(`ShardedLinears`: column-parallel q/k/v, gate/up and lm_head on this rank's weight rows;
+row-parallel o_proj and down_proj on a K-slice, with their all-reduces) and a prompt attention
+that runs one query head per call (`attend_heads`). Sharding: requant/tp/shard.py.
 
-NUMERICS (reduce="int32", the default: every TP degree gives the TP-1 bits).
-  Column-parallel Linears (q/k/v, gate/up, lm_head): the replicated input is quantized
-  whole, exactly as on one rank (kernels.quantize_activations), and the registered
-  scaled_mm backend runs on this rank's weight rows. An output element reads one weight
-  row, its scale and the input row only (exact int32 accumulation, elementwise epilogue),
-  so each rank's outputs are a slice of the unsharded outputs, bit for bit. lm_head's
-  slices are all-gathered (a copy, no arithmetic).
-  Row-parallel Linears (o_proj, down_proj), on a K-slice of the input:
-    absmax = MAX all-reduce over ranks of the local per-token absmax   (max is exact)
-    (q, s) = kernels.epilogue.quantize_slice(x_local, absmax)          (the registered quantizer)
-    acc    = SUM all-reduce, in int32, of kernels.epilogue.int_mm(q, w_local)
-    y      = apply_epilogue(acc, s, s_w, order of the backend)         (once, on the full sum)
-  Why the appended column: per-token quantization is an elementwise function of x and its
-  row's absmax, so giving each shard one extra element equal to the global absmax makes
-  the backend's own quantizer produce the unsharded row's s and q on every shard (the
-  extra column, which changes nothing else, is dropped). Why a MAX all-reduce and not
-  "quantize once, then scatter": the row-parallel input exists only as shards (attention
-  heads, intermediate channels); quantizing it whole would need an all-gather of
-  [T, K] bf16 per Linear, the traffic tensor parallelism avoids, where this sends [T, 1]
-  fp32. The int32 SUM is exact and associative (|acc| < 2**31, kernels.reference.MAX_K),
-  so gloo's or NCCL's algorithm, channel count and the degree cannot change it.
-  A row-parallel Linear the checkpoint does not quantize is computed whole on every rank
-  from the all-gathered input (dense_rows; exact by the same replication argument).
-reduce="bf16" (the usual scheme, for contrast): the same global-absmax quantization, then
-  each rank's scaled_mm gives bf16 partial outputs, which are SUM all-reduced in bf16: each
-  partial is rounded to bf16 and the sum is rounded again, in the collective's order, so a
-  result may differ from TP 1 by bf16 spacings (measured by `requant tp-check`). (vLLM and
-  SGLang also quantize each shard with its own local scale; that is not done here, so the
-  reduction is the only difference.)
-
-INVARIANCE. By construction: the column-parallel slices and the int32 row-parallel sums
-(above), attention (each head reads only its own q, k, v; attend_decode is elementwise
-plus tree sums per head), everything replicated (norms, RoPE, residual adds, the
-embedding) since every rank holds the same residual stream (the collectives hand every rank
-the same result: exactly for MAX and int32 SUM; for the bf16 SUM because a ring or tree
-all-reduce reduces each element once and broadcasts it). By a fixed call shape, so that
-the BLAS library (cuBLAS picks kernels, split-K included, from the shapes; measured on an
-H200: batched heads at TP 4 changed 27 prefill logits) runs the same kernel at every degree:
-prefill attention runs one query head per call ([1, T, D] GEMMs whatever H/tp is), and a
-dense (unquantized) Linear runs in zero-padded [64, K] x [K, COL_CHUNK] blocks
-(dense_cols: dense_rows' row blocks, and fixed column blocks, whatever N/tp is). That a
-row or column inside one such call does not depend on the others is how GEMM kernels work;
-the tests and `requant tp-check` check it, bit for bit.
+Contract (reduce="int32", the default): every TP degree gives the TP-1 bits, and TP 1 is the
+reference engine's forward bit for bit on the CPU (tested on gloo). Row-parallel inputs are
+quantized with the scale of the whole row (a MAX all-reduce of the per-token absmax, then
+kernels.epilogue.quantize_slice); the int32 accumulators are SUM all-reduced (exact and
+associative) and the backend's epilogue runs once on the full sum. reduce="bf16" (the usual
+scheme, for contrast) sums bf16 partial outputs instead, which rounds twice and in the
+collective's order. Dense Linears run in fixed [64, K] x [K, COL_CHUNK] blocks (dense_cols)
+and prefill attention one head per call, so the BLAS library sees one call shape at every
+degree. The proof, and what is only measured: docs/tensor-parallel.md.
 """
 
 from __future__ import annotations
@@ -63,18 +30,13 @@ import torch.distributed as dist
 from requant import kernels
 from requant.kernels.epilogue import apply_epilogue, int_mm, order_of, quantize_slice
 from requant.qwen3 import Qwen3Arch
-from requant.runtime.model import KVCache, decode_attention, pow2_at_least
-from requant.runtime.ops import (
-    apply_rope,
-    attend_prompt,
-    dense_rows,
-    rms_norm,
-    rope_tables,
-)
+from requant.runtime.cache import Generation, KVCache
+from requant.runtime.ops import attend_prompt, dense_rows
+from requant.runtime.reference import ReferenceEngine
 from requant.runtime.weights import arch_from_config
 from requant.tp.shard import Plan, plan, shard
 
-__all__ = ["REDUCES", "Comm", "ShardedModel"]
+__all__ = ["COL_CHUNK", "REDUCES", "Comm", "ShardedLinears", "ShardedModel", "attend_heads", "dense_cols"]
 
 REDUCES = ("int32", "bf16")
 
@@ -101,7 +63,7 @@ class Comm:
         return torch.cat(parts, dim=-1)
 
 
-COL_CHUNK = 2048  # columns per dense GEMM call (see INVARIANCE)
+COL_CHUNK = 2048  # columns per dense GEMM call (docs/tensor-parallel.md: one call shape at every degree)
 
 
 def pad_rows(w32: torch.Tensor, chunk: int = COL_CHUNK) -> torch.Tensor:
@@ -131,6 +93,63 @@ def attend_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
     )
 
 
+class ShardedLinears:
+    """The Linears of one rank (the reference engine's Linear strategy, see
+    requant/runtime/reference.py); reads the ShardedModel `m` at each call."""
+
+    def __init__(self, m: ShardedModel):
+        self.m = m
+
+    def _dense(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        """A dense Linear on this rank's weight rows (dense_cols; the fp32 copy, padded once)."""
+        m = self.m
+        w = m._fp32.get(name)
+        if w is None:
+            w = m._fp32[name] = pad_rows(m.dense[name + ".weight"].to(torch.float32))
+        return dense_cols(x, w, m.dense[name + ".weight"].shape[0])
+
+    def column(self, x: torch.Tensor, names: tuple[str, ...], capture=None) -> list[torch.Tensor]:
+        """Column-parallel Linears sharing the replicated input x (quantized once, whole)."""
+        m = self.m
+        if capture is not None:
+            raise ValueError("capture runs on one device (requant.runtime), not under tensor parallelism")
+        if any(n in m.linears for n in names):
+            q, s = kernels.quantize_activations(x, backend=m.act_backend)
+        outs = []
+        for n in names:
+            if n in m.linears:
+                w, s_w = m.linears[n]
+                outs.append(kernels.scaled_mm(q, w, s, s_w, backend=m.backend))
+            else:
+                outs.append(self._dense(x, n))
+        return outs
+
+    def _quantize_global(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-token int8 of a K-slice x with the scale of the whole row (docs/tensor-parallel.md)."""
+        m = self.m
+        if m.comm.size == 1:
+            return kernels.quantize_activations(x, backend=m.act_backend)
+        amax = x.abs().amax(dim=1, keepdim=True).to(torch.float32)  # exact: |bf16| and max
+        m.comm.all_reduce(amax, dist.ReduceOp.MAX)
+        return quantize_slice(x, amax, backend=m.act_backend)
+
+    def row(self, x: torch.Tensor, name: str, capture=None) -> torch.Tensor:
+        """Row-parallel Linear on this rank's K-slice x; the full output on every rank."""
+        m = self.m
+        if name not in m.linears:
+            return self._dense(m.comm.all_gather_cols(x), name)
+        w, s_w = m.linears[name]
+        q, s = self._quantize_global(x)
+        if m.reduce == "int32":
+            acc = m.comm.all_reduce(int_mm(q, w), dist.ReduceOp.SUM)
+            return apply_epilogue(acc, s, s_w, m.order)
+        return m.comm.all_reduce(kernels.scaled_mm(q, w, s, s_w, backend=m.backend), dist.ReduceOp.SUM)
+
+    def head(self, x: torch.Tensor, capture=None) -> torch.Tensor:
+        (local,) = self.column(x, ("lm_head",), capture)
+        return self.m.comm.all_gather_cols(local).to(torch.float32)
+
+
 class ShardedModel:
     """One rank's part of a tensor-parallel Qwen3 (see the module docstring)."""
 
@@ -157,6 +176,13 @@ class ShardedModel:
         self.device = dense["model.embed_tokens.weight"].device
         self.tree = reduction == "tree" or (reduction == "auto" and self.device.type != "cpu")
         self._fp32: dict[str, torch.Tensor] = {}
+        self.impl = ReferenceEngine(
+            self,
+            linears=ShardedLinears(self),
+            heads=p.local_heads,
+            kv_heads=p.local_kv_heads,
+            prompt_attention=attend_heads,
+        )
 
     @classmethod
     def build(
@@ -178,110 +204,19 @@ class ShardedModel:
             lin = {k: (w.to(device), s.to(device)) for k, (w, s) in lin.items()}
         return cls(arch, p, d, lin, comm, **kw)
 
-    # -- the split Linears ----------------------------------------------------------------
-    def _dense(self, x: torch.Tensor, name: str) -> torch.Tensor:
-        """A dense Linear on this rank's weight rows (dense_cols; the fp32 copy, padded once)."""
-        w = self._fp32.get(name)
-        if w is None:
-            w = self._fp32[name] = pad_rows(self.dense[name + ".weight"].to(torch.float32))
-        return dense_cols(x, w, self.dense[name + ".weight"].shape[0])
-
-    def _column(self, x: torch.Tensor, names: tuple[str, ...]) -> list[torch.Tensor]:
-        """Column-parallel Linears sharing the replicated input x (quantized once, whole)."""
-        if any(n in self.linears for n in names):
-            q, s = kernels.quantize_activations(x, backend=self.act_backend)
-        outs = []
-        for n in names:
-            if n in self.linears:
-                w, s_w = self.linears[n]
-                outs.append(kernels.scaled_mm(q, w, s, s_w, backend=self.backend))
-            else:
-                outs.append(self._dense(x, n))
-        return outs
-
-    def _quantize_global(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per-token int8 of a K-slice x with the scale of the whole row (module docstring)."""
-        if self.comm.size == 1:
-            return kernels.quantize_activations(x, backend=self.act_backend)
-        amax = x.abs().amax(dim=1, keepdim=True).to(torch.float32)  # exact: |bf16| and max
-        self.comm.all_reduce(amax, dist.ReduceOp.MAX)
-        return quantize_slice(x, amax, backend=self.act_backend)
-
-    def _row(self, x: torch.Tensor, name: str) -> torch.Tensor:
-        """Row-parallel Linear on this rank's K-slice x; the full output on every rank."""
-        if name not in self.linears:
-            return self._dense(self.comm.all_gather_cols(x), name)
-        w, s_w = self.linears[name]
-        q, s = self._quantize_global(x)
-        if self.reduce == "int32":
-            acc = self.comm.all_reduce(int_mm(q, w), dist.ReduceOp.SUM)
-            return apply_epilogue(acc, s, s_w, self.order)
-        return self.comm.all_reduce(kernels.scaled_mm(q, w, s, s_w, backend=self.backend), dist.ReduceOp.SUM)
-
-    # -- the forward (requant.runtime.model's order of ops) ---------------------------------
-    def _norm(self, x, w):
-        return rms_norm(x, w, self.arch.eps, tree=self.tree)
-
-    def _layer(self, i: int, x: torch.Tensor, cos, sin, attend) -> torch.Tensor:
-        a, d, p = self.arch, self.dense, f"model.layers.{i}."
-        hl, kvl = self.plan.local_heads, self.plan.local_kv_heads
-        t = x.shape[0]
-        h = self._norm(x, d[p + "input_layernorm.weight"])
-        q, k, v = self._column(h, (p + "self_attn.q_proj", p + "self_attn.k_proj", p + "self_attn.v_proj"))
-        q = apply_rope(self._norm(q.view(t, hl, a.head_dim), d[p + "self_attn.q_norm.weight"]), cos, sin)
-        k = apply_rope(self._norm(k.view(t, kvl, a.head_dim), d[p + "self_attn.k_norm.weight"]), cos, sin)
-        attn = attend(i, q, k, v.view(t, kvl, a.head_dim))
-        x = x + self._row(attn, p + "self_attn.o_proj")
-        h = self._norm(x, d[p + "post_attention_layernorm.weight"])
-        gate, up = self._column(h, (p + "mlp.gate_proj", p + "mlp.up_proj"))
-        act = (torch.nn.functional.silu(gate.to(torch.float32)) * up.to(torch.float32)).to(torch.bfloat16)
-        return x + self._row(act, p + "mlp.down_proj")
-
-    def _head(self, x: torch.Tensor) -> torch.Tensor:
-        x = self._norm(x, self.dense["model.norm.weight"])
-        (local,) = self._column(x, ("lm_head",))
-        return self.comm.all_gather_cols(local).to(torch.float32)
+    # -- the reference engine's methods, on this rank ----------------------------------------
+    def new_cache(self, batch: int, capacity: int) -> KVCache:
+        """An empty KV cache of this rank's KV heads holding exactly `capacity` positions."""
+        return self.impl.new_cache(batch, capacity)
 
     def prefill(
         self, prompts: list[torch.Tensor], cache: KVCache | None = None, last_only: bool = False
     ) -> torch.Tensor:
-        a, dev = self.arch, self.device
-        lens = [len(t) for t in prompts]
-        bounds, s = [], 0
-        for n in lens:
-            bounds.append((s, s + n))
-            s += n
-        ids = torch.cat(prompts).to(dev)
-        pos = torch.cat([torch.arange(n, device=dev) for n in lens])
-        cos, sin = rope_tables(pos, a.head_dim, a.rope_theta)
-        scale = a.head_dim**-0.5
-
-        def attend(i, q, k, v):
-            if cache is not None:
-                for j, (lo, hi) in enumerate(bounds):
-                    cache.k[i][j, :, : hi - lo] = k[lo:hi].transpose(0, 1)
-                    cache.v[i][j, :, : hi - lo] = v[lo:hi].transpose(0, 1)
-            return torch.cat([attend_heads(q[lo:hi], k[lo:hi], v[lo:hi], scale) for lo, hi in bounds])
-
-        x = self.dense["model.embed_tokens.weight"][ids].to(torch.bfloat16)
-        for i in range(a.layers):
-            x = self._layer(i, x, cos, sin, attend)
-        if cache is not None:
-            cache.lengths = list(lens)
-        if last_only:
-            x = x[torch.tensor([hi - 1 for _, hi in bounds], device=dev)]
-        return self._head(x)
+        return self.impl.prefill(prompts, cache=cache, last_only=last_only)
 
     def decode_step(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
-        a, dev = self.arch, self.device
-        cos, sin, attend = decode_attention(cache, a, dev)  # the runtime's decode attention, on this rank's heads
-        x = self.dense["model.embed_tokens.weight"][tokens.to(dev)].to(torch.bfloat16)
-        for i in range(a.layers):
-            x = self._layer(i, x, cos, sin, attend)
-        cache.lengths = [n + 1 for n in cache.lengths]
-        return self._head(x)
+        return self.impl.decode_step(tokens, cache)
 
-    # -- the API ---------------------------------------------------------------------------
     @staticmethod
     def _tensors(prompts) -> list[torch.Tensor]:
         if not prompts:
@@ -298,34 +233,9 @@ class ShardedModel:
             flat = self.prefill(tensors)
         return list(torch.split(flat, [len(t) for t in tensors]))
 
-    def new_cache(self, batch: int, positions: int) -> KVCache:
-        """An empty KV cache of this rank's KV heads for `positions` (rounded up to a power of two)."""
-        return KVCache(
-            self.arch.layers,
-            batch,
-            self.plan.local_kv_heads,
-            pow2_at_least(positions),
-            self.arch.head_dim,
-            self.device,
-        )
-
-    def generate(self, prompts, max_new_tokens: int) -> tuple[list[list[int]], list[torch.Tensor]]:
-        """Greedy decoding with a KV cache (no stop token): the new ids per prompt and the
-        fp32 logits [B, vocab] each step's tokens were chosen from (ties: the lowest id)."""
+    def generate(self, prompts, max_new_tokens: int, eos_id=None, keep_logits: bool = True, choose=None) -> Generation:
+        """The reference engine's generate on this rank (every rank gets the same Generation):
+        the new ids per prompt and (keep_logits) the fp32 logits [B, vocab] of each step."""
         tensors = self._tensors(prompts)
-        ids: list[list[int]] = [[] for _ in tensors]
-        steps: list[torch.Tensor] = []
-        if max_new_tokens <= 0:
-            return ids, steps
-        cache = self.new_cache(len(tensors), max(len(t) for t in tensors) + max_new_tokens)
         with torch.no_grad():
-            logits = self.prefill(tensors, cache=cache, last_only=True)
-            for step in range(max_new_tokens):
-                nxt = torch.argmax(logits, dim=-1)
-                steps.append(logits)
-                for j, tok in enumerate(nxt.tolist()):
-                    ids[j].append(tok)
-                if step == max_new_tokens - 1:
-                    break
-                logits = self.decode_step(nxt, cache)
-        return ids, steps
+            return self.impl.generate(tensors, max_new_tokens, eos_id, keep_logits, False, choose)

@@ -1,7 +1,7 @@
 """Run the tensor-parallel model at several degrees in one set of processes.
 
-    results = run(Spec(ckpt, prompts=ids, degrees=(1, 2, 4), runs=(Run("reference-triton-order"),)))
-    r = results[(Run("reference-triton-order"), 2)]
+    results = run(Spec(ckpt, prompts=ids, degrees=(1, 2, 4), runs=(LaunchConfig("reference-triton-order"),)))
+    r = results[(LaunchConfig("reference-triton-order"), 2)]
     r.logits                            # prefill logits [T_i, vocab] per prompt (bf16 values)
     r.ids, r.steps                      # greedy ids per prompt; logits [B, vocab] per step
 
@@ -10,7 +10,7 @@ into one world through a TCPStore that the parent opens first on an ephemeral lo
 (port 0: the kernel picks a free one, and the parent holds it, so there is no window in
 which another program could take it). Every degree d runs on the subgroup of ranks 0..d-1
 (the others wait at a barrier), so one launch and one checkpoint load per process serve
-every degree and every Run (backend, regime, reduce mode). Communication (Spec.comm): gloo on the CPU (run in the
+every degree and every LaunchConfig (backend, regime, reduce mode). Communication (Spec.comm): gloo on the CPU (run in the
 tests); on CUDA either NCCL with one GPU per rank (cuda:<rank>; written for a multi-GPU machine) or gloo, whose
 collectives stage CUDA tensors through the host, with ranks sharing the GPUs there are (cuda:<rank % count>): slow,
 but it runs the real kernels under tensor parallelism on a single GPU. Rank 0
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import io
 import os
 import tempfile
 import time
@@ -35,12 +36,14 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["Result", "Run", "Spec", "run"]
+from requant.output import write_bytes_atomic
+
+__all__ = ["LaunchConfig", "Result", "Spec", "run"]
 
 
 @dataclass(frozen=True)
-class Run:
-    """One model variant: a scaled_mm backend, a weight regime, a row-parallel reduction."""
+class LaunchConfig:
+    """One model variant of a launch: a scaled_mm backend, a weight regime, a row-parallel reduction."""
 
     backend: str = "reference-triton-order"
     regime: str = "native"
@@ -58,7 +61,7 @@ class Spec:
     ckpt: str
     prompts: tuple[tuple[int, ...], ...]
     degrees: tuple[int, ...] = (1, 2, 4)
-    runs: tuple[Run, ...] = (Run(),)
+    runs: tuple[LaunchConfig, ...] = (LaunchConfig(),)
     new_tokens: int = 8
     device: str = "cpu"
     comm: str = "auto"
@@ -82,6 +85,8 @@ def _time(m, prompts: list[list[int]], new_tokens: int, reps: int, group, cuda: 
     steps after a cached prefill, all ranks starting together (a barrier of the group)."""
     import torch.distributed as dist
 
+    from requant.runtime.cache import generation_capacity
+
     tensors = [torch.as_tensor(p, dtype=torch.long) for p in prompts]
 
     def sync():
@@ -98,7 +103,7 @@ def _time(m, prompts: list[list[int]], new_tokens: int, reps: int, group, cuda: 
             m.prefill(tensors)
             sync()
             best_p = min(best_p, time.perf_counter() - t0)
-            cache = m.new_cache(len(tensors), max(len(t) for t in tensors) + steps + 1)
+            cache = m.new_cache(len(tensors), generation_capacity(max(len(t) for t in tensors) + steps + 1))
             nxt = torch.argmax(m.prefill(tensors, cache=cache, last_only=True), dim=-1)
             sync()
             t0 = time.perf_counter()
@@ -144,7 +149,7 @@ def _worker(rank: int, world: int, port: int, spec: Spec, out: str, timeout_s: f
         linears = {}  # per regime, loaded once
         device = torch.device(f"cuda:{gpu}") if cuda else None
         prompts = [list(p) for p in spec.prompts]
-        results: dict[tuple[Run, int], Result] = {}
+        results: dict[tuple[LaunchConfig, int], Result] = {}
         for r in spec.runs:
             if r.regime not in linears:
                 linears[r.regime] = load_linears(ckpt, r.regime, "cpu")
@@ -163,7 +168,8 @@ def _worker(rank: int, world: int, port: int, spec: Spec, out: str, timeout_s: f
                         reduction=spec.reduction,
                     )
                     logits = m.logits(prompts)
-                    ids, steps = m.generate(prompts, spec.new_tokens)
+                    gen = m.generate(prompts, spec.new_tokens, keep_logits=True)
+                    ids, steps = gen.ids, gen.step_logits
                     timing = (
                         _time(m, prompts, spec.new_tokens, spec.time_reps, groups[d], cuda) if spec.time_reps else {}
                     )
@@ -178,15 +184,15 @@ def _worker(rank: int, world: int, port: int, spec: Spec, out: str, timeout_s: f
                     del m
                 dist.barrier()
         if rank == 0:
-            tmp = out + ".tmp"
+            buf = io.BytesIO()
             torch.save(
                 [
                     (dataclasses.astuple(k), d, (r.logits, r.ids, r.steps, r.timing, r.digest))
                     for (k, d), r in results.items()
                 ],
-                tmp,
+                buf,
             )
-            os.replace(tmp, out)
+            write_bytes_atomic(out, buf.getvalue())
         dist.barrier()
     finally:
         dist.destroy_process_group()
@@ -201,8 +207,8 @@ def comm_of(spec: Spec) -> str:
     return spec.comm
 
 
-def run(spec: Spec, timeout_s: float = 300.0) -> dict[tuple[Run, int], Result]:
-    """Every (Run, degree) of spec, on max(degrees) processes; see the module docstring."""
+def run(spec: Spec, timeout_s: float = 300.0) -> dict[tuple[LaunchConfig, int], Result]:
+    """Every (LaunchConfig, degree) of spec, on max(degrees) processes; see the module docstring."""
     import torch.distributed as dist
     import torch.multiprocessing as mp
 
@@ -238,4 +244,4 @@ def run(spec: Spec, timeout_s: float = 300.0) -> dict[tuple[Run, int], Result]:
                     p.join(5)
         raw = torch.load(out, weights_only=True)
     del store
-    return {(Run(*k[:4], tuple(k[4])), d): Result(*r) for k, d, r in raw}
+    return {(LaunchConfig(*k[:4], tuple(k[4])), d): Result(*r) for k, d, r in raw}

@@ -1,6 +1,6 @@
 """The audit's use of requant.runtime on the embedded default (requant.DEFAULT_CHECKPOINT):
 the capture hook and the audit's operands. The runtime itself is tested in
-tests/requant/test_runtime.py.
+tests/requant/runtime/test_reference.py.
 
 References: the captured operands against kernels.quantize_activations of an RMSNorm
 recomputed here from its definition; the pow2 logits of the two emulated orders against

@@ -14,18 +14,18 @@ from requant import DEFAULT_CHECKPOINT
 from requant.checkpoint import open_checkpoint
 from requant.prompts import prompts
 from requant.runtime import Model, load_model
-from requant.tp import Run, Spec, compare, run
+from requant.tp import LaunchConfig, Spec, compare, run
 from requant.tp.compare import bits_equal
 from requant.tp.shard import as_dense
 
 NEW = 6
 RUNS = (
-    Run("reference-triton-order"),
-    Run("reference-cutlass-order"),
-    Run("reference"),
-    Run("reference-triton-order", "pow2"),
+    LaunchConfig("reference-triton-order"),
+    LaunchConfig("reference-cutlass-order"),
+    LaunchConfig("reference"),
+    LaunchConfig("reference-triton-order", "pow2"),
     # unquantized Linears (as a checkpoint's ignore list leaves them): dense row- and column-parallel paths
-    Run(
+    LaunchConfig(
         "reference-cutlass-order",
         dense=(
             "model.layers.0.self_attn.o_proj",
@@ -34,7 +34,7 @@ RUNS = (
             "model.layers.3.mlp.up_proj",
         ),
     ),
-    Run("reference-triton-order", reduce="bf16"),
+    LaunchConfig("reference-triton-order", reduce="bf16"),
 )
 INT32 = [r for r in RUNS if r.reduce == "int32"]
 
@@ -106,7 +106,7 @@ def test_bf16_reduce(results):
     logits, so that they all agree is not a possibility; hence the assertion that they differ."""
     bf16 = RUNS[-1]
     assert bf16.reduce == "bf16"
-    base = results[(Run("reference-triton-order"), 1)]
+    base = results[(LaunchConfig("reference-triton-order"), 1)]
     assert compare(base, results[(bf16, 1)])["identical"]
     for tp in (2, 4):
         c = compare(base, results[(bf16, tp)])
@@ -115,6 +115,6 @@ def test_bf16_reduce(results):
 
 
 def test_a_failing_rank_is_reported_not_hung(ids):
-    spec = Spec(str(DEFAULT_CHECKPOINT), ids, degrees=(1, 2), runs=(Run(regime="nope"),), new_tokens=1)
+    spec = Spec(str(DEFAULT_CHECKPOINT), ids, degrees=(1, 2), runs=(LaunchConfig(regime="nope"),), new_tokens=1)
     with pytest.raises(RuntimeError, match=r"rank \d failed: .*unknown regime 'nope'"):
         run(spec, timeout_s=60)

@@ -9,14 +9,14 @@ import torch
 from requant import DEFAULT_CHECKPOINT
 from requant.prompts import prompts
 from requant.runtime import load_model
-from requant.tp import Run, Spec, compare, run
+from requant.tp import LaunchConfig, Spec, compare, run
 
 pytestmark = pytest.mark.gpu
 two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
 one_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 NEW = 16
-RUNS = tuple(Run(b, g, "int32", "triton") for b in ("cutlass", "triton") for g in ("native", "pow2"))
+RUNS = tuple(LaunchConfig(b, g, "int32", "triton") for b in ("cutlass", "triton") for g in ("native", "pow2"))
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +32,7 @@ def results(ids):
             str(DEFAULT_CHECKPOINT),
             ids,
             degrees=(1, 2),
-            runs=RUNS + (Run("cutlass", "native", "bf16", "triton"),),
+            runs=RUNS + (LaunchConfig("cutlass", "native", "bf16", "triton"),),
             new_tokens=NEW,
             device="cuda",
         ),
@@ -71,4 +71,6 @@ def test_tp2_is_bitwise_tp1_under_nccl(results, r):
 @two_gpus
 def test_bf16_reduce_tp1_is_the_int32_bits(results):
     # at one rank nothing is summed: the two reductions agree; TP 2's bf16 result is reported by tp-check
-    assert compare(results[(RUNS[0], 1)], results[(Run("cutlass", "native", "bf16", "triton"), 1)])["identical"]
+    assert compare(results[(RUNS[0], 1)], results[(LaunchConfig("cutlass", "native", "bf16", "triton"), 1)])[
+        "identical"
+    ]

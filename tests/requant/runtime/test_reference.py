@@ -1,12 +1,12 @@
 """requant/runtime on the embedded default (requant.DEFAULT_CHECKPOINT) and micro checkpoints.
 
 References, per test: RoPE against the rotation formula; RMSNorm against its definition;
-tree_sum against a pairwise loop over Python floats rounded to fp32 with numpy; the pow2
+tree_sum_halves against a pairwise loop over Python floats rounded to fp32 with numpy; the pow2
 regime against requant.scales.arms.requantize; prefill against a packed forward with a
 block-diagonal causal mask written here from the Qwen3 formulas; KV-cache decoding
 against prefilling the whole sequence again; batch invariance against each prompt alone;
 dense rows against float64 dot products. transformers' Qwen3 is the reference in
-test_runtime_parity.py.
+test_parity.py.
 """
 
 import json
@@ -32,7 +32,7 @@ from requant.runtime import (
     load_model,
     rms_norm,
     rope,
-    tree_sum,
+    tree_sum_halves,
 )
 from requant.scales.arms import requantize
 from requant.synthetic import generate
@@ -100,18 +100,18 @@ def _pairwise_reference(row: np.ndarray) -> np.float32:
     return v[0]
 
 
-def test_tree_sum_order_and_padding():
+def test_tree_sum_halves_order_and_padding():
     g = torch.Generator().manual_seed(1)
     for n in (1, 2, 5, 64, 100):
         x = torch.randn(3, n, generator=g) * torch.logspace(-3, 3, n)
-        got = tree_sum(x, -1)
+        got = tree_sum_halves(x, -1)
         assert got.shape == (3, 1)
         for r in range(3):
             assert got[r, 0].item() == float(_pairwise_reference(x[r].numpy()))
         # zero padding to any longer length leaves every sum's bits unchanged
         padded = torch.cat([x, torch.zeros(3, 3 * n + 7)], dim=1)
-        assert bitwise_equal(tree_sum(padded, -1), got)
-        assert bitwise_equal(tree_sum(x.T.contiguous(), 0).T, got)  # any dim
+        assert bitwise_equal(tree_sum_halves(padded, -1), got)
+        assert bitwise_equal(tree_sum_halves(x.T.contiguous(), 0).T, got)  # any dim
 
 
 def test_dense_rows_are_batch_invariant_and_accurate():
@@ -383,7 +383,7 @@ def test_bf16_directory_runs_every_linear_dense(tmp_path):
     assert [x.shape for x in lg] == [(4, 64), (2, 64)] and not seen  # nothing quantized
     assert m.greedy([[1, 5, 9, 3], [4, 4]], 3) == [m.greedy([[1, 5, 9, 3]], 3)[0], m.greedy([[4, 4]], 3)[0]]
     h = torch.randn(3, 32, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
-    (y,) = m._linear(h, ("model.layers.0.self_attn.q_proj",), None)
+    (y,) = m.impl.linears.column(h, ("model.layers.0.self_attn.q_proj",), None)
     w = m.dense["model.layers.0.self_attn.q_proj.weight"]
     assert int(ulp_distance(y, (h.double() @ w.double().T).to(torch.bfloat16)).max()) <= 1
     with pytest.raises(ValueError, match="no scales"):

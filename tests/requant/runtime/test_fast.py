@@ -2,15 +2,15 @@
 Triton is imported, as tests/kernels/conftest.py does).
 
 References, each independent of the kernel under test:
-  * the fused row kernels against their torch emulations (requant/runtime/fast_ops.py: torch's
-    elementwise IEEE operations, requant.runtime.ops.tree_sum and kernels.reference's
+  * the fused row kernels against their torch emulations (kernels/triton/emulation.py: torch's
+    elementwise IEEE operations, requant.kernels.triton.emulation.tree_sum_adjacent and kernels.reference's
     quantize_activations), bit for bit;
   * attention: the same query rows computed in one block, in chunks and one token at a time
     (bit for bit), and within a bf16 spacing or two of the reference path's attend_prompt;
   * the model (the micro checkpoint): a token's logits prefilled whole, in chunks of 1, 3, 7
     after a cached prefix and decoded (bit for bit); a prompt alone against its row of a
     batch of mixed lengths (bit for bit); and close to the reference engine's logits.
-The same properties on compiled GPU kernels: tests/requant/test_runtime_fast_gpu.py.
+The same properties on compiled GPU kernels: tests/requant/runtime/test_fast_gpu.py.
 """
 
 import os
@@ -31,13 +31,13 @@ if not _launch.INTERPRET:
 from requant.kernels.bf16 import bitwise_equal
 from requant.kernels.triton.attention import attention, tokens_per_block
 from requant.kernels.triton.dense import dense
-from requant.kernels.triton.fused import add_rms_norm, qk_norm_rope, silu_mul_quantize
-from requant.runtime import load_model
-from requant.runtime.fast_ops import (
+from requant.kernels.triton.emulation import (
     add_rms_norm_ref,
     qk_norm_rope_ref,
     silu_mul_quantize_ref,
 )
+from requant.kernels.triton.fused import add_rms_norm, qk_norm_rope, silu_mul_quantize
+from requant.runtime import load_model
 from requant.runtime.ops import attend_prompt, rope_tables
 
 
@@ -151,7 +151,7 @@ def micro_fast(tmp_path_factory):
 
 def test_prefill_chunks_and_decode_give_the_same_logits(micro_fast):
     m = micro_fast
-    assert m.fast
+    assert m.engine == "fast"
     seq = torch.randint(0, m.arch.vocab, (15,), generator=torch.Generator().manual_seed(5))
     whole = m.logits([seq])[0]
     cache = m.new_cache(1, 32)
@@ -187,7 +187,7 @@ def test_engine_choice_and_refusals(micro_fast, tmp_path):
     with pytest.raises(ValueError, match="engine must be one of"):
         m.with_backends(engine="turbo")
     ref = m.with_backends(engine="reference")
-    assert not ref.fast
+    assert ref.engine == "reference"
     with pytest.raises(ValueError, match="extend needs the fast engine"):
         ref.extend([[1, 2]], ref.new_cache(1, 8))
     cache = m.new_cache(1, 8)
@@ -198,20 +198,67 @@ def test_engine_choice_and_refusals(micro_fast, tmp_path):
         m.extend([[1] * (m.max_length + 1)], big)
 
 
-def test_capture_runs_the_reference_engine(micro_fast):
-    """The audit's capture needs every Linear's operands: logits(capture=...) on the fast
-    engine is the reference engine's computation (same bits), and it records each input."""
+def test_capture_records_what_the_fast_gemms_consumed(micro_fast, monkeypatch):
+    """The fast engine's capture (prefill and decode_step): the reference engine's names and
+    operand shapes, and each recorded (q, s) is the very pair its kernels.scaled_mm call
+    received (a spy around kernels.scaled_mm); one call per group (stacked weights). The
+    values may differ from the reference engine's (its hidden states are computed otherwise)."""
+    from requant import kernels
 
     class Rec:
         def __init__(self):
-            self.names = []
+            self.records = []
 
         def record(self, names, q, s):
-            self.names.append(names)
+            self.records.append((names, q, s))
 
+    seen = []
+    real = kernels.scaled_mm
+
+    def spy(a, w, s_a, s_w, *args, **kw):
+        seen.append((a, s_a))
+        return real(a, w, s_a, s_w, *args, **kw)
+
+    m = micro_fast
+    ref = m.with_backends(engine="reference")
+    prompts = [torch.tensor([3, 4, 5, 6]), torch.tensor([7])]
+    fast_rec, ref_rec = Rec(), Rec()
+    with torch.no_grad():
+        want = m.prefill(prompts)
+        monkeypatch.setattr(kernels, "scaled_mm", spy)
+        got = m.prefill(prompts, capture=fast_rec)
+        monkeypatch.setattr(kernels, "scaled_mm", real)
+        ref.prefill(prompts, capture=ref_rec)
+    assert same(got, want)  # capture changes nothing
+    assert [r[0] for r in fast_rec.records] == [r[0] for r in ref_rec.records]
+    for (_, q, s), (_, rq, rs) in zip(fast_rec.records, ref_rec.records):
+        assert q.shape == rq.shape and q.dtype == rq.dtype and s.shape == rs.shape and s.dtype == rs.dtype
+    assert len(seen) == len(fast_rec.records) and all(
+        a is q and s_a is s for (a, s_a), (_, q, s) in zip(seen, fast_rec.records)
+    )
+    # decode_step: M = the batch
+    cache = m.new_cache(2, 8)
     rec = Rec()
-    prompts = [[3, 4, 5, 6], [7]]
-    got = micro_fast.logits(prompts, capture=rec)
-    want = micro_fast.with_backends(engine="reference").logits(prompts)
-    assert all(same(a, b) for a, b in zip(got, want))
-    assert len(rec.names) == 4 * micro_fast.arch.layers + ("lm_head" in micro_fast.linears)
+    with torch.no_grad():
+        m.prefill(prompts, cache=cache)
+        m.decode_step(torch.tensor([9, 10]), cache, capture=rec)
+    assert [r[0] for r in rec.records] == [r[0] for r in ref_rec.records]
+    assert all(q.shape[0] == 2 and s.shape == (2, 1) for _, q, s in rec.records)
+
+
+def test_choose_on_the_fast_engine(micro_fast):
+    """choose replaces the argmax, once per step on every row, as on the reference engine."""
+    m = micro_fast
+    prompts = [[3, 4, 5], [7, 8]]
+    steps = []
+
+    def second_best(step, logits):
+        steps.append(step)
+        return torch.topk(logits, 2, dim=-1).indices[:, 1]
+
+    g = m.generate(prompts, 3, keep_logits=True, choose=second_best)
+    assert steps == [0, 1, 2]
+    for s, lg in enumerate(g.step_logits):
+        assert [row[s] for row in g.ids] == torch.topk(lg, 2, dim=-1).indices[:, 1].tolist()
+    plain = m.generate(prompts, 3, keep_logits=True)
+    assert plain.ids == m.generate(prompts, 3, choose=lambda s, lg: lg.argmax(-1)).ids

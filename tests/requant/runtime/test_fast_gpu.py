@@ -2,7 +2,7 @@
 embedded default, with the real compiled kernels.
 
 References, each independent of the code under test:
-  * the fused row kernels against their torch emulations (requant/runtime/fast_ops.py) run
+  * the fused row kernels against their torch emulations (kernels/triton/emulation.py) run
     on the CPU, bit for bit;
   * prefill/decode invariance: the same token's logits prefilled with the whole prompt, in
     chunks of 1, 3 and 7 after a cached prefix, and decoded one token at a time;
@@ -10,8 +10,8 @@ References, each independent of the code under test:
   * graph vs eager: generate(graphs=True) against the same kernels launched one by one;
   * kernel invariance: cutlass against triton under pow2 (8 prompts, 64 tokens);
   * parity: transformers' fp32 Qwen3 on the same weights with the same thresholds as
-    tests/requant/test_runtime_parity.py.
-Run: python3 -m pytest -q -m gpu tests/requant/test_runtime_fast_gpu.py
+    tests/requant/runtime/test_parity.py.
+Run: python3 -m pytest -q -m gpu tests/requant/runtime/test_fast_gpu.py
 """
 
 import pytest
@@ -46,7 +46,7 @@ def model():
         act_backend="triton",
         device="cuda",
     )
-    assert m.fast  # the CUDA default for a W8A8 checkpoint
+    assert m.engine == "fast"  # the CUDA default for a W8A8 checkpoint
     return m
 
 
@@ -56,8 +56,8 @@ def toks(model):
 
 
 def test_fused_kernels_equal_their_cpu_emulation():
+    from requant.kernels.triton.emulation import add_rms_norm_ref, qk_norm_rope_ref
     from requant.kernels.triton.fused import add_rms_norm, qk_norm_rope
-    from requant.runtime.fast_ops import add_rms_norm_ref, qk_norm_rope_ref
     from requant.runtime.ops import rope_tables
 
     g = torch.Generator().manual_seed(0)
@@ -170,7 +170,7 @@ def test_pow2_cutlass_equals_triton_on_the_fast_engine(model, toks):
 
 def test_fast_engine_parity_with_transformers(model, toks):
     from requant.checkpoint import open_checkpoint
-    from tests.requant.test_runtime_parity import (
+    from tests.requant.runtime.test_parity import (
         _hf_logits,
         check_against_yardstick,
         deviation,

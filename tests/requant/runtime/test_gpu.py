@@ -5,7 +5,7 @@ References: on the same GPU, the same model with the emulated epilogue orders
 equal their emulated orders bit for bit (tests/kernels/test_gpu.py), and nothing else
 differs between the runs, so the logits must be bitwise equal. Batch invariance on CUDA:
 each prompt decoded alone against its row of the batch (RMSNorm by tree sums, the CUDA
-default). Run: python3 -m pytest -q -m gpu tests/requant/test_runtime_gpu.py
+default). Run: python3 -m pytest -q -m gpu tests/requant/runtime/test_gpu.py
 """
 
 import pytest

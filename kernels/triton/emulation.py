@@ -1,8 +1,10 @@
-"""Torch emulations of the fast path's fused row kernels (kernels/triton/fused.py): the
-independent references the kernels are compared with, bit for bit, on the CPU in CI (the
-kernels under TRITON_INTERPRET=1) and on a GPU. Each states the same arithmetic as its
-kernel, written with torch's elementwise IEEE operations (one rounding each) and the adjacent
-pairwise tree `pairwise_sum`; the activation quantization is kernels.reference's own.
+"""Torch emulations of the fast engine's fused row kernels (fused.py, beside this module): the
+independent references the kernels are compared with, bit for bit, on the CPU (the kernels
+under TRITON_INTERPRET=1) and on a GPU. Each states the same arithmetic as its kernel, written
+with torch's elementwise IEEE operations (one rounding each) and the adjacent pairwise tree
+`tree_sum_adjacent`; the activation quantization is kernels.reference's own. The attention and
+dense kernels have no bitwise emulation (their MMAs sum in the hardware's order): their tests
+compare them with themselves across blocks and batches (docs/runtime.md).
 """
 
 from __future__ import annotations
@@ -15,14 +17,14 @@ from requant.kernels.reference import quantize_activations
 
 __all__ = [
     "add_rms_norm_ref",
-    "pairwise_sum",
+    "tree_sum_adjacent",
     "qk_norm_rope_ref",
     "rms_norm_ieee",
     "silu_mul_quantize_ref",
 ]
 
 
-def pairwise_sum(x: torch.Tensor, dim: int) -> torch.Tensor:
+def tree_sum_adjacent(x: torch.Tensor, dim: int) -> torch.Tensor:
     """Sum over `dim` (kept, size 1) by the adjacent pairwise tree of the fused kernels: zero
     padding to a power of two, then element 2j plus element 2j + 1, repeatedly, down to one."""
     dim = dim % x.dim()
@@ -37,10 +39,10 @@ def pairwise_sum(x: torch.Tensor, dim: int) -> torch.Tensor:
 
 
 def rms_norm_ieee(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    """bf16(w * bf16(x * r)), r = 1 / sqrt(pairwise_sum(x * x) / n + eps): IEEE division and
+    """bf16(w * bf16(x * r)), r = 1 / sqrt(tree_sum_adjacent(x * x) / n + eps): IEEE division and
     square root (the fused kernels' RMSNorm), over the last dim; fp32 arithmetic."""
     xf = x.to(torch.float32)
-    ss = pairwise_sum(xf * xf, -1)
+    ss = tree_sum_adjacent(xf * xf, -1)
     var = ss / torch.full_like(ss, float(xf.shape[-1]))
     r = torch.ones_like(var) / torch.sqrt(var + eps)
     xn = round_fp32_to_bf16(xf * r).to(torch.float32)
