@@ -18,6 +18,9 @@
 #   cutlass_build LIMIT_S [verbose]   the CUTLASS JIT build as a step; torch's lock file from a
 #                            killed build is removed before and after (every later build would wait)
 #   has STEP                 whether STEP is one of the words of $STEPS
+#   synthetic_checkpoints    CKPTS=($CKPT_ROOT/requant-SIZE-synthetic for each SIZE of $SIZES that
+#                            exists), each made first (python -m requant.synthetic, a step) when
+#                            STEPS has "generate"
 #   elapsed / left           seconds since sourcing / seconds left of $TOTAL_S
 # shellcheck shell=bash
 
@@ -94,6 +97,19 @@ skip() {
     RC=125
     STEP_S=0
     _step_line "$(printf '== %-34s skipped: %s  (t=%d s)' "$1" "$2" "$(elapsed)")"
+}
+
+synthetic_checkpoints() {
+    CKPTS=()
+    local size dir
+    for size in ${SIZES:-}; do
+        dir="${CKPT_ROOT:-/tmp}/requant-$size-synthetic"
+        if has generate && [ ! -f "$dir/config.json" ]; then
+            step "synthetic_$size" 900 python3 -m requant.synthetic "$size" "$dir"
+        fi
+        [ -f "$dir/config.json" ] && CKPTS+=("$dir")
+    done
+    return 0
 }
 
 cutlass_build() {

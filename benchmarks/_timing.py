@@ -28,6 +28,7 @@ __all__ = [
     "repeat",
     "summary",
     "sync",
+    "transformers_decode",
 ]
 
 GRAPH = "cuda-graph"
@@ -144,3 +145,28 @@ def graph_ms(fns, rep: float, batches: int = 5) -> tuple[float, str]:
         times.append(start.elapsed_time(end) / (reps * len(fns)))
     del g
     return sorted(times)[batches // 2], GRAPH
+
+
+def transformers_decode(model, prompts: list[torch.Tensor], steps: int) -> float:
+    """Seconds of `steps` greedy decode steps of a transformers causal LM with its DynamicCache,
+    after an untimed prefill of the batch (equal-length prompts: no padding)."""
+    import warnings
+
+    from transformers import DynamicCache
+
+    # `past_key_values` is deprecated in transformers 5.24 (renamed `cache`) but is the only
+    # name 5.17 (the GPU machine's) knows
+    warnings.filterwarnings("ignore", message=".*past_key_values.*", category=FutureWarning)
+    ids = torch.stack(prompts)
+    with torch.no_grad():
+        try:
+            cache = DynamicCache(config=model.config)
+        except TypeError:  # older signature
+            cache = DynamicCache()
+        out = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        nxt = out.logits[:, -1].argmax(-1, keepdim=True)
+        with Stopwatch(ids.device) as sw:
+            for _ in range(steps):
+                out = model(input_ids=nxt, past_key_values=cache, use_cache=True)
+                nxt = out.logits[:, -1].argmax(-1, keepdim=True)
+    return sw.seconds

@@ -52,7 +52,7 @@ for _p in (ROOT, ROOT / "benchmarks"):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 
-from _timing import Stopwatch, summary, sync  # noqa: E402
+from _timing import Stopwatch, summary, sync, transformers_decode  # noqa: E402
 
 from requant.output import write_bytes_atomic, write_json_atomic  # noqa: E402
 
@@ -125,27 +125,8 @@ def hf_prefill(model, ids: torch.Tensor) -> float:
 
 
 def hf_decode(model, prompts: list[torch.Tensor], new_tokens: int) -> float:
-    import warnings
-
-    from transformers import DynamicCache
-
-    # `past_key_values` is deprecated in transformers 5.24 (renamed `cache`) but is the only
-    # name 5.17 (the GPU machine's) knows
-    warnings.filterwarnings("ignore", message=".*past_key_values.*", category=FutureWarning)
-
-    ids = torch.stack(prompts)  # equal lengths: no padding
-    with torch.no_grad():
-        try:
-            cache = DynamicCache(config=model.config)
-        except TypeError:  # older signature
-            cache = DynamicCache()
-        out = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
-        nxt = out.logits[:, -1].argmax(-1, keepdim=True)
-        with Stopwatch(ids.device) as sw:
-            for _ in range(new_tokens - 1):
-                out = model(input_ids=nxt, past_key_values=cache, use_cache=True)
-                nxt = out.logits[:, -1].argmax(-1, keepdim=True)
-    return sw.seconds
+    """Seconds for new_tokens - 1 decode steps after an untimed prefill of the batch."""
+    return transformers_decode(model, prompts, new_tokens - 1)
 
 
 # -- one checkpoint -----------------------------------------------------------------------------

@@ -32,7 +32,7 @@ from __future__ import annotations
 import time
 
 import torch
-from _timing import Stopwatch, median_ms, per_call, rates, repeat, sync
+from _timing import Stopwatch, median_ms, per_call, rates, repeat, sync, transformers_decode
 
 from requant.runtime.fast import BUCKETS
 
@@ -166,27 +166,6 @@ def requant_decode_secs(model, prompts, steps: int, graphs: bool) -> float:
     with Stopwatch(GPU) as sw, torch.no_grad():
         for _ in range(steps):
             dec.step()
-    return sw.seconds
-
-
-def hf_decode_secs(hf, prompts, steps: int) -> float:
-    import warnings
-
-    from transformers import DynamicCache
-
-    warnings.filterwarnings("ignore", message=".*past_key_values.*", category=FutureWarning)
-    ids = torch.stack(prompts)
-    with torch.no_grad():
-        try:
-            cache = DynamicCache(config=hf.config)
-        except TypeError:
-            cache = DynamicCache()
-        out = hf(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
-        nxt = out.logits[:, -1].argmax(-1, keepdim=True)
-        with Stopwatch(GPU) as sw:
-            for _ in range(steps):
-                out = hf(input_ids=nxt, past_key_values=cache, use_cache=True)
-                nxt = out.logits[:, -1].argmax(-1, keepdim=True)
     return sw.seconds
 
 
@@ -484,8 +463,8 @@ def bench_shape(name: str, args, log) -> dict:
                         nxt = ref.decode_step(nxt, cache).argmax(-1)
             rows.setdefault("requant reference (before)", {})["decode b1"] = rates(8, [sw.seconds])
         if hf is not None:
-            hf_decode_secs(hf, prompts, 2)
-            secs = [hf_decode_secs(hf, prompts, args.steps) for _ in range(args.reps)]
+            transformers_decode(hf, prompts, 2)
+            secs = [transformers_decode(hf, prompts, args.steps) for _ in range(args.reps)]
             rows.setdefault("transformers bf16", {})[f"decode b{bsz}"] = rates(work, secs)
         log(
             f"{name} decode b{bsz}: "

@@ -48,14 +48,7 @@ touch "$TIMINGS"
 } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 
-CKPTS=()
-for size in $SIZES; do
-    dir="$CKPT_ROOT/requant-$size-synthetic"
-    if has generate && [ ! -f "$dir/config.json" ]; then
-        step "synthetic_$size" 900 python3 -m requant.synthetic "$size" "$dir"
-    fi
-    [ -f "$dir/config.json" ] && CKPTS+=("$dir")
-done
+synthetic_checkpoints  # CKPTS: the synthetic checkpoint of each of $SIZES (made first with STEPS "generate")
 
 if has build; then
     cutlass_build 400

@@ -80,3 +80,13 @@ def test_every_gpu_script_sources_the_helper():
         assert 'source "$(dirname "$0")/_gpu_common.sh" || exit 1' in text, p.name
         assert not re.search(r"^\s*(step|now|has|left)\(\)", text, re.M), f"{p.name} defines its own helper"
         assert "gpu_env" in text, p.name
+
+
+def test_synthetic_checkpoints_lists_the_ones_that_exist(tmp_path):
+    """Without "generate" in STEPS nothing is made: CKPTS holds the sizes whose config.json exists."""
+    (tmp_path / "requant-a-synthetic").mkdir()
+    (tmp_path / "requant-a-synthetic" / "config.json").write_text("{}")
+    (tmp_path / "requant-b-synthetic").mkdir()  # no config.json: an unfinished one
+    r = _bash('SIZES="a b c" STEPS=tests synthetic_checkpoints\necho "${CKPTS[*]}"', tmp_path, CKPT_ROOT=str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == str(tmp_path / "requant-a-synthetic")
