@@ -33,12 +33,8 @@ Why C5 and C6 both exist: C6 is the best a tolerance suite can do, and it is bli
 fault that moves an output by exactly one spacing. C5 is an equality, so it sees those, but
 only where power-of-two scales make equality a legal requirement.
 
-Why C8 sees what C5 and C6 cannot. NUMERICS: every declared order is a fixed sequence of
-IEEE fp32 operations and one bf16 rounding (kernels/reference.py), so given the operands
-its output bits are a function, not a tolerance band; any deviation that changes a bit
-(one spacing included) is a difference, under native scales as under powers of two. It
-needs a declaration, C5 needs none; and it compares the kernel with itself on its own
-operands, so a kernel fed the wrong operands (F9) but computing correctly is C1's to see.
+Why C8 sees what C5 and C6 cannot (every declared order is a function of its operands, not a
+tolerance band): docs/audit.md, "Fault definitions". Proof: tests/audit/test_checks.py.
 """
 
 from __future__ import annotations

@@ -1,64 +1,34 @@
-"""The fault catalogue: 9 families, 21 variants.
+"""The fault catalogue: 9 families, 21 variants, each a modification of one exact reference pipeline.
 
-Every fault is a modification of one exact reference pipeline,
-
-    acc = exact int32 accumulator                   (kernels.reference.accumulate)
+    acc = exact int32 accumulator                      (kernels.reference.accumulate)
     y   = bf16_rne(fp32(fp32(s_a * fp32(acc)) * s_w))  (kernels.reference.epilogue_triton_order)
 
-i.e. the legal Triton order. A fault produces a *run under test* (audit.records.Run): the
-operands it consumed, the accumulator it formed, the bf16 output it returned and a kernel
-description. The checks (audit/checks.py) then compare that run with the reference run.
+Contract: inject(variant, reference_case(...)) returns a *run under test* (audit.records.Run):
+the operands it consumed, the accumulator it formed, the bf16 output and a kernel description;
+audit/checks.py compares it with the reference run. Faults are seeded (seed_for): the same
+layer, regime and variant always give the same run.
 
-Severity says *where* the faulty pipeline replaces the reference:
-  one   one output element. If the faulty pipeline changes any element at all, the element
-        is drawn (seeded) from the ones it changes: the smallest observable injection, the
-        hardest case for a detector. If it changes none, a seeded element is drawn from all
-        (the cell is then unobservable).
-  1pct  ceil(1% of M*N) seeded uniform draws over the output (duplicates collapse, so a
-        little under 1% on large outputs); not targeted, so a rare fault may miss them.
-  all   every output element.
-F6, F7, F8 have one severity ("all"). F9 faults act on operands instead of output elements,
-so its severities are operand severities (see F9 below) under the same three labels.
+Severity says where the faulty pipeline replaces the reference: `one` one output element drawn
+from those it changes (a seeded element of all when it changes none: the cell is then
+unobservable), `1pct` ceil(1% of M*N) seeded draws, `all` every element. F6, F7, F8 have only
+`all`; F9's severities act on operands (F9a one s_a row x F9A_FACTOR, F9b 1% of the int8
+activations +-1, F9c all of them).
 
-Families (the definitions the prediction matrix was written from):
-  F1 scale precision: the weight scale is applied through a precomputed fp32 reciprocal,
-     y = bf16_rne(fp32(s_a*acc) / fp32(1/s_w)). For s_w = 2**e the reciprocal and the
-     division are exact, so y is the reference bit for bit; otherwise fp32(1/s_w) carries a
-     rounding error, the quotient moves by about one fp32 ulp, which can flip one bf16
-     rounding: at most one bf16 spacing.
-  F2 double rounding: the product after the first scale is rounded to bf16, then scaled
-     and rounded again: y = bf16_rne(fp32(bf16_rne(fp32(s_a*acc)) * s_w)). Exact under a
-     power-of-two s_w (scaling by 2**e commutes with rounding in the normal range). Under
-     a general s_w the first rounding errs by <= half a spacing of s_a*acc, which is < one
-     spacing of the product, so the two final roundings differ by at most one spacing
-     (tested on random operands; it changes about a quarter of the outputs of the embedded
-     default, each by exactly one).
-  F3 multiplication order: the other legal order, CUTLASS's s_a * fp32(s_w * acc)
-     (kernels.reference.epilogue_cutlass_order). Equal under power-of-two s_w.
-  F4 output truncation: the final fp32 -> bf16 cast rounds toward zero
-     (kernels.bf16.truncate_fp32_to_bf16) instead of to nearest even. Not a scale-order
-     fault, so power-of-two scales do not hide it: about half of all outputs move by one.
-  F5 fused ordering: the scale product is formed first, y = bf16_rne(fp32(acc) *
-     fp32(s_a*s_w)). Exact under power-of-two s_w.
-  F6 accumulator precision (precondition): K is cut into tiles of F6_TILE; each tile's
-     int8 dot products are exact (|tile sum| <= 64 * 2**14), but tiles are summed into a
-     bfloat16 register: acc <- bf16_rne(fp32(acc + tile)) (torch's fp32 -> bf16 cast, round
-     half to even on CPU and GPU). The accumulator is a float with 8 significant bits, far
-     too narrow for K * 2**14. With K <= F6_TILE it rounds the exact sum once, so the
-     output moves by at most one spacing: every Qwen3 Linear has K >= 1024.
-  F7 accumulator range (precondition): an int16 accumulator that wraps (two's complement).
-     Wrapping at every step equals wrapping once at the end, so acc16 = wrap16(acc) exactly,
-     whatever the summation order (saturation would depend on the order; wrap does not).
-  F8 null fault: the reference pipeline itself. Must never fire.
-  F9 operand fault: the kernel under test consumes operands the reference did not; its own
-     pipeline is the exact reference (exact accumulator, Triton order, RNE):
-       one  (F9a) one activation scale is multiplied by F9A_FACTOR = 1.25: a seeded row m
-            with s_a[m] != 0; the int8 tensors and the accumulator are untouched, so only
-            the scale digest (C1) and the output can reveal it. Output row m moves by a
-            factor 1.25, i.e. about 32..64 spacings on every non-zero element.
-       1pct (F9b) ceil(1% of M*K) seeded int8 activations shifted by one (+1; 127 -> 126 so
-            that every chosen element changes by exactly one); accumulator recomputed.
-       all  (F9c) every int8 activation shifted by one the same way; accumulator recomputed.
+Families:
+  F1 scale precision        s_w applied as / fp32(1/s_w)
+  F2 double rounding        bf16 after s_a, then * s_w and round again
+  F3 multiplication order   the CUTLASS order s_a * fp32(s_w * acc)
+  F4 output truncation      the final cast rounds toward zero
+  F5 fused ordering         acc * fp32(s_a * s_w)
+  F6 accumulator precision  exact F6_TILE-wide tiles summed in a bf16 register
+  F7 accumulator range      an int16 accumulator that wraps
+  F8 null                   the reference itself; must never fire
+  F9 operand fault          the kernel consumes operands the reference did not
+
+The definitions with their numerics (why F1, F2, F3 and F5 vanish under power-of-two scales
+and move an output by at most one bf16 spacing otherwise; why F6 needs K > F6_TILE; why
+wrapping once equals wrapping at every step) are in docs/audit.md, "Fault definitions", from
+which the prediction matrix was written. Proof: tests/audit/test_faults.py.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Host (Python) time per eager call of the Triton W8A8 path, before and after issue 10's
-host-overhead work, measured on the CPU with the GPU launch stubbed (no GPU needed).
+"""Host (Python) time per eager call of the Triton W8A8 path, as of commit 7b4df52 (before the
+host-overhead work) and now, measured on the CPU with the GPU launch stubbed (no GPU needed).
 
     python3 benchmarks/bench_host.py [--out DIR] [--number 20000]
 
@@ -24,33 +24,42 @@ timed apart and subtracted from both. Writes host_overhead.json and prints a tab
 import argparse
 import importlib
 import importlib.util
-import json
 import os
 import platform
 import subprocess
 import sys
 import tempfile
-import timeit
 
 os.environ.pop("TRITON_INTERPRET", None)  # real JITFunctions (never launched here)
 
 import torch  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from _qwen3_shapes import QWEN3  # noqa: E402
+from _timing import host_us  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import make_backend  # noqa: E402
 from triton.runtime.jit import compute_cache_key, create_function_from_signature  # noqa: E402
 
 import requant.kernels as K  # noqa: E402
 from requant.kernels.triton import _launch  # noqa: E402
+from requant.output import write_json_atomic  # noqa: E402
 
-BEFORE = "7b4df52"  # the last commit before issue 10's changes
+BEFORE = "7b4df52"  # the last commit before the host-overhead work
 BACKEND = make_backend(GPUTarget("cuda", 90, 32))
+
+
+def _shape(model: str, linear: str, m: int, note: str = "") -> tuple[str, int, int, int]:
+    (n, k) = next((n, k) for name, n, k, _ in QWEN3[model] if name == linear)
+    return (f"{model} {linear}, M={m}{note}", m, n, k)
+
+
 SHAPES = [
-    ("Qwen3-1.7B gate,up, M=512 (issue 8's 512 x 2048 x 6144)", 512, 6144, 2048),
-    ("Qwen3-8B q,o, M=16 (decode, pointer kernel)", 16, 4096, 4096),
-    ("Qwen3-8B k,v, M=128", 128, 1024, 4096),
+    _shape("Qwen3-1.7B", "gate,up", 512, " (the first measured 512 x 2048 x 6144)"),
+    _shape("Qwen3-8B", "q,o", 16, " (decode, pointer kernel)"),
+    _shape("Qwen3-8B", "k,v", 128),
 ]
 
 
@@ -137,10 +146,6 @@ def _new_path():
     return call
 
 
-def _time_us(fn, number):
-    return min(timeit.repeat(fn, number=number, repeat=5)) / number * 1e6
-
-
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
@@ -153,11 +158,11 @@ def main():
         w = torch.zeros(n, k, dtype=torch.int8)
         s_a, s_w = torch.ones(m, 1), torch.ones(n, 1)
         old(a, w, s_a, s_w), new(a, w, s_a, s_w)
-        t_old = _time_us(lambda: old(a, w, s_a, s_w), args.number)
-        t_new = _time_us(lambda: new(a, w, s_a, s_w), args.number)
+        t_old = host_us(lambda: old(a, w, s_a, s_w), args.number)
+        t_new = host_us(lambda: new(a, w, s_a, s_w), args.number)
         # The output allocation is in both paths; on the CPU it is a malloc (tens of us for large
         # outputs), on a GPU the caching allocator's few us. Reported apart, and subtracted.
-        t_out = _time_us(lambda: torch.empty((m, n), dtype=torch.bfloat16), args.number)
+        t_out = host_us(lambda: torch.empty((m, n), dtype=torch.bfloat16), args.number)
         rows.append(
             {"shape": label, "m": m, "n": n, "k": k, "before_us": t_old, "after_us": t_new, "output_alloc_us": t_out}
         )
@@ -177,9 +182,7 @@ def main():
         "rows": rows,
         "note": __doc__,
     }
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "host_overhead.json"), "w") as f:
-        json.dump(res, f, indent=1)
+    write_json_atomic(os.path.join(args.out, "host_overhead.json"), res)
 
 
 if __name__ == "__main__":

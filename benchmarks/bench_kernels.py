@@ -25,7 +25,6 @@ Writes kernels_bench.json and kernels_bench.md into --out.
 """
 
 import argparse
-import json
 import os
 import platform
 import sys
@@ -33,70 +32,23 @@ import time
 
 import torch
 import triton
-from triton.testing import do_bench
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _qwen3_shapes import QWEN3  # noqa: E402
+from _timing import GRAPH, graph_ms  # noqa: E402
 
 from requant.kernels import cutlass as ck  # noqa: E402
 from requant.kernels import triton as tk  # noqa: E402
 from requant.kernels.triton.scaled_mm import CONFIGS as TRITON_CONFIGS  # noqa: E402
+from requant.output import write_bytes_atomic, write_json_atomic  # noqa: E402
 
-# (N, K) and how many Linears of one decoder layer have that shape.
-QWEN3 = {
-    "Qwen3-1.7B": [("q,o", 2048, 2048, 2), ("k,v", 1024, 2048, 2), ("gate,up", 6144, 2048, 2), ("down", 2048, 6144, 1)],
-    "Qwen3-8B": [("q,o", 4096, 4096, 2), ("k,v", 1024, 4096, 2), ("gate,up", 12288, 4096, 2), ("down", 4096, 12288, 1)],
-    "Qwen3-14B": [
-        ("q,o", 5120, 5120, 2),
-        ("k,v", 1024, 5120, 2),
-        ("gate,up", 17408, 5120, 2),
-        ("down", 5120, 17408, 1),
-    ],
-}
 MS = [1, 16, 128, 512, 2048, 4096, 8192]
 BACKENDS = ["cutlass", "triton", "int_mm", "int_mm+s", "bf16"]
 
 
 ROTATE_BYTES = 256 << 20
-GRAPH = "cuda-graph"
-FALLBACK = "do_bench-fallback"
-
-
-def _time(fns, rep):
-    """(median time per call in ms, method) of the calls in `fns` (one per operand copy).
-
-    method is GRAPH normally; FALLBACK when the capture failed and do_bench timed fns[0]
-    alone (no operand rotation): callers must label such points.
-    """
-    for f in fns:  # compile / build / warm outside the capture
-        f()
-    torch.cuda.synchronize()
-    try:
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            for f in fns:
-                f()
-    except Exception as e:  # pragma: no cover - fall back, and say so in the output
-        print("graph capture failed, using do_bench:", type(e).__name__, e, flush=True)
-        return do_bench(fns[0], warmup=max(5, rep // 5), rep=rep, return_mode="median"), FALLBACK
-    g.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    g.replay()
-    end.record()
-    end.synchronize()
-    once = max(start.elapsed_time(end), 1e-3)
-    reps = max(1, int(rep / 5 / once))
-    times = []
-    for _ in range(5):
-        start.record()
-        for _ in range(reps):
-            g.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / (reps * len(fns)))
-    del g
-    return sorted(times)[2], GRAPH
 
 
 def _copies(m, n, k, elem=1):
@@ -131,7 +83,7 @@ def bench_shape(m, n, k, rep):
         fns["int_mm+s"] = [lambda o=o: int_mm_scaled(*o) for o in sets]
     out = {}
     for name, fl in fns.items():
-        ms, method = _time(fl, rep)
+        ms, method = graph_ms(fl, rep)
         out[name] = {"ms": ms, "tops": 2 * m * n * k / ms / 1e9, "method": method}
     return out
 
@@ -140,7 +92,7 @@ def _tops_points(m, n, k, rep, fls):
     """{key: TOPS} for {key: calls}, and the keys timed by the do_bench fallback."""
     res, fallback = {}, []
     for key, fl in fls.items():
-        ms, method = _time(fl, rep)
+        ms, method = graph_ms(fl, rep)
         res[key] = 2 * m * n * k / ms / 1e9
         if method != GRAPH:
             fallback.append(key)
@@ -163,7 +115,7 @@ def square_cutlass_tiles(rep, n=8192):
     sets = [operands(n, n, n) for _ in range(_copies(n, n, n))]
     idx = {name: t for t, name in ck.TILES.items()}
     fls = {"default": [lambda o=o: ck.scaled_mm(*o) for o in sets]}
-    for name in ("medium", "large"):  # the default tile and the one alternative kept (issue 10)
+    for name in ("medium", "large"):  # the default tile and the one alternative kept
         for sw in (1, 8):
             fls[f"{name}:sw{sw}"] = [lambda o=o, t=idx[name], sw=sw: ck.scaled_mm(*o, tile=t, swizzle=sw) for o in sets]
     return _tops_points(n, n, n, rep, fls)
@@ -311,14 +263,15 @@ def main():
     for key, res in result["sweeps"].items():
         print("sweep", key, {k: round(v) for k, v in res.items()}, flush=True)
     result["elapsed_s"] = time.time() - t0
-    with open(os.path.join(args.out, "kernels_bench.json"), "w") as f:
-        json.dump(result, f, indent=1)
+    write_json_atomic(os.path.join(args.out, "kernels_bench.json"), result)
     md = markdown(result)
-    with open(os.path.join(args.out, "kernels_bench.md"), "w") as f:
-        f.write(
+    write_bytes_atomic(
+        os.path.join(args.out, "kernels_bench.md"),
+        (
             f"# W8A8 kernel benchmark\n\n{result['device']}, torch {result['torch']}, triton {result['triton']}, CUDA {result['cuda']}\n"
             f"Command: `{result['command']}`, run by `bash benchmarks/gpu_kernels.sh` on the device machine\n\n{md}"
-        )
+        ).encode(),
+    )
     print(md)
 
 

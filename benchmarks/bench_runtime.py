@@ -40,9 +40,7 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -50,8 +48,13 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+for _p in (ROOT, ROOT / "benchmarks"):
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
+
+from _timing import Stopwatch, summary, sync, transformers_decode  # noqa: E402
+
+from requant.output import write_bytes_atomic, write_json_atomic  # noqa: E402
 
 T0 = time.perf_counter()
 
@@ -60,26 +63,14 @@ def log(msg: str) -> None:
     print(f"[{time.perf_counter() - T0:7.1f}s] {msg}", file=sys.stderr, flush=True)
 
 
-def sync(device) -> None:
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def stats(values: list[float]) -> dict:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values), "reps": values}
-
-
 # -- requant ----------------------------------------------------------------------------------
 
 
 def requant_prefill(model, ids: torch.Tensor) -> float:
     """Seconds for one prefill of ids (last position's logits)."""
-    sync(model.device)
-    t = time.perf_counter()
-    with torch.no_grad():
+    with Stopwatch(model.device) as sw, torch.no_grad():
         model.prefill([ids], last_only=True)
-    sync(model.device)
-    return time.perf_counter() - t
+    return sw.seconds
 
 
 def requant_decode(model, prompts: list[torch.Tensor], new_tokens: int) -> float:
@@ -88,12 +79,10 @@ def requant_decode(model, prompts: list[torch.Tensor], new_tokens: int) -> float
     with torch.no_grad():
         cache = model.new_cache(len(prompts), cap)
         nxt = model.prefill(prompts, cache=cache, last_only=True).argmax(-1)
-        sync(model.device)
-        t = time.perf_counter()
-        for _ in range(new_tokens - 1):
-            nxt = model.decode_step(nxt, cache).argmax(-1)
-        sync(model.device)
-    return time.perf_counter() - t
+        with Stopwatch(model.device) as sw:
+            for _ in range(new_tokens - 1):
+                nxt = model.decode_step(nxt, cache).argmax(-1)
+    return sw.seconds
 
 
 # -- transformers -----------------------------------------------------------------------------
@@ -130,38 +119,14 @@ def hf_model(ckpt, device):
 
 
 def hf_prefill(model, ids: torch.Tensor) -> float:
-    sync(ids.device)
-    t = time.perf_counter()
-    with torch.no_grad():
+    with Stopwatch(ids.device) as sw, torch.no_grad():
         model(input_ids=ids[None], logits_to_keep=1, use_cache=False)
-    sync(ids.device)
-    return time.perf_counter() - t
+    return sw.seconds
 
 
 def hf_decode(model, prompts: list[torch.Tensor], new_tokens: int) -> float:
-    import warnings
-
-    from transformers import DynamicCache
-
-    # `past_key_values` is deprecated in transformers 5.24 (renamed `cache`) but is the only
-    # name 5.17 (the GPU machine's) knows
-    warnings.filterwarnings("ignore", message=".*past_key_values.*", category=FutureWarning)
-
-    ids = torch.stack(prompts)  # equal lengths: no padding
-    with torch.no_grad():
-        try:
-            cache = DynamicCache(config=model.config)
-        except TypeError:  # older signature
-            cache = DynamicCache()
-        out = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
-        nxt = out.logits[:, -1].argmax(-1, keepdim=True)
-        sync(ids.device)
-        t = time.perf_counter()
-        for _ in range(new_tokens - 1):
-            out = model(input_ids=nxt, past_key_values=cache, use_cache=True)
-            nxt = out.logits[:, -1].argmax(-1, keepdim=True)
-        sync(ids.device)
-    return time.perf_counter() - t
+    """Seconds for new_tokens - 1 decode steps after an untimed prefill of the batch."""
+    return transformers_decode(model, prompts, new_tokens - 1)
 
 
 # -- one checkpoint -----------------------------------------------------------------------------
@@ -260,7 +225,7 @@ def _bench_checkpoint(path: str, args, record: dict, flush) -> None:
             for name, (engine, m) in variants.items():
                 times[name].append(run[engine](m))
         for name in variants:
-            results[name][key] = stats([work / s for s in times[name]])
+            results[name][key] = summary([work / s for s in times[name]])
         log(
             f"{entry['name']}: {key}: "
             + ", ".join(f"{name} {results[name][key]['median']:.0f} tok/s" for name in variants)
@@ -437,9 +402,7 @@ def main(argv=None) -> int:
     }
 
     def flush():
-        tmp = out / ".bench_runtime.json.tmp"
-        tmp.write_text(json.dumps(record, indent=1) + "\n")
-        os.replace(tmp, out / "bench_runtime.json")
+        write_json_atomic(out / "bench_runtime.json", record)
 
     if cuda and "cutlass" in args.backends:
         t = time.perf_counter()
@@ -455,7 +418,7 @@ def main(argv=None) -> int:
             torch.cuda.empty_cache()
     record["wall_seconds"] = round(time.perf_counter() - T0, 2)
     flush()
-    (out / "bench_runtime.md").write_text(markdown(record))
+    write_bytes_atomic(out / "bench_runtime.md", markdown(record).encode())
     print(markdown(record))
     return 0
 
@@ -482,9 +445,7 @@ def main_synthetic(args, argv) -> int:
     }
 
     def flush():
-        tmp = out / ".bench_runtime_fast.json.tmp"
-        tmp.write_text(json.dumps(record, indent=1) + "\n")
-        os.replace(tmp, out / "bench_runtime_fast.json")
+        write_json_atomic(out / "bench_runtime_fast.json", record)
 
     if "cutlass" in args.backends:
         t = time.perf_counter()
@@ -505,7 +466,7 @@ def main_synthetic(args, argv) -> int:
         torch.cuda.empty_cache()
     record["wall_seconds"] = round(time.perf_counter() - T0, 2)
     flush()
-    (out / "bench_runtime_fast.md").write_text(fast.markdown(record))
+    write_bytes_atomic(out / "bench_runtime_fast.md", fast.markdown(record).encode())
     print(fast.markdown(record))
     return 0
 

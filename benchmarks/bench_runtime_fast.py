@@ -29,12 +29,14 @@ What is measured (CUDA-synchronised, perf_counter, median of --reps [min-max] af
 
 from __future__ import annotations
 
-import statistics
 import time
 
 import torch
+from _timing import Stopwatch, median_ms, per_call, rates, repeat, sync, transformers_decode
 
 from requant.runtime.fast import BUCKETS
+
+GPU = "cuda"  # every timer synchronises this device
 
 
 def _guard(fn, *args):
@@ -43,44 +45,6 @@ def _guard(fn, *args):
         return fn(*args)
     except Exception as exc:  # noqa: BLE001 (recorded in the results, never hidden)
         return {"error": f"{type(exc).__name__}: {exc}"[:500]}
-
-
-def _sync():
-    torch.cuda.synchronize()
-
-
-def _time(fn, reps: int) -> list[float]:
-    out = []
-    for _ in range(reps):
-        _sync()
-        t = time.perf_counter()
-        fn()
-        _sync()
-        out.append(time.perf_counter() - t)
-    return out
-
-
-def _per_call(fn, reps: int, n: int = 20) -> list[float]:
-    """Seconds per call of fn, n calls back to back per repetition (kernel time, not one sync)."""
-    fn()
-    out = []
-    for _ in range(reps):
-        _sync()
-        t = time.perf_counter()
-        for _ in range(n):
-            fn()
-        _sync()
-        out.append((time.perf_counter() - t) / n)
-    return out
-
-
-def _stats(work: float, secs: list[float]) -> dict:
-    v = [work / s for s in secs]
-    return {"median": statistics.median(v), "min": min(v), "max": max(v)}
-
-
-def _ms(secs: list[float]) -> float:
-    return 1e3 * statistics.median(secs)
 
 
 # -- models -----------------------------------------------------------------------------------
@@ -199,36 +163,10 @@ def requant_decoder(model, prompts, steps: int, graphs: bool):
 
 def requant_decode_secs(model, prompts, steps: int, graphs: bool) -> float:
     dec = requant_decoder(model, prompts, steps, graphs)
-    _sync()
-    t = time.perf_counter()
-    with torch.no_grad():
+    with Stopwatch(GPU) as sw, torch.no_grad():
         for _ in range(steps):
             dec.step()
-    _sync()
-    return time.perf_counter() - t
-
-
-def hf_decode_secs(hf, prompts, steps: int) -> float:
-    import warnings
-
-    from transformers import DynamicCache
-
-    warnings.filterwarnings("ignore", message=".*past_key_values.*", category=FutureWarning)
-    ids = torch.stack(prompts)
-    with torch.no_grad():
-        try:
-            cache = DynamicCache(config=hf.config)
-        except TypeError:
-            cache = DynamicCache()
-        out = hf(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
-        nxt = out.logits[:, -1].argmax(-1, keepdim=True)
-        _sync()
-        t = time.perf_counter()
-        for _ in range(steps):
-            out = hf(input_ids=nxt, past_key_values=cache, use_cache=True)
-            nxt = out.logits[:, -1].argmax(-1, keepdim=True)
-        _sync()
-    return time.perf_counter() - t
+    return sw.seconds
 
 
 def _families(prof, calls: int) -> dict:
@@ -270,7 +208,7 @@ def decode_profile(model, prompts, steps: int = 4) -> dict:
     with torch.no_grad(), profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
             dec.step()
-        _sync()
+        sync(GPU)
     return _families(prof, steps)
 
 
@@ -282,7 +220,7 @@ def prefill_profile(model, prompts, calls: int = 2) -> dict:
     with torch.no_grad(), profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(calls):
             requant_prefill(model, prompts)
-        _sync()
+        sync(GPU)
     return _families(prof, calls)
 
 
@@ -365,9 +303,9 @@ def prices(model, reps: int) -> dict:
         rows = {}
         for m in (1, 64, 2048):
             x = torch.randn(m, a.hidden, device="cuda").to(torch.bfloat16)
-            fixed = _per_call(lambda x=x: dense(x, w), reps)
-            free = _per_call(lambda x=x: torch.matmul(x, w.T), reps)
-            rows[m] = {"fixed_tile_ms": _ms(fixed), "cublas_bf16_ms": _ms(free)}
+            fixed = per_call(lambda x=x: dense(x, w), reps, device=GPU)
+            free = per_call(lambda x=x: torch.matmul(x, w.T), reps, device=GPU)
+            rows[m] = {"fixed_tile_ms": median_ms(fixed), "cublas_bf16_ms": median_ms(free)}
         out["lm_head"] = rows
     t = 2048
     q = torch.randn(t, a.heads, a.head_dim, device="cuda").to(torch.bfloat16)
@@ -380,14 +318,15 @@ def prices(model, reps: int) -> dict:
         dtype=torch.int32,
         device="cuda",
     )
-    ours = _per_call(lambda: attention(q, kc, vc, pos, blocks, a.head_dim**-0.5), reps)
+    ours = per_call(lambda: attention(q, kc, vc, pos, blocks, a.head_dim**-0.5), reps, device=GPU)
     qh = q.transpose(0, 1)[None]
     kh, vh = kc, vc
-    sdpa = _per_call(
+    sdpa = per_call(
         lambda: torch.nn.functional.scaled_dot_product_attention(qh, kh, vh, is_causal=True, enable_gqa=True),
         reps,
+        device=GPU,
     )
-    out["attention_2048"] = {"ours_ms": _ms(ours), "sdpa_ms": _ms(sdpa)}
+    out["attention_2048"] = {"ours_ms": median_ms(ours), "sdpa_ms": median_ms(sdpa)}
     sweep = {}
     g = a.heads // a.kv_heads
     for tile in ((64, 64, 4, 3), (128, 64, 8, 2), (128, 64, 8, 3), (128, 128, 8, 2)):
@@ -399,10 +338,11 @@ def prices(model, reps: int) -> dict:
         )
         try:
             attention(q, kc, vc, pos, blk, a.head_dim**-0.5, tile=tile)
-            sweep[str(tile)] = _ms(
-                _per_call(
+            sweep[str(tile)] = median_ms(
+                per_call(
                     lambda blk=blk, tile=tile: attention(q, kc, vc, pos, blk, a.head_dim**-0.5, tile=tile),
                     reps,
+                    device=GPU,
                 )
             )
         except Exception as exc:  # noqa: BLE001 (a tile that does not compile: shared memory)
@@ -410,9 +350,9 @@ def prices(model, reps: int) -> dict:
     out["attention_2048"]["other_tiles_ms (BLOCK_M, BLOCK_N, warps, stages)"] = sweep
     x = torch.randn(t, a.hidden, device="cuda").to(torch.bfloat16)
     nw = torch.ones(a.hidden, dtype=torch.bfloat16, device="cuda")
-    tree = _per_call(lambda: add_rms_norm(x, nw, a.eps, quantize=False, write_h=True), reps)
-    free = _per_call(lambda: torch.nn.functional.rms_norm(x, (a.hidden,), nw, a.eps), reps)
-    out["rms_norm_2048"] = {"tree_kernel_ms": _ms(tree), "torch_rms_norm_ms": _ms(free)}
+    tree = per_call(lambda: add_rms_norm(x, nw, a.eps, quantize=False, write_h=True), reps, device=GPU)
+    free = per_call(lambda: torch.nn.functional.rms_norm(x, (a.hidden,), nw, a.eps), reps, device=GPU)
+    out["rms_norm_2048"] = {"tree_kernel_ms": median_ms(tree), "torch_rms_norm_ms": median_ms(free)}
     return out
 
 
@@ -498,9 +438,9 @@ def bench_shape(name: str, args, log) -> dict:
         times = {k: [] for k in variants}
         for _ in range(args.reps):
             for k, fn in variants.items():
-                times[k] += _time(fn, 1)
+                times[k] += repeat(fn, 1, GPU)
         for k in variants:
-            rows.setdefault(k, {})[f"prefill {key}"] = _stats(work, times[k])
+            rows.setdefault(k, {})[f"prefill {key}"] = rates(work, times[k])
         log(f"{name} prefill {key}: " + ", ".join(f"{k} {rows[k][f'prefill {key}']['median']:.0f}" for k in variants))
         if key in ("1x2048", "8x512"):
             entry.setdefault("prefill_profile", {})[key] = _guard(prefill_profile, base, prompts)
@@ -511,23 +451,21 @@ def bench_shape(name: str, args, log) -> dict:
             for graphs in (True, False):
                 k = f"requant fast {b} {'graph' if graphs else 'eager'}"
                 secs = [requant_decode_secs(m, prompts, args.steps, graphs) for _ in range(args.reps)]
-                rows.setdefault(k, {})[f"decode b{bsz}"] = _stats(work, secs)
+                rows.setdefault(k, {})[f"decode b{bsz}"] = rates(work, secs)
         if args.reference and bsz == 1:
             ref = base.with_backends(engine="reference")
             with torch.no_grad():
                 cache = ref.new_cache(1, 256)
                 nxt = ref.prefill(prompts, cache=cache, last_only=True).argmax(-1)
                 ref.decode_step(nxt, cache)
-                _sync()
-                t0 = time.perf_counter()
-                for _ in range(8):
-                    nxt = ref.decode_step(nxt, cache).argmax(-1)
-                _sync()
-            rows.setdefault("requant reference (before)", {})["decode b1"] = _stats(8, [time.perf_counter() - t0])
+                with Stopwatch(GPU) as sw:
+                    for _ in range(8):
+                        nxt = ref.decode_step(nxt, cache).argmax(-1)
+            rows.setdefault("requant reference (before)", {})["decode b1"] = rates(8, [sw.seconds])
         if hf is not None:
-            hf_decode_secs(hf, prompts, 2)
-            secs = [hf_decode_secs(hf, prompts, args.steps) for _ in range(args.reps)]
-            rows.setdefault("transformers bf16", {})[f"decode b{bsz}"] = _stats(work, secs)
+            transformers_decode(hf, prompts, 2)
+            secs = [transformers_decode(hf, prompts, args.steps) for _ in range(args.reps)]
+            rows.setdefault("transformers bf16", {})[f"decode b{bsz}"] = rates(work, secs)
         log(
             f"{name} decode b{bsz}: "
             + ", ".join(f"{k} {r[f'decode b{bsz}']['median']:.0f}" for k, r in rows.items() if f"decode b{bsz}" in r)

@@ -1,5 +1,5 @@
-"""W8A8 GEMM speed on one GPU, eager and under CUDA graphs, same process and moment (issue 10,
-and issue 8's per-call host overhead).
+"""W8A8 GEMM speed on one GPU, eager and under CUDA graphs, same process and moment, and the
+per-call host overhead of the eager path.
 
     python3 benchmarks/bench_speed.py --out DIR [--budget-s 330] [--reps 5] [--no-cutlass]
 
@@ -7,11 +7,9 @@ Points: 8192^3, and every distinct Linear of Qwen3-1.7B/8B/14B (q,o / k,v / gate
 at M = 512, 2048, 8192 and, for decode-ish use, M = 1, 16, 128. Backends at each point:
   cutlass        requant.kernels.scaled_mm(backend="cutlass"), default tile and swizzle
   triton         requant.kernels.scaled_mm(backend="triton"), default config, cached launches
-  triton_before  the Triton path as it was before issue 10: importlib resolution, a device
+  triton_before  the Triton path as of commit 7b4df52: importlib resolution, a device
                  context, the former config_for (128x256, persistent for N >= 4096, above
                  M = 1024), launches through JITFunction every call (cached=False)
-  plain          issue 10's plain Triton kernel: 128x128x128, 8 warps, 3 stages, pointer
-                 loads, tutorial style, launched bare (no checks); checked bit for bit first
   int_mm         torch._int_mm (cuBLAS int8 -> int32; M > 16 only), no scales
   bf16           torch.matmul of bf16 operands (TFLOP/s)
 Each backend is timed two ways, interleaved (repetition r of every backend before repetition r + 1 of
@@ -31,11 +29,13 @@ M = 512, 2048, 8192.
 Writes bench_speed.json after every point, and bench_speed.md (bench_speed_report.py) at the
 end, when --budget-s runs out (the rest is listed as skipped), and on SIGTERM (timeout).
 Without a CUTLASS build (--no-cutlass, or build() failing) the other backends are still timed.
+The plain tutorial-style kernel this benchmark once carried as its own copy is Triton's
+`medium_ptr_s3` config (timed in the sweeps); its last figures as a separate backend are in
+docs/log.md.
 """
 
 import argparse
 import importlib
-import json
 import os
 import platform
 import signal
@@ -45,12 +45,12 @@ import time
 
 import torch
 import triton
-import triton.language as tl
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
+from _qwen3_shapes import QWEN3  # noqa: E402
 from bench_speed_report import markdown  # noqa: E402
 
 import requant.kernels as K  # noqa: E402
@@ -58,17 +58,8 @@ from requant.kernels import cutlass as ck  # noqa: E402
 from requant.kernels import reference as ref  # noqa: E402
 from requant.kernels.bf16 import bitwise_equal  # noqa: E402
 from requant.kernels.triton import scaled_mm as t_scaled_mm  # noqa: E402
+from requant.output import write_bytes_atomic, write_json_atomic  # noqa: E402
 
-QWEN3 = {  # (Linear, N, K, how many of them per decoder layer)
-    "Qwen3-1.7B": [("q,o", 2048, 2048, 2), ("k,v", 1024, 2048, 2), ("gate,up", 6144, 2048, 2), ("down", 2048, 6144, 1)],
-    "Qwen3-8B": [("q,o", 4096, 4096, 2), ("k,v", 1024, 4096, 2), ("gate,up", 12288, 4096, 2), ("down", 4096, 12288, 1)],
-    "Qwen3-14B": [
-        ("q,o", 5120, 5120, 2),
-        ("k,v", 1024, 5120, 2),
-        ("gate,up", 17408, 5120, 2),
-        ("down", 5120, 17408, 1),
-    ],
-}
 MS_MAIN = [512, 2048, 8192]
 MS_DECODE = [1, 16, 128]
 SQUARE = 8192
@@ -82,84 +73,7 @@ DEV = "cuda"
 CUTLASS = {"ok": True, "error": None}  # main() sets it: whether the extension is built
 
 
-# ---- issue 10's plain Triton kernel (the tutorial matmul, int8, our Triton-order epilogue) ----
-
-
-@triton.jit
-def _plain_kernel(
-    a_ptr,
-    w_ptr,
-    sa_ptr,
-    sw_ptr,
-    out_ptr,
-    M,
-    N,
-    K,
-    stride_am,
-    stride_wn,
-    stride_om,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr,
-):
-    pid = tl.program_id(0)
-    num_m = tl.cdiv(M, BLOCK_M)
-    num_n = tl.cdiv(N, BLOCK_N)
-    group = GROUP_M * num_n
-    first_m = (pid // group) * GROUP_M
-    size_m = min(num_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % group) % size_m
-    pid_n = (pid % group) // size_m
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rk = tl.arange(0, BLOCK_K)
-    a_ptrs = a_ptr + (rm % M).to(tl.int64)[:, None] * stride_am + rk[None, :]
-    w_ptrs = w_ptr + (rn % N).to(tl.int64)[None, :] * stride_wn + rk[:, None]
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
-    for k0 in range(0, tl.cdiv(K, BLOCK_K)):
-        a = tl.load(a_ptrs, mask=rk[None, :] < K - k0 * BLOCK_K, other=0)
-        b = tl.load(w_ptrs, mask=rk[:, None] < K - k0 * BLOCK_K, other=0)
-        acc = tl.dot(a, b, acc, out_dtype=tl.int32)
-        a_ptrs += BLOCK_K
-        w_ptrs += BLOCK_K
-    s_a = tl.load(sa_ptr + rm, mask=rm < M, other=0.0)
-    s_w = tl.load(sw_ptr + rn, mask=rn < N, other=0.0)
-    y = (s_a[:, None] * acc.to(tl.float32)) * s_w[None, :]
-    mask = (rm[:, None] < M) & (rn[None, :] < N)
-    # y.to(bf16) rounds to nearest even on the GPU (cvt.rn.bf16.f32); Triton's CPU interpreter
-    # truncates, so checks() is meaningful on the GPU only.
-    tl.store(out_ptr + rm.to(tl.int64)[:, None] * stride_om + rn[None, :], y.to(tl.bfloat16), mask=mask)
-
-
-def plain_mm(a, w, s_a, s_w):
-    m, k = a.shape
-    n = w.shape[0]
-    out = torch.empty((m, n), dtype=torch.bfloat16, device=a.device)
-    grid = (-(-m // 128) * -(-n // 128),)
-    _plain_kernel[grid](
-        a,
-        w,
-        s_a,
-        s_w,
-        out,
-        m,
-        n,
-        k,
-        a.stride(0),
-        w.stride(0),
-        n,
-        BLOCK_M=128,
-        BLOCK_N=128,
-        BLOCK_K=128,
-        GROUP_M=8,
-        num_warps=8,
-        num_stages=3,
-    )
-    return out
-
-
-# ---- the Triton path before issue 10 ----
+# ---- the Triton path as of commit 7b4df52 ----
 
 
 def old_config_for(m: int, n: int) -> str:
@@ -329,7 +243,6 @@ def point(m, n, k, reps, seed, with_before=True):
     fns = {
         "cutlass": lambda o: K.scaled_mm(*o, backend="cutlass"),
         "triton": lambda o: K.scaled_mm(*o, backend="triton"),
-        "plain": lambda o: plain_mm(*o),
     }
     if not CUTLASS["ok"]:
         del fns["cutlass"]
@@ -429,7 +342,7 @@ def quantize_item(reps):
 
 def layer_item(m, reps, seed):
     """One Qwen3-8B decoder layer's Linears with their activation quantizations (4 quantizes,
-    7 GEMMs), eager and as a graph, with each backend before/after issue 10."""
+    7 GEMMs), eager and as a graph, with each backend's path as of 7b4df52 (before) and now (after)."""
     lins = {lin: (n, k) for lin, n, k, _ in QWEN3[LAYER_MODEL]}
     g = torch.Generator(device=DEV).manual_seed(seed)
     per_layer = sum(n * k * c for _, n, k, c in QWEN3[LAYER_MODEL])
@@ -489,12 +402,11 @@ def layer_item(m, reps, seed):
 
 
 def checks():
-    """The plain kernel and the former path compute the Triton order bit for bit."""
+    """The former path and both backends compute their emulated order bit for bit."""
     out = {}
     for m, n, k in CHECK_SHAPES:
         a, w, s_a, s_w = int8_sets(m, n, k, 7)[0]
         want = ref.scaled_mm_triton_order(a, w, s_a, s_w)
-        out[f"plain {m}x{n}x{k}"] = bitwise_equal(plain_mm(a, w, s_a, s_w), want)
         out[f"triton_before {m}x{n}x{k}"] = bitwise_equal(triton_before(a, w, s_a, s_w), want)
         out[f"triton {m}x{n}x{k}"] = bitwise_equal(K.scaled_mm(a, w, s_a, s_w, backend="triton"), want)
         if CUTLASS["ok"]:
@@ -549,9 +461,7 @@ def main():
 
     def save():
         result["elapsed_s"] = time.time() - t0
-        with open(path + ".tmp", "w") as f:
-            json.dump(result, f, indent=1)
-        os.replace(path + ".tmp", path)
+        write_json_atomic(path, result)
 
     items = [("checks", lambda: result["checks"].update(checks()))]
     sq = SQUARE
@@ -651,10 +561,7 @@ def main():
             result["skipped"] += [name for name, _ in items[done:]]
         save()
         md = markdown(result)
-        tmp = os.path.join(args.out, "bench_speed.md.tmp")
-        with open(tmp, "w") as f:
-            f.write(md)
-        os.replace(tmp, os.path.join(args.out, "bench_speed.md"))
+        write_bytes_atomic(os.path.join(args.out, "bench_speed.md"), md.encode())
         print(md.split("<!-- summary -->")[-1].strip() if "<!-- summary -->" in md else md[-3000:], flush=True)
 
 

@@ -1,4 +1,4 @@
-"""Markdown and a figure for bench_speed.json (benchmarks/bench_speed.py): the issue-10 goals,
+"""Markdown and a figure for bench_speed.json (benchmarks/bench_speed.py): the speed goals,
 judged on the numbers of the same run, then every table. markdown(result) -> str; the part
 after the `<!-- summary -->` marker is the short summary the GPU script prints last.
 figure(result, path) draws graph TOPS per backend on every Qwen3 Linear at M >= 512, and
@@ -6,13 +6,19 @@ eager / graph per backend (what the host path costs) at every point, into a PNG.
 
     python3 benchmarks/bench_speed_report.py bench_speed.json [--md bench_speed.md] [--png bench_speed.png]
 
-Without --md the Markdown goes to stdout. Works on a partial JSON (a run stopped by its budget).
+Without --md the Markdown goes to stdout. Works on a partial JSON (a run stopped by its budget),
+and on the stored runs that still time the `plain` backend (benchmarks/results/speed_gpu/).
 """
 
 import argparse
 import json
 import os
 import sys
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from requant.output import write_bytes_atomic, write_files_atomic  # noqa: E402
 
 CUTLASS_TILES = {"decode": (16, 64), "small": (64, 64), "mid": (64, 128), "medium": (128, 128), "large": (128, 256)}
 GEMM = ["cutlass", "triton", "triton_before", "plain", "int_mm", "bf16"]
@@ -85,7 +91,7 @@ def goals(result):
         e_new, e_old, g_new = _t(r, "eager", "triton"), _t(r, "eager", "triton_before"), _t(r, "graph", "triton")
         out.append(
             (
-                "Eager Triton at 512 x 2048 x 6144 within 10% of its graph time (issue 8: 215 TOPS eager, plain kernel 636)",
+                "Eager Triton at 512 x 2048 x 6144 within 10% of its graph time (first measured: 215 TOPS eager, plain kernel 636)",
                 f"before {_f(e_old)}, after {_f(e_new)}, plain {_f(_t(r, 'eager', 'plain'))}, graph {_f(g_new)} TOPS",
                 None if e_new is None or g_new is None else e_new >= 0.9 * g_new,
             )
@@ -96,7 +102,7 @@ def goals(result):
 def markdown(result):
     L = []
     add = L.append
-    add("# W8A8 GEMM speed: eager and CUDA graphs (issue 10)\n")
+    add("# W8A8 GEMM speed: eager and CUDA graphs\n")
     add(
         f"{result.get('device')}, torch {result.get('torch')}, triton {result.get('triton')}, CUDA {result.get('cuda')}; "
         f"commit {result.get('commit')}; `{result.get('command')}` (run by `bash benchmarks/gpu_speed.sh`), "
@@ -125,7 +131,7 @@ def markdown(result):
             + (" ..." if len(result["skipped"]) > 12 else "")
         )
     add("")
-    add("## Goals (issue 10), from this run\n")
+    add("## Goals, from this run\n")
     add("| goal | this run | met |")
     add("| --- | --- | --- |")
     for g, v, met in goals(result):
@@ -156,7 +162,7 @@ def markdown(result):
     add("## Qwen3 Linears, M >= 512 (TOPS; graph, then eager)\n")
     add(
         "CUTLASS tiles: the default tile and swizzle, its tile count and last-wave fill over 132 SMs. "
-        "before = the Triton path before issue 10 (its own config and host path).\n"
+        "before = the Triton path as of commit 7b4df52 (its own config and host path).\n"
     )
     add(
         "| model | Linear | M | CUTLASS tile | tiles (fill) | Triton cfg | cutlass | triton | before | plain | int_mm | bf16 | "
@@ -338,10 +344,8 @@ def figure(result, path):
     axes[1].set_ylabel("eager time / graph time")
     axes[1].legend(fontsize=7)
     fig.tight_layout()
-    tmp = path + ".tmp.png"
-    fig.savefig(tmp, dpi=110)
+    write_files_atomic([(Path(path), lambda tmp: fig.savefig(tmp, dpi=110, format="png"))])
     plt.close(fig)
-    os.replace(tmp, path)
     return True
 
 
@@ -355,9 +359,7 @@ def main():
         result = json.load(f)
     md = markdown(result)
     if args.md:
-        with open(args.md + ".tmp", "w") as f:
-            f.write(md)
-        os.replace(args.md + ".tmp", args.md)
+        write_bytes_atomic(args.md, md.encode())
     else:
         print(md, end="")
     if args.png and not figure(result, args.png):

@@ -25,7 +25,6 @@ launch) and DIR/bench_tp.md; progress on stderr.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -36,6 +35,8 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+from requant.output import write_bytes_atomic, write_json_atomic  # noqa: E402
 
 T0 = time.perf_counter()
 NCCL_DEFAULT = "default;ALGO=Ring,NCHANNELS=1;ALGO=Tree,NCHANNELS=1;ALGO=Ring,NCHANNELS=8"
@@ -154,10 +155,8 @@ def main(argv=None) -> int:
     }
 
     def flush():
-        tmp = out / "bench_tp.json.tmp"
-        tmp.write_text(json.dumps(record, indent=1))
-        os.replace(tmp, out / "bench_tp.json")
-        (out / "bench_tp.md").write_text(markdown(record))
+        write_json_atomic(out / "bench_tp.json", record)
+        write_bytes_atomic(out / "bench_tp.md", markdown(record).encode())
 
     os.environ["NCCL_NVLS_ENABLE"] = "0"
     for path in ckpts:

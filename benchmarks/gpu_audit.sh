@@ -9,17 +9,15 @@
 # The device machine gets the working tree without .git: pass the commit along, e.g.
 #     REQUANT_COMMIT=$(bash benchmarks/commit_id.sh) OUT=/some/dir bash benchmarks/gpu_audit.sh
 # (env.txt records it; benchmarks/commit_id.sh says how).
-# Writes into $OUT: env.txt, timings.txt, and per checkpoint audit_<name>.json,
-# audit_<name>/ (JSON, Markdown, PNG plots) and audit_<name>.log. Expected total time:
-# CUTLASS JIT build (a few minutes on a cold cache; $REQUANT_CUTLASS_CACHE, default
-# ~/.cache/requant/cutlass, is reused when warm) + synthetic
-# checkpoint (~1 min) + the two audits (goal: the 8,232-cell suite in under 5 minutes).
+# Writes into $OUT: env.txt, timings.txt (each step's wall time and exit status), and per
+# checkpoint audit_<name>.json, audit_<name>/ (JSON, Markdown, PNG plots) and audit_<name>.log.
+# Expected total time: CUTLASS JIT build (a few minutes on a cold cache; $REQUANT_CUTLASS_CACHE,
+# default ~/.cache/requant/cutlass, is reused when warm) + synthetic checkpoint (~1 min) + the two audits (goal: the 8,232-cell suite in under 5 minutes).
 # The audit exits 1 when the scorecard has a false positive/negative or a pow2 layer
 # differs: that is a result to report, so the script records each exit status and goes on.
 set -uo pipefail
-: "${OUT:?set OUT to the results directory}"
-mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)   # absolute, before leaving the caller's directory
-cd "$(dirname "$0")/.."
+source "$(dirname "$0")/_gpu_common.sh" || exit 1
+gpu_out
 PRESET="${PRESET:-qwen3-1.7b}"          # requant.synthetic preset (tiny: a quick smoke test)
 CKPT="${CKPT_DIR:-/tmp/requant-$PRESET-synthetic}"
 PROMPTS="${PROMPTS:-8}"
@@ -27,30 +25,12 @@ BACKENDS="${BACKENDS:-cutlass,triton}"   # 'reference' for a CPU smoke test of t
 TIMINGS="$OUT/timings.txt"
 : > "$TIMINGS"
 
-now() { date +%s%N; }
-step() {  # step NAME CMD... : run, log wall time and exit status
-    local name="$1"; shift
-    local t0 t1 rc
-    t0=$(now)
-    "$@"
-    rc=$?
-    t1=$(now)
-    local ms=$(( (t1 - t0) / 1000000 ))
-    printf '%-28s %5d.%03d s  rc=%d\n' "$name" $((ms / 1000)) $((ms % 1000)) "$rc" | tee -a "$TIMINGS"
-    return 0
-}
-
-{
-    date -u
-    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
-    python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
-    echo "commit $(bash benchmarks/commit_id.sh)"   # $REQUANT_COMMIT, else git, else unknown
-} > "$OUT/env.txt" 2>&1
+gpu_env triton > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 
 if [ "$BACKENDS" != reference ]; then  # the real pair needs the GPU: build and warm up first
-    step cutlass_build python3 -c "import requant.kernels.cutlass as c; c.build(); print('cutlass built')"
-    step triton_warmup python3 -c "
+    cutlass_build 0
+    step triton_warmup 0 python3 -c "
 import torch
 from requant import kernels
 a = torch.randint(-128, 128, (64, 256), dtype=torch.int8, device='cuda'); w = torch.randint(-128, 128, (128, 256), dtype=torch.int8, device='cuda')
@@ -59,18 +39,18 @@ print('triton ok', kernels.scaled_mm(a, w, s, t, backend='triton').shape)"
 fi
 
 if [ ! -f "$CKPT/config.json" ]; then
-        step "synthetic_$PRESET" python3 -m requant.synthetic "$PRESET" "$CKPT"
+    step "synthetic_$PRESET" 0 python3 -m requant.synthetic "$PRESET" "$CKPT"
 fi
-step "plan_$PRESET" python3 cli.py audit "$CKPT" --plan
+step "plan_$PRESET" 0 python3 cli.py audit "$CKPT" --plan
 
-step "audit_$PRESET" bash -c "python3 cli.py audit '$CKPT' --backends $BACKENDS --prompts $PROMPTS \
+step "audit_$PRESET" 0 bash -c "python3 cli.py audit '$CKPT' --backends $BACKENDS --prompts $PROMPTS \
     --json '$OUT/audit_$PRESET.json' --report '$OUT/audit_$PRESET' > '$OUT/audit_$PRESET.log' 2>&1; rc=\$?; tail -n 30 '$OUT/audit_$PRESET.log'; exit \$rc"
 
-step audit_default bash -c "python3 cli.py audit --backends $BACKENDS --prompts $PROMPTS \
+step audit_default 0 bash -c "python3 cli.py audit --backends $BACKENDS --prompts $PROMPTS \
     --json '$OUT/audit_default.json' --report '$OUT/audit_default' > '$OUT/audit_default.log' 2>&1; rc=\$?; tail -n 30 '$OUT/audit_default.log'; exit \$rc"
 
 # The reference pair on the same GPU, for comparison with the CPU result in the README.
-step audit_default_reference bash -c "python3 cli.py audit --backends reference --prompts $PROMPTS \
+step audit_default_reference 0 bash -c "python3 cli.py audit --backends reference --prompts $PROMPTS \
     --json '$OUT/audit_default_reference.json' > '$OUT/audit_default_reference.log' 2>&1; rc=\$?; tail -n 8 '$OUT/audit_default_reference.log'; exit \$rc"
 
 python3 - "$OUT" "$PRESET" <<'EOF'

@@ -20,43 +20,23 @@
 #   bench_runtime     benchmarks/bench_runtime.py on it, with whatever time is left
 # Files in $OUT: gpu_eval.log (everything), timings.txt, results.tar.gz (every report).
 set -uo pipefail
-: "${OUT:?set OUT to the results directory}"
-mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
-cd "$(dirname "$0")/.."
+TOTAL_S=${TOTAL_S:-540}
+source "$(dirname "$0")/_gpu_common.sh" || exit 1
+gpu_out
 R="$OUT/results"
 mkdir -p "$R"
-LOG="$OUT/gpu_eval.log"
+STEP_LOG="$OUT/gpu_eval.log"
 TIMINGS="$OUT/timings.txt"
-: > "$LOG"; : > "$TIMINGS"
-START=$SECONDS
-TOTAL_S=${TOTAL_S:-540}
+: > "$STEP_LOG"; : > "$TIMINGS"
 export REQUANT_CUTLASS_CACHE=${REQUANT_CUTLASS_CACHE:-/tmp/requant_cutlass} MAX_JOBS=${MAX_JOBS:-16}
-REQUANT_COMMIT=$(bash benchmarks/commit_id.sh)  # $REQUANT_COMMIT, else git, else unknown
-export REQUANT_COMMIT PYTHONUNBUFFERED=1
 DEF=requant/data/default
 POW2=/tmp/requant-default-nearest
 SYN=/tmp/requant-qwen3-1.7b-synthetic
 
-step() {  # step NAME LIMIT_S CMD...: run with a timeout, log, time; never abort the script
-    local name=$1 limit=$2; shift 2
-    local s=$SECONDS
-    echo "=== $name (limit ${limit} s) ===" >> "$LOG"
-    timeout "$limit" "$@" >> "$LOG" 2>&1
-    local rc=$?
-    printf '%-16s %4d s  rc=%d\n' "$name" $((SECONDS - s)) "$rc" | tee -a "$TIMINGS"
-}
-left() { echo $((TOTAL_S - (SECONDS - START))); }
+gpu_env triton transformers lm_eval > "$R/env.txt" 2>&1
+cat "$R/env.txt" >> "$STEP_LOG"
 
-{
-    date -u; echo "commit $(bash benchmarks/commit_id.sh)"
-    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
-    python3 -c "import torch, triton, transformers, lm_eval; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, 'transformers', transformers.__version__, 'lm_eval', lm_eval.__version__)"
-} > "$R/env.txt" 2>&1
-cat "$R/env.txt" >> "$LOG"
-
-rm -f "$REQUANT_CUTLASS_CACHE/lock"
-step cutlass_build 240 python3 -c "import requant.kernels.cutlass as c; c.build(); print('cutlass built')"
-rm -f "$REQUANT_CUTLASS_CACHE/lock"
+cutlass_build 240
 step gpu_tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/requant/runtime/test_gpu.py tests/audit/test_compare.py
 step convert_pow2 60 python3 cli.py convert "$DEF" --arm nearest -o "$POW2"
 step audit_native 90 python3 cli.py audit "$DEF" --backends cutlass,triton --report "$R/audit_native"
@@ -72,10 +52,10 @@ if [ "$L" -gt 150 ]; then
     L=$(left)
     step bench_runtime $((L - 10)) python3 benchmarks/bench_runtime.py "$SYN" --out "$R/runtime_1.7b" --reps 3
 else
-    echo "synthetic/bench_runtime skipped: only ${L} s left" | tee -a "$TIMINGS"
+    skip synthetic/bench_runtime "only ${L} s left"
 fi
 cp "$TIMINGS" "$R/"
 tar -czf "$OUT/results.tar.gz" -C "$OUT" results
-echo "total $((SECONDS - START)) s" | tee -a "$TIMINGS"
+echo "total $(elapsed) s" | tee -a "$TIMINGS"
 cat "$TIMINGS"
-grep -E "identical|passed|failed|word_perplexity|delta" "$LOG" | tail -n 40
+grep -E "identical|passed|failed|word_perplexity|delta" "$STEP_LOG" | tail -n 40

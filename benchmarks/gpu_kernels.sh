@@ -7,28 +7,16 @@
 # REQUANT_COMMIT=$(bash benchmarks/commit_id.sh) when launching (env.txt records it). Everything
 # lands in $OUT: env.txt, build.log, gpu_tests.log, bench.log, kernels_bench.{json,md}.
 set -uo pipefail
-OUT=${OUT:-/tmp/requant_gpu_out}
-mkdir -p "$OUT"
+source "$(dirname "$0")/_gpu_common.sh" || exit 1
+gpu_out /tmp/requant_gpu_out
 source benchmarks/gpu_setup.sh || exit 1
-{ date -u; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.draw,temperature.gpu --format=csv
-  python3 -c "import torch,triton;print('torch',torch.__version__,'cuda',torch.version.cuda,'triton',triton.__version__)"
-  nvcc --version | tail -2
-  echo "commit $(bash benchmarks/commit_id.sh)"; } > "$OUT/env.txt" 2>&1   # $REQUANT_COMMIT, else git, else unknown
-# A killed build leaves torch's FileBaton lock behind; every later build would wait on it
-# forever. Nothing else builds into this cache on the device machine, so remove it.
-rm -f "$REQUANT_CUTLASS_CACHE/lock"
-s=$SECONDS
-timeout 420 python3 -c "import requant.kernels.cutlass as c; c.build(verbose=True)" > "$OUT/build.log" 2>&1
-echo "build rc=$? in $((SECONDS - s)) s" | tee -a "$OUT/build.log"
-s=$SECONDS
-timeout 240 python3 -m pytest -q -m gpu tests/kernels -p no:cacheprovider -s "$@" > "$OUT/gpu_tests.log" 2>&1
-echo "gpu tests rc=$? in $((SECONDS - s)) s" | tee -a "$OUT/gpu_tests.log"
+{ gpu_env triton; nvcc --version | tail -2; } > "$OUT/env.txt" 2>&1
+: > "$OUT/build.log"; : > "$OUT/gpu_tests.log"; : > "$OUT/bench.log"
+STEP_LOG="$OUT/build.log" cutlass_build 420 verbose
+STEP_LOG="$OUT/gpu_tests.log" step gpu_tests 240 python3 -m pytest -q -m gpu tests/kernels -p no:cacheprovider -s "$@"
 tail -4 "$OUT/gpu_tests.log"
-s=$SECONDS
-timeout 300 python3 benchmarks/bench_kernels.py --out "$OUT" > "$OUT/bench.log" 2>&1
-echo "bench rc=$? in $((SECONDS - s)) s" | tee -a "$OUT/bench.log"
-s=$SECONDS
+STEP_LOG="$OUT/bench.log" step bench 300 python3 benchmarks/bench_kernels.py --out "$OUT"
 # The CPU suite again, on the GPU: Triton compiled for real (not interpreted), same oracle.
-timeout 150 python3 -m pytest -q tests/kernels/test_triton.py tests/kernels/test_reference.py -p no:cacheprovider >> "$OUT/gpu_tests.log" 2>&1
-echo "cpu suite on the GPU rc=$? in $((SECONDS - s)) s" | tee -a "$OUT/gpu_tests.log"
+STEP_LOG="$OUT/gpu_tests.log" step cpu_suite_on_gpu 150 python3 -m pytest -q tests/kernels/test_triton.py \
+    tests/kernels/test_reference.py -p no:cacheprovider
 tail -60 "$OUT/bench.log"

@@ -17,9 +17,8 @@
 # Files in $OUT (8): env.txt, timings.txt, gpu_tests.log, determinism_default.json/.log,
 # bench_runtime.json/.md, bench.log.
 set -uo pipefail
-: "${OUT:?set OUT to the results directory}"
-mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
-cd "$(dirname "$0")/.."
+source "$(dirname "$0")/_gpu_common.sh" || exit 1
+gpu_out
 CKPT_ROOT="${CKPT_ROOT:-/tmp}"
 SIZES="${SIZES-qwen3-1.7b qwen3-8b}"    # unset: both; empty: none
 STEPS="${STEPS-generate tests determinism bench}"
@@ -27,40 +26,13 @@ BENCH_ARGS="${BENCH_ARGS:-}"            # e.g. "--reps 5" or "--det-new-tokens 6
 TIMINGS="$OUT/timings.txt"
 touch "$TIMINGS"
 
-now() { date +%s%N; }
-step() {  # step NAME TIMEOUT_S CMD... : run with a timeout, log wall time and exit status
-    local name="$1" limit="$2"; shift 2
-    local t0 t1 rc
-    t0=$(now)
-    timeout "$limit" "$@"
-    rc=$?
-    t1=$(now)
-    local ms=$(( (t1 - t0) / 1000000 ))
-    printf '%-26s %5d.%03d s  rc=%d\n' "$name" $((ms / 1000)) $((ms % 1000)) "$rc" | tee -a "$TIMINGS"
-    return 0
-}
-has() { case " $STEPS " in *" $1 "*) return 0;; esac; return 1; }
-
-{
-    date -u
-    echo "commit $(bash benchmarks/commit_id.sh)"   # $REQUANT_COMMIT, else git, else unknown
-    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
-    python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, 'transformers', transformers.__version__)"
-} > "$OUT/env.txt" 2>&1
+gpu_env triton transformers > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 
-CKPTS=()
-for size in $SIZES; do
-    dir="$CKPT_ROOT/requant-$size-synthetic"
-    if has generate && [ ! -f "$dir/config.json" ]; then
-        step "synthetic_$size" 900 python3 -m requant.synthetic "$size" "$dir"
-    fi
-    [ -f "$dir/config.json" ] && CKPTS+=("$dir")
-done
+synthetic_checkpoints  # CKPTS: the synthetic checkpoint of each of $SIZES (made first with STEPS "generate")
 
 if has tests || has determinism || has bench; then
-    rm -f "${REQUANT_CUTLASS_CACHE:-$HOME/.cache/requant/cutlass}/lock"   # a stale lock from a killed build
-    step cutlass_build 400 python3 -c "import requant.kernels.cutlass as c; c.build(); print('cutlass built')"
+    cutlass_build 400
 fi
 
 if has tests; then  # the runtime with the real kernels == the emulated orders, batch invariance on CUDA

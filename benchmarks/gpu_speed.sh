@@ -16,51 +16,38 @@
 # Files in $OUT (6): gpu_speed.log (everything), steps.json, build_units.txt, bench_speed.json,
 # bench_speed.md, bench_speed.png. The last lines printed are a short summary table.
 set -uo pipefail
-OUT=${OUT:-/tmp/requant_gpu_out}
-mkdir -p "$OUT"
-LOG="$OUT/gpu_speed.log"
-: > "$LOG"
-START=$SECONDS
 # 540 s: the caller's limit is 600 s, with the wheel install before this script and the
 # copy-back after it. Build 70-90 s, tests ~60 s, the report ~10 s: the benchmark gets the rest.
 TOTAL_S=${TOTAL_S:-540}
-source "$(dirname "$0")/gpu_setup.sh" || exit 1
-REQUANT_COMMIT=$(bash "$(dirname "$0")/commit_id.sh")  # $REQUANT_COMMIT, else git, else unknown
-export REQUANT_COMMIT
-STEPS=()
-RC=0
+source "$(dirname "$0")/_gpu_common.sh" || exit 1
+gpu_out /tmp/requant_gpu_out
+STEP_LOG="$OUT/gpu_speed.log"
+: > "$STEP_LOG"
+source benchmarks/gpu_setup.sh || exit 1
+STEPS_JSON=()
 
-left() { echo $((TOTAL_S - (SECONDS - START))); }
-
-step() {  # step NAME LIMIT_S RESERVE_S COMMAND...: run with min(LIMIT, left - RESERVE) s; never abort
+limited() {  # limited NAME LIMIT_S RESERVE_S COMMAND...: a step of min(LIMIT, left - RESERVE) s, in steps.json
   local name=$1 limit=$2 reserve=$3; shift 3
   local avail=$(( $(left) - reserve ))
   [ "$avail" -lt "$limit" ] && limit=$avail
   if [ "$limit" -lt 5 ]; then
-    echo "=== $name: skipped, no time left ===" | tee -a "$LOG"
-    STEPS+=("{\"step\": \"$name\", \"rc\": null, \"seconds\": 0}")
-    RC=125
+    skip "$name" "no time left"
+    STEPS_JSON+=("{\"step\": \"$name\", \"rc\": null, \"seconds\": 0}")
     return
   fi
-  local s=$SECONDS
-  echo "=== $name (limit ${limit} s) ===" >> "$LOG"
-  timeout -k 10 "$limit" "$@" >> "$LOG" 2>&1
-  RC=$?
-  local took=$((SECONDS - s))
-  echo "=== $name: rc=$RC in ${took} s ===" | tee -a "$LOG"
-  STEPS+=("{\"step\": \"$name\", \"rc\": $RC, \"seconds\": $took, \"limit_s\": $limit}")
+  step "$name" "$limit" "$@"
+  STEPS_JSON+=("{\"step\": \"$name\", \"rc\": $RC, \"seconds\": $STEP_S, \"limit_s\": $limit}")
 }
 
 {
-  echo "date: $(date -u)"; echo "REQUANT_COMMIT: $REQUANT_COMMIT"; echo "TOTAL_S: $TOTAL_S"
-  timeout 20 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.draw,power.limit,temperature.gpu --format=csv
-  timeout 60 python3 -c "import torch,triton;print('torch',torch.__version__,'cuda',torch.version.cuda,'triton',triton.__version__)"
+  echo "TOTAL_S: $TOTAL_S"
+  gpu_env triton
   nvcc --version | tail -2; nproc; free -g | head -2
-} >> "$LOG" 2>&1
+} >> "$STEP_LOG" 2>&1
 
 # A killed build leaves torch's FileBaton lock behind and every later build would wait on it.
 rm -f "$REQUANT_CUTLASS_CACHE/lock"
-step cutlass-build 240 240 python3 -c "import requant.kernels.cutlass as c; c.build(verbose=True)"
+limited cutlass-build 240 240 python3 -c "import requant.kernels.cutlass as c; c.build(verbose=True)"
 BUILD_RC=$RC
 rm -f "$REQUANT_CUTLASS_CACHE/lock"  # nothing builds now; a timed-out build must not block the next steps
 # Per-unit compile times (ninja log: start ms, end ms, mtime, target); the former build had 7
@@ -72,38 +59,38 @@ for start, end, _, target, *_ in rows:
     print(f"{target:40s} {(int(end) - int(start)) / 1000:7.1f} s")
 print(f"units: {len(rows)}, wall (first start to last end): {(max(int(r[1]) for r in rows) - min(int(r[0]) for r in rows)) / 1000:.1f} s")
 EOF
-cat "$OUT/build_units.txt" >> "$LOG"
+cat "$OUT/build_units.txt" >> "$STEP_LOG"
 
 if [ "$BUILD_RC" -eq 0 ]; then
-  step gpu-tests 150 240 python3 -m pytest -q -m gpu tests/kernels/test_gpu.py -p no:cacheprovider -s
+  limited gpu-tests 150 240 python3 -m pytest -q -m gpu tests/kernels/test_gpu.py -p no:cacheprovider -s
   NO_CUTLASS=()
 else  # every CUTLASS test would retry the failed build: only the Triton ones
-  step gpu-tests-triton-only 120 240 python3 -m pytest -q -m gpu tests/kernels/test_gpu.py -p no:cacheprovider -s -k triton
+  limited gpu-tests-triton-only 120 240 python3 -m pytest -q -m gpu tests/kernels/test_gpu.py -p no:cacheprovider -s -k triton
   NO_CUTLASS=(--no-cutlass)
 fi
-step cpu-suite-on-gpu 100 200 python3 -m pytest -q tests/kernels/test_triton.py tests/kernels/test_triton_launch.py \
+limited cpu-suite-on-gpu 100 200 python3 -m pytest -q tests/kernels/test_triton.py tests/kernels/test_triton_launch.py \
   tests/kernels/test_reference.py -p no:cacheprovider
 
 # The benchmark: a budget for starting items, a hard limit 60 s later (the longest item, the
 # 8192^3 tile sweep with first compiles, takes ~30 s); on SIGTERM it still writes its Markdown.
 L=$(( $(left) - 25 ))
 if [ "$L" -gt 40 ]; then
-  step bench-speed "$L" 25 python3 benchmarks/bench_speed.py --out "$OUT" --budget-s $((L - 60)) ${NO_CUTLASS[@]+"${NO_CUTLASS[@]}"}
+  limited bench-speed "$L" 25 python3 benchmarks/bench_speed.py --out "$OUT" --budget-s $((L - 60)) ${NO_CUTLASS[@]+"${NO_CUTLASS[@]}"}
 else
-  echo "=== bench-speed: skipped, only $(left) s left ===" | tee -a "$LOG"
+  skip bench-speed "only $(left) s left"
 fi
-rm -f "$OUT"/*.tmp "$OUT"/*.tmp.png
+rm -f "$OUT"/.bench_speed.*.tmp  # temporaries of a killed writer
 if [ -f "$OUT/bench_speed.json" ]; then
-  step report 30 0 python3 benchmarks/bench_speed_report.py "$OUT/bench_speed.json" --md "$OUT/bench_speed.md" --png "$OUT/bench_speed.png"
+  limited report 30 0 python3 benchmarks/bench_speed_report.py "$OUT/bench_speed.json" --md "$OUT/bench_speed.md" --png "$OUT/bench_speed.png"
 fi
-rm -f "$OUT"/*.tmp "$OUT"/*.tmp.png
+rm -f "$OUT"/.bench_speed.*.tmp
 
-printf '{"commit": "%s", "total_s": %d, "total_limit_s": %d, "steps": [%s]}\n' "$REQUANT_COMMIT" $((SECONDS - START)) \
-  "$TOTAL_S" "$(IFS=,; echo "${STEPS[*]}")" > "$OUT/steps.json"
+printf '{"commit": "%s", "total_s": %d, "total_limit_s": %d, "steps": [%s]}\n' "$REQUANT_COMMIT" "$(elapsed)" \
+  "$TOTAL_S" "$(IFS=,; echo "${STEPS_JSON[*]}")" > "$OUT/steps.json"
 echo
-echo "steps ($((SECONDS - START)) s of ${TOTAL_S}):"
-grep -E "^=== .*: (rc=|skipped)" "$LOG" | sed 's/^=== /  /; s/ ===$//'
-grep -E "^[0-9]+ (passed|failed)|, [0-9]+ (passed|failed)|^(FAILED|ERROR) " "$LOG" | head -20 | sed 's/^/  tests: /'
+echo "steps ($(elapsed) s of ${TOTAL_S}):"
+grep -E "^== " "$STEP_LOG" | sed 's/^== /  /'
+grep -E "^[0-9]+ (passed|failed)|, [0-9]+ (passed|failed)|^(FAILED|ERROR) " "$STEP_LOG" | head -20 | sed 's/^/  tests: /'
 tail -1 "$OUT/build_units.txt" | sed 's/^/  build: /'
 if [ -f "$OUT/bench_speed.md" ]; then
   sed -n '/<!-- summary -->/,$p' "$OUT/bench_speed.md" | tail -n +2

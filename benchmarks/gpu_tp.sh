@@ -26,10 +26,9 @@
 # tp_check.log (every summary line), tp_check.jsonl (every --json, one per line),
 # bench_tp.json, bench_tp.md, bench.log.
 set -uo pipefail
-: "${OUT:?set OUT to the results directory}"
-mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
-cd "$(dirname "$0")/.."
-export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
+source "$(dirname "$0")/_gpu_common.sh" || exit 1
+gpu_out
+export NCCL_NVLS_ENABLE=0
 CKPT_ROOT="${CKPT_ROOT:-/tmp}"
 SIZES="${SIZES-qwen3-1.7b qwen3-8b}"
 STEPS="${STEPS-generate build tests check shapes bench}"
@@ -42,41 +41,17 @@ BACKENDS="${BACKENDS:-cutlass triton}"
 TP="${TP:-1,2}"
 touch "$TIMINGS"
 
-now() { date +%s%N; }
-step() {  # step NAME TIMEOUT_S CMD... : run with a timeout, log wall time and exit status
-    local name="$1" limit="$2"; shift 2
-    local t0 t1 rc
-    t0=$(now)
-    timeout "$limit" "$@"
-    rc=$?
-    t1=$(now)
-    local ms=$(( (t1 - t0) / 1000000 ))
-    printf '%-34s %5d.%03d s  rc=%d\n' "$name" $((ms / 1000)) $((ms % 1000)) "$rc" | tee -a "$TIMINGS"
-    return 0
-}
-has() { case " $STEPS " in *" $1 "*) return 0;; esac; return 1; }
-
 {
-    date -u
-    echo "commit $(bash benchmarks/commit_id.sh)"
-    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
+    gpu_env triton
     nvidia-smi topo -m
-    python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'nccl', torch.cuda.nccl.version(), 'triton', triton.__version__, 'gpus', torch.cuda.device_count())"
+    python3 -c "import torch; print('nccl', torch.cuda.nccl.version(), 'gpus', torch.cuda.device_count())"
 } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 
-CKPTS=()
-for size in $SIZES; do
-    dir="$CKPT_ROOT/requant-$size-synthetic"
-    if has generate && [ ! -f "$dir/config.json" ]; then
-        step "synthetic_$size" 900 python3 -m requant.synthetic "$size" "$dir"
-    fi
-    [ -f "$dir/config.json" ] && CKPTS+=("$dir")
-done
+synthetic_checkpoints  # CKPTS: the synthetic checkpoint of each of $SIZES (made first with STEPS "generate")
 
 if has build; then
-    rm -f "${REQUANT_CUTLASS_CACHE:-$HOME/.cache/requant/cutlass}/lock"   # a stale lock from a killed build
-    step cutlass_build 400 python3 -c "import requant.kernels.cutlass as c; c.build(); print('cutlass built')"
+    cutlass_build 400
 fi
 
 if has tests; then  # int_mm on CUDA exact; TP 1 vs 2 under NCCL in pytest; the CPU (gloo) tests too
@@ -137,14 +112,15 @@ from pathlib import Path
 
 sys.path.insert(0, ".")
 from benchmarks.bench_tp import markdown
+from requant.output import write_bytes_atomic, write_json_atomic
 
 out = Path(sys.argv[1])
 small, big = out / "bench_tp.json", out / ".big" / "bench_tp.json"
 if small.is_file() and big.is_file():
     rec = json.loads(small.read_text())
     rec["rows"] += json.loads(big.read_text())["rows"]
-    small.write_text(json.dumps(rec, indent=1))
-    (out / "bench_tp.md").write_text(markdown(rec))
+    write_json_atomic(small, rec)
+    write_bytes_atomic(out / "bench_tp.md", markdown(rec).encode())
 EOF
         rm -rf "$OUT/.big"
     fi

@@ -10,35 +10,22 @@
 # pytest paths of the tests step; ENGINES (default "reference fast") the engines of the users step.
 # Files in $OUT: env.txt, timings.txt, gpu_tests.log, results.tgz (every JSON and log below).
 set -uo pipefail
-: "${OUT:?set OUT to the results directory}"
-mkdir -p "$OUT/res" && OUT=$(cd "$OUT" && pwd)
-cd "$(dirname "$0")/.."
+source "$(dirname "$0")/_gpu_common.sh" || exit 1
+gpu_out
 source benchmarks/gpu_setup.sh || exit 1
-REQUANT_COMMIT=$(bash benchmarks/commit_id.sh)  # $REQUANT_COMMIT, else git, else unknown
-export REQUANT_COMMIT PYTHONUNBUFFERED=1
-RES="$OUT/res"
+STEP_DIR="$OUT/res"  # every step's output: res/NAME.log
+RES="$STEP_DIR"
+mkdir -p "$RES"
 STEPS="${STEPS:-build tests users audit tp}"
-has() { case " $STEPS " in *" $1 "*) return 0;; esac; return 1; }
 TIMINGS="$OUT/timings.txt"
 : > "$TIMINGS"
-step() {  # step NAME TIMEOUT_S CMD...: output to res/NAME.log, wall time and exit status to timings.txt
-    local name="$1" limit="$2"; shift 2
-    local t0=$SECONDS
-    timeout "$limit" "$@" > "$RES/$name.log" 2>&1
-    local rc=$?
-    printf '%-24s %5d s  rc=%d\n' "$name" $((SECONDS - t0)) "$rc" | tee -a "$TIMINGS"
-}
 {
-    date -u
-    echo "commit $REQUANT_COMMIT"
-    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
-    python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, 'transformers', transformers.__version__)"
-    python3 -c "import setuptools, requant, requant.kernels; print('setuptools', setuptools.__version__); print(requant.__file__, requant.kernels.__file__)"
+    gpu_env triton transformers setuptools
+    python3 -c "import requant, requant.kernels; print(requant.__file__, requant.kernels.__file__)"
 } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 
-rm -f "$REQUANT_CUTLASS_CACHE/lock"  # a build killed by a timeout leaves it behind
-has build && step cutlass_build 240 python3 -c "import requant.kernels.cutlass as c; c.build()"
+has build && cutlass_build 240
 if has tests; then
     # shellcheck disable=SC2086
     step gpu_tests 240 python3 -m pytest -q -m gpu -p no:cacheprovider ${TESTS:-tests}

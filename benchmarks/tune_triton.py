@@ -4,44 +4,40 @@
 
 Times candidate configurations (kernels.triton.scaled_mm.CONFIGS plus the CANDIDATES
 below, injected at run time) on every distinct Qwen3-1.7B/8B/14B Linear shape at the
-given M, and at 8192^3. Two candidate kinds exist only here (tuning-only, never faster in
-the rounds so far, kept out of the production kernel since issue 10): "persist_ws"
-(persistent with Triton's warp specialization) and "persist_st" (persistent, output written
-through a TMA descriptor); _tune_persistent_kernel below implements both. Timing as in
-bench_kernels.py (CUDA graph over >= 256 MiB
-of rotated operand copies, CUDA events, median of 5). Before timing, each candidate is
-checked bit for bit against kernels.reference.scaled_mm_triton_order on the GPU, on an
-edge shape and on a full one; a candidate that fails to compile or to match is dropped.
+given M, and at 8192^3, through the production kernel (kernels.triton.scaled_mm with
+config=...). Timing: _timing.graph_ms (CUDA graph over >= 256 MiB of rotated operand
+copies, CUDA events, median of 5). Before timing, each candidate is checked bit for bit
+against kernels.reference.scaled_mm_triton_order on the GPU, on an edge shape and on a full
+one; a candidate that fails to compile or to match is dropped.
 Writes triton_tune.json (round 1) or triton_tuneR.json (--round R = 2, 3), TOPS per shape and
 candidate, into --out and prints a table; benchmarks/results/kernels_triton_tune.json and
-kernels_triton_tune2.json are those two files from the H200 runs, renamed.
-Points timed by bench_kernels' do_bench fallback (CUDA graph capture failed) are listed
-under "do_bench_fallback" and marked with * in the printed table.
+kernels_triton_tune2.json are those two files from the H200 runs, renamed (they also hold two
+tuning-only kernel kinds, warp-specialized and TMA-store persistent, since removed: their
+figures are in docs/log.md).
+Points timed by the do_bench fallback (CUDA graph capture failed) are listed under
+"do_bench_fallback" and marked with * in the printed table.
 Tile choice cannot change bits (exact int32 accumulation); the check pins it anyway.
 """
 
 import argparse
-import json
 import os
 import sys
 import time
 
 import torch
-import triton
-import triton.language as tl
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_kernels import GRAPH, QWEN3, _copies, _time, operands  # noqa: E402
-from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
+from _qwen3_shapes import QWEN3  # noqa: E402
+from _timing import GRAPH, graph_ms  # noqa: E402
+from bench_kernels import _copies, operands  # noqa: E402
 
 from requant.kernels import reference as ref  # noqa: E402
 from requant.kernels.bf16 import bitwise_equal  # noqa: E402
-from requant.kernels.reference import check_operands  # noqa: E402
-from requant.kernels.triton import scaled_mm as _production  # noqa: E402
-from requant.kernels.triton._bf16 import bf16_rne_bits  # noqa: E402
-from requant.kernels.triton.scaled_mm import CONFIGS, SMS, _epilogue, _tile_of  # noqa: E402
+from requant.kernels.triton import scaled_mm as tsm  # noqa: E402
+from requant.kernels.triton.scaled_mm import CONFIGS  # noqa: E402
+from requant.output import write_json_atomic  # noqa: E402
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages, kind)
 CANDIDATES = {
@@ -59,7 +55,6 @@ CANDIDATES = {
     "p128x256s3": (128, 256, 128, 8, 8, 3, "persist"),
     "p256x128": (256, 128, 128, 8, 8, 4, "persist"),
     "p256x128s3": (256, 128, 128, 8, 8, 3, "persist"),
-    "pws128x256": (128, 256, 128, 8, 8, 4, "persist_ws"),
     # round 2: variants of the round-1 winners (64x128 at M <= 1024, persistent 128x256 above)
     "t64x128s5": (64, 128, 128, 8, 4, 5, "tma"),
     "t64x128k256s3": (64, 128, 256, 8, 4, 3, "tma"),
@@ -67,17 +62,13 @@ CANDIDATES = {
     "t64x64k256s3": (64, 64, 256, 8, 4, 3, "tma"),
     "p128x256g4": (128, 256, 128, 4, 8, 4, "persist"),
     "p128x256g16": (128, 256, 128, 16, 8, 4, "persist"),
-    "pst128x256": (128, 256, 128, 8, 8, 4, "persist_st"),
-    "pst128x256g16": (128, 256, 128, 16, 8, 4, "persist_st"),
-    "pst256x128s3": (256, 128, 128, 8, 8, 3, "persist_st"),
-    # configs that were in kernels.triton.scaled_mm.CONFIGS before issue 10 (rounds 1-2 used them)
+    # configs that kernels.triton.scaled_mm.CONFIGS held during rounds 1-2
     "large_m256": (256, 128, 128, 8, 8, 4, "tma"),
     "large_s3": (128, 256, 128, 8, 8, 3, "tma"),
     "large_ptr": (128, 256, 128, 8, 8, 4, "ptr"),
     "medium_ptr": (128, 128, 128, 8, 8, 4, "ptr"),
     "large_persist_g8": (128, 256, 128, 8, 8, 4, "persist"),
-    "large_persist_st": (256, 128, 128, 8, 8, 3, "persist_st"),
-    # round 3 (--round 3, issue 10): variants of the two-programs-per-SM 128x128 tile
+    # round 3 (--round 3): variants of the two-programs-per-SM 128x128 tile
     "t128x128s3g4": (128, 128, 128, 4, 8, 3, "tma"),
     "t128x128s3g16": (128, 128, 128, 16, 8, 3, "tma"),
     "t128x128w4s3": (128, 128, 128, 8, 4, 3, "tma"),
@@ -86,90 +77,9 @@ CANDIDATES = {
 }
 
 
-@triton.jit
-def _tune_persistent_kernel(
-    a_desc,
-    w_desc,
-    sa_ptr,
-    sw_ptr,
-    out_ptr,
-    out_desc,
-    M,
-    N,
-    K,
-    stride_om,
-    num_progs,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr,
-    WARP_SPECIALIZE: tl.constexpr,
-    TMA_STORE: tl.constexpr,
-):
-    # The production persistent kernel (kernels/triton/scaled_mm.py) with two tuning options.
-    start = tl.program_id(0)
-    num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
-    k_tiles = tl.cdiv(K, BLOCK_K)
-    tile_c = start - num_progs
-    for tile in tl.range(start, num_tiles, num_progs, flatten=not WARP_SPECIALIZE, warp_specialize=WARP_SPECIALIZE):
-        pid_m, pid_n = _tile_of(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
-        for ki in range(k_tiles):
-            a = a_desc.load([pid_m * BLOCK_M, ki * BLOCK_K])
-            b = w_desc.load([pid_n * BLOCK_N, ki * BLOCK_K])
-            acc = tl.dot(a, b.T, acc, out_dtype=tl.int32)
-        tile_c += num_progs
-        pid_m, pid_n = _tile_of(tile_c, M, N, BLOCK_M, BLOCK_N, GROUP_M)
-        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        if TMA_STORE:  # the same values, written by the copy engine (clipped at the edges)
-            s_a = tl.load(sa_ptr + offs_m, mask=offs_m < M, other=0.0)
-            s_w = tl.load(sw_ptr + offs_n, mask=offs_n < N, other=0.0)
-            y = (s_a[:, None] * acc.to(tl.float32)) * s_w[None, :]
-            out_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], bf16_rne_bits(y).to(tl.bfloat16, bitcast=True))
-        else:
-            _epilogue(acc, sa_ptr, sw_ptr, out_ptr, M, N, stride_om, offs_m, offs_n)
-
-
-def tsm(a, w, s_a, s_w, config):
-    """kernels.triton.scaled_mm with `config`, or the tuning-only kinds implemented here."""
-    bm, bn, bk, group_m, warps, stages, kind = CONFIGS[config]
-    if kind not in ("persist_ws", "persist_st"):
-        return _production(a, w, s_a, s_w, config=config)
-    check_operands(a, w, s_a, s_w)
-    m, k = a.shape
-    n = w.shape[0]
-    assert k % 16 == 0 and n % 8 == 0 and a.is_contiguous() and w.is_contiguous(), "tuning shapes are TMA-aligned"
-    out = torch.empty((m, n), dtype=torch.bfloat16, device=a.device)
-    progs = min(triton.cdiv(m, bm) * triton.cdiv(n, bn), SMS)
-    tma_store = kind == "persist_st"
-    _tune_persistent_kernel[(progs,)](
-        TensorDescriptor.from_tensor(a, [bm, bk]),
-        TensorDescriptor.from_tensor(w, [bn, bk]),
-        s_a.contiguous(),
-        s_w.contiguous(),
-        out,
-        TensorDescriptor.from_tensor(out, [bm, bn]) if tma_store else None,
-        m,
-        n,
-        k,
-        out.stride(0),
-        progs,
-        BLOCK_M=bm,
-        BLOCK_N=bn,
-        BLOCK_K=bk,
-        GROUP_M=group_m,
-        WARP_SPECIALIZE=kind == "persist_ws",
-        TMA_STORE=tma_store,
-        num_warps=warps,
-        num_stages=stages,
-        enable_fp_fusion=False,
-    )
-    return out
-
-
 BASE = ["small", "medium", "large", "large_m256"]
-# Round 1 ran BASE and the first 15 CANDIDATES on every shape at M = 512, 2048, 8192 and 8192^3
+# Round 1 ran BASE and the first 14 CANDIDATES (and the warp-specialized persistent kernel, since
+# removed) on every shape at M = 512, 2048, 8192 and 8192^3
 # (results/kernels_triton_tune.json); round 2 (--round 2) runs the winners and their variants.
 ROUND2_SMALL = ["small", "t64x128", "t64x128s5", "t64x128k256s3", "t64x64s6", "t64x64k256s3"]
 ROUND2_LARGE = [
@@ -179,11 +89,8 @@ ROUND2_LARGE = [
     "p128x256",
     "p128x256g4",
     "p128x256g16",
-    "pst128x256",
-    "pst128x256g16",
-    "pst256x128s3",
 ]
-# Round 3 (issue 10): M <= 1024 as round 2; above, the new default and its variants.
+# Round 3: M <= 1024 as round 2; above, the default since then and its variants.
 ROUND3_SMALL = ["mid", "small_s6", "medium_s3", "t128x128w4s3"]
 ROUND3_LARGE = [
     "medium_s3",
@@ -195,7 +102,6 @@ ROUND3_LARGE = [
     "t128x128w4s3",
     "t128x128k64s6",
     "p128x128s3",
-    "pws128x256",
 ]
 
 
@@ -228,7 +134,7 @@ def main():
     CONFIGS.update(CANDIDATES)
     small, large = {2: (ROUND2_SMALL, ROUND2_LARGE), 3: (ROUND3_SMALL, ROUND3_LARGE)}.get(args.round, (None, None))
     if args.round == 1:
-        names = check(BASE + list(CANDIDATES)[:15])
+        names = check(BASE + list(CANDIDATES)[:14])
     else:
         names = check(list(dict.fromkeys(small + large)))
     print(f"checked in {time.time() - t0:.0f} s", flush=True)
@@ -255,7 +161,7 @@ def main():
                 continue
             fl = [lambda o=o, c=name: tsm(*o, config=c) for o in sets]
             try:
-                ms, method = _time(fl, 100 if m == 8192 and k == 8192 else args.rep)
+                ms, method = graph_ms(fl, 100 if m == 8192 and k == 8192 else args.rep)
             except Exception as e:
                 print("FAILED", key, name, type(e).__name__, flush=True)
                 continue
@@ -274,11 +180,9 @@ def main():
             )
         else:
             print(f"{key:28s} no candidate was timed (all dropped, skipped or failed)", flush=True)
-        with open(path, "w") as f:
-            json.dump(res, f, indent=1)
+        write_json_atomic(path, res)
     res["elapsed_s"] = time.time() - t0
-    with open(path, "w") as f:
-        json.dump(res, f, indent=1)
+    write_json_atomic(path, res)
     print(f"done in {res['elapsed_s']:.0f} s")
 
 

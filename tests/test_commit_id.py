@@ -66,6 +66,15 @@ def test_a_repository_around_the_copy_is_not_ours(tmp_path):
 
 
 def test_gpu_scripts_record_it():
-    for name in ("gpu_audit.sh", "gpu_kernels.sh", "gpu_runtime.sh", "gpu_eval.sh"):
-        text = (SCRIPT.parent / name).read_text()
-        assert 'echo "commit $(bash benchmarks/commit_id.sh)"' in text and "rev-parse HEAD" not in text, name
+    """The GPU scripts' environment record (gpu_env in the helper they all source) names the
+    commit through this script, never through git rev-parse HEAD."""
+    helper = (SCRIPT.parent / "_gpu_common.sh").read_text()
+    assert (
+        'echo "commit $(bash benchmarks/commit_id.sh)"' in helper
+        and "REQUANT_COMMIT=$(bash benchmarks/commit_id.sh)" in helper
+    )
+    for path in SCRIPT.parent.glob("gpu_*.sh"):
+        text = path.read_text()
+        assert "rev-parse HEAD" not in text, path.name
+        if path.name != "gpu_setup.sh":
+            assert "_gpu_common.sh" in text and "gpu_env" in text, path.name

@@ -20,6 +20,8 @@ bos = eos = `<|endoftext|>` = id 0, as the Qwen3 base models use one end-of-text
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from requant.synthetic import Preset, model_config
 
 EOT_ID = 0
@@ -38,21 +40,7 @@ DEFAULT = Preset(
     eps=1e-6,
     rope_theta=1000000.0,
 )
-TINY = Preset(
-    hidden=64,
-    intermediate=192,
-    layers=2,
-    heads=2,
-    kv_heads=1,
-    head_dim=32,
-    vocab=8192,
-    tie=True,
-    max_position=2048,
-    bos=EOT_ID,
-    eos=EOT_ID,
-    eps=1e-6,
-    rope_theta=1000000.0,
-)
+TINY = replace(DEFAULT, hidden=64, intermediate=192, layers=2, heads=2, kv_heads=1, head_dim=32)
 
 
 def preset(tiny: bool = False) -> Preset:

@@ -7,39 +7,28 @@ so an interrupted run never leaves a truncated model.safetensors or summary.json
 from __future__ import annotations
 
 import json
-import os
 import platform
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from requant.output import write_bytes_atomic, write_files_atomic
+
 
 def atomic_write(path: Path, write) -> None:
-    """write(tmp_path) then rename to path (mode 0644)."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    os.close(fd)
-    try:
-        write(tmp)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """write(tmp_path) then rename to path (requant.output's writer: a temporary beside it with
+    the permissions a plain open() gives, removed on failure)."""
+    write_files_atomic([(Path(path), lambda tmp: write(str(tmp)))])
 
 
 def write_json(path: Path, obj) -> None:
     """Indent 2, sorted keys, trailing newline (transformers' formatting)."""
-    atomic_write(path, lambda t: Path(t).write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n", encoding="utf-8"))
+    write_bytes_atomic(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode("utf-8"))
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> None:
-    atomic_write(
-        path,
-        lambda t: Path(t).write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in rows), encoding="utf-8"),
-    )
+    write_bytes_atomic(path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows).encode("utf-8"))
 
 
 def save_weights(path: Path, state: dict[str, torch.Tensor]) -> None:

@@ -31,13 +31,13 @@ import hashlib
 import json
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from requant.output import write_bytes_atomic  # noqa: E402
 from training import texts  # noqa: E402
 
 TOKENIZER_DIR = Path(__file__).resolve().parent / "tokenizer"
@@ -119,11 +119,7 @@ def write(tok, out: Path) -> None:
         "generation_config.json": _dump(generation_config(tok.token_to_id(texts.EOT))),
     }
     for name, content in files.items():
-        fd, tmp = tempfile.mkstemp(dir=out, prefix=f".{name}.")
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(content)
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600 files; these are ordinary repository files
-        os.replace(tmp, out / name)
+        write_bytes_atomic(out / name, content.encode("utf-8"))
 
 
 def sha256_file(path: Path) -> str:

@@ -4,10 +4,13 @@ word counts and UTF-8 byte counts."""
 
 import json
 
+import pytest
+
 from requant.eval.task import HELDOUT_FILE, HELDOUT_TASK, process_results, task_manager
 
 
 def test_task_resolves_offline_from_any_directory(tmp_path, monkeypatch):
+    pytest.importorskip("lm_eval")
     monkeypatch.chdir(tmp_path)  # nothing relative to the checkout may matter
     tm = task_manager()
     assert HELDOUT_TASK in tm.all_tasks
@@ -35,6 +38,7 @@ def test_process_results_counts_words_and_bytes():
 
 def test_other_task_names_bring_in_lm_evals_index(monkeypatch):
     """A name that is not ours asks lm-eval for its own index as well (include_defaults)."""
+    pytest.importorskip("lm_eval")
     seen = {}
 
     import lm_eval.tasks

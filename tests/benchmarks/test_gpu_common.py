@@ -1,0 +1,92 @@
+"""benchmarks/_gpu_common.sh, the helper every GPU script sources, run by bash on the CPU with
+stand-in commands (true, false, sleep): the exit status, wall time and output each step
+records, the time limit, skipped steps, $OUT resolution, and that every GPU script uses it.
+Independent references: the exit statuses of the stand-ins (true 0, false 1, timeout's 124)
+and the files written by hand here."""
+
+import re
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+HELPER = ROOT / "benchmarks" / "_gpu_common.sh"
+LINE = re.compile(r"^== (\S+) +(\d+)\.(\d{3}) s  rc=(\d+)  \(t=\d+ s\)$")
+
+
+def _bash(script: str, cwd: Path, **env) -> subprocess.CompletedProcess:
+    full = f'set -uo pipefail\nsource "{HELPER}" || exit 9\n{script}'
+    return subprocess.run(
+        ["bash", "-c", full],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(cwd), "REQUANT_COMMIT": "0123abc", **env},
+    )
+
+
+def test_steps_record_status_time_and_output(tmp_path):
+    r = _bash(
+        """gpu_out
+TIMINGS="$OUT/timings.txt"
+STEP_LOG="$OUT/all.log"
+step ok 0 echo hello
+echo "rc=$RC"
+step fails 0 false
+echo "rc=$RC"
+step slow 1 sleep 5
+echo "rc=$RC"
+skip later "no time left"
+echo "rc=$RC pwd=$PWD commit=$REQUANT_COMMIT"
+STEPS="build tests" && has tests && ! has bench && echo has-ok
+""",
+        tmp_path,
+        OUT="out",  # relative: the caller's directory, not the repository root the helper moves to
+    )
+    assert r.returncode == 0, r.stderr
+    out = tmp_path / "out"
+    lines = (out / "timings.txt").read_text().splitlines()
+    parsed = [LINE.match(x) for x in lines[:3]]
+    assert [(m.group(1), int(m.group(4))) for m in parsed] == [("ok", 0), ("fails", 1), ("slow", 124)]
+    assert 1 <= int(parsed[2].group(2)) < 5  # stopped by its 1 s limit, not after the 5 s sleep
+    assert lines[3].startswith("== later") and "skipped: no time left" in lines[3]
+    assert "rc=0\n" in r.stdout and "rc=1\n" in r.stdout and "rc=124\n" in r.stdout
+    assert f"rc=125 pwd={ROOT} commit=0123abc" in r.stdout and "has-ok" in r.stdout
+    log = (out / "all.log").read_text()
+    assert "=== ok (limit 0 s) ===\nhello\n" in log and log.count("\n== ") == 4
+
+
+def test_step_dir_gets_one_log_per_step(tmp_path):
+    r = _bash(
+        'gpu_out\nSTEP_DIR="$OUT"\nstep first 0 echo one\nstep second 0 echo two', tmp_path, OUT=str(tmp_path / "o")
+    )
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "o" / "first.log").read_text() == "one\n"
+    assert (tmp_path / "o" / "second.log").read_text() == "two\n"
+
+
+def test_out_is_required_unless_a_default_is_given(tmp_path):
+    r = _bash("gpu_out\necho unreachable", tmp_path)
+    assert r.returncode != 0 and "set OUT to the results directory" in r.stderr and "unreachable" not in r.stdout
+    r = _bash('gpu_out "$HOME/d"\necho "$OUT"', tmp_path)
+    assert r.returncode == 0 and r.stdout.strip() == str(tmp_path / "d") and (tmp_path / "d").is_dir()
+
+
+def test_every_gpu_script_sources_the_helper():
+    scripts = sorted(p for p in (ROOT / "benchmarks").glob("gpu_*.sh") if p.name != "gpu_setup.sh")
+    assert len(scripts) == 8
+    for p in scripts:
+        text = p.read_text()
+        assert 'source "$(dirname "$0")/_gpu_common.sh" || exit 1' in text, p.name
+        assert not re.search(r"^\s*(step|now|has|left)\(\)", text, re.M), f"{p.name} defines its own helper"
+        assert "gpu_env" in text, p.name
+
+
+def test_synthetic_checkpoints_lists_the_ones_that_exist(tmp_path):
+    """Without "generate" in STEPS nothing is made: CKPTS holds the sizes whose config.json exists."""
+    (tmp_path / "requant-a-synthetic").mkdir()
+    (tmp_path / "requant-a-synthetic" / "config.json").write_text("{}")
+    (tmp_path / "requant-b-synthetic").mkdir()  # no config.json: an unfinished one
+    r = _bash('SIZES="a b c" STEPS=tests synthetic_checkpoints\necho "${CKPTS[*]}"', tmp_path, CKPT_ROOT=str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == str(tmp_path / "requant-a-synthetic")
