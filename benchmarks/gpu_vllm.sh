@@ -9,15 +9,14 @@
 # The parts wait under /tmp/vllm-parts on the GPU machine. Results in $OUT: env.txt,
 # timings.txt, run_*.json (one per checkpoint and kernel), vllm_compare.json, requant_*.json.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+source "$(dirname "$0")/_gpu_common.sh" || exit 1
 PARTS=/tmp/vllm-parts
 mkdir -p "$PARTS"
 if [ "${STAGE:-run}" = part ]; then
     cp ".vllm/vllm-wheels.tar.part${PART:?set PART}" .vllm/SHA256SUMS "$PARTS/" && ls -la "$PARTS"
     exit $?
 fi
-: "${OUT:?set OUT to the results directory}"
-mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
+gpu_out
 KEEP=/tmp/vllm-out  # results of earlier run calls on this machine (CKS picks the checkpoints of one call)
 mkdir -p "$KEEP"
 if [ ! -d /tmp/vsite/vllm ]; then
@@ -31,20 +30,9 @@ if [ ! -d /tmp/vsite/vllm ]; then
 fi
 export PYTHONPATH=/tmp/vsite${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . || exit 2
-REQUANT_COMMIT=$(bash benchmarks/commit_id.sh)
-{
-    date -u; echo "commit $REQUANT_COMMIT"
-    nvidia-smi --query-gpu=name,driver_version --format=csv
-    python3 -c "import torch, vllm; print('torch', torch.__version__, 'vllm', vllm.__version__)"
-} > "$KEEP/env.txt" 2>&1
+gpu_env vllm > "$KEEP/env.txt" 2>&1
 cat "$KEEP/env.txt"
-step() {
-    local name="$1" limit="$2"; shift 2
-    local t0=$SECONDS
-    timeout "$limit" "$@" > "$KEEP/$name.log" 2>&1
-    local rc=$?
-    printf '%-28s %5d s  rc=%d\n' "$name" $((SECONDS - t0)) "$rc" | tee -a "$KEEP/timings.txt"
-}
+STEP_DIR=$KEEP TIMINGS=$KEEP/timings.txt
 CK=/tmp/vllm-ck
 mkdir -p "$CK"
 CKS=${CKS:-default-native default-pow2 q17-native q17-pow2}
