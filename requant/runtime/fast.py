@@ -332,6 +332,7 @@ class FastWeights:
         eos: set,
         keep_logits: bool,
         graphs: bool,
+        choose=None,
     ):
         from requant.runtime.model import Generation, pow2_at_least
 
@@ -341,7 +342,7 @@ class FastWeights:
         cap = pow2_at_least(max(len(t) for t in tensors) + max_new_tokens)
         dec = self._decoder(model, bucket, cap, graphs)
         logits = self.prefill(model, tensors, cache=dec.cache, last_only=True)
-        first = torch.argmax(logits, dim=-1)
+        first = torch.argmax(logits, dim=-1) if choose is None else choose(0, logits).to(model.device, torch.long)
         dec.tok.zero_()
         dec.tok[:b] = first
         dec.pos.zero_()
@@ -352,7 +353,11 @@ class FastWeights:
             if eos and step % 16 == 0 and _all_done(steps_ids, eos):
                 break
             dec.step()
-            steps_ids.append(dec.next[:b].clone())
+            if choose is not None:  # after the graph: its argmax into dec.tok is overwritten for the real rows
+                dec.tok[:b] = choose(step, dec.logits[:b]).to(model.device, torch.long)
+                steps_ids.append(dec.tok[:b].clone())
+            else:
+                steps_ids.append(dec.next[:b].clone())
             if keep_logits:
                 steps_logits.append(dec.logits[:b].clone())
         ids = torch.stack(steps_ids, 1).tolist()  # [B, steps]

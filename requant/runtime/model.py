@@ -327,11 +327,20 @@ class Model:
             return self._fastw().extend(self, [torch.as_tensor(c, dtype=torch.long).reshape(-1) for c in chunks], cache)
 
     def generate(
-        self, prompts, max_new_tokens: int = 64, eos_id=None, keep_logits: bool = False, graphs: bool = True
+        self,
+        prompts,
+        max_new_tokens: int = 64,
+        eos_id=None,
+        keep_logits: bool = False,
+        graphs: bool = True,
+        choose: Callable[[int, torch.Tensor], torch.Tensor] | None = None,
     ) -> Generation:
         """Greedy decoding with a KV cache (see greedy); keep_logits also returns each step's
         logits. graphs: on the fast engine on CUDA, replay decode steps from CUDA graphs
-        (False: the same kernels launched eagerly; the same bits)."""
+        (False: the same kernels launched eagerly; the same bits). choose(step, logits fp32
+        [B, vocab] on the device) -> token ids [B] (long) replaces the argmax: called once per
+        step on every row, finished rows too (their tokens are dropped); the logits tensor may
+        be reused after the call returns (requant.sampling builds one)."""
         tensors = self._as_tensors(prompts)
         if max_new_tokens < 0:
             raise ValueError("max_new_tokens must be >= 0")
@@ -348,13 +357,16 @@ class Model:
             return gen
         if self.fast:
             with torch.no_grad():
-                return self._fastw().generate(self, tensors, max_new_tokens, eos, keep_logits, graphs)
+                return self._fastw().generate(self, tensors, max_new_tokens, eos, keep_logits, graphs, choose)
         cache = self.new_cache(len(tensors), pow2_at_least(longest))
         done = [False] * len(tensors)
         with torch.no_grad():
             logits = self.prefill(tensors, cache=cache, last_only=True)
             for step in range(max_new_tokens):
-                nxt = torch.argmax(logits, dim=-1)  # ties: the first (lowest) id, on CPU and CUDA
+                if choose is None:
+                    nxt = torch.argmax(logits, dim=-1)  # ties: the first (lowest) id, on CPU and CUDA
+                else:
+                    nxt = choose(step, logits).to(self.device, torch.long).reshape(-1)
                 if keep_logits:
                     gen.step_logits.append(logits)
                 for j, tok in enumerate(nxt.tolist()):
