@@ -27,6 +27,7 @@ __all__ = [
     "read_records",
     "record_params",
     "first_difference",
+    "first_token_difference",
     "describe_difference",
     "filler_prompts",
     "FILLER_SAMPLING",
@@ -189,8 +190,15 @@ def first_difference(rec: dict, sampled: Sampled) -> dict | None:
     return None
 
 
-def describe_difference(index: int, rec: dict, diff: dict | None) -> str:
-    """The one line replay prints for a record."""
+def first_token_difference(rec: dict, sampled: Sampled) -> int | None:
+    """The first step whose token differs (a length difference counts at the shorter length)."""
+    a, b = rec["ids"], sampled.ids
+    i = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+    return i if i is not None or len(a) == len(b) else min(len(a), len(b))
+
+
+def describe_difference(index: int, rec: dict, diff: dict | None, token_step: int | None = None) -> str:
+    """The one line replay prints for a record (token_step: first_token_difference)."""
     head = f"record {index} (key {rec['key'][:16]})"
     if diff is None:
         n = len(rec["steps"])
@@ -201,12 +209,17 @@ def describe_difference(index: int, rec: dict, diff: dict | None) -> str:
         ta = "none" if a is None else a["token"]
         tb = "none (it stopped)" if b is None else b["token"]
         return f"{head}: {at}: token {tb} replayed, {ta} recorded"
+    later = (
+        "the tokens match at every step"
+        if token_step is None
+        else f"the tokens first differ at step {token_step} (position {len(rec['prompt_ids']) + token_step})"
+    )
     if diff["what"] == "logits":
         return (
             f"{head}: {at}: only the logits differ (token {a['token']} on both sides; digest "
-            f"{b['logits_sha256'][:16]} replayed, {a['logits_sha256'][:16]} recorded)"
+            f"{b['logits_sha256'][:16]} replayed, {a['logits_sha256'][:16]} recorded); {later}"
         )
-    return f"{head}: {at}: the logprob differs ({b['logprob']} replayed, {a['logprob']} recorded)"
+    return f"{head}: {at}: the logprob differs ({b['logprob']} replayed, {a['logprob']} recorded); {later}"
 
 
 def filler_prompts(tokenizer, n: int) -> tuple[list[list[int]], list[SamplingParams]]:

@@ -74,7 +74,13 @@ def replay(
         from requant.backends import check_runnable
         from requant.checkpoint import open_checkpoint
         from requant.evidence.identity import with_progress
-        from requant.generation import filler_prompts, first_difference, read_records, record_params
+        from requant.generation import (
+            filler_prompts,
+            first_difference,
+            first_token_difference,
+            read_records,
+            record_params,
+        )
         from requant.runtime import check_layout, load_model
         from requant.tokenizer import summary
 
@@ -137,9 +143,19 @@ def replay(
     results = []
     for i, (rec, s) in enumerate(zip(records, out)):
         diff = first_difference(rec, s)
-        line = describe_difference(i, rec, diff)
+        token_step = first_token_difference(rec, s)
+        line = describe_difference(i, rec, diff, token_step)
         print(line)
-        results.append({"index": i, "key": rec["key"], "match": diff is None, "first_difference": diff, "line": line})
+        results.append(
+            {
+                "index": i,
+                "key": rec["key"],
+                "match": diff is None,
+                "first_difference": diff,
+                "first_token_difference": token_step,
+                "line": line,
+            }
+        )
     ok = all(r["match"] for r in results)
     engine_ran = "fast" if model.fast else "reference"
     if len(records) > 1:
