@@ -145,6 +145,7 @@ def generate(
         from requant.runtime import REGIMES, check_layout, load_model
         from requant.sampling import SamplingParams
 
+        dev = check_device(device or default_device())
         if (prompt is None) == (prompts_file is None):
             raise UsageError("give --prompt TEXT (repeatable) or --prompts FILE.jsonl, not both")
         if max_new_tokens < 1:
@@ -152,7 +153,6 @@ def generate(
         if regime not in REGIMES:
             raise UsageError(f"--regime must be one of {', '.join(REGIMES)}, got {regime!r}")
         base = SamplingParams(temperature, top_k, top_p, seed).check("--temperature/--top-k/--top-p/--seed")
-        dev = check_device(device or default_device())
         be = backend or default_backend(dev)
         from requant import kernels
 
