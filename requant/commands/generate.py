@@ -18,6 +18,7 @@ SHA256SUMS that does not match the files); 130 interrupted.
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -224,6 +225,8 @@ def generate(
                 "--byte-tokens": byte_tokens,
             },
         )
+        if prompt:  # repeatable: command_line takes each flag once
+            cmd += "".join(f" --prompt {shlex.quote(p)}" for p in prompt)
         context = {
             "checkpoint": None if ckpt is None else str(ckpt),
             "checkpoint_path": str(checkpoint.path),
