@@ -199,6 +199,11 @@ def test_greedy_generation_is_the_runtimes_argmax_and_batch_invariant(micro):
     prompts = [[5, 9, 11, 3], [7, 8], [1, 2, 3, 4, 5, 6]]
     greedy = generate(m, prompts, SamplingParams(), 6)
     assert [s.ids for s in greedy] == m.greedy(prompts, 6)  # reference: torch.argmax in Model.generate
+    eos = greedy[0].ids[2]  # row 0 stops at its first eos (included); the others run on or stop at theirs
+    stopped = generate(m, prompts, SamplingParams(), 6, eos_id=eos)
+    assert [s.ids for s in stopped] == m.greedy(prompts, 6, eos_id=eos)
+    assert len(stopped[0].ids) == greedy[0].ids.index(eos) + 1
+    assert all([st.token for st in s.steps] == s.ids for s in stopped)
     params = [SamplingParams(temperature=t, top_p=0.9, seed=j) for j, t in enumerate((0.8, 1.0, 1.5))]
     batch = generate(m, prompts, params, 6)
     for j in range(3):
