@@ -6,7 +6,7 @@ from typing import Annotated
 import typer
 
 from requant import __version__
-from requant.commands import audit, checkpoint, conform, determinism, eval, publish, tp_check
+from requant.commands import audit, checkpoint, conform, determinism, eval, generate, publish, replay, tp_check
 
 app = typer.Typer(
     name="requant",
@@ -44,6 +44,8 @@ app.command("manifest")(publish.manifest)
 app.command("card")(publish.card)
 app.command("push")(publish.push)
 app.command("tp-check")(tp_check.tp_check)
+app.command("generate")(generate.generate)
+app.command("replay")(replay.replay)
 
 if __name__ == "__main__":
     app()

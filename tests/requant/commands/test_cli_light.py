@@ -20,7 +20,16 @@ print(",".join(heavy) or "none")
 
 @pytest.mark.parametrize(
     "args",
-    [["--help"], ["--version"], ["convert", "--help"], ["audit", "--help"], ["eval", "--help"], ["push", "--help"]],
+    [
+        ["--help"],
+        ["--version"],
+        ["convert", "--help"],
+        ["audit", "--help"],
+        ["eval", "--help"],
+        ["push", "--help"],
+        ["generate", "--help"],
+        ["replay", "--help"],
+    ],
 )
 def test_help_imports_no_numerics(args):
     res = subprocess.run([sys.executable, "-c", PROBE, *args], capture_output=True, text=True)

@@ -39,6 +39,8 @@ CANNOT_RUN = {
     "card": ["card", MISSING],
     "push": ["push", MISSING, "someone/model", "--dry-run"],
     "tp-check": ["tp-check", MISSING],
+    "generate": ["generate", MISSING, "--prompt", "x"],
+    "replay": ["replay", MISSING],
     "conform": ["conform", "--kernel", "nonexistent_requant_module:scaled_mm"],
 }
 
@@ -51,7 +53,7 @@ def test_missing_checkpoint_exits_2_with_one_line(command, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("command", ["audit", "determinism", "eval", "tp-check"])
+@pytest.mark.parametrize("command", ["audit", "determinism", "eval", "tp-check", "generate"])
 def test_bad_device_exits_2_naming_the_option(command):
     res = _invoke(command, "--device", "banana")
     assert res.exit_code == 2 and "--device" in _one_error_line(res)

@@ -1,0 +1,250 @@
+"""`requant generate`: text from a checkpoint, greedy or seeded sampling, with a verifiable record.
+
+    requant generate [CKPT] (--prompt TEXT ... | --prompts FILE.jsonl) [--max-new-tokens 64]
+                     [--eos/--no-eos] [--temperature T] [--top-k K] [--top-p P] [--seed S]
+                     [--backend NAME] [--engine auto|fast|reference] [--regime native|pow2]
+                     [--device DEV] [--json OUT] [--revision REV] [--threads N] [--byte-tokens]
+
+No CKPT: the embedded default. Greedy unless --temperature > 0 (requant.sampling: a counter-based
+generator per request and position, so a sample cannot depend on the batch). All prompts run as
+one batch. FILE.jsonl: one object a line, {"prompt": TEXT} or {"prompt_ids": [ids]}, optionally
+"key", "seed", "temperature", "top_k", "top_p" (overriding the options for that request). One
+prompt: its text is streamed to stdout token by token; several: each printed when done.
+--json writes one record a prompt, JSON lines (requant.generation); `requant replay` re-checks it.
+Exit status: 0 done; 2 could not run (one line: a bad option, prompt file or checkpoint, a
+SHA256SUMS that does not match the files); 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from requant.commands._common import (
+    ByteTokensOpt,
+    CkptArg,
+    DeviceOpt,
+    EngineOpt,
+    JsonOpt,
+    RevisionOpt,
+    ThreadsOpt,
+    UsageError,
+    byte_tokens_option,
+    cannot_run,
+    check_device,
+    check_engine,
+    check_output_file,
+    command_line,
+    default_device,
+    err,
+    set_threads,
+)
+
+__all__ = ["generate", "read_prompt_file", "default_backend", "Streamer"]
+
+_OVERRIDES = ("key", "seed", "temperature", "top_k", "top_p")
+
+
+def default_backend(device: str) -> str:
+    return "triton" if str(device).startswith("cuda") else "reference-triton-order"
+
+
+def read_prompt_file(path: Path) -> list[dict]:
+    """The requests of a prompts file: [{"prompt" or "prompt_ids", overrides...}], checked."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise UsageError(f"--prompts {path}: not UTF-8 text") from None
+    reqs = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        where = f"--prompts {path}:{n}"
+        try:
+            obj = json.loads(line)
+        except ValueError as exc:
+            raise UsageError(f"{where}: not valid JSON: {exc}") from None
+        if not isinstance(obj, dict) or ("prompt" in obj) == ("prompt_ids" in obj):
+            raise UsageError(f"{where}: an object with exactly one of 'prompt' and 'prompt_ids' is needed")
+        if "prompt" in obj and not (isinstance(obj["prompt"], str) and obj["prompt"]):
+            raise UsageError(f"{where}: field 'prompt' must be a non-empty string")
+        ids = obj.get("prompt_ids")
+        if ids is not None and not (
+            isinstance(ids, list) and ids and all(isinstance(i, int) and not isinstance(i, bool) for i in ids)
+        ):
+            raise UsageError(f"{where}: field 'prompt_ids' must be a non-empty list of integers")
+        unknown = sorted(set(obj) - {"prompt", "prompt_ids", *_OVERRIDES})
+        if unknown:
+            raise UsageError(
+                f"{where}: unknown field {unknown[0]!r} (known: prompt, prompt_ids, {', '.join(_OVERRIDES)})"
+            )
+        obj["where"] = where
+        reqs.append(obj)
+    if not reqs:
+        raise UsageError(f"--prompts {path}: no prompts")
+    return reqs
+
+
+class Streamer:
+    """on_token for one request: prints the decoded text as it grows (a suffix is printed once
+    the decoding of all ids so far extends what was printed), and nothing after an eos."""
+
+    def __init__(self, tokenizer, eos: set, write=None):
+        self.tok, self.eos, self.ids, self.shown, self.done = tokenizer, eos, [], "", False
+        self.write = write or (lambda s: (sys.stdout.write(s), sys.stdout.flush()))
+
+    def __call__(self, row: int, step: int, token: int) -> None:
+        if self.done:
+            return
+        self.ids.append(token)
+        self.done = token in self.eos
+        text = self.tok.decode(self.ids)
+        if text.startswith(self.shown) and not text.endswith("\ufffd"):  # not in the middle of a character
+            self.write(text[len(self.shown) :])
+            self.shown = text
+
+
+@byte_tokens_option
+def generate(
+    ckpt: CkptArg = None,
+    prompt: Annotated[Optional[list[str]], typer.Option("--prompt", help="a prompt (repeatable)")] = None,
+    prompts_file: Annotated[
+        Optional[Path], typer.Option("--prompts", help="JSON lines: {'prompt': TEXT} or {'prompt_ids': [...]}")
+    ] = None,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="tokens to generate at most")] = 64,
+    eos: Annotated[bool, typer.Option("--eos/--no-eos", help="stop a prompt at the tokenizer's eos")] = True,
+    temperature: Annotated[float, typer.Option("--temperature", help="0: greedy (the default)")] = 0.0,
+    top_k: Annotated[int, typer.Option("--top-k", help="keep the k most likely tokens (0: all)")] = 0,
+    top_p: Annotated[float, typer.Option("--top-p", help="keep the smallest set of probability >= p")] = 1.0,
+    seed: Annotated[int, typer.Option("--seed", help="sampling seed, 0 to 2**64-1")] = 0,
+    backend: Annotated[
+        Optional[str],
+        typer.Option("--backend", help="scaled_mm backend (default: triton on a GPU, reference-triton-order on CPU)"),
+    ] = None,
+    engine: EngineOpt = "auto",
+    regime: Annotated[str, typer.Option("--regime", help="native (the checkpoint's scales) or pow2")] = "native",
+    device: DeviceOpt = None,
+    json_out: JsonOpt = None,
+    revision: RevisionOpt = None,
+    threads: ThreadsOpt = None,
+    byte_tokens: ByteTokensOpt = False,
+) -> None:
+    """Generate from prompts (greedy or seeded sampling); --json records it for `requant replay`."""
+    console = err()
+    with cannot_run():
+        check_output_file(json_out, "--json")
+        from requant import DEFAULT_CHECKPOINT
+        from requant.backends import check_runnable
+        from requant.checkpoint import open_checkpoint
+        from requant.evidence.identity import with_progress
+        from requant.runtime import REGIMES, check_layout, load_model
+        from requant.sampling import SamplingParams
+
+        dev = check_device(device or default_device())
+        if (prompt is None) == (prompts_file is None):
+            raise UsageError("give --prompt TEXT (repeatable) or --prompts FILE.jsonl, not both")
+        if max_new_tokens < 1:
+            raise UsageError("--max-new-tokens must be at least 1")
+        if regime not in REGIMES:
+            raise UsageError(f"--regime must be one of {', '.join(REGIMES)}, got {regime!r}")
+        base = SamplingParams(temperature, top_k, top_p, seed).check("--temperature/--top-k/--top-p/--seed")
+        be = backend or default_backend(dev)
+        from requant import kernels
+
+        if be not in kernels.scaled_mm_backends():
+            raise UsageError(f"--backend: unknown backend {be!r}; known: {', '.join(kernels.scaled_mm_backends())}")
+        check_runnable((be,), dev, "reference", option="--backend")
+        check_engine(engine, dev)
+        requests = [{"prompt": p, "where": f"--prompt {i}"} for i, p in enumerate(prompt or [])]
+        if prompts_file is not None:
+            requests = read_prompt_file(prompts_file)
+        set_threads(threads, dev)
+        checkpoint = open_checkpoint(DEFAULT_CHECKPOINT if ckpt is None else ckpt, revision=revision)
+        check_layout(checkpoint)
+        identity = with_progress(checkpoint, console)
+        model = load_model(checkpoint, regime=regime, backend=be, device=dev, engine=engine)
+        tok = model.tokenizer
+        ids, params, texts = [], [], []
+        for r in requests:
+            pids = tok.encode(r["prompt"]) if "prompt" in r else r["prompt_ids"]
+            if not pids:
+                raise UsageError(f"{r['where']}: the prompt has no tokens")
+            fields = {k: r[k] for k in _OVERRIDES if k in r}
+            p = SamplingParams(**{**base.__dict__, **fields}).check(r["where"])
+            ids.append(pids)
+            params.append(p)
+            texts.append(r.get("prompt"))
+        eos_ids = list(tok.eos_ids) if eos else []
+
+    from requant.generation import make_record
+    from requant.sampling import generate as sample
+
+    stream = None
+    if len(ids) == 1:
+        print(tok.decode(ids[0]), end="", flush=True)
+        stream = Streamer(tok, set(eos_ids))
+    t0 = time.perf_counter()
+    with cannot_run():
+        out = sample(model, ids, params, max_new_tokens, eos_id=eos_ids or None, on_token=stream)
+    wall = time.perf_counter() - t0
+    if stream is not None:
+        print(tok.decode(out[0].ids)[len(stream.shown) :])
+    else:
+        for pids, s in zip(ids, out):
+            print(tok.decode(pids) + tok.decode(s.ids))
+            print()
+    n_new = sum(len(s.ids) for s in out)
+    mode = "greedy" if all(p.greedy for p in params) else "sampled"
+    console.print(
+        f"{len(ids)} prompt(s), {n_new} new tokens in {wall:.2f} s; {'fast' if model.fast else 'reference'} engine, "
+        f"{be}, {regime}, {mode}"
+    )
+    if json_out is not None:
+        cmd = command_line(
+            "generate",
+            [ckpt],
+            {
+                "--prompts": prompts_file,
+                "--max-new-tokens": max_new_tokens,
+                "--no-eos": not eos,
+                "--temperature": temperature or None,
+                "--top-k": top_k or None,
+                "--top-p": None if top_p == 1.0 else top_p,
+                "--seed": seed or None,
+                "--backend": backend,
+                "--engine": None if engine == "auto" else engine,
+                "--regime": regime,
+                "--device": device,
+                "--revision": revision,
+                "--byte-tokens": byte_tokens,
+            },
+        )
+        if prompt:  # repeatable: command_line takes each flag once
+            cmd += "".join(f" --prompt {shlex.quote(p)}" for p in prompt)
+        context = {
+            "checkpoint": None if ckpt is None else str(ckpt),
+            "checkpoint_path": str(checkpoint.path),
+            "revision": revision,
+            **identity,
+            "device": dev,
+            "max_new_tokens": max_new_tokens,
+            "eos_ids": eos_ids,
+            "command": cmd,
+        }
+        lines = [
+            json.dumps(
+                make_record(sampled=s, prompt_ids=pids, prompt_text=t, model=model, context=context, tokenizer=tok)
+            )
+            for s, pids, t in zip(out, ids, texts)
+        ]
+        from requant.output import write_bytes_atomic
+
+        with cannot_run():
+            write_bytes_atomic(json_out, ("\n".join(lines) + "\n").encode("utf-8"))
+        console.print(f"wrote {json_out} ({len(lines)} record{'s' if len(lines) > 1 else ''})")

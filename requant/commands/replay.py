@@ -1,0 +1,199 @@
+"""`requant replay`: re-run a `requant generate` record and compare it bit for bit.
+
+    requant replay RECORD [--checkpoint CKPT] [--backend NAME] [--engine auto|fast|reference]
+                   [--batch-with N] [--device DEV] [--json OUT] [--threads N] [--byte-tokens]
+
+RECORD: the JSON-lines file `requant generate --json` wrote (every record of it is replayed, as
+one batch). The checkpoint is the record's (its path as given; null: the embedded default) unless
+--checkpoint names another copy; its manifest digest and its tokenizer must be the record's, or
+the replay is refused (exit 2) before anything runs. The regime, reduction, activation backend,
+sampling params, keys and eos come from the record; --backend and --engine (default: the
+record's) may change the kernel; --batch-with N runs the records inside a batch after N filler
+prompts (requant.generation.filler_prompts, themselves sampled with their own seeds).
+Every step is compared: the token, then the digest of the fp32 logits row, then the logprob.
+One line a record on stdout (the first differing step and position, and what differs: the token,
+or only the logits); --json writes the result. Exit status: 0 every step of every record matches
+bit for bit; 1 a step differs; 2 could not run (a malformed record naming the line and field,
+another checkpoint or tokenizer than the record's, a backend that cannot run here); 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from requant.commands._common import (
+    EXIT_FAILED,
+    ByteTokensOpt,
+    DeviceOpt,
+    JsonOpt,
+    ThreadsOpt,
+    UsageError,
+    byte_tokens_option,
+    cannot_run,
+    check_device,
+    check_engine,
+    check_output_file,
+    command_line,
+    default_device,
+    err,
+    set_threads,
+    write_json_atomic,
+)
+
+__all__ = ["replay"]
+
+
+@byte_tokens_option
+def replay(
+    record: Annotated[Path, typer.Argument(help="A record written by `requant generate --json`.", show_default=False)],
+    checkpoint: Annotated[
+        Optional[str], typer.Option("--checkpoint", help="the checkpoint, when not at the record's path")
+    ] = None,
+    backend: Annotated[
+        Optional[str], typer.Option("--backend", help="scaled_mm backend (default: the record's)")
+    ] = None,
+    engine: Annotated[
+        Optional[str], typer.Option("--engine", help="auto, fast or reference (default: the record's)")
+    ] = None,
+    batch_with: Annotated[int, typer.Option("--batch-with", help="run inside a batch with N filler prompts")] = 0,
+    device: DeviceOpt = None,
+    json_out: JsonOpt = None,
+    threads: ThreadsOpt = None,
+    byte_tokens: ByteTokensOpt = False,
+) -> None:
+    """Re-run a generation record (optionally on another kernel, inside a batch) and compare every
+    token and logits digest bit for bit."""
+    console = err()
+    with cannot_run():
+        check_output_file(json_out, "--json")
+        from requant import DEFAULT_CHECKPOINT, kernels
+        from requant.backends import check_runnable
+        from requant.checkpoint import open_checkpoint
+        from requant.evidence.identity import with_progress
+        from requant.generation import (
+            filler_prompts,
+            first_difference,
+            first_token_difference,
+            read_records,
+            record_params,
+        )
+        from requant.runtime import check_layout, load_model
+        from requant.tokenizer import summary
+
+        if not record.is_file():
+            raise UsageError(f"{record}: no such file")
+        records = read_records(record)
+        first = records[0]
+        if batch_with < 0:
+            raise UsageError("--batch-with must be >= 0")
+        dev = check_device(device or default_device())
+        be = backend or first["backend"]
+        if be not in kernels.scaled_mm_backends():
+            raise UsageError(f"--backend: unknown backend {be!r}; known: {', '.join(kernels.scaled_mm_backends())}")
+        check_runnable((be,), dev, first["act_backend"], option="--backend")
+        eng = engine or first["engine"]
+        check_engine(eng, dev)
+        set_threads(threads, dev)
+        src = checkpoint or first.get("checkpoint") or DEFAULT_CHECKPOINT
+        if checkpoint is None and first.get("checkpoint") and Path(str(first.get("checkpoint_path"))).is_dir():
+            src = first["checkpoint_path"]  # the directory it ran on (a relative path was relative to that cwd)
+        ckpt = open_checkpoint(src, revision=None if checkpoint else first.get("revision"))
+        check_layout(ckpt)
+        identity = with_progress(ckpt, console)
+        if identity["manifest_digest"] != first["manifest_digest"]:
+            raise UsageError(
+                f"{record}: the checkpoint's bytes are not the record's: {src} has manifest digest "
+                f"{identity['manifest_digest']}, the record {first['manifest_digest']}"
+            )
+        model = load_model(
+            ckpt,
+            regime=first["regime"],
+            backend=be,
+            act_backend=first["act_backend"],
+            device=dev,
+            reduction=first["reduction"],
+            engine=eng,
+        )
+        tok = model.tokenizer
+        if tok.describe() != first["tokenizer"]:
+            raise UsageError(
+                f"{record}: the tokenizer is not the record's: {summary(tok.describe())} here, "
+                f"{summary(first['tokenizer'])} in the record"
+            )
+        fill_ids, fill_params = filler_prompts(tok, batch_with)
+        params = [record_params(r, f"{record}:{i + 1}") for i, r in enumerate(records)]
+
+    from requant.generation import describe_difference
+    from requant.sampling import generate as sample
+
+    t0 = time.perf_counter()
+    with cannot_run():
+        out = sample(
+            model,
+            fill_ids + [r["prompt_ids"] for r in records],
+            fill_params + params,
+            first["max_new_tokens"],
+            eos_id=first["eos_ids"] or None,
+        )[batch_with:]
+    wall = time.perf_counter() - t0
+    results = []
+    for i, (rec, s) in enumerate(zip(records, out)):
+        diff = first_difference(rec, s)
+        token_step = first_token_difference(rec, s)
+        line = describe_difference(i, rec, diff, token_step)
+        print(line)
+        results.append(
+            {
+                "index": i,
+                "key": rec["key"],
+                "match": diff is None,
+                "first_difference": diff,
+                "first_token_difference": token_step,
+                "line": line,
+            }
+        )
+    ok = all(r["match"] for r in results)
+    engine_ran = "fast" if model.fast else "reference"
+    if len(records) > 1:
+        print(f"replay: {sum(r['match'] for r in results)}/{len(records)} records match bit for bit")
+    console.print(
+        f"replayed {len(records)} record(s) with {be} ({engine_ran} engine) on {dev}, "
+        f"batch of {batch_with + len(records)}, in {wall:.2f} s"
+    )
+    if json_out is not None:
+        result = {
+            "tool": "requant replay",
+            "record": str(record),
+            "checkpoint": str(ckpt.path),
+            **identity,
+            "recorded": {"backend": first["backend"], "engine": first["engine"], "device": first.get("device")},
+            "backend": be,
+            "epilogue_order": kernels.EMULATION_OF.get(be),
+            "engine": engine_ran,
+            "device": dev,
+            "batch_with": batch_with,
+            "records": results,
+            "ok": ok,
+            "command": command_line(
+                "replay",
+                [record],
+                {
+                    "--checkpoint": checkpoint,
+                    "--backend": backend,
+                    "--engine": engine,
+                    "--batch-with": batch_with or None,
+                    "--device": device,
+                    "--json": json_out,
+                    "--byte-tokens": byte_tokens,
+                },
+            ),
+        }
+        with cannot_run():
+            write_json_atomic(json_out, result)
+        console.print(f"wrote {json_out}")
+    if not ok:
+        raise typer.Exit(EXIT_FAILED)

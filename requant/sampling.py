@@ -1,0 +1,301 @@
+"""Seeded sampling that cannot depend on the batch, the engine or the machine.
+
+    params = SamplingParams(temperature=0.8, top_k=50, top_p=0.95, seed=7)   # greedy: temperature 0
+    out = generate(model, [ids, ...], [params, ...], max_new_tokens=32)       # per request
+    out[0].ids, out[0].steps[0].logits_sha256, out[0].steps[0].logprob        # a hex float
+    model.generate(prompts, choose=chooser(resolved_params, prompt_lengths))   # the raw hook
+
+THE RANDOM NUMBER of request r at absolute position t (prompt length + step) is
+U = the first 16 bytes, big-endian, of SHA-256(b"requant-sample-v1" | seed as 8 bytes LE |
+len(key) as 8 bytes LE | key (UTF-8) | t as 8 bytes LE): an integer in [0, 2**128), keyed by
+the request alone, never a stream shared by the batch. key: the request's own name (default: the
+sha256 hex of its prompt ids as little-endian int64).
+
+THE CHOICE, on one fp32 logits row l (copied to the CPU; every step below is exact integer
+arithmetic or single IEEE-754 float64 operations, so the bits are the same on any machine):
+  * greedy (temperature 0): the lowest id among the maxima.
+  * x_i = (float64(l_i) - float64(max l)) / temperature; w_i = floor(exp64(x_i) * 2**40), an
+    integer weight (the top token weighs 2**40; a token below 2**-40 of it weighs 0 and is
+    never drawn). exp64 (below) is a fixed polynomial made of + and *, not the libm exp.
+  * order: tokens sorted by (logit descending, id ascending); top_k > 0 keeps the first k;
+    top_p < 1 keeps the shortest prefix whose cumulative weight C_n >= ceil(top_p * W)
+    (W: the kept total, exact rational comparison); both as in transformers (top-k first).
+  * inverse CDF: r = (U * W') >> 128 over the kept total W'; the token is the first in the
+    order whose cumulative weight exceeds r.
+THE LOGPROB recorded per step is that of the model's distribution (temperature 1, no truncation):
+x_c - log64(Z), Z = sum exp64(x_i) over the vocabulary, each term truncated to a multiple of
+2**-80 and summed exactly in integers, then rounded once to float64 (the order cannot matter).
+
+WHAT HOLDS. The choice is a function of the logits row's bits, the params, the key and t only.
+So wherever the logits are the same bits, the samples are: alone or in any batch, prefill or
+decode, CUDA graph or eager, and under pow2 scales with either kernel (CUTLASS == Triton bit for
+bit). Under native scales the two kernels' logits can differ in the last bits; a sample then
+differs when a difference moves a token across a cumulative-weight boundary (or the argmax), and
+the logits digests differ either way: replay reports the first such position.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import struct
+from dataclasses import dataclass, field, replace
+from fractions import Fraction
+
+import torch
+
+__all__ = [
+    "METHOD",
+    "SamplingParams",
+    "Step",
+    "Sampled",
+    "Chooser",
+    "chooser",
+    "generate",
+    "resolve",
+    "prompt_key",
+    "uniform_int",
+    "exp64",
+    "log64",
+    "choose_row",
+    "row_logprob",
+    "logits_sha256",
+]
+
+METHOD = "requant-inverse-cdf-v1"
+WEIGHT_BITS = 40
+EXP_CUTOFF = -64.0  # exp64(x) = 0 below: exp(-64) < 2**-92, far under any weight or sum resolution
+_DOMAIN = b"requant-sample-v1"
+_LN2_HI = float.fromhex("0x1.62e42fee00000p-1")  # fdlibm's split of ln 2: k * _LN2_HI is exact
+_LN2_LO = float.fromhex("0x1.a39ef35793c76p-33")
+_INV_LN2 = float.fromhex("0x1.71547652b82fep+0")
+_EXP_COEFFS = tuple(1.0 / math.factorial(n) for n in range(13, -1, -1))  # Taylor, degree 13, Horner order
+_LOG_COEFFS = tuple(1.0 / n for n in range(23, 0, -2))  # 2 atanh(s) series: 1/23 ... 1/1
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """One request's sampling: temperature 0 is greedy; top_k 0 and top_p 1.0 keep every
+    token; seed in [0, 2**64); key names the request (None: its prompt digest, see resolve)."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+    key: str | None = None
+
+    def check(self, where: str = "sampling") -> "SamplingParams":
+        t, p = self.temperature, self.top_p
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
+            raise ValueError(f"{where}: temperature must be a finite number >= 0, got {t!r}")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ValueError(f"{where}: top_k must be an integer >= 0, got {self.top_k!r}")
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not (0 < p <= 1):
+            raise ValueError(f"{where}: top_p must be in (0, 1], got {p!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**64:
+            raise ValueError(f"{where}: seed must be an integer in [0, 2**64), got {self.seed!r}")
+        if self.key is not None and not isinstance(self.key, str):
+            raise ValueError(f"{where}: key must be a string, got {self.key!r}")
+        return self
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def as_dict(self) -> dict:
+        return {
+            "temperature": float(self.temperature),
+            "top_k": self.top_k,
+            "top_p": float(self.top_p),
+            "seed": self.seed,
+            "method": "greedy" if self.greedy else METHOD,
+        }
+
+
+def prompt_key(ids) -> str:
+    """The default request key: sha256 hex of the prompt ids as little-endian int64."""
+    ids = [int(i) for i in ids]
+    return hashlib.sha256(struct.pack(f"<{len(ids)}q", *ids)).hexdigest()
+
+
+def resolve(params: SamplingParams, prompt_ids) -> SamplingParams:
+    """params checked, with its key filled in (the prompt's digest) when it has none."""
+    params.check()
+    return params if params.key is not None else replace(params, key=prompt_key(prompt_ids))
+
+
+def uniform_int(seed: int, key: str, position: int) -> int:
+    """The request's random integer in [0, 2**128) at absolute position `position`."""
+    kb = key.encode("utf-8")
+    msg = _DOMAIN + seed.to_bytes(8, "little") + len(kb).to_bytes(8, "little") + kb + position.to_bytes(8, "little")
+    return int.from_bytes(hashlib.sha256(msg).digest()[:16], "big")
+
+
+def exp64(x: torch.Tensor) -> torch.Tensor:
+    """exp of float64 x <= 0 from + and * only (Cody-Waite reduction by ln 2, Taylor degree 13,
+    exact scaling by 2**k), 0 below EXP_CUTOFF: each op is one correctly rounded IEEE operation
+    in its own torch call (nothing fused), so the bits are the same on every machine."""
+    x = x.to(torch.float64)
+    k = torch.round(torch.clamp(x, min=EXP_CUTOFF) * _INV_LN2)
+    r = (x - k * _LN2_HI) - k * _LN2_LO
+    p = torch.full_like(r, _EXP_COEFFS[0])
+    for c in _EXP_COEFFS[1:]:  # in place: each still one rounded IEEE operation per element
+        p.mul_(r).add_(c)
+    p.mul_(((k.to(torch.int64) + 1023) << 52).view(torch.float64))  # 2**k, exactly
+    return p.masked_fill_(x < EXP_CUTOFF, 0.0)
+
+
+def log64(z: float) -> float:
+    """log of a float64 z > 0 from + * / only (frexp, then 2 atanh((m-1)/(m+1)) to s**23)."""
+    m, e = math.frexp(z)
+    if m < 0.7071067811865476:
+        m, e = m * 2.0, e - 1
+    s = (m - 1.0) / (m + 1.0)
+    s2 = s * s
+    q = 0.0
+    for c in _LOG_COEFFS:
+        q = q * s2 + c
+    return e * _LN2_HI + (e * _LN2_LO + 2.0 * s * q)
+
+
+# Below these, a term is 0 anyway (exp64 is within an ulp of exp): exp(-28) < 2**-40 (a weight),
+# exp(-56) < 2**-80 (a term of the logprob's sum). Skipping them is only faster.
+_WEIGHT_FLOOR = -28.0
+_SUM_FLOOR = -56.0
+
+
+def _weights(x: torch.Tensor) -> torch.Tensor:
+    """floor(exp64(x) * 2**40) as int64 (the scaling is exact; the cast floors, x >= 0)."""
+    w = torch.zeros(x.shape, dtype=torch.int64)
+    sel = torch.nonzero(x >= _WEIGHT_FLOOR)[:, 0]
+    w[sel] = (exp64(x[sel]) * float(2**WEIGHT_BITS)).to(torch.int64)
+    return w
+
+
+def _check_row(row: torch.Tensor, where: str) -> None:
+    if row.dim() != 1 or row.dtype != torch.float32:
+        raise ValueError(f"{where}: a logits row must be fp32 [vocab], got {row.dtype} {list(row.shape)}")
+    if row.numel() >= 2 ** (63 - WEIGHT_BITS):
+        raise ValueError(f"{where}: a vocabulary of {row.numel()} ids is too large for int64 weights")
+    if not bool(torch.isfinite(row).all()):
+        raise ValueError(f"{where}: the logits row is not finite")
+
+
+def row_logprob(row: torch.Tensor, token: int) -> float:
+    """The float64 log-softmax of `token` in the fp32 row (temperature 1), as documented above."""
+    r64 = row.to(torch.float64)
+    x = r64 - r64.max()
+    e = exp64(x[x >= _SUM_FLOOR]) * float(2**WEIGHT_BITS)
+    hi = e.to(torch.int64)
+    lo = ((e - hi.to(torch.float64)) * float(2**WEIGHT_BITS)).to(torch.int64)  # both steps exact
+    z = (int(hi.sum()) << WEIGHT_BITS) + int(lo.sum())
+    return float(x[token]) - log64(z / 2 ** (2 * WEIGHT_BITS))  # int / int: rounded once
+
+
+def choose_row(row: torch.Tensor, params: SamplingParams, position: int) -> int:
+    """The token id chosen from one fp32 CPU logits row (see the module docstring)."""
+    top = row.max()
+    if params.greedy:
+        return int(torch.nonzero(row == top)[0, 0])
+    r64 = row.to(torch.float64)
+    w = _weights((r64 - float(top)) / float(params.temperature))
+    live = torch.nonzero(w > 0)[:, 0]  # zero-weight tokens change no sum and are never drawn
+    vals = row[live]
+    order = live[torch.sort(vals, descending=True, stable=True).indices]  # ties: ids ascending (live is sorted)
+    if params.top_k > 0:
+        order = order[: params.top_k]
+    cum = torch.cumsum(w[order], 0)  # integer: exact in any order of evaluation
+    if params.top_p < 1:
+        p = Fraction(params.top_p)
+        need = -((-p.numerator * int(cum[-1])) // p.denominator)  # ceil(top_p * W), exactly
+        n = int(torch.searchsorted(cum, torch.tensor([need], dtype=torch.int64))[0]) + 1
+        cum = cum[:n]
+    r = (uniform_int(params.seed, params.key, position) * int(cum[-1])) >> 128
+    return int(order[int(torch.searchsorted(cum, torch.tensor([r], dtype=torch.int64), right=True)[0])])
+
+
+def logits_sha256(row: torch.Tensor) -> str:
+    """sha256 hex of the row's fp32 bytes, little-endian."""
+    return hashlib.sha256(row.contiguous().numpy().astype("<f4", copy=False).tobytes()).hexdigest()
+
+
+@dataclass
+class Step:
+    """One generated token: its absolute position, id, logits digest and logprob (float.hex)."""
+
+    position: int
+    token: int
+    logits_sha256: str
+    logprob: str
+
+
+@dataclass
+class Sampled:
+    """One request's generation: its params (key filled in), new ids and one Step per id."""
+
+    params: SamplingParams
+    ids: list[int] = field(default_factory=list)
+    steps: list[Step] = field(default_factory=list)
+
+
+class Chooser:
+    """The `choose` hook of Model.generate for a batch of requests: per step, the logits are
+    copied to the CPU once and each row is chosen from by its own params at its own position;
+    every row's Step is recorded (Model.generate drops those after a row's eos)."""
+
+    def __init__(self, requests, prompt_lengths, on_token=None):
+        self.requests = [p.check(f"request {j}") for j, p in enumerate(requests)]
+        for j, p in enumerate(self.requests):
+            if p.key is None:
+                raise ValueError(f"request {j}: no key (requant.sampling.resolve fills in the prompt's digest)")
+        self.lengths = [int(n) for n in prompt_lengths]
+        if len(self.lengths) != len(self.requests):
+            raise ValueError(f"{len(self.requests)} requests but {len(self.lengths)} prompt lengths")
+        self.steps: list[list[Step]] = [[] for _ in self.requests]
+        self.on_token = on_token
+
+    def __call__(self, step: int, logits: torch.Tensor) -> torch.Tensor:
+        rows = logits.detach().to("cpu", torch.float32)
+        if rows.shape[0] != len(self.requests):
+            raise ValueError(f"logits for {rows.shape[0]} rows, {len(self.requests)} requests")
+        out = []
+        for j, params in enumerate(self.requests):
+            row, pos = rows[j], self.lengths[j] + step
+            _check_row(row, f"request {j} ({params.key}), position {pos}")
+            tok = choose_row(row, params, pos)
+            if len(self.steps[j]) == step:  # once per step (a caller retrying a step keeps the first)
+                self.steps[j].append(Step(pos, tok, logits_sha256(row), row_logprob(row, tok).hex()))
+                if self.on_token is not None:
+                    self.on_token(j, step, tok)
+            out.append(tok)
+        return torch.tensor(out, dtype=torch.long, device=logits.device)
+
+
+def chooser(requests, prompt_lengths, on_token=None) -> Chooser:
+    """The choose callback for Model.generate: requests are SamplingParams with keys (resolve),
+    prompt_lengths the prompts' lengths (a step's absolute position is length + step).
+    on_token(row, step, token): called as each row's token is chosen (streaming)."""
+    return Chooser(requests, prompt_lengths, on_token)
+
+
+def generate(
+    model, prompts, params, max_new_tokens: int = 64, eos_id=None, graphs: bool = True, on_token=None
+) -> list[Sampled]:
+    """Batch generation with per-request sampling: prompts are token id lists, params one
+    SamplingParams for all or one per prompt. Returns one Sampled per prompt."""
+    prompts = [[int(i) for i in p] for p in prompts]
+    if isinstance(params, SamplingParams):
+        params = [params] * len(prompts)
+    params = list(params)
+    if len(params) != len(prompts):
+        raise ValueError(f"{len(prompts)} prompts but {len(params)} SamplingParams")
+    reqs = [resolve(p, ids) for p, ids in zip(params, prompts)]
+    ch = chooser(reqs, [len(p) for p in prompts], on_token)
+    gen = model.generate(prompts, max_new_tokens=max_new_tokens, eos_id=eos_id, graphs=graphs, choose=ch)
+    out = []
+    for j, ids in enumerate(gen.ids):
+        steps = ch.steps[j][: len(ids)]
+        if [s.token for s in steps] != list(ids):
+            raise RuntimeError(f"request {j}: the engine's tokens are not the chooser's")
+        out.append(Sampled(reqs[j], list(ids), steps))
+    return out
