@@ -79,7 +79,7 @@ def make_record(*, sampled: Sampled, prompt_ids, prompt_text, model, context: di
         "tool": "requant generate",
         **context,
         "tokenizer": tokenizer.describe(),
-        "engine": "fast" if model.fast else "reference",
+        "engine": model.engine,
         "backend": model.backend,
         "epilogue_order": kernels.EMULATION_OF.get(model.backend),
         "act_backend": model.act_backend,

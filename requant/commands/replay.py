@@ -157,7 +157,7 @@ def replay(
             }
         )
     ok = all(r["match"] for r in results)
-    engine_ran = "fast" if model.fast else "reference"
+    engine_ran = model.engine
     if len(records) > 1:
         print(f"replay: {sum(r['match'] for r in results)}/{len(records)} records match bit for bit")
     console.print(
