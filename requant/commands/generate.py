@@ -202,8 +202,7 @@ def generate(
     n_new = sum(len(s.ids) for s in out)
     mode = "greedy" if all(p.greedy for p in params) else "sampled"
     console.print(
-        f"{len(ids)} prompt(s), {n_new} new tokens in {wall:.2f} s; {model.engine} engine, "
-        f"{be}, {regime}, {mode}"
+        f"{len(ids)} prompt(s), {n_new} new tokens in {wall:.2f} s; {model.engine} engine, {be}, {regime}, {mode}"
     )
     if json_out is not None:
         cmd = command_line(
