@@ -269,19 +269,20 @@ class Model:
             x = x[torch.tensor([b - 1 for _, b in bounds], device=dev)]
         return self._head(x, capture)
 
-    def decode_step(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
+    def decode_step(self, tokens: torch.Tensor, cache: KVCache, capture=None) -> torch.Tensor:
         """One new token per sequence of the cache (tokens [B] ids, at position = its
-        length); appends to the cache and returns fp32 logits [B, vocab]."""
-        if self.fast:
+        length); appends to the cache and returns fp32 logits [B, vocab]. capture: as in
+        prefill (record(names, q [B, K], s [B, 1]) once per quantized input; reference engine)."""
+        if capture is None and self.fast:
             return self._fastw().decode_step(self, tokens, cache)
         sh = self.arch
         dev = self.device
         cos, sin, attend = decode_attention(cache, sh, dev)
         x = self.dense["model.embed_tokens.weight"][tokens.to(dev)].to(torch.bfloat16)
         for i in range(sh.layers):
-            x = self._layer(i, x, cos, sin, attend, None)
+            x = self._layer(i, x, cos, sin, attend, capture)
         cache.lengths = [n + 1 for n in cache.lengths]
-        return self._head(x, None)
+        return self._head(x, capture)
 
     # -- the API --------------------------------------------------------------------------
     def _as_tensors(self, prompts) -> list[torch.Tensor]:
