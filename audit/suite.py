@@ -22,7 +22,14 @@ from requant import kernels
 from requant.audit.capture import Capture, prompts, run_prompts
 from requant.audit.checks import CHECK_IDS, c7_token_risk, run_checks, token_risk
 from requant.audit.compare import compare_layer, summarize_layers
-from requant.audit.decode import DEFAULT_BATCHES, DEFAULT_STEPS, batch_prompts, decode_logits, decode_operands, decode_risk
+from requant.audit.decode import (
+    DEFAULT_BATCHES,
+    DEFAULT_STEPS,
+    batch_prompts,
+    decode_logits,
+    decode_operands,
+    decode_risk,
+)
 from requant.audit.faults import VARIANTS, LayerCase, inject, reference_case
 from requant.audit.matrix import REGIMES, Matrix, baseline_variant, load_matrix
 from requant.audit.records import (
@@ -143,7 +150,7 @@ def run_audit(
     advance=None,
     on_phase=None,
     matrix: Matrix | None = None,
-    keep_cells: bool = True,
+    keep_cells: bool | str = True,
     identity: dict | None = None,
     phases: tuple[str, ...] = ("prefill",),
     decode_batches: tuple[int, ...] = DEFAULT_BATCHES,
@@ -159,7 +166,7 @@ def run_audit(
         device: torch device the operands and kernels live on.
         advance(n): progress over the cells; on_phase(message): phase lines.
         matrix: the prediction matrix to score against (default: the pinned one).
-        keep_cells: keep every cell's result in the output (large at 8B/14B).
+        keep_cells: keep every prefill cell's result in the output (large at 8B/14B); "all": decode's too.
         identity: checkpoint_identity(ckpt) when the caller computed it already.
         phases: "prefill" (always) and "decode" (audit/decode.py: decode_steps greedy steps at
             each batch size of decode_batches, every step's operands audited at M = the batch).
@@ -252,7 +259,7 @@ def run_audit(
         "baseline_cells": scorer.baseline_cells,
         "native_scales_all_pow2_layers": native_pow2_layers,
         "per_layer": per_layer,
-        "per_layer_summary": summarize_layers(per_layer),
+        "per_layer_summary": summarize_layers(per_layer, native_is_pow2=layers > 0 and native_pow2_layers == layers),
         **summary,
         "end_to_end": e2e,
         "kernels": {
@@ -265,7 +272,7 @@ def run_audit(
         "wall_seconds": round(time.perf_counter() - t0, 3),
     }
     if decode is not None:
-        result["decode"] = decode.result(keep_cells)
+        result["decode"] = decode.result(keep_cells, native_is_pow2=layers > 0 and native_pow2_layers == layers)
     if injection is not None:
         from requant.audit.injection import score_injection
 
@@ -311,10 +318,10 @@ class DecodePhase:
                         advance(len(VARIANTS))
         self.timings[f"{regime}_s"] = round(time.perf_counter() - t0, 3)
 
-    def result(self, keep_cells: bool) -> dict:
-        summary = summarize_layers(self.rows)
+    def result(self, keep_cells: bool | str, native_is_pow2: bool = False) -> dict:
+        summary = summarize_layers(self.rows, native_is_pow2)
         summary["by_batch"] = {
-            str(b): summarize_layers([r for r in self.rows if r["batch"] == b]) for b in self.batches
+            str(b): summarize_layers([r for r in self.rows if r["batch"] == b], native_is_pow2) for b in self.batches
         }
         out = {
             "batches": list(self.batches),
@@ -327,6 +334,9 @@ class DecodePhase:
             "end_to_end": self.e2e,
             "timings": self.timings,
         }
-        if keep_cells:
+        # Decode's cell rows (21 x 2 per Linear, batch size and step: 14,112 on the embedded default,
+        # 6 MB of JSON) stay out of the record; the detection table, contradictions and per-layer
+        # rows say what they say. keep_cells keeps them.
+        if keep_cells == "all":
             out["cell_results"] = self.scorer.rows
         return out
