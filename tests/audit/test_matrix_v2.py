@@ -128,7 +128,7 @@ def test_v2_baseline_rows_include_the_fused_order(v2_audits):
 @pytest.mark.parametrize(
     "args,msg",
     [
-        (["--matrix", "v3"], "--matrix takes v1 or v2, got 'v3'"),
+        (["--matrix", "v4"], "--matrix takes v1 or v2 or v3, got 'v4'"),
         (
             ["--matrix", "v1", "--backends", "reference-cutlass-order,cublas"],
             "--matrix v1 has no baseline row B.fused-order",
