@@ -9,6 +9,10 @@ only scalars come back to the host.
 Cells: 21 variants x 2 regimes per quantized Linear (a Qwen3-1.7B config: 196 Linears,
 8,232 cells). Baseline rows (each backend of the pair as the kernel under test, no fault)
 are run on every (layer, regime) too and reported beside the cells, not counted among them.
+
+The decode phase (phases with "decode": audit/decode.py, DecodePhase below) audits each decode
+step's operands with its own scorer under the JSON's `decode`; the injection (audit/injection.py)
+runs on each regime's model after its cells. Neither touches a prefill key.
 """
 
 from __future__ import annotations
