@@ -42,6 +42,9 @@ def test_a_legal_kernel_passes_with_its_fingerprinted_order(tmp_path):
         == data["decode"]["per_layer_summary"]["pow2"]["layers"]
     )
     assert {b["variant"] for b in data["baseline"]} == {"B.cutlass-order", "B.triton-order"}
+    # the tables and the summary on one stream, the table's heading saying what its cells hold
+    assert "prefill (detected / observable)" in res.stdout and "per layer, decode M=1" in res.stdout
+    assert "decode cells:" in res.stdout and "false negatives" in res.stdout
 
 
 def test_a_kernel_wrong_only_at_decode_sizes_fails_the_decode_phase(tmp_path):

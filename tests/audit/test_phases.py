@@ -121,3 +121,21 @@ def test_register_scaled_mm():
         assert "built-in" in str(exc)
     else:
         raise AssertionError("a built-in name was replaced")
+
+
+def test_the_injector_faults_only_its_target_weights():
+    from requant.audit.fault_kernels import FAULTS
+    from requant.audit.injection import FaultInjector
+    from requant.kernels.reference import scaled_mm_triton_order
+    from tests.audit.conftest import make_operands
+
+    (act, w1), (_, w2) = make_operands(1, k=96), make_operands(2, k=96)
+    inj = FaultInjector("reference-triton-order")
+    inj.fault, inj.targets = FAULTS["F7"], {w1.w.data_ptr()}
+    hit = inj(act.a, w1.w, act.s_a, w1.s_w)
+    assert torch.equal(hit.view(torch.int16), FAULTS["F7"](act.a, w1.w, act.s_a, w1.s_w).view(torch.int16))
+    assert not torch.equal(
+        hit.view(torch.int16), scaled_mm_triton_order(act.a, w1.w, act.s_a, w1.s_w).view(torch.int16)
+    )
+    miss = inj(act.a, w2.w, act.s_a, w2.s_w)
+    assert torch.equal(miss.view(torch.int16), scaled_mm_triton_order(act.a, w2.w, act.s_a, w2.s_w).view(torch.int16))
