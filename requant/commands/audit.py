@@ -103,6 +103,10 @@ def _print_plan(plan: dict, where: str) -> None:
     print(
         f"layers: {plan['layers']}  variants: {plan['variants']}  regimes: {','.join(plan['regimes'])}  cells: {plan['cells']}"
     )
+    print(
+        f"decode phase: {plan['cells']} cells per decode step and batch size "
+        f"(the defaults, M = 1,8 x 4 steps: {plan['cells'] * 8})"
+    )
 
 
 def _print_summary(result: dict) -> None:
