@@ -50,6 +50,13 @@ def test_decode_phase_audits_each_step_at_its_batch_size(default_audit):
     assert s["pow2"]["bitwise_equal"] == s["pow2"]["layers"] == layers * 2
     assert set(s["by_batch"]) == {"1", "3"}
     assert dec["end_to_end"]["pow2"]["3"]["bitwise_equal"] and dec["end_to_end"]["pow2"]["3"]["outcome"] == "silent"
+    from requant.audit.report import markdown
+
+    md = markdown(res)
+    pre = res["per_layer_summary"]["pow2"]
+    assert "## Decode beside prefill" in md
+    assert f"| prefill | M = {res['tokens']} (packed) | {pre['bitwise_equal']}/{pre['layers']} |" in md
+    assert f"| decode | M = 3, 1 steps | {layers}/{layers} |" in md
 
 
 def test_decode_capture_decodes_the_greedy_tokens():
@@ -63,7 +70,7 @@ def test_decode_capture_decodes_the_greedy_tokens():
     assert torch.equal(q.a[0], q.a[2]) and torch.equal(q.s_a[0], q.s_a[2])  # same prompt, same row bits
 
 
-def test_injection_scored_on_both_regimes():
+def test_injection_scored_on_both_regimes(tmp_path):
     runs = {}
     for regime in ("native", "pow2"):
         model = load_model(DEFAULT_CHECKPOINT, regime=regime, engine="reference")
@@ -83,6 +90,13 @@ def test_injection_scored_on_both_regimes():
         assert table[f]["pow2"]["logits_bitwise_equal"] and table[f]["pow2"]["one_layer"]["logits_bitwise_equal"]
     assert not table["F4"]["pow2"]["logits_bitwise_equal"]  # truncation is not hidden by pow2 scales
     assert len(runs["pow2"]["one_layer"]) == 7
+    from requant.audit.report_phases import injection_markdown, plot_injection
+
+    result = {"injection": table, "injection_scorecard": card}
+    md = "\n".join(injection_markdown(result))
+    f7 = table["F7"]["pow2"]
+    assert f"| F7 | pow2 | {f7['changed_prompts']}/2 |" in md and "18 scored verdicts" in md
+    assert plot_injection(result, tmp_path / "i.png").read_bytes()[:4] == b"\x89PNG"
     assert all(n.startswith("model.layers.3.") for n in runs["pow2"]["one_layer"])
 
 
