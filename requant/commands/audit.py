@@ -14,8 +14,8 @@ the GEMM shapes from config.json alone (CKPT may be the directory or the config.
 one with a baseline row for the cublas backend's fused-scale order) or v1 (the seed paper's
 reproduction, C1..C7); v3 has v2's cells and the injection predictions (always scored from v3).
 `--phases decode` adds the decode phase (audit/decode.py; the default); `--injection` injects
-every fault kernel into the generating model (audit/injection.py; default on a GPU only, its
-CPU cost is about two minutes on the embedded default). A MODULE:FUNCTION member of
+every fault kernel into the generating model (audit/injection.py; off by default: 44 greedy
+runs, about two minutes of CPU on the embedded default, minutes more than the audit on a GPU). A MODULE:FUNCTION member of
 --backends declares `--order`, or the order conform's fingerprint names (requant.backends).
 
 Exit status: 0 when the audit ran against the pinned prediction matrix, the scorecard has no
@@ -230,7 +230,7 @@ def audit(
         Optional[bool],
         typer.Option(
             "--injection/--no-injection",
-            help="inject each fault kernel into the generating model (default: on a GPU yes, on CPU no: ~2 min)",
+            help="inject each fault kernel into the generating model (default: no; ~2 min on CPU for the default)",
         ),
     ] = None,
     injection_tokens: Annotated[
@@ -274,7 +274,7 @@ def audit(
         pair = parse_backends(spec)
         check_runnable(pair, dev, "reference")
         phase_list, batch_list = _parse_phases(phases, decode_batches, decode_tokens)
-        do_inject = dev.startswith("cuda") if injection is None else injection
+        do_inject = bool(injection)
         if injection_tokens is not None and injection_tokens < 1:
             raise UsageError("--injection-tokens must be at least 1")
         set_threads(threads, dev)
