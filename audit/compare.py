@@ -37,9 +37,11 @@ def compare_layer(name: str, regime: str, y_a: torch.Tensor, y_b: torch.Tensor, 
     }
 
 
-def summarize_layers(rows: list[dict]) -> dict:
+def summarize_layers(rows: list[dict], native_is_pow2: bool = False) -> dict:
     """Per regime: layers bitwise equal / layers, total mismatching elements, worst distance,
-    and the one-line summary ("pow2: 28/28 layers bitwise equal; native: 3/28")."""
+    and the one-line summary ("pow2: 28/28 layers bitwise equal; native: 3/28"). When every
+    native scale is already a power of two, native and pow2 are the same operands, so the
+    native figure is no finding and the line says so instead."""
     out = {}
     for regime in REGIMES:
         sel = [r for r in rows if r["regime"] == regime]
@@ -50,6 +52,13 @@ def summarize_layers(rows: list[dict]) -> dict:
             "elements": sum(r["elements"] for r in sel),
             "max_ulp": max((r["max_ulp"] for r in sel), default=0),
         }
+    if native_is_pow2:
+        p = out["pow2"]
+        out["line"] = (
+            f"pow2: {p['bitwise_equal']}/{p['layers']} layers bitwise equal; "
+            "native scales are already powers of two: native = pow2"
+        )
+        return out
     out["line"] = "; ".join(
         f"{regime}: {out[regime]['bitwise_equal']}/{out[regime]['layers']} layers bitwise equal"
         if i == 0

@@ -4,6 +4,8 @@ Two versions, each pinned by its own sha256 (PINS):
   v1  audit/prediction_matrix.json     checks C1..C7; the seed paper's limit, reproduced
   v2  audit/prediction_matrix_v2.json  v1's cells unchanged, plus C8 (declared-order identity)
                                        on every row and the baseline row B.fused-order
+  v3  audit/prediction_matrix_v3.json  v2's cells unchanged, plus `injection`: C7 on faults
+                                       injected into the generating model (audit/injection.py)
 A matrix's checks are the ones its cells name (Matrix.checks); the suite runs exactly those.
 
 audit/prediction_matrix.json gives, for every check x variant x regime (the 21 fault
@@ -22,17 +24,19 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from requant.audit.checks import FIRE, NOT_APPLICABLE, SILENT
 
 MATRIX_PATH = Path(__file__).with_name("prediction_matrix.json")
 MATRIX_V2_PATH = Path(__file__).with_name("prediction_matrix_v2.json")
-MATRIX_PATHS = {"v1": MATRIX_PATH, "v2": MATRIX_V2_PATH}
+MATRIX_V3_PATH = Path(__file__).with_name("prediction_matrix_v3.json")
+MATRIX_PATHS = {"v1": MATRIX_PATH, "v2": MATRIX_V2_PATH, "v3": MATRIX_V3_PATH}
 PINNED_SHA256 = "d1c53158c789e7f4e81842650fe8c75a57e847c4a45f553f069a4f5fb7c2fc7d"
 PINNED_SHA256_V2 = "5dca0ec5b15f6426442645e00277fe5e435a89f3beeb4ed0b2f3e7090a508a95"
-PINS = {1: PINNED_SHA256, 2: PINNED_SHA256_V2}
+PINNED_SHA256_V3 = "800c4ddfa566ce32942bac1f366c0c2a651702a73a33e5c77fade4331487525a"
+PINS = {1: PINNED_SHA256, 2: PINNED_SHA256_V2, 3: PINNED_SHA256_V3}
 
 PREDICTED_MISS = "predicted_miss"
 OUTCOMES = (FIRE, SILENT, NOT_APPLICABLE, PREDICTED_MISS)
@@ -63,6 +67,7 @@ class Matrix:
     cells: dict  # (check, variant, regime) -> expected outcome
     why: dict  # (check, variant, regime) -> reason
     end_to_end: dict  # (check, regime) -> expected outcome
+    injection: dict = field(default_factory=dict)  # (check, fault, regime, scope) -> expected (v3)
 
     @property
     def pin(self) -> str | None:
@@ -101,7 +106,7 @@ def file_sha256(path: Path) -> str:
 
 
 def matrix_path(name: str) -> Path:
-    """'v1' or 'v2' -> the file of that pinned matrix (ValueError for anything else)."""
+    """'v1', 'v2' or 'v3' -> the file of that pinned matrix (ValueError for anything else)."""
     try:
         return MATRIX_PATHS[name]
     except KeyError:
@@ -123,4 +128,9 @@ def load_matrix(path: Path | str = MATRIX_PATH) -> Matrix:
         cells[key] = row["expected"]
         why[key] = row.get("why", "")
     e2e = {(r["check"], r["regime"]): r["expected"] for r in doc.get("end_to_end", [])}
-    return Matrix(hashlib.sha256(raw).hexdigest(), int(doc["version"]), cells, why, e2e)
+    inj = {}
+    for r in doc.get("injection", []):
+        if r["expected"] not in OUTCOMES:
+            raise ValueError(f"{path}: unknown outcome {r['expected']!r} for injection {r['fault']} {r['regime']}")
+        inj[(r["check"], r["fault"], r["regime"], r["scope"])] = r["expected"]
+    return Matrix(hashlib.sha256(raw).hexdigest(), int(doc["version"]), cells, why, e2e, inj)

@@ -12,6 +12,7 @@ from pathlib import Path
 from requant.audit.checks import CHECK_TITLES, LAYER_CHECK_IDS
 from requant.audit.faults import FAMILY_TITLES, VARIANTS
 from requant.audit.matrix import PINNED_SHA256, PINS, REGIMES
+from requant.audit.report_phases import decode_markdown, injection_markdown, plot_injection
 from requant.audit.scoring import HIST_BINS, bin_label
 from requant.evidence.identity import markdown_lines as identity_lines
 from requant.output import write_files_atomic, write_json_atomic
@@ -43,6 +44,21 @@ def scope_note(result: dict) -> str:
     )
 
 
+def pow2_native_note(result: dict) -> str | None:
+    """What power-of-two native scales mean for the reading (None when no layer has them)."""
+    n, layers = result.get("native_scales_all_pow2_layers") or 0, result.get("layers") or 0
+    if not n:
+        return None
+    why = (
+        "C5 (power-of-two identity) then applies under native, where the matrix predicts not_applicable: "
+        "each such native cell counts as an applicability mismatch, a fact about the checkpoint, "
+        "neither a false positive nor a false negative"
+    )
+    if n == layers:
+        return f"native scales are already powers of two: native = pow2 (the native rows repeat pow2). {why}."
+    return f"{n}/{layers} layers already have power-of-two native scales. {why}."
+
+
 def write_json(result: dict, path: Path) -> Path:
     return write_json_atomic(path, result)
 
@@ -64,6 +80,10 @@ def markdown(result: dict, command: str | None = None) -> str:
     lines += [
         f"- checkpoint: `{result['checkpoint']}`",
         f"- backends: `{result['backends'][0]}` vs `{result['backends'][1]}` on `{result['device']}`",
+        *[
+            f"- `{n}` (MODULE:FUNCTION) declares `{c['order']}` ({c['source']}{': ' + c['verdict'] if c.get('verdict') else ''})"
+            for n, c in (result.get("custom_kernels") or {}).items()
+        ],
         f"- prompts: {result['prompts']} ({result['tokens']} tokens); tokenizer: {tokenizer_summary(result['tokenizer'])}",
         f"- quantized Linears: {result['layers']}; cells: {result['cells']} ({result['variants']} variants x {len(result['regimes'])} regimes)",
         f"- prediction matrix sha256: `{card['matrix_sha256']}` ({'pinned' if card['matrix_pinned'] else 'NOT PINNED'}, version {card['matrix_version']})",
@@ -97,12 +117,9 @@ def markdown(result: dict, command: str | None = None) -> str:
             for r in REGIMES
         ],
     )
-    if result.get("native_scales_all_pow2_layers"):
-        lines += [
-            "",
-            f"Note: {result['native_scales_all_pow2_layers']} layers already have power-of-two native scales "
-            "(C5 then applies under native too: counted as applicability mismatches).",
-        ]
+    note = pow2_native_note(result)
+    if note:
+        lines += ["", f"Note: {note}"]
     differing = [r for r in result["per_layer"] if not r["bitwise_equal"]]
     if differing:
         lines += ["", "Layers that differ:", ""]
@@ -199,7 +216,8 @@ def markdown(result: dict, command: str | None = None) -> str:
             for r, e in result["end_to_end"].items()
         ],
     )
-    lines += ["", "Checks: " + "; ".join(f"{c} {t}" for c, t in CHECK_TITLES.items()), ""]
+    lines += [""] + decode_markdown(result) + injection_markdown(result)
+    lines += ["Checks: " + "; ".join(f"{c} {t}" for c, t in CHECK_TITLES.items()), ""]
     return "\n".join(lines)
 
 
@@ -275,15 +293,17 @@ def plot_histograms(result: dict, path: Path) -> Path:
 
 
 def write_report(result: dict, directory: Path, command: str | None = None) -> list[Path]:
-    """audit.json, audit.md, detection_heatmap.png, ulp_histograms.png under `directory`."""
+    """audit.json, audit.md, detection_heatmap.png, ulp_histograms.png under `directory`
+    (and injection.png when the faults were injected into the generating model)."""
     d = Path(directory)
     text = json.dumps(result, indent=1) + "\n"
     md = markdown(result, command)
-    return write_files_atomic(
-        [
-            (d / "audit.json", lambda tmp: tmp.write_text(text, encoding="utf-8")),
-            (d / "audit.md", lambda tmp: tmp.write_text(md, encoding="utf-8")),
-            (d / "detection_heatmap.png", lambda tmp: plot_heatmap(result, tmp)),
-            (d / "ulp_histograms.png", lambda tmp: plot_histograms(result, tmp)),
-        ]
-    )
+    files = [
+        (d / "audit.json", lambda tmp: tmp.write_text(text, encoding="utf-8")),
+        (d / "audit.md", lambda tmp: tmp.write_text(md, encoding="utf-8")),
+        (d / "detection_heatmap.png", lambda tmp: plot_heatmap(result, tmp)),
+        (d / "ulp_histograms.png", lambda tmp: plot_histograms(result, tmp)),
+    ]
+    if result.get("injection"):
+        files.append((d / "injection.png", lambda tmp: plot_injection(result, tmp)))
+    return write_files_atomic(files)

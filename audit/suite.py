@@ -9,6 +9,10 @@ only scalars come back to the host.
 Cells: 21 variants x 2 regimes per quantized Linear (a Qwen3-1.7B config: 196 Linears,
 8,232 cells). Baseline rows (each backend of the pair as the kernel under test, no fault)
 are run on every (layer, regime) too and reported beside the cells, not counted among them.
+
+The decode phase (phases with "decode": audit/decode.py, DecodePhase below) audits each decode
+step's operands with its own scorer under the JSON's `decode`; the injection (audit/injection.py)
+runs on each regime's model after its cells. Neither touches a prefill key.
 """
 
 from __future__ import annotations
@@ -22,6 +26,14 @@ from requant import kernels
 from requant.audit.capture import Capture, prompts, run_prompts
 from requant.audit.checks import CHECK_IDS, c7_token_risk, run_checks, token_risk
 from requant.audit.compare import compare_layer, summarize_layers
+from requant.audit.decode import (
+    DEFAULT_BATCHES,
+    DEFAULT_STEPS,
+    batch_prompts,
+    decode_logits,
+    decode_operands,
+    decode_risk,
+)
 from requant.audit.faults import VARIANTS, LayerCase, inject, reference_case
 from requant.audit.matrix import REGIMES, Matrix, baseline_variant, load_matrix
 from requant.audit.records import (
@@ -69,8 +81,14 @@ def plan_from_config(config: dict) -> dict:
 
 def backend_kernel(name: str) -> KernelDesc:
     """The documented description of a registered backend (audit.records.BACKEND_KERNELS);
-    every backend in kernels/ accumulates in int32 and returns no accumulator."""
-    return BACKEND_KERNELS.get(name, KernelDesc(name, "int", 32, "unknown", False))
+    every backend in kernels/ accumulates in int32 and returns no accumulator. A backend
+    registered at run time (a MODULE:FUNCTION kernel) is described by the order it declares
+    (kernels.EMULATION_OF); its accumulator is not visible, so int32 is its claim, not a fact."""
+    if name in BACKEND_KERNELS:
+        return BACKEND_KERNELS[name]
+    emu = kernels.EMULATION_OF.get(name)
+    order = "unknown" if emu is None else ("exact" if emu == "reference" else emu.removeprefix("reference-"))
+    return KernelDesc(name, "int", 32, order, False)
 
 
 def evaluate_cell(case: LayerCase, variant: str, family: str, severity: str, test: Run, checks=CHECK_IDS) -> CellResult:
@@ -136,8 +154,12 @@ def run_audit(
     advance=None,
     on_phase=None,
     matrix: Matrix | None = None,
-    keep_cells: bool = True,
+    keep_cells: bool | str = True,
     identity: dict | None = None,
+    phases: tuple[str, ...] = ("prefill",),
+    decode_batches: tuple[int, ...] = DEFAULT_BATCHES,
+    decode_steps: int = DEFAULT_STEPS,
+    injection: dict | None = None,
 ) -> dict:
     """The whole audit on an opened checkpoint; returns the result dict (JSON-ready).
 
@@ -148,8 +170,12 @@ def run_audit(
         device: torch device the operands and kernels live on.
         advance(n): progress over the cells; on_phase(message): phase lines.
         matrix: the prediction matrix to score against (default: the pinned one).
-        keep_cells: keep every cell's result in the output (large at 8B/14B).
+        keep_cells: keep every prefill cell's result in the output (large at 8B/14B); "all": decode's too.
         identity: checkpoint_identity(ckpt) when the caller computed it already.
+        phases: "prefill" (always) and "decode" (audit/decode.py: decode_steps greedy steps at
+            each batch size of decode_batches, every step's operands audited at M = the batch).
+        injection: None, or the options of audit.injection.run_injection (prompts, tokens,
+            one_layer) to inject each fault family into the generating model.
     """
     t0 = time.perf_counter()
     identity = identity if identity is not None else checkpoint_identity(ckpt)
@@ -164,6 +190,8 @@ def run_audit(
     say(f"loading dense tensors to {device}")
     dense = load_dense(ckpt, device)
     per_layer, e2e = [], {}
+    decode = DecodePhase(matrix, decode_batches, decode_steps) if "decode" in phases else None
+    inj = {}
     native_pow2_layers = 0
     timings = {}
     for regime in REGIMES:
@@ -201,7 +229,16 @@ def run_audit(
         if device != "cpu" and torch.cuda.is_available():
             torch.cuda.synchronize()
         timings[f"{regime}_cells_s"] = round(time.perf_counter() - t_c, 3)
-        del model, linears, ops, cap
+        del ops, cap
+        if decode is not None:
+            say(f"{regime}: decode, batches {','.join(map(str, decode.batches))} x {decode.steps} steps")
+            decode.run(regime, model, linears, ckpt.quantized_linears, token_lists, backends, advance)
+        if injection is not None:
+            from requant.audit.injection import run_injection
+
+            say(f"{regime}: faults injected into the generating model")
+            inj[regime] = run_injection(model, token_lists, backends, **injection)
+        del model, linears
     summary = scorer.summary()
     from requant.audit.faults import FAULT_KERNELS
 
@@ -226,7 +263,7 @@ def run_audit(
         "baseline_cells": scorer.baseline_cells,
         "native_scales_all_pow2_layers": native_pow2_layers,
         "per_layer": per_layer,
-        "per_layer_summary": summarize_layers(per_layer),
+        "per_layer_summary": summarize_layers(per_layer, native_is_pow2=layers > 0 and native_pow2_layers == layers),
         **summary,
         "end_to_end": e2e,
         "kernels": {
@@ -238,6 +275,72 @@ def run_audit(
         "timings": timings,
         "wall_seconds": round(time.perf_counter() - t0, 3),
     }
+    if decode is not None:
+        result["decode"] = decode.result(keep_cells, native_is_pow2=layers > 0 and native_pow2_layers == layers)
+    if injection is not None:
+        from requant.audit.injection import score_injection
+
+        result["injection"], result["injection_scorecard"] = score_injection(inj, injection)
     if keep_cells:
         result["cell_results"] = scorer.rows
     return result
+
+
+class DecodePhase:
+    """The decode phase's own scorer and per-layer rows (the prefill keys stay untouched)."""
+
+    def __init__(self, matrix: Matrix, batches: tuple[int, ...], steps: int):
+        self.scorer = Scorer(matrix)
+        self.batches = tuple(batches)
+        self.steps = steps
+        self.rows: list = []
+        self.e2e: dict = {}
+        self.timings: dict = {}
+
+    def run(self, regime, model, linears, names, token_lists, backends, advance) -> None:
+        t0 = time.perf_counter()
+        for batch in self.batches:
+            toks = batch_prompts(token_lists, batch)
+            ops, fed, logits_a = decode_operands(model.with_backends(backends[0]), toks, self.steps)
+            logits_b = decode_logits(model.with_backends(backends[1]), toks, fed)
+            risk = decode_risk(logits_a, logits_b)
+            outcome = c7_token_risk(
+                Run(None, None, None, None, backend_kernel(backends[0]), logits=torch.cat(logits_a)),
+                Run(None, None, None, None, backend_kernel(backends[1]), logits=torch.cat(logits_b)),
+                backend_kernel(backends[1]),
+            ).outcome
+            expected = self.scorer.add_end_to_end("C7", regime, outcome, observable=not risk["bitwise_equal"])
+            risk.update({"outcome": outcome, "expected": expected})
+            self.e2e.setdefault(regime, {})[str(batch)] = risk
+            for step, step_ops in enumerate(ops):
+                for name in names:
+                    wt = Weights(*linears[name])
+                    row = audit_layer(f"{name}@b{batch}.t{step}", regime, step_ops[name], wt, backends, self.scorer)
+                    row.update(name=name, batch=batch, step=step)
+                    self.rows.append(row)
+                    if advance is not None:
+                        advance(len(VARIANTS))
+        self.timings[f"{regime}_s"] = round(time.perf_counter() - t0, 3)
+
+    def result(self, keep_cells: bool | str, native_is_pow2: bool = False) -> dict:
+        summary = summarize_layers(self.rows, native_is_pow2)
+        summary["by_batch"] = {
+            str(b): summarize_layers([r for r in self.rows if r["batch"] == b], native_is_pow2) for b in self.batches
+        }
+        out = {
+            "batches": list(self.batches),
+            "steps": self.steps,
+            "cells": self.scorer.cells,
+            "baseline_cells": self.scorer.baseline_cells,
+            "per_layer_summary": summary,
+            "per_layer": self.rows,
+            **self.scorer.summary(),
+            "end_to_end": self.e2e,
+            "timings": self.timings,
+        }
+        # Decode's cell rows (21 x 2 per Linear, batch size and step: 14,112 on the embedded default,
+        # 6 MB of JSON) stay out of the record; the detection table, contradictions and per-layer
+        # rows say what they say. keep_cells keeps them.
+        if keep_cells == "all":
+            out["cell_results"] = self.scorer.rows
+        return out

@@ -21,6 +21,7 @@ scaled_mm backends:
   triton                  Triton kernel, Triton order (GPU, or TRITON_INTERPRET=1 on CPU)
   cutlass                 CUTLASS 3.x sm90 kernel, CUTLASS order (sm90 GPU only)
   cublas                  torch._int_mm (cuBLASLt int8) + TensorRT-LLM's fused-scale order
+register_scaled_mm(name, fn, order) adds a backend at run time (unregister_scaled_mm removes it).
 """
 
 import importlib
@@ -51,6 +52,7 @@ EMULATION_OF = {
 }
 
 
+_BUILTIN = frozenset(_SCALED_MM)
 _RESOLVED: dict = {}
 
 
@@ -63,6 +65,31 @@ def _resolve(table: dict, kind: str, name: str):
     module, attr = table[name].split(":")
     fn = _RESOLVED[(kind, name)] = getattr(importlib.import_module(module), attr)
     return fn
+
+
+def register_scaled_mm(name: str, fn, order: str | None = None) -> None:
+    """Register a scaled_mm callable fn(a, w, s_a, s_w) -> bf16 [M, N] under `name` (a
+    MODULE:FUNCTION kernel, or a wrapper such as the audit's fault injector). order: the
+    epilogue order it declares ("cutlass-order", "triton-order", "fused-order"), recorded in
+    EMULATION_OF; None declares none. Registering a built-in name is refused."""
+    if name in _BUILTIN:
+        raise ValueError(f"{name!r} is a built-in scaled_mm backend")
+    if not callable(fn):
+        raise ValueError(f"scaled_mm backend {name!r}: {fn!r} is not callable")
+    _SCALED_MM[name] = None  # resolved already: no module path to import
+    _RESOLVED[("scaled_mm", name)] = fn
+    EMULATION_OF.pop(name, None)
+    if order is not None:
+        EMULATION_OF[name] = "reference" if order == "exact" else f"reference-{order}"
+
+
+def unregister_scaled_mm(name: str) -> None:
+    """Remove a backend added by register_scaled_mm (a no-op for an unknown name)."""
+    if name in _BUILTIN:
+        raise ValueError(f"{name!r} is a built-in scaled_mm backend")
+    _SCALED_MM.pop(name, None)
+    _RESOLVED.pop(("scaled_mm", name), None)
+    EMULATION_OF.pop(name, None)
 
 
 def scaled_mm_backends() -> list[str]:

@@ -1,8 +1,10 @@
 """`requant audit`: per-Linear bitwise comparison of a kernel pair and the fault-injection suite.
 
-    requant audit [CKPT] [--backends cutlass,triton | --backends reference] [--prompts N]
+    requant audit [CKPT] [--backends cutlass,triton | --backends reference | --backends A,MODULE:FUNCTION]
+                  [--order ORDER] [--phases prefill,decode] [--decode-batches 1,8] [--decode-tokens 4]
+                  [--injection/--no-injection] [--injection-tokens N] [--prompts N]
                   [--json OUT] [--report DIR] [--plan] [--device DEV] [--revision REV]
-                  [--threads N] [--matrix v1|v2]
+                  [--threads N] [--matrix v1|v2|v3]
 
 No CKPT: the embedded default (requant.DEFAULT_CHECKPOINT). `--backends reference` is the
 pair reference-cutlass-order,reference-triton-order, the default where no CUDA GPU is
@@ -10,7 +12,11 @@ present; with one, the default pair is cutlass,triton. `--plan` prints the cell 
 the GEMM shapes from config.json alone (CKPT may be the directory or the config.json file).
 `--matrix` picks the pinned prediction matrix: v2 (default: v1's cells plus C8, and the only
 one with a baseline row for the cublas backend's fused-scale order) or v1 (the seed paper's
-reproduction, C1..C7).
+reproduction, C1..C7); v3 has v2's cells and the injection predictions (always scored from v3).
+`--phases decode` adds the decode phase (audit/decode.py; the default); `--injection` injects
+every fault kernel into the generating model (audit/injection.py; off by default: 44 greedy
+runs, about two minutes of CPU on the embedded default, minutes more than the audit on a GPU). A MODULE:FUNCTION member of
+--backends declares `--order`, or the order conform's fingerprint names (requant.backends).
 
 Exit status: 0 when the audit ran against the pinned prediction matrix, the scorecard has no
 false positive or negative and every layer is bitwise equal under pow2; 1 when it ran but one
@@ -31,6 +37,7 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from rich.console import Console
 from rich.table import Table
 
 from requant.commands._common import (
@@ -57,7 +64,8 @@ from requant.commands._common import (
     write_json_atomic,
 )
 
-console = err()
+console = err()  # progress and phase lines
+out = Console(highlight=False, soft_wrap=True)  # tables and the summary: stdout, one stream
 
 
 def _load_config(ckpt: Optional[str]) -> tuple[dict, str]:
@@ -91,43 +99,85 @@ def _print_plan(plan: dict, where: str) -> None:
         t.add_row(
             f"[{s['out']}, {s['in']}]", str(s["count"]), str(s["count"] * plan["variants"] * len(plan["regimes"]))
         )
-    console.print(t)
+    out.print(t)
     print(
         f"layers: {plan['layers']}  variants: {plan['variants']}  regimes: {','.join(plan['regimes'])}  cells: {plan['cells']}"
+    )
+    print(
+        f"decode phase: {plan['cells']} cells per decode step and batch size "
+        f"(the defaults, M = 1,8 x 4 steps: {plan['cells'] * 8})"
     )
 
 
 def _print_summary(result: dict) -> None:
     from requant.audit.report import matrix_warning
 
-    card = result["scorecard"]
     warn = matrix_warning(result)
     if warn:
-        console.print(f"[bold red]{warn}[/bold red]")
-    t = Table(title="detection (observable / detected)")
+        out.print(f"[bold red]{warn}[/bold red]")
+    _print_detection(result["detection"], "detection, prefill (detected / observable)")
+    dec = result.get("decode")
+    if dec:
+        _print_detection(
+            dec["detection"], f"detection, decode at M = {','.join(map(str, dec['batches']))} (detected / observable)"
+        )
+    print(f"per layer, prefill: {result['per_layer_summary']['line']}")
+    if dec:
+        for b, sm in dec["per_layer_summary"]["by_batch"].items():
+            print(f"per layer, decode M={b} ({dec['steps']} steps): {sm['line']}")
+    _print_rest(result)
+
+
+def _print_detection(detection: list, title: str) -> None:
+    t = Table(title=title)
     t.add_column("fault")
     for sev in ("one", "1pct", "all"):
         for regime in ("native", "pow2"):
             t.add_column(f"{sev} {regime}", justify="right")
-    det = {(d["fault"], d["severity"], d["regime"]): d for d in result["detection"]}
-    for fam in sorted({d["fault"] for d in result["detection"]}):
+    det = {(d["fault"], d["severity"], d["regime"]): d for d in detection}
+    for fam in sorted({d["fault"] for d in detection}):
         cells = []
         for sev in ("one", "1pct", "all"):
             for regime in ("native", "pow2"):
                 d = det.get((fam, sev, regime))
                 cells.append("" if d is None else f"{d['detected']}/{d['observable']}")
         t.add_row(fam, *cells)
-    console.print(t)
-    print(f"per layer: {result['per_layer_summary']['line']}")
-    if result.get("native_scales_all_pow2_layers"):
-        print(
-            f"note: {result['native_scales_all_pow2_layers']}/{result['layers']} layers already have power-of-two native scales "
-            "(a converted checkpoint?): C5 applies under native there, counted as applicability mismatches"
-        )
+    out.print(t)
+
+
+def _print_rest(result: dict) -> None:
+    from requant.audit.report import pow2_native_note
+
+    card = result["scorecard"]
+    note = pow2_native_note(result)
+    if note:
+        print(f"note: {note}")
     print(
         f"cells: {result['cells']}  false positives: {card['false_positives']}  false negatives: {card['false_negatives']}  "
         f"applicability mismatches: {card['applicability_mismatches']}"
     )
+    dec = result.get("decode")
+    if dec:
+        dc = dec["scorecard"]
+        print(
+            f"decode cells: {dec['cells']}  false positives: {dc['false_positives']}  false negatives: "
+            f"{dc['false_negatives']}  applicability mismatches: {dc['applicability_mismatches']}"
+        )
+    inj = result.get("injection_scorecard")
+    if inj:
+        print(
+            f"injection ({inj['scored']} scored C7 verdicts, matrix v{inj['matrix_version']}): false positives: "
+            f"{inj['false_positives']}  false negatives: {inj['false_negatives']}"
+        )
+        for fam, regs in result["injection"].items():
+            print(
+                f"  {fam}: "
+                + "; ".join(
+                    f"{r}: {m['changed_prompts']}/{m['prompts']} prompts changed, C7 {m['c7_flagged']}/{m['tokens']} flagged"
+                    f" (one layer: {m['one_layer']['changed_prompts']} changed, {m['one_layer']['c7_flagged']} flagged)"
+                    for r, m in regs.items()
+                )
+            )
     print("max ULP by fault: " + ", ".join(f"{k}={v}" for k, v in result["max_ulp_by_fault"].items()))
     e2e = result["end_to_end"]
     print("end to end (C7 tokens flagged): " + ", ".join(f"{r}: {e['flagged']}/{e['tokens']}" for r, e in e2e.items()))
@@ -161,8 +211,40 @@ def audit(
     byte_tokens: ByteTokensOpt = False,
     matrix: Annotated[
         str,
-        typer.Option("--matrix", help="Pinned prediction matrix: v2 (C1..C8, default) or v1 (C1..C7, the paper's)."),
+        typer.Option(
+            "--matrix",
+            help="Pinned prediction matrix: v2 (C1..C8, default), v1 (C1..C7, the paper's) or v3 (v2 + injection).",
+        ),
     ] = "v2",
+    phases: Annotated[
+        str,
+        typer.Option(
+            "--phases", help="prefill, or prefill,decode (default): the decode phase audits each step's operands"
+        ),
+    ] = "prefill,decode",
+    decode_batches: Annotated[
+        str, typer.Option("--decode-batches", help="decode batch sizes M, comma-separated")
+    ] = "1,8",
+    decode_tokens: Annotated[int, typer.Option("--decode-tokens", help="decode steps audited per batch size")] = 4,
+    injection: Annotated[
+        Optional[bool],
+        typer.Option(
+            "--injection/--no-injection",
+            help="inject each fault kernel into the generating model (default: no; ~2 min on CPU for the default)",
+        ),
+    ] = None,
+    injection_tokens: Annotated[
+        Optional[int],
+        typer.Option("--injection-tokens", help="greedy tokens per prompt (default 32 on a GPU, 8 on CPU)"),
+    ] = None,
+    order: Annotated[
+        Optional[str],
+        typer.Option(
+            "--order",
+            help="epilogue order a MODULE:FUNCTION backend declares (cutlass-order, triton-order, fused-order); "
+            "default: the order conform's fingerprint names",
+        ),
+    ] = None,
 ) -> None:
     """Bitwise CUTLASS-vs-Triton comparison per Linear on real activations, and the
     fault-injection suite scored against the pinned prediction matrix."""
@@ -181,7 +263,7 @@ def audit(
         from requant import DEFAULT_CHECKPOINT
         from requant.audit.capture import prompts as prompt_list
         from requant.audit.suite import CELLS_PER_LAYER
-        from requant.backends import check_runnable, parse_backends
+        from requant.backends import check_runnable, declare_orders, parse_backends
         from requant.checkpoint import open_checkpoint
         from requant.evidence.identity import with_progress
         from requant.runtime import check_layout
@@ -191,7 +273,12 @@ def audit(
         spec = backends or ("cutlass,triton" if dev.startswith("cuda") else "reference")
         pair = parse_backends(spec)
         check_runnable(pair, dev, "reference")
+        phase_list, batch_list = _parse_phases(phases, decode_batches, decode_tokens)
+        do_inject = bool(injection)
+        if injection_tokens is not None and injection_tokens < 1:
+            raise UsageError("--injection-tokens must be at least 1")
         set_threads(threads, dev)
+        custom = declare_orders(pair, order, dev)
         from requant.audit.matrix import baseline_variant, load_matrix, matrix_path
 
         pred = load_matrix(matrix_path(matrix))
@@ -215,6 +302,8 @@ def audit(
     from requant.audit.suite import run_audit
 
     total = len(checkpoint.quantized_linears) * CELLS_PER_LAYER
+    if "decode" in phase_list:
+        total += len(checkpoint.quantized_linears) * CELLS_PER_LAYER * len(batch_list) * decode_tokens
     console.print(
         f"auditing {checkpoint.path} with {pair[0]} vs {pair[1]} on {dev}: {len(checkpoint.quantized_linears)} Linears, {total} cells"
     )
@@ -230,7 +319,13 @@ def audit(
                 matrix=pred,
                 advance=lambda n: progress.advance(task, n),
                 on_phase=lambda msg: progress.console.log(msg),
+                phases=phase_list,
+                decode_batches=batch_list,
+                decode_steps=decode_tokens,
+                injection={"tokens": injection_tokens} if do_inject else None,
             )
+    if custom:
+        result["custom_kernels"] = custom
     command = command_line(
         "audit",
         [ckpt],
@@ -244,6 +339,13 @@ def audit(
             "--threads": threads,
             "--byte-tokens": byte_tokens,
             "--matrix": matrix,
+            "--phases": None if phases == "prefill,decode" else phases,
+            "--decode-batches": None if decode_batches == "1,8" else decode_batches,
+            "--decode-tokens": None if decode_tokens == 4 else decode_tokens,
+            "--injection": True if injection else None,
+            "--no-injection": True if injection is False else None,
+            "--injection-tokens": injection_tokens,
+            "--order": order,
         },
     )
     result["command"] = command
@@ -254,12 +356,35 @@ def audit(
             for f in write_report(result, report, command):
                 console.print(f"wrote {f}")
     _print_summary(result)
-    card = result["scorecard"]
-    ok = (
-        card["matrix_pinned"]
-        and card["false_positives"] == 0
-        and card["false_negatives"] == 0
-        and result["per_layer_summary"]["pow2"]["bitwise_equal"] == result["per_layer_summary"]["pow2"]["layers"]
-    )
-    if not ok:
+    if not audit_passed(result):
         raise typer.Exit(EXIT_FAILED)
+
+
+def audit_passed(result: dict) -> bool:
+    """Exit 0: every scorecard pinned, no false positive or negative, every pow2 layer bitwise
+    equal, in prefill and (when run) in decode; the injection's scorecard the same way."""
+    parts = [(result["scorecard"], result["per_layer_summary"])]
+    if result.get("decode"):
+        parts.append((result["decode"]["scorecard"], result["decode"]["per_layer_summary"]))
+    for card, summary in parts:
+        if not (card["matrix_pinned"] and card["false_positives"] == 0 and card["false_negatives"] == 0):
+            return False
+        if summary["pow2"]["bitwise_equal"] != summary["pow2"]["layers"]:
+            return False
+    inj = result.get("injection_scorecard")
+    return inj is None or (inj["matrix_pinned"] and inj["false_positives"] == 0 and inj["false_negatives"] == 0)
+
+
+def _parse_phases(phases: str, batches: str, tokens: int) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    names = tuple(p.strip() for p in phases.split(",") if p.strip())
+    if not names or "prefill" not in names or any(p not in ("prefill", "decode") for p in names):
+        raise UsageError(f"--phases takes prefill or prefill,decode, got {phases!r}")
+    try:
+        ms = tuple(int(b) for b in batches.split(",") if b.strip())
+    except ValueError:
+        raise UsageError(f"--decode-batches takes comma-separated integers, got {batches!r}") from None
+    if "decode" in names and (not ms or min(ms) < 1 or len(set(ms)) != len(ms)):
+        raise UsageError(f"--decode-batches takes distinct sizes >= 1, got {batches!r}")
+    if "decode" in names and tokens < 1:
+        raise UsageError("--decode-tokens must be at least 1")
+    return tuple(dict.fromkeys(names)), ms

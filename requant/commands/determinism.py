@@ -1,6 +1,6 @@
 """`requant determinism`: greedy generations across a backend pair, native and pow2.
 
-    requant determinism [CKPT] [--backends cutlass,triton | reference] [--prompts 8]
+    requant determinism [CKPT] [--backends cutlass,triton | reference | A,MODULE:FUNCTION] [--prompts 8]
                         [--new-tokens 64] [--json OUT] [--device DEV] [--act-backend NAME]
                         [--revision REV] [--threads N]
 

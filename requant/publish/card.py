@@ -283,6 +283,19 @@ def _audit(reports: Reports) -> tuple[dict | None, str | None]:
         for r in ("pow2", "native")
         if r in s
     ]
+    dec = d.get("decode")
+    if dec:  # decode beside prefill: one row per regime and decode batch size
+        per_layer = [[f"{r[0]}, prefill", *r[1:]] for r in per_layer]
+        for b, sb in dec["per_layer_summary"]["by_batch"].items():
+            per_layer += [
+                [
+                    f"{r}, decode M={b}",
+                    f"{sb[r]['bitwise_equal']}/{sb[r]['layers']}",
+                    _n(sb[r]["mismatches"]),
+                    _n(sb[r]["max_ulp"]),
+                ]
+                for r in ("pow2", "native")
+            ]
     fams: dict[str, dict[str, list[int]]] = {}
     for row in d["detection"]:
         cell = fams.setdefault(row["fault"], {}).setdefault(row["regime"], [0, 0])
@@ -331,13 +344,30 @@ def _audit(reports: Reports) -> tuple[dict | None, str | None]:
     )
     return {
         "intro": intro,
-        "line": s["line"],
+        "line": s["line"]
+        + "".join(
+            f"; decode M={b}: {sb['line']}" for b, sb in (dec["per_layer_summary"]["by_batch"].items() if dec else ())
+        ),
         "per_layer": per_layer,
         "scorecard": [
             ["false positives", card["false_positives"]],
             ["false negatives", card["false_negatives"]],
             ["applicability mismatches", card.get("applicability_mismatches", "-")],
             ["fault cells", _n(d["cells"])],
+            *(
+                [
+                    [
+                        f"decode fault cells (M = {', '.join(map(str, dec['batches']))}, {dec['steps']} steps)",
+                        _n(dec["cells"]),
+                    ],
+                    [
+                        "decode false positives / negatives",
+                        f"{dec['scorecard']['false_positives']} / {dec['scorecard']['false_negatives']}",
+                    ],
+                ]
+                if dec
+                else []
+            ),
             ["prediction matrix", "pinned" if pinned else "**NOT the pinned matrix**"],
         ],
         "matrix": card["matrix_sha256"],
@@ -472,6 +502,13 @@ def audit_ok(data: dict) -> str | None:
         bad.append(f"{card['false_positives']} false positives and {card['false_negatives']} false negatives")
     if pow2["bitwise_equal"] != pow2["layers"]:
         bad.append(f"only {pow2['bitwise_equal']}/{pow2['layers']} pow2 layers are bitwise equal")
+    dec = data.get("decode")
+    if dec:
+        dc, dp = dec["scorecard"], dec["per_layer_summary"]["pow2"]
+        if not dc["matrix_pinned"] or dc["false_positives"] or dc["false_negatives"]:
+            bad.append(f"decode: {dc['false_positives']} false positives and {dc['false_negatives']} false negatives")
+        if dp["bitwise_equal"] != dp["layers"]:
+            bad.append(f"decode: only {dp['bitwise_equal']}/{dp['layers']} pow2 layer-steps are bitwise equal")
     return "; ".join(bad) or None
 
 

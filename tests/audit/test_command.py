@@ -76,6 +76,8 @@ def test_full_run_writes_the_report(tmp_path):
             "reference",
             "--prompts",
             "1",
+            "--decode-tokens",
+            "1",
             "--report",
             str(out),
             "--json",
@@ -93,6 +95,7 @@ def test_full_run_writes_the_report(tmp_path):
     assert (out / "detection_heatmap.png").read_bytes()[:4] == b"\x89PNG"
     md = (out / "audit.md").read_text()
     assert data["scorecard"]["matrix_sha256"] in md and "pow2: 42/42 layers bitwise equal" in md
+    assert data["decode"]["cells"] == 1764 * 2 and "## Decode beside prefill" in md
 
 
 def test_a_checkpoint_the_runtime_cannot_run_is_refused(tmp_path):

@@ -1,0 +1,185 @@
+"""Faults end to end: each fault kernel injected into the generating model, C7 measured.
+
+The per-layer suite injects faults into emulations of one GEMM at a time, so it never
+shows what a fault does to the tokens a model serves. Here each kernel of
+audit/fault_kernels.py (F1..F8, and F9 as its three operand variants F9a, F9b, F9c) replaces
+the GEMM of the selected quantized Linears while the runtime (reference engine) generates
+greedily, in two scopes: `all` (every quantized Linear) and `one_layer` (the seven Linears
+of decoder layer num_hidden_layers // 2), under both scale regimes.
+
+The injector is a scaled_mm backend registered in the kernels registry
+(kernels.register_scaled_mm): the runtime calls kernels.scaled_mm(q, w, s, s_w) with
+`w, s_w = model.linears[name]`, so the injector tells the Linear by the identity of `w`
+(its data_ptr) and runs the fault kernel there, the base backend elsewhere. The base is the
+pair member implementing the Triton order (the order the fault kernels modify), else
+reference-triton-order; the unfaulted run is the base everywhere, so F8 must give its bits.
+
+Measured per fault, regime and scope, against the unfaulted greedy run (its tokens fed to
+the faulted model, so that both runs see the same prefixes and their logits compare
+position by position; up to the first divergence this is the faulted model's own greedy
+run): prompts whose tokens change, the first diverging position, the largest logit
+deviation, and C7's per-token verdict (tokens flagged, top-1 flips). C7's outcome is scored
+against the `injection` predictions of matrix v3 (scored only where the logits differ).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from requant import kernels
+from requant.audit.checks import FIRE, NOT_APPLICABLE, SILENT, token_risk
+from requant.audit.fault_kernels import FAULTS
+from requant.audit.matrix import MATRIX_V3_PATH, PREDICTED_MISS, load_matrix
+
+__all__ = ["INJECTOR", "SCOPES", "FaultInjector", "base_backend", "one_layer_names", "run_injection", "score_injection"]
+
+INJECTOR = "audit-fault-injector"
+SCOPES = ("all", "one_layer")
+DEFAULT_TOKENS = {"cpu": 8, "cuda": 32}
+
+
+class FaultInjector:
+    """fn(a, w, s_a, s_w): the fault kernel for weights in `targets` (by data_ptr), else the base."""
+
+    def __init__(self, base: str):
+        self.base = base
+        self.fault = None
+        self.targets: set[int] = set()
+
+    def __call__(self, a, w, s_a, s_w):
+        if self.fault is not None and w.data_ptr() in self.targets:
+            return self.fault(a, w, s_a, s_w)
+        return kernels.scaled_mm(a, w, s_a, s_w, backend=self.base)
+
+
+def base_backend(backends: tuple[str, str]) -> str:
+    for b in backends:
+        if kernels.EMULATION_OF.get(b) == "reference-triton-order":
+            return b
+    return "reference-triton-order"
+
+
+def one_layer_names(model) -> list[str]:
+    prefix = f"model.layers.{model.arch.layers // 2}."
+    return [n for n in model.linears if n.startswith(prefix)]
+
+
+def _greedy(model, tensors, tokens: int, fed: list[torch.Tensor] | None = None):
+    """(logits per position [B, vocab], fed tokens per step): greedy, or fed the given tokens."""
+    from requant.runtime.model import pow2_at_least
+
+    cache = model.new_cache(len(tensors), pow2_at_least(max(len(t) for t in tensors) + tokens))
+    logits, chosen = [], []
+    with torch.no_grad():
+        last = model.prefill(tensors, cache=cache, last_only=True)
+        for t in range(tokens):
+            logits.append(last)
+            tok = torch.argmax(last, dim=-1) if fed is None else fed[t]
+            chosen.append(tok)
+            if t < tokens - 1:
+                last = model.decode_step(tok, cache)
+    return logits, chosen
+
+
+def _measure(ref_logits, ref_tokens, logits) -> dict:
+    got = torch.stack([torch.argmax(x, dim=-1) for x in logits], dim=1)  # [B, T]
+    want = torch.stack(ref_tokens, dim=1)
+    flips = got != want
+    first = [int(row.nonzero()[0]) if bool(row.any()) else None for row in flips]
+    risk = token_risk(torch.cat(ref_logits), torch.cat(logits))
+    dev = max(float((a - b).abs().max()) for a, b in zip(ref_logits, logits))
+    return {
+        "prompts": int(flips.shape[0]),
+        "changed_prompts": sum(f is not None for f in first),
+        "first_divergence": min((f for f in first if f is not None), default=None),
+        "first_divergence_by_prompt": first,
+        "logit_max_abs": dev,
+        "tokens": risk["tokens"],
+        "c7_flagged": risk["flagged"],
+        "c7_top1_flips": risk["top1_disagreements"],
+        "c7": FIRE if risk["flagged"] else SILENT,
+        "logits_bitwise_equal": risk["bitwise_equal"],
+    }
+
+
+def run_injection(model, token_lists, backends: tuple[str, str], tokens: int | None = None, prompts: int | None = None):
+    """Every fault kernel in both scopes on one regime's model: {fault: {scope: measures}}."""
+    tokens = tokens or DEFAULT_TOKENS["cuda" if model.device.type == "cuda" else "cpu"]
+    toks = token_lists if prompts is None else token_lists[:prompts]
+    injector = FaultInjector(base_backend(backends))
+    kernels.register_scaled_mm(INJECTOR, injector, order="triton-order")
+    try:
+        m = model.with_backends(INJECTOR, engine="reference")
+        tensors = m._as_tensors(toks)
+        ref_logits, ref_tokens = _greedy(m, tensors, tokens)
+        scopes = {
+            "all": {m.linears[n][0].data_ptr() for n in m.linears},
+            "one_layer": {m.linears[n][0].data_ptr() for n in one_layer_names(m)},
+        }
+        out = {}
+        for fault, fn in FAULTS.items():
+            out[fault] = {}
+            for scope, targets in scopes.items():
+                injector.fault, injector.targets = fn, targets
+                logits, _ = _greedy(m, tensors, tokens, fed=ref_tokens)
+                out[fault][scope] = _measure(ref_logits, ref_tokens, logits)
+        injector.fault = None
+        return {
+            "faults": out,
+            "reference_tokens": torch.stack(ref_tokens, dim=1).tolist(),
+            "base": injector.base,
+            "tokens": tokens,
+            "prompts": len(toks),
+            "one_layer": one_layer_names(m),
+        }
+    finally:
+        kernels.unregister_scaled_mm(INJECTOR)
+
+
+def score_injection(by_regime: dict, options: dict | None = None) -> tuple[dict, dict]:
+    """The JSON's `injection` ({FAULT: {regime: {measures of scope all, one_layer: {...}}}})
+    and its scorecard against matrix v3's injection predictions (same FP/FN rules as C7)."""
+    matrix = load_matrix(MATRIX_V3_PATH)
+    fp = fn = mism = scored = 0
+    contradictions = []
+    table: dict = {}
+    meta = {}
+    for regime, run in by_regime.items():
+        meta[regime] = {k: v for k, v in run.items() if k != "faults"}
+        for fault, scopes in run["faults"].items():
+            entry = table.setdefault(fault, {}).setdefault(regime, {})
+            for scope, meas in scopes.items():
+                exp = matrix.injection.get(("C7", fault, regime, scope))
+                meas = dict(meas, expected=exp)
+                got = meas["c7"]
+                observable = not meas["logits_bitwise_equal"]
+                kind = None
+                if exp is not None:
+                    scored += 1
+                    if (got == NOT_APPLICABLE) != (exp == NOT_APPLICABLE):
+                        kind, mism = "applicability", mism + 1
+                    elif got == FIRE and exp in (SILENT, PREDICTED_MISS):
+                        kind, fp = "false_positive", fp + 1
+                    elif got == SILENT and exp == FIRE and observable:
+                        kind, fn = "false_negative", fn + 1
+                if kind:
+                    contradictions.append(
+                        {"kind": kind, "fault": fault, "regime": regime, "scope": scope, "expected": exp, "got": got}
+                    )
+                if scope == "all":
+                    entry.update(meas)
+                else:
+                    entry[scope] = meas
+    card = {
+        "false_positives": fp,
+        "false_negatives": fn,
+        "applicability_mismatches": mism,
+        "scored": scored,
+        "matrix_sha256": matrix.sha256,
+        "matrix_version": matrix.version,
+        "matrix_pinned": matrix.pinned,
+        "contradictions": contradictions,
+        "runs": meta,
+        "options": dict(options or {}),
+    }
+    return table, card
