@@ -37,9 +37,9 @@ def batch_prompts(token_lists: list[list[int]], batch: int) -> list[list[int]]:
 
 
 def _cache_for(model, tensors, steps):
-    from requant.runtime.model import pow2_at_least
+    from requant.runtime.cache import generation_capacity
 
-    return model.new_cache(len(tensors), pow2_at_least(max(len(t) for t in tensors) + steps))
+    return model.new_cache(len(tensors), generation_capacity(max(len(t) for t in tensors) + steps))
 
 
 def decode_operands(model, token_lists, steps: int):

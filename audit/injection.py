@@ -66,9 +66,9 @@ def one_layer_names(model) -> list[str]:
 
 def _greedy(model, tensors, tokens: int, fed: list[torch.Tensor] | None = None):
     """(logits per position [B, vocab], fed tokens per step): greedy, or fed the given tokens."""
-    from requant.runtime.model import pow2_at_least
+    from requant.runtime.cache import generation_capacity
 
-    cache = model.new_cache(len(tensors), pow2_at_least(max(len(t) for t in tensors) + tokens))
+    cache = model.new_cache(len(tensors), generation_capacity(max(len(t) for t in tensors) + tokens))
     logits, chosen = [], []
     with torch.no_grad():
         last = model.prefill(tensors, cache=cache, last_only=True)

@@ -7,6 +7,7 @@ compared with is the built-in reference-cutlass-order emulation (the other membe
 
 import json
 
+import pytest
 import typer
 from typer.testing import CliRunner
 
@@ -22,6 +23,15 @@ runner = CliRunner()
 LEGAL = "tests.audit.custom_kernels:triton_order"
 WRONG = "tests.audit.custom_kernels:wrong_at_decode"
 SMALL = ["--prompts", "1", "--decode-batches", "1", "--decode-tokens", "1"]
+
+
+@pytest.fixture(autouse=True)
+def _registry_restored():
+    """A command registers its MODULE:FUNCTION kernels for the process; other tests see the
+    built-in registry only."""
+    yield
+    for name in set(kernels.scaled_mm_backends()) - kernels._BUILTIN:
+        kernels.unregister_scaled_mm(name)
 
 
 def _run(tmp_path, *args):
