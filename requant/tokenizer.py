@@ -67,7 +67,7 @@ def _read_json(path: Path):
         check_inside(path.parent, path)
     try:
         return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise TokenizerError(f"{path}: not valid JSON: {exc}") from None
 
 

@@ -26,7 +26,6 @@ pow2 = the stored power-of-two scales).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -77,10 +76,9 @@ def _load_config(ckpt: Optional[str]) -> tuple[dict, str]:
             return c.config, str(c.path / "config.json")
     if not p.is_file():
         raise UsageError(f"{p}: no config.json")
-    try:
-        return json.loads(p.read_text()), str(p)
-    except ValueError as exc:
-        raise UsageError(f"{p}: not valid JSON: {exc}") from None
+    from requant.inputs import load_json  # bounded, a regular file, too deep a nesting refused
+
+    return load_json(p, what="config.json"), str(p)
 
 
 def _print_plan(plan: dict, where: str) -> None:

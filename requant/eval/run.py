@@ -78,7 +78,7 @@ def _bf16_tensors(path: Path) -> dict[str, str]:
     if index.is_file():
         try:
             files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (ValueError, KeyError, TypeError, AttributeError):
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
             raise UsageError(f"{index}: not a shard index with a weight_map") from None
     elif (path / "model.safetensors").is_file():
         files = ["model.safetensors"]
@@ -105,7 +105,7 @@ def check_source(source: Path, ckpt_config: dict) -> None:
         raise UsageError(f"--source {source}: no config.json")
     try:
         cfg = json.loads(cfg_path.read_text())
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise UsageError(f"{cfg_path}: not valid JSON: {exc}") from None
     if not isinstance(cfg, dict):
         raise UsageError(f"{cfg_path}: not a JSON object")

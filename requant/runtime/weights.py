@@ -195,7 +195,7 @@ class Bf16Dir:
         if index.is_file():
             try:
                 wm = json.loads(index.read_text())["weight_map"]
-            except (ValueError, KeyError, TypeError) as exc:
+            except (ValueError, KeyError, TypeError, RecursionError) as exc:
                 raise ValueError(f"{index}: not a shard index with a weight_map ({exc})") from None
             for shard in set(wm.values()):
                 if not isinstance(shard, str) or "/" in shard or "\\" in shard or shard in (".", ".."):
