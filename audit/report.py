@@ -5,7 +5,6 @@ so they render on a headless machine.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -14,7 +13,7 @@ from requant.audit.faults import FAMILY_TITLES, VARIANTS
 from requant.audit.matrix import PINNED_SHA256, PINS, REGIMES
 from requant.audit.scoring import HIST_BINS, bin_label
 from requant.evidence.identity import markdown_lines as identity_lines
-from requant.output import write_files_atomic, write_json_atomic
+from requant.output import json_bytes, write_files_atomic, write_json_atomic
 from requant.tokenizer import summary as tokenizer_summary
 
 
@@ -274,16 +273,22 @@ def plot_histograms(result: dict, path: Path) -> Path:
     return path
 
 
-def write_report(result: dict, directory: Path, command: str | None = None) -> list[Path]:
-    """audit.json, audit.md, detection_heatmap.png, ulp_histograms.png under `directory`."""
+REPORT_FILES = ("audit.json", "audit.md", "detection_heatmap.png", "ulp_histograms.png")
+
+
+def report_items(result: dict, directory: Path, command: str | None = None) -> list:
+    """The (destination, render) pairs of --report DIR (REPORT_FILES), for write_files_atomic."""
     d = Path(directory)
-    text = json.dumps(result, indent=1) + "\n"
+    data = json_bytes(result, indent=1)
     md = markdown(result, command)
-    return write_files_atomic(
-        [
-            (d / "audit.json", lambda tmp: tmp.write_text(text, encoding="utf-8")),
-            (d / "audit.md", lambda tmp: tmp.write_text(md, encoding="utf-8")),
-            (d / "detection_heatmap.png", lambda tmp: plot_heatmap(result, tmp)),
-            (d / "ulp_histograms.png", lambda tmp: plot_histograms(result, tmp)),
-        ]
-    )
+    return [
+        (d / "audit.json", lambda tmp: tmp.write_bytes(data)),
+        (d / "audit.md", lambda tmp: tmp.write_text(md, encoding="utf-8")),
+        (d / "detection_heatmap.png", lambda tmp: plot_heatmap(result, tmp)),
+        (d / "ulp_histograms.png", lambda tmp: plot_histograms(result, tmp)),
+    ]
+
+
+def write_report(result: dict, directory: Path, command: str | None = None) -> list[Path]:
+    """audit.json, audit.md, detection_heatmap.png, ulp_histograms.png under `directory`, all or nothing."""
+    return write_files_atomic(report_items(result, directory, command))

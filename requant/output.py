@@ -54,7 +54,7 @@ from pathlib import Path
 
 from requant.errors import OutputError, os_reason
 from requant.inputs import not_regular
-from requant.links import shown
+from requant.links import LinkError, check_inside, shown
 
 LOCK_SUFFIX = ".lock"
 
@@ -339,6 +339,11 @@ class AtomicOutput:
 
 
 # -- report files ----------------------------------------------------------------------
+class WriteError(OutputError, OSError):
+    """A report file that could not be written, naming the file (never its temporary); an
+    OSError too, for callers that catch those."""
+
+
 def _umask() -> int:
     umask = os.umask(0)
     os.umask(umask)
@@ -360,7 +365,8 @@ def file_mode(dest: Path | None = None) -> int:
 def report_target(path: str | os.PathLike) -> Path:
     """Where a report named `path` is written: `path` when it is absent or a regular file; for
     a symlink, its real target when that is an existing regular file (the link is kept and the
-    file it names replaced). Anything else (a directory, a FIFO, a device, a dangling link, a
+    file it names replaced) when that file lies inside the link's own directory (requant.links'
+    rule, that directory as the root: a link to /proc/self/fd/1 or elsewhere is refused). Anything else (a directory, a FIFO, a device, a dangling link, a
     link to /proc/self/fd/1) is an OutputError naming `path`: a report never replaces what is
     not a report."""
     p = Path(path)
@@ -371,11 +377,23 @@ def report_target(path: str | os.PathLike) -> Path:
     except OSError as exc:
         raise OutputError(f"cannot be examined: {os_reason(exc)}", file=shown(p)) from None
     if stat.S_ISLNK(lst.st_mode):
-        real = p.resolve()
+        try:
+            real = check_inside(p.absolute().parent, p)  # links.py's rule, the report's directory as the root
+        except LinkError as exc:
+            raise OutputError(f"is a link out of its directory ({exc.detail})", file=shown(p)) from None
+        hop = p
+        for _ in range(40):  # a link through /proc (/proc/self/fd/1: whatever stdout is) or /dev is never followed
+            if not hop.is_symlink():
+                break
+            hop = hop.parent / os.readlink(hop)
+            if hop.absolute().parts[1:2] in (("proc",), ("dev",)):
+                raise OutputError(f"is a link into /{hop.absolute().parts[1]}, not to a report file", file=shown(p))
         try:
             st = os.stat(real)
-        except OSError:
-            raise OutputError(f"is a link to {shown(real)}, which does not exist", file=shown(p)) from None
+        except FileNotFoundError:
+            return real  # a link to a file not written yet, inside the directory
+        except OSError as exc:
+            raise OutputError(f"is a link to {shown(real)}: {os_reason(exc)}", file=shown(p)) from None
         if not stat.S_ISREG(st.st_mode):
             raise OutputError(f"is a link to {shown(real)}, which {not_regular(st.st_mode)}", file=shown(p))
         return real
@@ -418,7 +436,7 @@ def write_files_atomic(items: list[tuple[Path, Callable[[Path], None]]]) -> list
     Errors name the destination, never a temporary. Returns the destinations as given."""
     given = [Path(dest) for dest, _ in items]
     if len({d.absolute() for d in given}) != len(given):
-        raise OutputError("the same file is named twice among the outputs", file=shown(given[0]))
+        raise WriteError("the same file is named twice among the outputs", file=shown(given[0]))
     targets = [report_target(d) for d in given]  # before any work
     made = _missing_dirs(targets)
     temps: list[Path] = []
@@ -430,13 +448,13 @@ def write_files_atomic(items: list[tuple[Path, Callable[[Path], None]]]) -> list
             try:
                 tmp = temp_beside(dest, dest.suffix + ".tmp")
             except OSError as exc:
-                raise OutputError(f"cannot be written: {os_reason(exc)}", file=shown(given[i])) from None
+                raise WriteError(f"cannot be written: {os_reason(exc)}", file=shown(given[i])) from None
             temps.append(tmp)
             try:
                 render(tmp)
                 fsync_path(tmp)
             except OSError as exc:
-                raise OutputError(f"writing failed: {os_reason(exc)}", file=shown(given[i])) from None
+                raise WriteError(f"writing failed: {os_reason(exc)}", file=shown(given[i])) from None
         for i, dest in enumerate(targets):
             report_target(dest)  # it may have changed while rendering: never rename over a non-regular file
             if dest.exists():
@@ -451,7 +469,7 @@ def write_files_atomic(items: list[tuple[Path, Callable[[Path], None]]]) -> list
             try:
                 os.replace(tmp, dest)
             except OSError as exc:
-                raise OutputError(f"renaming into place failed: {os_reason(exc)}", file=shown(given[i])) from None
+                raise WriteError(f"renaming into place failed: {os_reason(exc)}", file=shown(given[i])) from None
             renamed.append(i)
     except BaseException:
         for i in reversed(renamed):  # put back what was replaced already; remove what was new
@@ -474,7 +492,7 @@ def write_files_atomic(items: list[tuple[Path, Callable[[Path], None]]]) -> list
         for d in dirs:
             fsync_path(d)
     except OSError as exc:
-        raise OutputError(
+        raise WriteError(
             f"written, but syncing its directory failed: {os_reason(exc)}", file=shown(given[0])
         ) from None
     return given

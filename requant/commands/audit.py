@@ -51,6 +51,7 @@ from requant.commands._common import (
     command_line,
     default_device,
     err,
+    plain,
     progress_bar,
     set_threads,
     write_json_atomic,
@@ -143,6 +144,27 @@ def _print_summary(result: dict) -> None:
         )
 
 
+def _check_report_dir(report: Optional[Path]) -> None:
+    """--report DIR before any work: a directory in which each report file can be written."""
+    if report is not None:
+        from requant.audit.report import REPORT_FILES
+
+        check_output_dir(report, "--report", REPORT_FILES)
+
+
+def _write_outputs(result: dict, json_out: Optional[Path], report: Optional[Path], command: str) -> list[Path]:
+    """--json and --report's files as one set, all or nothing (requant.output.write_files_atomic);
+    the --report files are the ones returned, to be named."""
+    from requant.audit.report import report_items
+    from requant.output import json_bytes, write_files_atomic
+
+    items = [(json_out, lambda tmp: tmp.write_bytes(json_bytes(result)))] if json_out is not None else []
+    items += report_items(result, report, command) if report is not None else []
+    with cannot_run(interrupted="interrupted; no --json or --report file was written"):
+        written = write_files_atomic(items) if items else []
+    return written[1:] if json_out is not None else written
+
+
 @byte_tokens_option
 def audit(
     ckpt: CkptArg = None,
@@ -166,7 +188,7 @@ def audit(
     fault-injection suite scored against the pinned prediction matrix."""
     with cannot_run():
         check_output_file(json_out, "--json")  # before any work: a bad path costs nothing and writes nothing
-        check_output_dir(report, "--report")
+        _check_report_dir(report)
         if plan:
             from requant.audit.suite import plan_from_config
 
@@ -209,12 +231,11 @@ def audit(
             checkpoint, console
         )  # before the long run: a SHA256SUMS that does not match fails here
 
-    from requant.audit.report import write_json, write_report
     from requant.audit.suite import run_audit
 
     total = len(checkpoint.quantized_linears) * CELLS_PER_LAYER
     console.print(
-        f"auditing {checkpoint.path} with {pair[0]} vs {pair[1]} on {dev}: {len(checkpoint.quantized_linears)} Linears, {total} cells"
+        f"auditing {plain(checkpoint.path)} with {pair[0]} vs {pair[1]} on {dev}: {len(checkpoint.quantized_linears)} Linears, {total} cells"
     )
     with cannot_run():  # a tensor that turned out unreadable while running
         with progress_bar(console) as progress:
@@ -245,12 +266,8 @@ def audit(
         },
     )
     result["command"] = command
-    with cannot_run():
-        if json_out is not None:
-            write_json(result, json_out)
-        if report is not None:
-            for f in write_report(result, report, command):
-                console.print(f"wrote {f}")
+    for f in _write_outputs(result, json_out, report, command):
+        console.print(f"wrote {plain(f)}")
     _print_summary(result)
     card = result["scorecard"]
     ok = (

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.markup import escape
 from rich.table import Table
 
 from requant.commands._common import (
@@ -40,6 +39,7 @@ from requant.commands._common import (
     default_device,
     err,
     out,
+    plain,
     progress_bar,
     warn,
 )
@@ -75,6 +75,25 @@ def _print_table(result: dict) -> None:
         stdout.print(
             f"probe mismatch share: {share:.4f}" + (f" (90% interval [{ci[0]:.4f}, {ci[1]:.4f}])" if ci else "")
         )
+
+
+def _check_report_dir(report: Optional[Path]) -> None:
+    """--report DIR before any work: a directory in which each report file can be written."""
+    if report is not None:
+        from requant.eval.report import REPORT_FILES
+
+        check_output_dir(report, "--report", REPORT_FILES)
+
+
+def _write_outputs(result: dict, json_out: Optional[Path], report: Optional[Path]) -> list[Path]:
+    """--json and --report's files as one set, all or nothing (requant.output.write_files_atomic)."""
+    from requant.eval.report import report_items
+    from requant.output import json_bytes, write_files_atomic
+
+    items = [(json_out, lambda tmp: tmp.write_bytes(json_bytes(result)))] if json_out is not None else []
+    items += report_items(result, report) if report is not None else []
+    with cannot_run(interrupted="interrupted; no --json or --report file was written"):
+        return write_files_atomic(items) if items else []
 
 
 @byte_tokens_option
@@ -125,10 +144,9 @@ def eval_command(
     """Perplexity of each scale arm through lm-eval, with paired bootstrap intervals against native."""
     with cannot_run():  # before any work (an hour of CPU with the defaults): a bad path costs nothing
         check_output_file(json_out, "--json")
-        check_output_dir(report, "--report")
+        _check_report_dir(report)
     from rich.progress import TextColumn
 
-    from requant.eval.report import write_json, write_report
     from requant.eval.run import parse_arms, run_eval
 
     task_list = [t.strip() for t in tasks.split(",") if t.strip()]
@@ -165,7 +183,7 @@ def eval_command(
                 progress_for=progress_for,
                 threads=threads,
                 engine=engine,
-                on_phase=lambda msg: progress.console.print(escape(msg)),
+                on_phase=lambda msg: progress.console.print(plain(msg)),
                 hash_progress=progress_for("manifest digest (sha256 of every file)", "bytes"),
             )
     result["command"] = command_line(
@@ -190,12 +208,8 @@ def eval_command(
             "--byte-tokens": byte_tokens,
         },
     )
-    with cannot_run():
-        if json_out is not None:
-            console.print(f"wrote {write_json(result, json_out)}")
-        if report is not None:
-            for f in write_report(result, report):
-                console.print(f"wrote {f}")
+    for f in _write_outputs(result, json_out, report):
+        console.print(f"wrote {plain(f)}")
     _print_table(result)
     for w in result.get("warnings", []):
         warn(w)

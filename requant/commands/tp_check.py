@@ -45,6 +45,7 @@ from requant.commands._common import (
     default_device,
     err,
     fail,
+    plain,
     set_threads,
     sigterm_as_interrupt,
     write_json_atomic,
@@ -187,7 +188,7 @@ def tp_check(
 
     run_spec = Run(name, regime, reduce, act_backend)
     console.print(
-        f"tp-check of {checkpoint.path}: tp {','.join(map(str, degrees))}, {name}, {regime}, {reduce} all-reduce, "
+        f"tp-check of {plain(checkpoint.path)}: tp {','.join(map(str, degrees))}, {name}, {regime}, {reduce} all-reduce, "
         f"{'NCCL' if nccl else 'gloo'} on {dev}, {prompts} prompts x {new_tokens} tokens"
     )
     from requant.tp import Spec, compare, run
@@ -257,7 +258,7 @@ def tp_check(
         }
         with cannot_run():
             write_json_atomic(json_out, record)
-        console.print(f"wrote {json_out}")
+        console.print(f"wrote {plain(json_out)}")
     for c in per_degree[1:]:
         print(f"tp {c['tp']}: {'bitwise identical to tp 1' if c['identical'] else _where(c)}")
     print(summary)
