@@ -23,11 +23,11 @@ How, and why this way (each step in its own module):
     quantization_config as it was), SHA256SUMS (the output's files, covering config.json
     and SHA256SUMS.source; its digest is ConvertResult.manifest_digest) and its statistics
     as requant-convert.json (deterministic: no times, no output path; not covered, it
-    quotes the digest). Files a source converted earlier carries (its manifests, card,
-    reports) are copied like any other file; the manifests and the statistics are then
-    replaced, and a report about the source's bytes no longer matches the output's digest
-    (requant card sets it aside, saying so). On any failure both hashers are cancelled
-    (they stop within one 8 MB read) before the temporary output is removed.
+    quotes the digest). Files a source converted earlier carries are copied like any other
+    (a report about the source's bytes no longer matches: card sets it aside). On any failure both hashers are cancelled
+    (they stop within one 8 MB read) before the temporary output is removed. A source file
+    whose inode, size or times change during the run is refused before the rename, so
+    SHA256SUMS.source lists the bytes converted (convert._file_states says how).
   * Atomically (requant.output): written into `.OUT.requant-tmp-*/output` next to OUT, fsynced,
     renamed; an error or interrupt leaves nothing, and an existing OUT is only replaced
     with force=True.
@@ -56,6 +56,8 @@ from requant.errors import CheckpointError, OutputError, os_reason
 from requant.evidence import manifest as mf
 from requant.evidence import provenance
 from requant.evidence.provenance import PROVENANCE_KEY
+from requant.inputs import load_json
+from requant.links import shown
 from requant.output import AtomicOutput, OutputInterrupted, check_output
 from requant.scales import ARMS, SERVABLE
 from requant.scales.requantizer import LinearStats
@@ -129,6 +131,43 @@ def _write_evidence(tmp: Path, out: Path, shard_entries: dict[str, mf.Entry], re
         raise OutputError(f"writing the manifests failed: {os_reason(exc)}", file=out) from exc
 
 
+def _file_states(ckpt) -> dict[str, tuple]:
+    """(device, inode, size, mtime_ns, ctime_ns) of every file of SRC, taken before its bytes are
+    read for conversion or hashing. The headers and config.json were read just before: they are
+    read again now and must be what was parsed, so the window between is closed too."""
+    states = {}
+    for rel, p in mf.walk_files(ckpt.path).items():
+        st = os.stat(p)
+        states[rel] = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    for name, f in ckpt.shards.items():
+        with open(f.path, "rb") as fh:
+            if fh.read(len(f.prefix)) != f.prefix:
+                raise _changed(ckpt, name)
+    if load_json(ckpt.path / "config.json", what="config.json") != ckpt.config:
+        raise _changed(ckpt, "config.json")
+    return states
+
+
+def _changed(ckpt, rel: str) -> CheckpointError:
+    return CheckpointError(
+        "changed while it was being converted; nothing was written (the bytes hashed might not be the "
+        "bytes converted): run again once nothing writes to the source",
+        file=shown(ckpt.path / rel),
+    )
+
+
+def _check_unchanged(ckpt, before: dict[str, tuple]) -> None:
+    """CheckpointError naming the first file of SRC that was replaced, resized, rewritten, added
+    or removed since _file_states: SHA256SUMS.source then records what was converted."""
+    try:
+        after = _file_states(ckpt)
+    except OSError:
+        after = {}
+    for rel in sorted(set(before) | set(after)):
+        if before.get(rel) != after.get(rel):
+            raise _changed(ckpt, rel)
+
+
 def convert(
     src: str | os.PathLike,
     output: str | os.PathLike,
@@ -195,6 +234,7 @@ def convert(
     if stored is not None:  # the listing now, before any work; the bytes once they are hashed, before the rename
         mf.check_against(ckpt.path, stored)
     constrained = arm != "unconstrained"
+    before = _file_states(ckpt)  # every source byte is read after this: hashed and converted alike
     with AtomicOutput(out, force, on_note) as dest:
         source_hashes = shard_hashes = None
         try:
@@ -216,6 +256,7 @@ def convert(
             finally:
                 job.close()  # safe: no worker is running any more
             entries = src_entries if source_hashes is None else source_hashes.result()
+            _check_unchanged(ckpt, before)  # the hashes and the conversion read the same bytes
             if stored is not None:
                 mf.check_against(ckpt.path, stored, entries)
             digest, prov = provenance.record(

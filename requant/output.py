@@ -492,9 +492,7 @@ def write_files_atomic(items: list[tuple[Path, Callable[[Path], None]]]) -> list
         for d in dirs:
             fsync_path(d)
     except OSError as exc:
-        raise WriteError(
-            f"written, but syncing its directory failed: {os_reason(exc)}", file=shown(given[0])
-        ) from None
+        raise WriteError(f"written, but syncing its directory failed: {os_reason(exc)}", file=shown(given[0])) from None
     return given
 
 

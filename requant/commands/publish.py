@@ -182,6 +182,7 @@ def card(
     named in the card as not measured. Also writes CKPT/SHA256SUMS when there is none (the
     card quotes its digest)."""
     from requant.evidence import manifest as mf
+    from requant.output import report_target
     from requant.publish import PublishError
     from requant.publish.card import checkpoint_facts, render, write_card
     from requant.publish.push import check_repo_id
@@ -209,6 +210,7 @@ def card(
     if stdout:
         sys.stdout.write(rendered.text)
         return
+    _run(lambda: report_target(ckpt / mf.CARD))  # a README.md that is not a file: refused before SHA256SUMS is written
     if not facts.manifest_stored:
         path, digest = _run(lambda: mf.write(ckpt, facts.entries))
         out().print(f"wrote {plain(str(path))} (manifest digest {digest})")
