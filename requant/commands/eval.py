@@ -15,6 +15,7 @@ arm) and messages go to stderr; the table to stdout.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -75,6 +76,16 @@ def _print_table(result: dict) -> None:
         stdout.print(
             f"probe mismatch share: {share:.4f}" + (f" (90% interval [{ci[0]:.4f}, {ci[1]:.4f}])" if ci else "")
         )
+
+
+@contextlib.contextmanager
+def _stopped(progress):
+    """The progress bar stopped at the end if a bar started it (see progress_for)."""
+    try:
+        yield
+    finally:
+        if progress.live.is_started:
+            progress.stop()
 
 
 def _check_report_dir(report: Optional[Path]) -> None:
@@ -156,6 +167,8 @@ def eval_command(
     def progress_for(arm: str, unit: str = "documents"):
         def update(done: int, total: int) -> None:
             if arm not in bars:
+                if not progress.live.is_started:  # started by its first bar: an error before any prints no blank line
+                    progress.start()
                 bars[arm] = progress.add_task(arm, total=total, unit=unit)
             progress.update(bars[arm], completed=done, total=total)
 
@@ -166,7 +179,7 @@ def eval_command(
         if device is not None:
             check_device(device)
         check_engine(engine, device or default_device())
-        with progress:
+        with _stopped(progress):
             result = run_eval(
                 ckpt,
                 arm_list,
