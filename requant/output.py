@@ -364,11 +364,11 @@ def file_mode(dest: Path | None = None) -> int:
 
 def report_target(path: str | os.PathLike) -> Path:
     """Where a report named `path` is written: `path` when it is absent or a regular file; for
-    a symlink, its real target when that is an existing regular file (the link is kept and the
-    file it names replaced) when that file lies inside the link's own directory (requant.links'
-    rule, that directory as the root: a link to /proc/self/fd/1 or elsewhere is refused). Anything else (a directory, a FIFO, a device, a dangling link, a
-    link to /proc/self/fd/1) is an OutputError naming `path`: a report never replaces what is
-    not a report."""
+    a symlink, the file it names (the link is kept) when that is a regular file or not there
+    yet, inside the link's own directory (requant.links' rule with that directory as the root)
+    and reached through no link into /proc or /dev. Anything else (a directory, a FIFO, a
+    device, a link to /proc/self/fd/1 or out of its directory) is an OutputError naming
+    `path`: a report never replaces what is not a report."""
     p = Path(path)
     try:
         lst = os.lstat(p)
@@ -377,10 +377,6 @@ def report_target(path: str | os.PathLike) -> Path:
     except OSError as exc:
         raise OutputError(f"cannot be examined: {os_reason(exc)}", file=shown(p)) from None
     if stat.S_ISLNK(lst.st_mode):
-        try:
-            real = check_inside(p.absolute().parent, p)  # links.py's rule, the report's directory as the root
-        except LinkError as exc:
-            raise OutputError(f"is a link out of its directory ({exc.detail})", file=shown(p)) from None
         hop = p
         for _ in range(40):  # a link through /proc (/proc/self/fd/1: whatever stdout is) or /dev is never followed
             if not hop.is_symlink():
@@ -388,6 +384,14 @@ def report_target(path: str | os.PathLike) -> Path:
             hop = hop.parent / os.readlink(hop)
             if hop.absolute().parts[1:2] in (("proc",), ("dev",)):
                 raise OutputError(f"is a link into /{hop.absolute().parts[1]}, not to a report file", file=shown(p))
+        try:
+            real = check_inside(p.absolute().parent, p)  # links.py's rule, the report's directory as the root
+        except LinkError:
+            raise OutputError(
+                f"is a link to {shown(p.resolve())}, outside its own directory; a report is written through a "
+                "link only to a file in the link's directory",
+                file=shown(p),
+            ) from None
         try:
             st = os.stat(real)
         except FileNotFoundError:

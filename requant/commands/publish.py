@@ -193,6 +193,8 @@ def card(
                 check_repo_id(repo_id)
             except PublishError as exc:
                 raise UsageError(f"--repo-id {repo_id!r}: {exc.detail}") from None
+    if not stdout:  # a README.md that is not a file: refused before any work (SHA256SUMS included)
+        _run(lambda: report_target(ckpt / mf.CARD))
     with _hashing(ckpt, "sha256") as cb:
         facts = _run(lambda: checkpoint_facts(ckpt, progress=cb))
     rendered = _run(
@@ -210,7 +212,6 @@ def card(
     if stdout:
         sys.stdout.write(rendered.text)
         return
-    _run(lambda: report_target(ckpt / mf.CARD))  # a README.md that is not a file: refused before SHA256SUMS is written
     if not facts.manifest_stored:
         path, digest = _run(lambda: mf.write(ckpt, facts.entries))
         out().print(f"wrote {plain(str(path))} (manifest digest {digest})")
