@@ -83,7 +83,7 @@ def _load_config(ckpt: Optional[str]) -> tuple[dict, str]:
 
 
 def _print_plan(plan: dict, where: str) -> None:
-    t = Table(title=f"audit plan for {where}")
+    t = Table(title=f"audit plan for {plain(where)}")
     for col in ("GEMM [out, in]", "Linears", "cells"):
         t.add_column(col, justify="right")
     for s in plan["shapes"]:
@@ -248,7 +248,7 @@ def audit(
                 identity=identity,
                 matrix=pred,
                 advance=lambda n: progress.advance(task, n),
-                on_phase=lambda msg: progress.console.log(msg),
+                on_phase=lambda msg: progress.console.log(plain(msg)),
             )
     command = command_line(
         "audit",

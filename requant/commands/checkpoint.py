@@ -203,7 +203,7 @@ def convert(
             table.add_column(col, justify=just)
         for name, st in result.layers.items():
             table.add_row(
-                name,
+                plain(name),
                 str(st.rows),
                 str(st.scales_changed),
                 _fmt_shifts(st.exponent_shifts),

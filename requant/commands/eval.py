@@ -55,7 +55,7 @@ def _print_table(result: dict) -> None:
     if not result.get("primary_task"):
         stdout.print("no perplexity task: lm-eval metrics are in the JSON (per_task)")
         return
-    t = Table(title=f"{result['primary_task']}: {result['documents']} documents, 90% paired bootstrap vs native")
+    t = Table(title=f"{plain(result['primary_task'])}: {result['documents']} documents, 90% paired bootstrap vs native")
     for col in ("arm", "word ppl", "byte ppl", "bits/byte", "Δ word ppl", "90% interval"):
         t.add_column(col, justify="left" if col in ("arm", "90% interval") else "right")
     for name in result["arm_order"]:
