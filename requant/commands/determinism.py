@@ -115,7 +115,7 @@ def determinism(
                 identity=identity,
                 engine=engine,
                 advance=lambda n=1: progress.advance(task, n),
-                on_phase=lambda msg: progress.console.log(msg),
+                on_phase=lambda msg: progress.console.log(plain(msg)),
             )
     result["command"] = command_line(
         "determinism",
