@@ -42,7 +42,6 @@ How, and why this way (each step in its own module):
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from dataclasses import dataclass, field
@@ -58,7 +57,7 @@ from requant.evidence import provenance
 from requant.evidence.provenance import PROVENANCE_KEY
 from requant.inputs import load_json
 from requant.links import shown
-from requant.output import AtomicOutput, OutputInterrupted, check_output
+from requant.output import AtomicOutput, OutputInterrupted, check_output, json_bytes
 from requant.scales import ARMS, SERVABLE
 from requant.scales.requantizer import LinearStats
 
@@ -126,7 +125,7 @@ def _write_evidence(tmp: Path, out: Path, shard_entries: dict[str, mf.Entry], re
         mf.write_atomic(tmp / mf.MANIFEST, data)
         result.manifest_digest = mf.digest_of(data)
         report = {k: v for k, v in result.to_dict().items() if k not in ("output", "elapsed_s")}  # deterministic
-        (tmp / CONVERT_REPORT).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+        (tmp / CONVERT_REPORT).write_bytes(json_bytes(report, indent=1))  # standard JSON: no NaN literal
     except OSError as exc:
         raise OutputError(f"writing the manifests failed: {os_reason(exc)}", file=out) from exc
 

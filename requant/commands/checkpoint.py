@@ -234,7 +234,7 @@ def inspect(
         info = inspect_checkpoint(src, revision=revision)
     stdout = out()
     if as_json:
-        stdout.file.write(json.dumps(info, indent=2) + "\n")
+        stdout.file.write(json_bytes(info, indent=2).decode("utf-8"))
         return
     table = Table(show_header=False, title=plain(info["path"]))
     table.add_column("", style="bold")
@@ -277,7 +277,7 @@ def verify(
         report = do_verify(a, b)
     stdout = out()
     if as_json:
-        stdout.file.write(json.dumps(report, indent=2) + "\n")
+        stdout.file.write(json_bytes(report, indent=2).decode("utf-8"))
     elif report["identical"]:
         stdout.print(f"[green]identical[/]: {plain(str(a))} and {plain(str(b))} are byte for byte the same")
     else:
