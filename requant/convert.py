@@ -57,7 +57,7 @@ from requant.evidence import provenance
 from requant.evidence.provenance import PROVENANCE_KEY
 from requant.inputs import load_json
 from requant.links import shown
-from requant.output import AtomicOutput, OutputInterrupted, check_output, json_bytes
+from requant.output import AtomicOutput, OutputInterrupted, check_output, json_bytes, write_bytes_atomic
 from requant.scales import ARMS, SERVABLE
 from requant.scales.requantizer import LinearStats
 
@@ -122,7 +122,7 @@ def _write_evidence(tmp: Path, out: Path, shard_entries: dict[str, mf.Entry], re
     result.manifest_digest."""
     try:
         data = mf.render(mf.compute(tmp, known=shard_entries))
-        mf.write_atomic(tmp / mf.MANIFEST, data)
+        write_bytes_atomic(tmp / mf.MANIFEST, data)
         result.manifest_digest = mf.digest_of(data)
         report = {k: v for k, v in result.to_dict().items() if k not in ("output", "elapsed_s")}  # deterministic
         (tmp / CONVERT_REPORT).write_bytes(json_bytes(report, indent=1))  # standard JSON: no NaN literal

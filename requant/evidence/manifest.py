@@ -263,17 +263,12 @@ def read(root: str | os.PathLike, name: str = MANIFEST) -> tuple[dict[str, str],
     return parse(data, file=p), data
 
 
-def write_atomic(path: str | os.PathLike, data: bytes) -> Path:
-    """Write bytes to path atomically and durably (requant.output.write_bytes_atomic)."""
-    from requant.output import write_bytes_atomic
-
-    return write_bytes_atomic(path, data)
-
-
 def write(root: str | os.PathLike, entries: dict[str, Entry] | None = None, name: str = MANIFEST) -> tuple[Path, str]:
     """Write the manifest of root (computed now unless entries are given). Returns (path, digest)."""
+    from requant.output import write_bytes_atomic  # durable, all or nothing, cp's permissions
+
     data = render(entries if entries is not None else compute(root))
-    return write_atomic(Path(root) / name, data), digest_of(data)
+    return write_bytes_atomic(Path(root) / name, data), digest_of(data)
 
 
 @dataclass
