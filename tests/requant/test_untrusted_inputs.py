@@ -190,3 +190,11 @@ def test_crlf_manifest_line_is_named_without_a_raw_carriage_return(micro):
     (micro / mf.MANIFEST).write_bytes(data)
     line = _one_error(runner.invoke(app, ["manifest", str(micro)]), "SHA256SUMS", "line 1", "CR LF")
     assert "\\r" not in line and "\r" not in line
+
+
+def test_tokenizer_json_that_is_a_fifo_is_refused_not_read_as_missing(micro, watchdog):
+    from requant.tokenizer import TokenizerError, load_tokenizer
+
+    os.mkfifo(micro / "tokenizer.json")
+    with pytest.raises(TokenizerError, match="tokenizer.json is a FIFO"):
+        load_tokenizer(micro, 64)
