@@ -497,6 +497,8 @@ def write_files_atomic(items: list[tuple[Path, Callable[[Path], None]]]) -> list
             fsync_path(d)
     except OSError as exc:
         raise WriteError(f"written, but syncing its directory failed: {os_reason(exc)}", file=shown(given[0])) from None
+    except KeyboardInterrupt:  # every file is in place: say so instead of "nothing was written"
+        raise OutputInterrupted(Path(", ".join(shown(g) for g in given))) from None
     return given
 
 

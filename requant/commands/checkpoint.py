@@ -67,7 +67,9 @@ def _plot(result, path: Path, fmt: str = "png") -> None:
 PLOT_FORMATS = ("png", "pdf", "svg", "svgz", "eps", "ps", "jpg", "jpeg", "tif", "tiff", "webp")
 
 
-def _check_reports(src: Optional[str], output: Path, json_report: Optional[Path], plot: Optional[Path]) -> None:
+def _check_reports(
+    src: Optional[str], output: Path, json_report: Optional[Path], plot: Optional[Path], source: Optional[Path] = None
+) -> None:
     """--json and --plot before the conversion: writable regular-file targets, a plot format
     matplotlib writes, and neither inside SRC (a local directory) nor inside OUT (the manifests
     list every file there)."""
@@ -79,7 +81,10 @@ def _check_reports(src: Optional[str], output: Path, json_report: Optional[Path]
             + ", ".join("." + f for f in PLOT_FORMATS)
         )
     src_dir = Path(src) if src is not None and Path(src).is_dir() else None
-    check_not_inside({"--json": json_report, "--plot": plot}, {"the source": src_dir, "the output": output})
+    check_not_inside(
+        {"--json": json_report, "--plot": plot},
+        {"the source": src_dir, "the output": output, "--source": source if source and source.is_dir() else None},
+    )
 
 
 def _write_reports(result, report: dict, output: Path, json_report: Optional[Path], plot: Optional[Path]) -> None:
@@ -148,7 +153,7 @@ def convert(
 
     arm_name = arm.value if isinstance(arm, Enum) else str(arm)
     with cannot_run():  # every output path and option before any work: a refusal costs nothing and writes nothing
-        _check_reports(src, output, json_report, plot)
+        _check_reports(src, output, json_report, plot, source)
         if not (output.exists() or output.is_symlink()):  # an existing OUT: the --force rules (requant.output)
             check_output_dir(output, "-o")
         if jobs is not None and jobs < 1:
