@@ -439,9 +439,11 @@ def write_files_atomic(items: list[tuple[Path, Callable[[Path], None]]]) -> list
     renamed back as they were. Temporaries (and directories made for them) never stay.
     Errors name the destination, never a temporary. Returns the destinations as given."""
     given = [Path(dest) for dest, _ in items]
-    if len({d.absolute() for d in given}) != len(given):
-        raise WriteError("the same file is named twice among the outputs", file=shown(given[0]))
     targets = [report_target(d) for d in given]  # before any work
+    real = [t.absolute().parent.resolve() / t.name for t in targets]
+    for i, t in enumerate(real):
+        if t in real[:i]:
+            raise WriteError(f"names the same file as {shown(given[real.index(t)])}", file=shown(given[i]))
     made = _missing_dirs(targets)
     temps: list[Path] = []
     backups: dict[int, Path] = {}

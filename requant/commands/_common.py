@@ -32,7 +32,7 @@ from rich.markup import escape
 
 from requant.errors import CheckpointError, UsageError
 from requant.links import shown
-from requant.output import OutputInterrupted, write_json_atomic
+from requant.output import OutputInterrupted, report_target, write_json_atomic
 
 __all__ = [
     "EXIT_OK",
@@ -252,8 +252,6 @@ def check_output_file(path: Optional[Path], option: str) -> None:
     nothing and writes nothing."""
     if path is None:
         return
-    from requant.output import report_target
-
     path = Path(path)
     try:
         real = report_target(path)
@@ -287,7 +285,7 @@ def check_not_inside(paths: dict[str, Optional[Path]], dirs: dict[str, Optional[
     for option, path in paths.items():
         if path is None:
             continue
-        real = Path(path).absolute().parent.resolve() / Path(path).name
+        real = Path(path).resolve()  # through any link: where the report would land
         for what, d in dirs.items():
             if d is None:
                 continue

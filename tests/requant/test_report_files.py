@@ -180,3 +180,11 @@ def test_json_reports_never_contain_nan_or_infinity_literals(tmp_path):
     back = json.loads((tmp_path / "r.json").read_text(), parse_constant=refuse)
     assert back == {"ppl": None, "d": [None, None, 1.5], "n": {"x": None}}
     assert json_bytes({"a": 1.0}) == b'{\n "a": 1.0\n}\n'  # finite values as json.dumps writes them
+
+
+def test_two_outputs_naming_the_same_file_are_refused_before_any_work(tmp_path):
+    (tmp_path / "link.json").symlink_to("r.json")
+    rendered = []
+    with pytest.raises(CheckpointError, match="names the same file as"):
+        write_files_atomic([(tmp_path / "r.json", rendered.append), (tmp_path / "link.json", rendered.append)])
+    assert rendered == [] and _listing(tmp_path) == ["link.json"]
