@@ -27,7 +27,7 @@ How, and why this way (each step in its own module):
     (a report about the source's bytes no longer matches: card sets it aside). On any failure both hashers are cancelled
     (they stop within one 8 MB read) before the temporary output is removed. A source file
     whose inode, size or times change during the run is refused before the rename, so
-    SHA256SUMS.source lists the bytes converted (convert._file_states says how).
+    SHA256SUMS.source lists the bytes converted (convert.file_states says how).
   * Atomically (requant.output): written into `.OUT.requant-tmp-*/output` next to OUT, fsynced,
     renamed; an error or interrupt leaves nothing, and an existing OUT is only replaced
     with force=True.
@@ -61,7 +61,7 @@ from requant.output import AtomicOutput, OutputInterrupted, check_output, json_b
 from requant.scales import ARMS, SERVABLE
 from requant.scales.requantizer import LinearStats
 
-__all__ = ["convert", "ConvertResult", "PROVENANCE_KEY", "CONVERT_REPORT"]
+__all__ = ["convert", "file_states", "ConvertResult", "PROVENANCE_KEY", "CONVERT_REPORT"]
 
 MAX_WORKERS = 8
 CONVERT_REPORT = "requant-convert.json"
@@ -130,7 +130,7 @@ def _write_evidence(tmp: Path, out: Path, shard_entries: dict[str, mf.Entry], re
         raise OutputError(f"writing the manifests failed: {os_reason(exc)}", file=out) from exc
 
 
-def _file_states(ckpt) -> dict[str, tuple]:
+def file_states(ckpt) -> dict[str, tuple]:
     """(device, inode, size, mtime_ns, ctime_ns) of every file of SRC, taken before its bytes are
     read for conversion or hashing. The headers and config.json were read just before: they are
     read again now and must be what was parsed, so the window between is closed too."""
@@ -157,9 +157,9 @@ def _changed(ckpt, rel: str) -> CheckpointError:
 
 def _check_unchanged(ckpt, before: dict[str, tuple]) -> None:
     """CheckpointError naming the first file of SRC that was replaced, resized, rewritten, added
-    or removed since _file_states: SHA256SUMS.source then records what was converted."""
+    or removed since file_states: SHA256SUMS.source then records what was converted."""
     try:
-        after = _file_states(ckpt)
+        after = file_states(ckpt)
     except OSError:
         after = {}
     for rel in sorted(set(before) | set(after)):
@@ -179,6 +179,7 @@ def convert(
     progress: Callable[[int], None] | None = None,
     on_start: Callable[[int], None] | None = None,
     src_entries: dict[str, mf.Entry] | None = None,
+    src_states: dict[str, tuple] | None = None,
     on_note: Callable[[str], None] | None = None,
 ) -> ConvertResult:
     """Convert SRC into OUTPUT under `arm`, atomically. Raises CheckpointError on bad input or output.
@@ -197,6 +198,8 @@ def convert(
         src_entries: the manifest entries of SRC's directory when the caller has just hashed
             it (requant eval converts one checkpoint into every arm); otherwise SRC is hashed
             in background threads. They must name exactly SRC's files (checked by listing).
+        src_states: file_states(SRC) taken before src_entries were hashed, so that a source
+            changed between that hashing and the end of this conversion is refused too.
         on_note: hears about what dead runs left beside OUTPUT (removed, or left alone and
             named: requant.output.sweep_stale); a RuntimeWarning by default.
 
@@ -233,7 +236,8 @@ def convert(
     if stored is not None:  # the listing now, before any work; the bytes once they are hashed, before the rename
         mf.check_against(ckpt.path, stored)
     constrained = arm != "unconstrained"
-    before = _file_states(ckpt)  # every source byte is read after this: hashed and converted alike
+    # every source byte is read after this (or after src_states, when src_entries were hashed earlier)
+    before = src_states if src_states is not None else file_states(ckpt)
     with AtomicOutput(out, force, on_note) as dest:
         source_hashes = shard_hashes = None
         try:

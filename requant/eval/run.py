@@ -416,6 +416,9 @@ def run_eval(
     say("resolving tasks " + ",".join(tasks))
     tm = load_tasks(tasks)
     src_entries: dict = {}
+    from requant.convert import file_states
+
+    src_states = file_states(checkpoint)  # before the hashing: convert refuses a source changed since
     identity = _identity(checkpoint, hash_progress, src_entries)
     if n_threads:
         import torch
@@ -436,7 +439,9 @@ def run_eval(
             else:
                 say(f"converting {name}")
                 path = str(tmp_root / name)
-                convert(str(checkpoint.path), path, name, src_entries=src_entries)  # the source hashed once, above
+                convert(
+                    str(checkpoint.path), path, name, src_entries=src_entries, src_states=src_states
+                )  # hashed once, above
             say(f"evaluating {name}")
             # the fast engine runs W8A8 layers only: the bf16 row takes the reference engine unless told "reference"
             row_engine = engine if name != BF16 or engine == "reference" else "auto"

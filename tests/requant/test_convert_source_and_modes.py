@@ -131,3 +131,25 @@ def test_an_empty_heldout_document_is_refused_naming_the_line(tmp_path, monkeypa
     monkeypatch.setattr(task, "HELDOUT_FILE", p)
     with pytest.raises(ValueError, match=r"docs.jsonl: line 2: a document needs a non-empty"):
         task.heldout_docs()
+
+
+def test_eval_refuses_a_source_changed_between_its_hashing_and_an_arms_conversion(micro, monkeypatch):
+    import requant.eval.run as run
+
+    real_identity = run._identity
+
+    def identity_then_modify(checkpoint, progress, entries_out):
+        ident = real_identity(checkpoint, progress, entries_out)
+        time.sleep(0.05)  # past the filesystem's timestamp granularity
+        shard = micro / "model.safetensors"
+        data = bytearray(shard.read_bytes())
+        data[-1] ^= 0xFF
+        with open(shard, "r+b") as f:  # in place: same inode and size
+            f.write(data)
+        return ident
+
+    monkeypatch.setattr(run, "_identity", identity_then_modify)
+    monkeypatch.setattr(run, "evaluate_row", lambda *a, **k: {"tasks": {}})
+    monkeypatch.setattr(run, "load_tasks", lambda tasks: None)
+    with pytest.raises(CheckpointError, match="model.safetensors: changed while it was being converted"):
+        run.run_eval(str(micro), ["nearest"], limit=1)
