@@ -198,3 +198,21 @@ def test_tokenizer_json_that_is_a_fifo_is_refused_not_read_as_missing(micro, wat
     os.mkfifo(micro / "tokenizer.json")
     with pytest.raises(TokenizerError, match="tokenizer.json is a FIFO"):
         load_tokenizer(micro, 64)
+
+
+def test_manifest_printed_to_a_terminal_escapes_control_characters_but_piped_keeps_the_bytes(micro, monkeypatch):
+    import requant.commands.publish as publish
+
+    (micro / "evil\x1b[2J.txt").write_text("x")
+    piped = runner.invoke(app, ["manifest", str(micro)])
+    assert "  evil\x1b[2J.txt\n" in piped.stdout  # sha256sum -c reads the exact names
+    real_out = publish.out
+
+    def terminal():
+        console = real_out()
+        monkeypatch.setattr(console.file, "isatty", lambda: True, raising=False)
+        return console
+
+    monkeypatch.setattr(publish, "out", terminal)
+    shown = runner.invoke(app, ["manifest", str(micro)])
+    assert "\x1b" not in shown.stdout and "evil\\x1b[2J.txt" in shown.stdout
