@@ -19,8 +19,9 @@ METHOD
   backend, the order it declares (kernels.EMULATION_OF).
 
 ERRORS
-  KernelError: the callable raised, or returned something that is not a bf16 [M, N] tensor;
-  the message names the kernel and the case (a usage error, exit 2).
+  KernelError: the callable raised (sys.exit included), or returned something that is not a
+  dense bf16 [M, N] tensor (a meta, sparse or nested one is refused); the message names the
+  kernel and the case (a usage error, exit 2). A module that exits on import is refused too.
 """
 
 from __future__ import annotations
@@ -72,24 +73,39 @@ def resolve_kernel(backend: str | None, kernel: str | None):
         raise ValueError(f"--kernel takes MODULE:FUNCTION, got {kernel!r}")
     try:
         mod = importlib.import_module(module)
+    except SystemExit as exc:  # never a verdict: a module that exits on import is not a kernel
+        raise ValueError(f"--kernel {kernel}: importing {module} called sys.exit({exc.code!r})") from None
     except Exception as exc:  # any import failure of user code is a refused request
-        raise ValueError(f"--kernel {kernel}: cannot import {module}: {type(exc).__name__}: {exc}") from None
+        raise ValueError(f"--kernel {kernel}: cannot import {module}: {type(exc).__name__}: {_message(exc)}") from None
     fn = getattr(mod, attr, None)
     if not callable(fn):
         raise ValueError(f"--kernel {kernel}: {module} has no callable {attr!r}")
     return kernel, fn
 
 
+def _message(exc: BaseException) -> str:
+    """The first line of an exception's message; one whose __str__ itself fails says so."""
+    try:
+        text = str(exc).strip()
+    except Exception as inner:
+        return f"(its message could not be rendered: {type(inner).__name__})"
+    return text.splitlines()[0] if text else ""
+
+
 def _call(name: str, fn, case, device: str) -> torch.Tensor:
     ops = [t.to(device, copy=True) for t in (case.a, case.w, case.s_a, case.s_w)]  # the kernel may not touch ours
     try:
         y = fn(*ops)
+    except SystemExit as exc:  # user code must not end the run without a verdict (exit 0 would read as a pass)
+        raise KernelError(f"kernel {name} called sys.exit({exc.code!r}) on case {case.name}") from None
     except Exception as exc:
-        msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        raise KernelError(f"kernel {name} raised {type(exc).__name__} on case {case.name}: {msg}") from None
+        raise KernelError(f"kernel {name} raised {type(exc).__name__} on case {case.name}: {_message(exc)}") from None
     m, _, n = case.shape
     if not isinstance(y, torch.Tensor):
         raise KernelError(f"kernel {name} returned {type(y).__name__} on case {case.name}, not a tensor")
+    if y.is_nested or y.layout != torch.strided or y.device.type == "meta":
+        what = "a nested" if y.is_nested else "a meta" if y.device.type == "meta" else f"a {y.layout}"
+        raise KernelError(f"kernel {name} returned {what} tensor on case {case.name}, not a dense strided one")
     if y.dtype != torch.bfloat16:
         raise KernelError(f"kernel {name} returned dtype {y.dtype} on case {case.name}, expected torch.bfloat16")
     if tuple(y.shape) != (m, n):

@@ -5,7 +5,6 @@ so they render on a headless machine.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -15,7 +14,7 @@ from requant.audit.matrix import PINNED_SHA256, PINS, REGIMES
 from requant.audit.report_phases import decode_markdown, injection_markdown, plot_injection
 from requant.audit.scoring import HIST_BINS, bin_label
 from requant.evidence.identity import markdown_lines as identity_lines
-from requant.output import write_files_atomic, write_json_atomic
+from requant.output import json_bytes, write_files_atomic, write_json_atomic
 from requant.tokenizer import summary as tokenizer_summary
 
 
@@ -292,18 +291,27 @@ def plot_histograms(result: dict, path: Path) -> Path:
     return path
 
 
-def write_report(result: dict, directory: Path, command: str | None = None) -> list[Path]:
-    """audit.json, audit.md, detection_heatmap.png, ulp_histograms.png under `directory`
-    (and injection.png when the faults were injected into the generating model)."""
+REPORT_FILES = ("audit.json", "audit.md", "detection_heatmap.png", "ulp_histograms.png", "injection.png")
+
+
+def report_items(result: dict, directory: Path, command: str | None = None) -> list:
+    """The (destination, render) pairs of --report DIR, for write_files_atomic: audit.json,
+    audit.md, detection_heatmap.png, ulp_histograms.png, and injection.png when the faults were
+    injected into the generating model."""
     d = Path(directory)
-    text = json.dumps(result, indent=1) + "\n"
+    data = json_bytes(result, indent=1)
     md = markdown(result, command)
     files = [
-        (d / "audit.json", lambda tmp: tmp.write_text(text, encoding="utf-8")),
+        (d / "audit.json", lambda tmp: tmp.write_bytes(data)),
         (d / "audit.md", lambda tmp: tmp.write_text(md, encoding="utf-8")),
         (d / "detection_heatmap.png", lambda tmp: plot_heatmap(result, tmp)),
         (d / "ulp_histograms.png", lambda tmp: plot_histograms(result, tmp)),
     ]
     if result.get("injection"):
         files.append((d / "injection.png", lambda tmp: plot_injection(result, tmp)))
-    return write_files_atomic(files)
+    return files
+
+
+def write_report(result: dict, directory: Path, command: str | None = None) -> list[Path]:
+    """The report files (report_items) under `directory`, all or nothing."""
+    return write_files_atomic(report_items(result, directory, command))

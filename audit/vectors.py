@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -308,15 +307,15 @@ def describe(vs: VectorSet) -> dict:
     }
 
 
-def export(vs: VectorSet, directory: Path | str) -> list[Path]:
-    """DIR/vectors.safetensors and DIR/vectors.json, both rendered to temporaries in DIR
-    first and renamed only when both are complete (requant.output.write_files_atomic): a
-    reader sees the old pair or the new pair, never a partial file."""
-    from requant.output import write_files_atomic
+EXPORT_FILES = ("vectors.safetensors", "vectors.json")
+
+
+def export_items(vs: VectorSet, directory: Path | str) -> list:
+    """The (destination, render) pairs of DIR/vectors.safetensors and DIR/vectors.json, for
+    requant.output.write_files_atomic (so that they can be published with other files as one set)."""
     from requant.safetensors_io import TORCH_TO_ST, serialize_header, tensor_to_bytes
 
     d = Path(directory)
-    d.mkdir(parents=True, exist_ok=True)
     tensors = tensors_of(vs)
     digest = vs.digest()
     prefix, _ = serialize_header(
@@ -329,10 +328,17 @@ def export(vs: VectorSet, directory: Path | str) -> list[Path]:
             f.write(prefix)
             for _, t in tensors:
                 f.write(tensor_to_bytes(t))
-            f.flush()
-            os.fsync(f.fileno())
 
     def write_js(tmp: Path) -> None:
         tmp.write_text(json.dumps(describe(vs), indent=1) + "\n")
 
-    return write_files_atomic([(d / "vectors.safetensors", write_st), (d / "vectors.json", write_js)])
+    return [(d / EXPORT_FILES[0], write_st), (d / EXPORT_FILES[1], write_js)]
+
+
+def export(vs: VectorSet, directory: Path | str) -> list[Path]:
+    """DIR/vectors.safetensors and DIR/vectors.json, both rendered to temporaries in DIR
+    first and renamed only when both are complete (requant.output.write_files_atomic): a
+    reader sees the old pair or the new pair, never a partial file."""
+    from requant.output import write_files_atomic
+
+    return write_files_atomic(export_items(vs, directory))

@@ -26,7 +26,6 @@ The public API (a contract other parts of requant code against):
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from pathlib import Path
@@ -209,13 +208,12 @@ def resolve_source(src: str | os.PathLike, *, revision: str | None = None) -> tu
 
 
 def _load_json(path: Path, what: str):
-    if not path.is_file():
+    """A small JSON file of the checkpoint: a regular file, bounded, links inside it only (requant.inputs)."""
+    from requant.inputs import load_json
+
+    if not (path.exists() or path.is_symlink()):
         raise LayoutError(f"missing {what}", file=path)
-    try:
-        with open(path, "rb") as f:
-            return json.loads(f.read().decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise LayoutError(f"{what} is not valid JSON: {exc}", file=path) from None
+    return load_json(path, what=what, root=path.parent, error=LayoutError)
 
 
 def _safe_shard_name(index: Path, name) -> str:

@@ -23,11 +23,11 @@ How, and why this way (each step in its own module):
     quantization_config as it was), SHA256SUMS (the output's files, covering config.json
     and SHA256SUMS.source; its digest is ConvertResult.manifest_digest) and its statistics
     as requant-convert.json (deterministic: no times, no output path; not covered, it
-    quotes the digest). Files a source converted earlier carries (its manifests, card,
-    reports) are copied like any other file; the manifests and the statistics are then
-    replaced, and a report about the source's bytes no longer matches the output's digest
-    (requant card sets it aside, saying so). On any failure both hashers are cancelled
-    (they stop within one 8 MB read) before the temporary output is removed.
+    quotes the digest). Files a source converted earlier carries are copied like any other
+    (a report about the source's bytes no longer matches: card sets it aside). On any failure both hashers are cancelled
+    (they stop within one 8 MB read) before the temporary output is removed. A source file
+    whose inode, size or times change during the run is refused before the rename, so
+    SHA256SUMS.source lists the bytes converted (convert.file_states says how).
   * Atomically (requant.output): written into `.OUT.requant-tmp-*/output` next to OUT, fsynced,
     renamed; an error or interrupt leaves nothing, and an existing OUT is only replaced
     with force=True.
@@ -42,7 +42,6 @@ How, and why this way (each step in its own module):
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from dataclasses import dataclass, field
@@ -56,11 +55,13 @@ from requant.errors import CheckpointError, OutputError, os_reason
 from requant.evidence import manifest as mf
 from requant.evidence import provenance
 from requant.evidence.provenance import PROVENANCE_KEY
-from requant.output import AtomicOutput, OutputInterrupted, check_output
+from requant.inputs import load_json
+from requant.links import shown
+from requant.output import AtomicOutput, OutputInterrupted, check_output, json_bytes, write_bytes_atomic
 from requant.scales import ARMS, SERVABLE
 from requant.scales.requantizer import LinearStats
 
-__all__ = ["convert", "ConvertResult", "PROVENANCE_KEY", "CONVERT_REPORT"]
+__all__ = ["convert", "file_states", "ConvertResult", "PROVENANCE_KEY", "CONVERT_REPORT"]
 
 MAX_WORKERS = 8
 CONVERT_REPORT = "requant-convert.json"
@@ -121,12 +122,49 @@ def _write_evidence(tmp: Path, out: Path, shard_entries: dict[str, mf.Entry], re
     result.manifest_digest."""
     try:
         data = mf.render(mf.compute(tmp, known=shard_entries))
-        mf.write_atomic(tmp / mf.MANIFEST, data)
+        write_bytes_atomic(tmp / mf.MANIFEST, data)
         result.manifest_digest = mf.digest_of(data)
         report = {k: v for k, v in result.to_dict().items() if k not in ("output", "elapsed_s")}  # deterministic
-        (tmp / CONVERT_REPORT).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+        (tmp / CONVERT_REPORT).write_bytes(json_bytes(report, indent=1))  # standard JSON: no NaN literal
     except OSError as exc:
         raise OutputError(f"writing the manifests failed: {os_reason(exc)}", file=out) from exc
+
+
+def file_states(ckpt) -> dict[str, tuple]:
+    """(device, inode, size, mtime_ns, ctime_ns) of every file of SRC, taken before its bytes are
+    read for conversion or hashing. The headers and config.json were read just before: they are
+    read again now and must be what was parsed, so the window between is closed too."""
+    states = {}
+    for rel, p in mf.walk_files(ckpt.path).items():
+        st = os.stat(p)
+        states[rel] = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    for name, f in ckpt.shards.items():
+        with open(f.path, "rb") as fh:
+            if fh.read(len(f.prefix)) != f.prefix:
+                raise _changed(ckpt, name)
+    if load_json(ckpt.path / "config.json", what="config.json") != ckpt.config:
+        raise _changed(ckpt, "config.json")
+    return states
+
+
+def _changed(ckpt, rel: str) -> CheckpointError:
+    return CheckpointError(
+        "changed while it was being converted; nothing was written (the bytes hashed might not be the "
+        "bytes converted): run again once nothing writes to the source",
+        file=shown(ckpt.path / rel),
+    )
+
+
+def _check_unchanged(ckpt, before: dict[str, tuple]) -> None:
+    """CheckpointError naming the first file of SRC that was replaced, resized, rewritten, added
+    or removed since file_states: SHA256SUMS.source then records what was converted."""
+    try:
+        after = file_states(ckpt)
+    except OSError:
+        after = {}
+    for rel in sorted(set(before) | set(after)):
+        if before.get(rel) != after.get(rel):
+            raise _changed(ckpt, rel)
 
 
 def convert(
@@ -141,6 +179,7 @@ def convert(
     progress: Callable[[int], None] | None = None,
     on_start: Callable[[int], None] | None = None,
     src_entries: dict[str, mf.Entry] | None = None,
+    src_states: dict[str, tuple] | None = None,
     on_note: Callable[[str], None] | None = None,
 ) -> ConvertResult:
     """Convert SRC into OUTPUT under `arm`, atomically. Raises CheckpointError on bad input or output.
@@ -159,6 +198,8 @@ def convert(
         src_entries: the manifest entries of SRC's directory when the caller has just hashed
             it (requant eval converts one checkpoint into every arm); otherwise SRC is hashed
             in background threads. They must name exactly SRC's files (checked by listing).
+        src_states: file_states(SRC) taken before src_entries were hashed, so that a source
+            changed between that hashing and the end of this conversion is refused too.
         on_note: hears about what dead runs left beside OUTPUT (removed, or left alone and
             named: requant.output.sweep_stale); a RuntimeWarning by default.
 
@@ -195,6 +236,8 @@ def convert(
     if stored is not None:  # the listing now, before any work; the bytes once they are hashed, before the rename
         mf.check_against(ckpt.path, stored)
     constrained = arm != "unconstrained"
+    # every source byte is read after this (or after src_states, when src_entries were hashed earlier)
+    before = src_states if src_states is not None else file_states(ckpt)
     with AtomicOutput(out, force, on_note) as dest:
         source_hashes = shard_hashes = None
         try:
@@ -216,6 +259,7 @@ def convert(
             finally:
                 job.close()  # safe: no worker is running any more
             entries = src_entries if source_hashes is None else source_hashes.result()
+            _check_unchanged(ckpt, before)  # the hashes and the conversion read the same bytes
             if stored is not None:
                 mf.check_against(ckpt.path, stored, entries)
             digest, prov = provenance.record(

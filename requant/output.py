@@ -27,6 +27,9 @@
 * An interrupt that arrives once the rename is done is an OutputInterrupted (a
   KeyboardInterrupt): the output is complete, and its message says so, instead of the
   "nothing was written" of an interrupt before it.
+* Report files (write_files_atomic, write_bytes_atomic, write_json_atomic) are published as
+  a set, all or nothing, durably, only over absent or regular files, with the permissions cp
+  would give (never mkstemp's 0600), and JSON without NaN literals.
 * --force replaces only what it can tell is a checkpoint (replaceable(): an empty
   directory, a directory with config.json and .safetensors weights at its top level, or a
   symlink, which is replaced as a link and whose target is left alone). Anything else (a
@@ -38,9 +41,11 @@ from __future__ import annotations
 
 import fcntl
 import json
+import math
 import os
 import shutil
 import socket
+import stat
 import tempfile
 import uuid
 import warnings
@@ -48,7 +53,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from requant.errors import OutputError, os_reason
-from requant.links import shown
+from requant.inputs import not_regular
+from requant.links import LinkError, check_inside, shown
 
 LOCK_SUFFIX = ".lock"
 
@@ -333,44 +339,194 @@ class AtomicOutput:
 
 
 # -- report files ----------------------------------------------------------------------
-def temp_beside(path: Path, suffix: str = ".tmp") -> Path:
-    """An empty temporary file in `path`'s directory (made if missing), with the permissions
-    a plain open() would give (mkstemp's are 0600)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent)
+class WriteError(OutputError, OSError):
+    """A report file that could not be written, naming the file (never its temporary); an
+    OSError too, for callers that catch those."""
+
+
+def _umask() -> int:
     umask = os.umask(0)
     os.umask(umask)
-    os.fchmod(fd, 0o666 & ~umask)
-    os.close(fd)
+    return umask
+
+
+def file_mode(dest: Path | None = None) -> int:
+    """The permissions a new file gets as `cp` would give them: those of the file it replaces,
+    else 0666 less the umask (never mkstemp's 0600)."""
+    try:
+        st = os.stat(dest) if dest is not None else None
+    except OSError:
+        st = None
+    if st is not None and stat.S_ISREG(st.st_mode):
+        return stat.S_IMODE(st.st_mode)
+    return 0o666 & ~_umask()
+
+
+def report_target(path: str | os.PathLike) -> Path:
+    """Where a report named `path` is written: `path` when it is absent or a regular file; for
+    a symlink, the file it names (the link is kept) when that is a regular file or not there
+    yet, inside the link's own directory (requant.links' rule with that directory as the root)
+    and reached through no link into /proc or /dev. Anything else (a directory, a FIFO, a
+    device, a link to /proc/self/fd/1 or out of its directory) is an OutputError naming
+    `path`: a report never replaces what is not a report."""
+    p = Path(path)
+    try:
+        lst = os.lstat(p)
+    except FileNotFoundError:
+        return p
+    except OSError as exc:
+        raise OutputError(f"cannot be examined: {os_reason(exc)}", file=shown(p)) from None
+    if stat.S_ISLNK(lst.st_mode):
+        hop = p
+        for _ in range(40):  # a link through /proc (/proc/self/fd/1: whatever stdout is) or /dev is never followed
+            if not hop.is_symlink():
+                break
+            hop = hop.parent / os.readlink(hop)
+            if hop.absolute().parts[1:2] in (("proc",), ("dev",)):
+                raise OutputError(f"is a link into /{hop.absolute().parts[1]}, not to a report file", file=shown(p))
+        try:
+            real = check_inside(p.absolute().parent, p)  # links.py's rule, the report's directory as the root
+        except LinkError:
+            raise OutputError(
+                f"is a link to {shown(p.resolve())}, outside its own directory; a report is written through a "
+                "link only to a file in the link's directory",
+                file=shown(p),
+            ) from None
+        try:
+            st = os.stat(real)
+        except FileNotFoundError:
+            return real  # a link to a file not written yet, inside the directory
+        except OSError as exc:
+            raise OutputError(f"is a link to {shown(real)}: {os_reason(exc)}", file=shown(p)) from None
+        if not stat.S_ISREG(st.st_mode):
+            raise OutputError(f"is a link to {shown(real)}, which {not_regular(st.st_mode)}", file=shown(p))
+        return real
+    if not stat.S_ISREG(lst.st_mode):
+        raise OutputError(not_regular(lst.st_mode), file=shown(p))
+    return p
+
+
+def temp_beside(path: Path, suffix: str = ".tmp", mode: int | None = None) -> Path:
+    """An empty temporary file in `path`'s directory (made if missing), with `mode` (default:
+    file_mode(path), the permissions cp would give)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent)
+    try:
+        os.fchmod(fd, file_mode(path) if mode is None else mode)
+    finally:
+        os.close(fd)
     return Path(tmp)
 
 
+def _missing_dirs(paths: list[Path]) -> list[Path]:
+    """The directories above `paths` that do not exist yet, deepest first (removed again on failure)."""
+    missing: list[Path] = []
+    for p in paths:
+        d = p.parent
+        while not (d.exists() or d.is_symlink()) and d != d.parent:
+            if d not in missing:
+                missing.append(d)
+            d = d.parent
+    return sorted(missing, key=lambda d: len(d.parts), reverse=True)
+
+
 def write_files_atomic(items: list[tuple[Path, Callable[[Path], None]]]) -> list[Path]:
-    """Each (destination, render) pair: render(temporary path) for every item first, then the
-    temporaries are renamed over their destinations; on any failure none is renamed and the
-    temporaries are removed. Reports are then all new or all old, never half-written."""
-    temps: list[tuple[Path, Path]] = []
+    """Publish a set of files all or nothing. Each destination is checked first (report_target:
+    absent or a regular file, a symlink followed to a regular file); then render(temporary
+    path) for every item, each temporary fsynced; then, each destination checked again, the
+    temporaries are renamed over their destinations and the directories fsynced. On any
+    failure before the renames none is renamed; a rename that fails puts the files already
+    renamed back as they were. Temporaries (and directories made for them) never stay.
+    Errors name the destination, never a temporary. Returns the destinations as given."""
+    given = [Path(dest) for dest, _ in items]
+    targets = [report_target(d) for d in given]  # before any work
+    real = [t.absolute().parent.resolve() / t.name for t in targets]
+    for i, t in enumerate(real):
+        if t in real[:i]:
+            raise WriteError(f"names the same file as {shown(given[real.index(t)])}", file=shown(given[i]))
+    made = _missing_dirs(targets)
+    temps: list[Path] = []
+    backups: dict[int, Path] = {}
+    existed: set[int] = set()
+    renamed: list[int] = []
     try:
-        for dest, render in items:
-            dest = Path(dest)
-            tmp = temp_beside(dest, dest.suffix + ".tmp")
-            temps.append((tmp, dest))
-            render(tmp)
+        for i, ((_, render), dest) in enumerate(zip(items, targets)):
+            try:
+                tmp = temp_beside(dest, dest.suffix + ".tmp")
+            except OSError as exc:
+                raise WriteError(f"cannot be written: {os_reason(exc)}", file=shown(given[i])) from None
+            temps.append(tmp)
+            try:
+                render(tmp)
+                fsync_path(tmp)
+            except OSError as exc:
+                raise WriteError(f"writing failed: {os_reason(exc)}", file=shown(given[i])) from None
+        for i, dest in enumerate(targets):
+            report_target(dest)  # it may have changed while rendering: never rename over a non-regular file
+            if dest.exists():
+                existed.add(i)
+                backup = dest.with_name(f".{dest.name}.requant-old-{uuid.uuid4().hex[:12]}")
+                try:
+                    os.link(dest, backup)  # a second name for the old file, so that a failed set can be put back
+                    backups[i] = backup
+                except OSError:
+                    pass  # no hard links here: that file is replaced without a way back
+        for i, (tmp, dest) in enumerate(zip(temps, targets)):
+            try:
+                os.replace(tmp, dest)
+            except OSError as exc:
+                raise WriteError(f"renaming into place failed: {os_reason(exc)}", file=shown(given[i])) from None
+            renamed.append(i)
     except BaseException:
-        for tmp, _ in temps:
-            tmp.unlink(missing_ok=True)
+        for i in reversed(renamed):  # put back what was replaced already; remove what was new
+            if i in backups:
+                os.replace(backups.pop(i), targets[i])
+            elif i not in existed:
+                targets[i].unlink(missing_ok=True)
+        for p in [*temps, *backups.values()]:
+            p.unlink(missing_ok=True)
+        for d in made:
+            try:
+                d.rmdir()
+            except OSError:
+                pass
         raise
-    for tmp, dest in temps:
-        os.replace(tmp, dest)
-    return [dest for _, dest in temps]
+    for b in backups.values():
+        b.unlink(missing_ok=True)
+    dirs = {t.parent for t in targets} | {d.parent for d in made}
+    try:
+        for d in dirs:
+            fsync_path(d)
+    except OSError as exc:
+        raise WriteError(f"written, but syncing its directory failed: {os_reason(exc)}", file=shown(given[0])) from None
+    except KeyboardInterrupt:  # every file is in place: say so instead of "nothing was written"
+        raise OutputInterrupted(Path(", ".join(shown(g) for g in given))) from None
+    return given
+
+
+def finite(obj):
+    """obj with every non-finite float (NaN, +-Infinity) replaced by None: JSON has no literal
+    for them, and a report must parse with any JSON reader."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite(v) for v in obj]
+    return obj
+
+
+def json_bytes(obj, indent: int | None = 1, **kwargs) -> bytes:
+    """obj as standard JSON (non-finite numbers as null), newline-terminated, UTF-8."""
+    return (json.dumps(finite(obj), indent=indent, allow_nan=False, **kwargs) + "\n").encode("utf-8")
 
 
 def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> Path:
-    """`data` at `path`, atomically (a temporary beside it, then a rename)."""
+    """`data` at `path`, atomically and durably (write_files_atomic)."""
     (written,) = write_files_atomic([(Path(path), lambda tmp: tmp.write_bytes(data))])
     return written
 
 
 def write_json_atomic(path: str | os.PathLike, obj, indent: int = 1) -> Path:
-    """`obj` as JSON (indented, newline-terminated) at `path`, atomically."""
-    return write_bytes_atomic(path, (json.dumps(obj, indent=indent) + "\n").encode("utf-8"))
+    """`obj` as JSON (json_bytes: indented, newline-terminated, no NaN literal) at `path`, atomically."""
+    return write_bytes_atomic(path, json_bytes(obj, indent=indent))

@@ -22,6 +22,24 @@ LAYER_LINEARS = (
 )
 
 
+# The sizes a config.json must give as positive integers (each is a divisor or a count).
+_SIZES = (
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "vocab_size",
+)
+
+
+def _positive(key: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"config.json: {key} is {value!r}; it must be a positive integer")
+    return value
+
+
 @dataclass(frozen=True)
 class Qwen3Arch:
     hidden: int
@@ -38,8 +56,12 @@ class Qwen3Arch:
 
     @classmethod
     def from_config(cls, config: dict) -> "Qwen3Arch":
-        """Read a transformers-style Qwen3 config.json (dict); ValueError names a missing key."""
+        """Read a transformers-style Qwen3 config.json (dict); ValueError names a missing key or
+        a size that is not a positive integer."""
         try:
+            for key in _SIZES:
+                if key in config and config[key] is not None:
+                    _positive(key, config[key])
             hidden = int(config["hidden_size"])
             heads = int(config["num_attention_heads"])
             return cls(
@@ -56,6 +78,8 @@ class Qwen3Arch:
             )
         except KeyError as exc:
             raise ValueError(f"config.json lacks {exc.args[0]!r}: not a Qwen3 config") from None
+        except TypeError as exc:
+            raise ValueError(f"config.json: a field that is not a number ({exc})") from None
 
     def layer_linear_shapes(self) -> dict[str, tuple[int, int]]:
         """{leaf: (out, in)} for one decoder layer, in LAYER_LINEARS order."""

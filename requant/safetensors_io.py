@@ -33,12 +33,14 @@ from __future__ import annotations
 import json
 import math
 import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from requant.errors import SafetensorsFormatError, TensorError, os_reason
+from requant.inputs import not_regular
 
 # safetensors dtype string -> (torch dtype, item size in bytes)
 DTYPES: dict[str, tuple[torch.dtype, int]] = {
@@ -179,7 +181,10 @@ def read_header(path: str | os.PathLike) -> SafetensorsFile:
     """Parse and validate a .safetensors file's header (see the module docstring)."""
     path = Path(path)
     try:
-        size = path.stat().st_size
+        st = path.stat()
+        if not stat.S_ISREG(st.st_mode):  # a FIFO would block the open, a device never end
+            raise SafetensorsFormatError(not_regular(st.st_mode), file=path)
+        size = st.st_size
         with open(path, "rb") as f:
             head = f.read(8)
             if len(head) < 8:
@@ -204,6 +209,8 @@ def read_header(path: str | os.PathLike) -> SafetensorsFile:
         raise SafetensorsFormatError("header is not a JSON object (does not start with '{')", file=path)
     try:
         header = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicates)
+    except RecursionError:
+        raise SafetensorsFormatError("header is not valid JSON: nested too deeply", file=path) from None
     except (UnicodeDecodeError, ValueError) as exc:
         raise SafetensorsFormatError(f"header is not valid JSON: {exc}", file=path) from None
     if not isinstance(header, dict):

@@ -113,7 +113,7 @@ class Job:
     def create_outputs(self) -> None:
         for name, f in self.ckpt.shards.items():
             try:
-                fd = os.open(self.tmp / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                fd = os.open(self.tmp / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # less the umask, as cp
             except OSError as exc:
                 raise OutputError(f"creating the output shard failed: {os_reason(exc)}", file=self.out / name) from exc
             self.fds[name] = fd

@@ -44,7 +44,7 @@ from pathlib import Path
 import torch
 
 from requant.errors import CheckpointError, OutputError
-from requant.output import AtomicOutput, output_path, refuse_unless_replaceable
+from requant.output import AtomicOutput, file_mode, output_path, refuse_unless_replaceable
 from requant.qwen3 import Qwen3Arch
 from requant.scales.from_source import rtn_quantize
 from requant.scheme import quantization_config
@@ -244,8 +244,10 @@ def _write(p: Preset, out: Path, src_dir: Path | None, seed: int, shard_size: in
                 if src_dir is not None and orig is not None:
                     originals[tname] = orig
         save_file(tensors, str(out / fname), metadata={"format": "pt"})
+        os.chmod(out / fname, file_mode())  # safetensors writes 0600; others may read a checkpoint, as after cp
         if src_dir is not None:  # the bf16 originals, sharded alike (one shard in memory at a time)
             save_file(originals, str(src_dir / fname), metadata={"format": "pt"})
+            os.chmod(src_dir / fname, file_mode())
         del tensors, originals
     if n > 1:
         write_json(

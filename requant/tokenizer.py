@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 from pathlib import Path
 
 from requant.links import check_inside, shown
@@ -63,12 +62,14 @@ class TokenizerError(ValueError):
 
 
 def _read_json(path: Path):
-    if path.is_symlink():
-        check_inside(path.parent, path)
+    """A small JSON file beside the tokenizer (requant.inputs: a regular file, bounded, links inside)."""
+    from requant.errors import CheckpointError
+    from requant.inputs import load_json
+
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise TokenizerError(f"{path}: not valid JSON: {exc}") from None
+        return load_json(path, what=path.name, root=path.parent)
+    except CheckpointError as exc:
+        raise TokenizerError(str(exc)) from None
 
 
 def _id_list(value) -> tuple[int, ...]:
@@ -178,7 +179,7 @@ def load_tokenizer(checkpoint_dir, vocab_size: int, *, byte_level: bool = False)
     TokenizerError (see the module docstring). checkpoint_dir may be None (byte-level)."""
     directory = Path(checkpoint_dir) if checkpoint_dir is not None else None
     path = directory / "tokenizer.json" if directory is not None else None
-    if path is None or not (path.is_file() or path.is_symlink()):
+    if path is None or not (path.exists() or path.is_symlink()):
         if directory is not None and int(vocab_size) > BYTE_LEVEL_MAX_VOCAB and not (byte_level or _byte_ids_allowed):
             raise TokenizerError(
                 f"{shown(path)}: missing, and the model's vocabulary ({int(vocab_size)} ids) is not the "
@@ -192,10 +193,13 @@ def load_tokenizer(checkpoint_dir, vocab_size: int, *, byte_level: bool = False)
         from tokenizers import Tokenizer as HFTokenizer
     except ImportError:
         raise TokenizerError(f"{path}: the `tokenizers` library is not installed (pip install tokenizers)") from None
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise TokenizerError(f"{shown(path)}: reading failed: {exc.strerror or exc}") from None
+    from requant.errors import CheckpointError
+    from requant.inputs import read_small
+
+    try:  # a regular file, bounded (a FIFO or a device named tokenizer.json is refused, not waited on)
+        raw = read_small(path, what="tokenizer.json", root=directory)
+    except CheckpointError as exc:
+        raise TokenizerError(str(exc)) from None
     try:
         backend = HFTokenizer.from_str(raw.decode("utf-8"))
     except Exception as exc:  # the library raises its own Exception subclasses for bad files

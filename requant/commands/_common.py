@@ -31,7 +31,8 @@ from rich.console import Console
 from rich.markup import escape
 
 from requant.errors import CheckpointError, UsageError
-from requant.output import OutputInterrupted, write_json_atomic
+from requant.links import shown
+from requant.output import OutputInterrupted, report_target, write_json_atomic
 
 __all__ = [
     "EXIT_OK",
@@ -54,6 +55,7 @@ __all__ = [
     "command_line",
     "check_output_file",
     "check_output_dir",
+    "check_not_inside",
     "byte_tokens_option",
     "CkptArg",
     "DeviceOpt",
@@ -75,12 +77,14 @@ EXIT_INTERRUPTED = 130
 # -- consoles and lines ------------------------------------------------------------------
 def out() -> Console:
     """stdout for people: tables and summary lines (never hard-wrapped when piped)."""
-    return Console(file=sys.stdout, highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 200)
+    return Console(
+        file=sys.stdout, highlight=False, emoji=False, soft_wrap=True, width=None if sys.stdout.isatty() else 200
+    )
 
 
 def err() -> Console:
     """stderr: progress bars, warnings and the error line."""
-    return Console(file=sys.stderr, highlight=False, soft_wrap=True)
+    return Console(file=sys.stderr, highlight=False, emoji=False, soft_wrap=True)
 
 
 def plain(text: object) -> str:
@@ -236,36 +240,60 @@ def _writable_place(path: Path, option: str) -> None:
     while not (d.exists() or d.is_symlink()) and d != d.parent:
         d = d.parent
     if not d.is_dir():
-        raise UsageError(f"{option} {path}: {d} is not a directory")
+        raise UsageError(f"{option} {shown(path)}: {shown(d)} is not a directory")
     if not os.access(d, os.W_OK | os.X_OK):
-        raise UsageError(f"{option} {path}: {d} is not writable")
+        raise UsageError(f"{option} {shown(path)}: {shown(d)} is not writable")
 
 
 def check_output_file(path: Optional[Path], option: str) -> None:
     """UsageError naming `option` unless a file can be written at `path` (None: nothing to
-    check). Called before any work, so that a bad report path costs nothing and writes nothing."""
+    check): absent or a regular file (a link followed only to one: requant.output.report_target),
+    writable, in a writable place. Called before any work, so that a bad report path costs
+    nothing and writes nothing."""
     if path is None:
         return
     path = Path(path)
-    if path.is_dir():
-        raise UsageError(f"{option} {path}: is a directory, not a file")
-    if path.exists() and not os.access(path, os.W_OK):
-        raise UsageError(f"{option} {path}: exists and is not writable")
-    _writable_place(path, option)
+    try:
+        real = report_target(path)
+    except CheckpointError as exc:
+        raise UsageError(f"{option} {shown(path)}: {exc.detail}") from None
+    if real.exists() and not os.access(real, os.W_OK):
+        raise UsageError(f"{option} {shown(path)}: exists and is not writable")
+    _writable_place(real, option)
 
 
-def check_output_dir(path: Optional[Path], option: str) -> None:
-    """UsageError naming `option` unless `path` is (or can be made as) a writable directory."""
+def check_output_dir(path: Optional[Path], option: str, files: tuple[str, ...] = ()) -> None:
+    """UsageError naming `option` unless `path` is (or can be made as) a writable directory
+    in which each of `files` can be written (check_output_file)."""
     if path is None:
         return
     path = Path(path)
     if path.exists() or path.is_symlink():
         if not path.is_dir():
-            raise UsageError(f"{option} {path}: exists and is not a directory")
+            raise UsageError(f"{option} {shown(path)}: exists and is not a directory")
         if not os.access(path, os.W_OK | os.X_OK):
-            raise UsageError(f"{option} {path}: is not writable")
+            raise UsageError(f"{option} {shown(path)}: is not writable")
+        for name in files:
+            check_output_file(path / name, option)
         return
     _writable_place(path, option)
+
+
+def check_not_inside(paths: dict[str, Optional[Path]], dirs: dict[str, Optional[Path]]) -> None:
+    """UsageError unless every report path (option: path) lies outside each directory (what: dir):
+    a report written into a checkpoint would change the bytes its manifest lists."""
+    for option, path in paths.items():
+        if path is None:
+            continue
+        real = Path(path).resolve()  # through any link: where the report would land
+        for what, d in dirs.items():
+            if d is None:
+                continue
+            top = Path(d).resolve()
+            if top == real or top in real.parents:
+                raise UsageError(
+                    f"{option} {shown(path)}: inside {what} {shown(d)}; requant never writes reports there"
+                )
 
 
 def byte_tokens_option(command: Callable) -> Callable:

@@ -32,7 +32,6 @@ pow2 = the stored power-of-two scales).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -59,6 +58,7 @@ from requant.commands._common import (
     command_line,
     default_device,
     err,
+    plain,
     progress_bar,
     set_threads,
     write_json_atomic,
@@ -85,14 +85,13 @@ def _load_config(ckpt: Optional[str]) -> tuple[dict, str]:
             return c.config, str(c.path / "config.json")
     if not p.is_file():
         raise UsageError(f"{p}: no config.json")
-    try:
-        return json.loads(p.read_text()), str(p)
-    except ValueError as exc:
-        raise UsageError(f"{p}: not valid JSON: {exc}") from None
+    from requant.inputs import load_json  # bounded, a regular file, too deep a nesting refused
+
+    return load_json(p, what="config.json"), str(p)
 
 
 def _print_plan(plan: dict, where: str) -> None:
-    t = Table(title=f"audit plan for {where}")
+    t = Table(title=f"audit plan for {plain(where)}")
     for col in ("GEMM [out, in]", "Linears", "cells"):
         t.add_column(col, justify="right")
     for s in plan["shapes"]:
@@ -195,6 +194,27 @@ def _print_rest(result: dict) -> None:
         )
 
 
+def _check_report_dir(report: Optional[Path]) -> None:
+    """--report DIR before any work: a directory in which each report file can be written."""
+    if report is not None:
+        from requant.audit.report import REPORT_FILES
+
+        check_output_dir(report, "--report", REPORT_FILES)
+
+
+def _write_outputs(result: dict, json_out: Optional[Path], report: Optional[Path], command: str) -> list[Path]:
+    """--json and --report's files as one set, all or nothing (requant.output.write_files_atomic);
+    the --report files are the ones returned, to be named."""
+    from requant.audit.report import report_items
+    from requant.output import json_bytes, write_files_atomic
+
+    items = [(json_out, lambda tmp: tmp.write_bytes(json_bytes(result)))] if json_out is not None else []
+    items += report_items(result, report, command) if report is not None else []
+    with cannot_run(interrupted="interrupted; no --json or --report file was written"):
+        written = write_files_atomic(items) if items else []
+    return written[1:] if json_out is not None else written
+
+
 @byte_tokens_option
 def audit(
     ckpt: CkptArg = None,
@@ -250,7 +270,7 @@ def audit(
     fault-injection suite scored against the pinned prediction matrix."""
     with cannot_run():
         check_output_file(json_out, "--json")  # before any work: a bad path costs nothing and writes nothing
-        check_output_dir(report, "--report")
+        _check_report_dir(report)
         if plan:
             from requant.audit.suite import plan_from_config
 
@@ -298,14 +318,13 @@ def audit(
             checkpoint, console
         )  # before the long run: a SHA256SUMS that does not match fails here
 
-    from requant.audit.report import write_json, write_report
     from requant.audit.suite import run_audit
 
     total = len(checkpoint.quantized_linears) * CELLS_PER_LAYER
     if "decode" in phase_list:
         total += len(checkpoint.quantized_linears) * CELLS_PER_LAYER * len(batch_list) * decode_tokens
     console.print(
-        f"auditing {checkpoint.path} with {pair[0]} vs {pair[1]} on {dev}: {len(checkpoint.quantized_linears)} Linears, {total} cells"
+        f"auditing {plain(checkpoint.path)} with {pair[0]} vs {pair[1]} on {dev}: {len(checkpoint.quantized_linears)} Linears, {total} cells"
     )
     with cannot_run():  # a tensor that turned out unreadable while running
         with progress_bar(console) as progress:
@@ -318,7 +337,7 @@ def audit(
                 identity=identity,
                 matrix=pred,
                 advance=lambda n: progress.advance(task, n),
-                on_phase=lambda msg: progress.console.log(msg),
+                on_phase=lambda msg: progress.console.log(plain(msg)),
                 phases=phase_list,
                 decode_batches=batch_list,
                 decode_steps=decode_tokens,
@@ -349,12 +368,8 @@ def audit(
         },
     )
     result["command"] = command
-    with cannot_run():
-        if json_out is not None:
-            write_json(result, json_out)
-        if report is not None:
-            for f in write_report(result, report, command):
-                console.print(f"wrote {f}")
+    for f in _write_outputs(result, json_out, report, command):
+        console.print(f"wrote {plain(f)}")
     _print_summary(result)
     if not audit_passed(result):
         raise typer.Exit(EXIT_FAILED)

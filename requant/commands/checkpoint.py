@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.markup import escape
 from rich.table import Table
 
 from requant import DEFAULT_CHECKPOINT
@@ -22,14 +21,17 @@ from requant.commands._common import (
     EXIT_FAILED,
     UsageError,
     cannot_run,
+    check_not_inside,
     check_output_dir,
     check_output_file,
     err,
     out,
+    plain,
     sigterm_as_interrupt,
     warn,
-    write_json_atomic,
 )
+from requant.errors import CheckpointError
+from requant.output import json_bytes, write_files_atomic
 from requant.scales import ARMS, SERVABLE  # names only: importing the CLI must not import torch
 
 Arm = Enum("Arm", {a: a for a in ARMS}, type=str)
@@ -39,7 +41,7 @@ def _fmt_shifts(shifts: dict) -> str:
     return " ".join(f"{int(k):+d}:{v}" for k, v in sorted(shifts.items(), key=lambda kv: int(kv[0]))) or "-"
 
 
-def _plot(result, path: Path) -> None:
+def _plot(result, path: Path, fmt: str = "png") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -58,8 +60,51 @@ def _plot(result, path: Path) -> None:
     ax2.set_ylabel("relative weight error")
     ax2.set_title("per-layer ||W' - W|| / ||W||")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, format=fmt)
     plt.close(fig)
+
+
+PLOT_FORMATS = ("png", "pdf", "svg", "svgz", "eps", "ps", "jpg", "jpeg", "tif", "tiff", "webp")
+
+
+def _check_reports(
+    src: Optional[str], output: Path, json_report: Optional[Path], plot: Optional[Path], source: Optional[Path] = None
+) -> None:
+    """--json and --plot before the conversion: writable regular-file targets, a plot format
+    matplotlib writes, and neither inside SRC (a local directory) nor inside OUT (the manifests
+    list every file there)."""
+    check_output_file(json_report, "--json")
+    check_output_file(plot, "--plot")
+    if plot is not None and plot.suffix.lower().lstrip(".") not in PLOT_FORMATS:
+        raise UsageError(
+            f"--plot {plain(plot)}: the extension names the image format; use one of "
+            + ", ".join("." + f for f in PLOT_FORMATS)
+        )
+    src_dir = Path(src) if src is not None and Path(src).is_dir() else None
+    check_not_inside(
+        {"--json": json_report, "--plot": plot},
+        {"the source": src_dir, "the output": output, "--source": source if source and source.is_dir() else None},
+    )
+
+
+def _write_reports(result, report: dict, output: Path, json_report: Optional[Path], plot: Optional[Path]) -> None:
+    """--json and --plot after the checkpoint is complete, as one set (all or nothing); a
+    failure says that the checkpoint is complete and which file could not be written."""
+    items = []
+    if json_report is not None:
+        items.append((json_report, lambda tmp: tmp.write_bytes(json_bytes(report, indent=2))))
+    if plot is not None:
+        items.append((plot, lambda tmp: _plot(result, tmp, plot.suffix.lower().lstrip("."))))
+    if not items:
+        return
+    done = f"the checkpoint at {output} is complete"
+    with cannot_run(interrupted=f"interrupted after {output} was written completely; the --json/--plot files were not"):
+        try:
+            write_files_atomic(items)
+        except CheckpointError as exc:
+            raise UsageError(f"{done}, but {exc}; nothing of --json/--plot was written") from None
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"{done}, but writing --json/--plot failed: {exc}; nothing of them was written") from None
 
 
 def convert(
@@ -108,8 +153,7 @@ def convert(
 
     arm_name = arm.value if isinstance(arm, Enum) else str(arm)
     with cannot_run():  # every output path and option before any work: a refusal costs nothing and writes nothing
-        check_output_file(json_report, "--json")
-        check_output_file(plot, "--plot")
+        _check_reports(src, output, json_report, plot, source)
         if not (output.exists() or output.is_symlink()):  # an existing OUT: the --force rules (requant.output)
             check_output_dir(output, "-o")
         if jobs is not None and jobs < 1:
@@ -117,7 +161,7 @@ def convert(
     console = err()
     src_arg = src if src is not None else str(DEFAULT_CHECKPOINT)
     progress = Progress(
-        TextColumn("[bold]convert[/] " + escape(arm_name)),
+        TextColumn("[bold]convert[/] " + plain(arm_name)),
         BarColumn(),
         DownloadColumn(),
         TransferSpeedColumn(),
@@ -149,11 +193,7 @@ def convert(
             on_note=warn,
         )
     report = result.to_dict()
-    with cannot_run(interrupted=f"interrupted after {output} was written completely; the --json/--plot files were not"):
-        if json_report is not None:
-            write_json_atomic(json_report, report, indent=2)
-        if plot is not None:
-            _plot(result, plot)
+    _write_reports(result, report, output, json_report, plot)
     stdout = out()
     if not quiet and result.layers:
         table = Table(title=f"requant convert --arm {arm_name}", show_lines=False)
@@ -168,7 +208,7 @@ def convert(
             table.add_column(col, justify=just)
         for name, st in result.layers.items():
             table.add_row(
-                name,
+                plain(name),
                 str(st.rows),
                 str(st.scales_changed),
                 _fmt_shifts(st.exponent_shifts),
@@ -182,7 +222,7 @@ def convert(
         f"shifts {_fmt_shifts(t['exponent_shifts'])}, {t['weights_clipped']} weights clipped, "
         f"relative weight error {t['rel_weight_error']:.3e}"
     )
-    stdout.print(f"wrote {escape(str(result.output))} ({result.bytes_total / 1e6:.1f} MB in {result.elapsed_s:.2f} s)")
+    stdout.print(f"wrote {plain(str(result.output))} ({result.bytes_total / 1e6:.1f} MB in {result.elapsed_s:.2f} s)")
     if not SERVABLE[arm_name]:
         warn("arm 'probe' rewrites scales without requantizing the weights: an ablation, NOT servable")
 
@@ -199,9 +239,9 @@ def inspect(
         info = inspect_checkpoint(src, revision=revision)
     stdout = out()
     if as_json:
-        stdout.file.write(json.dumps(info, indent=2) + "\n")
+        stdout.file.write(json_bytes(info, indent=2).decode("utf-8"))
         return
-    table = Table(show_header=False, title=escape(info["path"]))
+    table = Table(show_header=False, title=plain(info["path"]))
     table.add_column("", style="bold")
     table.add_column("")
     rows = [
@@ -226,7 +266,7 @@ def inspect(
         ("provenance", json.dumps(info["provenance"]) if info["provenance"] else "-"),
     ]
     for k, v in rows:
-        table.add_row(k, escape(v))
+        table.add_row(k, plain(v))
     stdout.print(table)
 
 
@@ -242,17 +282,17 @@ def verify(
         report = do_verify(a, b)
     stdout = out()
     if as_json:
-        stdout.file.write(json.dumps(report, indent=2) + "\n")
+        stdout.file.write(json_bytes(report, indent=2).decode("utf-8"))
     elif report["identical"]:
-        stdout.print(f"[green]identical[/]: {escape(str(a))} and {escape(str(b))} are byte for byte the same")
+        stdout.print(f"[green]identical[/]: {plain(str(a))} and {plain(str(b))} are byte for byte the same")
     else:
-        stdout.print(f"[red]different[/]: {escape(str(a))} vs {escape(str(b))}")
+        stdout.print(f"[red]different[/]: {plain(str(a))} vs {plain(str(b))}")
         for rel in report["only_in_a"]:
-            stdout.print(f"  only in A: {escape(rel)}")
+            stdout.print(f"  only in A: {plain(rel)}")
         for rel in report["only_in_b"]:
-            stdout.print(f"  only in B: {escape(rel)}")
+            stdout.print(f"  only in B: {plain(rel)}")
         for rel in report["differing_files"]:
-            stdout.print(f"  file differs: {escape(rel)}")
+            stdout.print(f"  file differs: {plain(rel)}")
         for d in report["tensors"]:
             if d["what"] == "values":
                 detail = f"{d['elements_differing']} of {d['elements']} elements differ (first at flat index {d['first_index']})"
@@ -260,10 +300,10 @@ def verify(
                 detail = f"{d['a']} vs {d['b']}"
             else:
                 detail = d["what"]
-            stdout.print(f"  tensor {escape(d['tensor'])}: {escape(detail)}")
+            stdout.print(f"  tensor {plain(d['tensor'])}: {plain(detail)}")
         for e in report["errors"]:
-            stdout.print(f"  unreadable: {escape(e)}")
+            stdout.print(f"  unreadable: {plain(e)}")
         if report.get("note"):
-            stdout.print(f"  note: {escape(report['note'])}")
+            stdout.print(f"  note: {plain(report['note'])}")
     if not report["identical"]:
         raise typer.Exit(EXIT_FAILED)

@@ -9,8 +9,9 @@ on CPU and copied to --device; the verdict (audit/conform.py) names the formula 
 audit/formulas.py the kernel implements, whether it accumulates exactly and whether it is
 batch-invariant, or the nearest formula and the first differing element.
 
-`--export DIR` writes DIR/vectors.safetensors and DIR/vectors.json (atomically) so that the
-same check can be made with numpy or torch alone.
+`--export DIR` writes DIR/vectors.safetensors and DIR/vectors.json so that the same check
+can be made with numpy or torch alone. They and --json are published as one set once the
+kernel has run (all or nothing; every target checked before any work).
 
 Exit status: 0 for a known legal order (exact, CUTLASS, Triton, fused-scale) with exact int32
 accumulation, batch invariance, every case equal to that order and, for a backend, the order
@@ -33,16 +34,38 @@ from requant.commands._common import (
     UsageError,
     cannot_run,
     check_device,
+    check_output_dir,
+    check_output_file,
     command_line,
     default_device,
     out,
     plain,
     set_threads,
     warn,
-    write_json_atomic,
 )
 
 __all__ = ["conform"]
+
+
+def _check_outputs(json_out: Optional[Path], export_dir: Optional[Path]) -> None:
+    """--json and --export DIR before any work (regular-file targets in writable places)."""
+    from requant.audit.vectors import EXPORT_FILES
+
+    check_output_file(json_out, "--json")
+    check_output_dir(export_dir, "--export", EXPORT_FILES)
+
+
+def _write_outputs(result: dict, vs, json_out: Optional[Path], export_dir: Optional[Path]) -> None:
+    """The --export pair and the --json record as one set, once the verdict is known: all or nothing."""
+    from requant.audit.vectors import export_items
+    from requant.output import json_bytes, write_files_atomic
+
+    items = export_items(vs, export_dir) if export_dir is not None else []
+    if json_out is not None:
+        items.append((json_out, lambda tmp: tmp.write_bytes(json_bytes(result))))
+    with cannot_run(interrupted="interrupted; no --json or --export file was written"):
+        if items:
+            write_files_atomic(items)
 
 
 def conform(
@@ -63,6 +86,7 @@ def conform(
 ) -> None:
     """Identify the epilogue formula, accumulator and batch invariance of a W8A8 kernel."""
     with cannot_run():
+        _check_outputs(json_out, export_dir)
         from requant.audit import vectors as V
         from requant.audit.conform import KernelError, declared_order, fingerprint, resolve_kernel, run_cases
         from requant.backends import environment
@@ -72,7 +96,7 @@ def conform(
         name, fn = resolve_kernel(backend, kernel)
         vs = V.build_vectors()
         digest = vs.digest()
-        written = V.export(vs, export_dir) if export_dir is not None else []
+        written = [export_dir / n for n in V.EXPORT_FILES] if export_dir is not None else []
         try:
             outs = run_cases(name, fn, vs, dev)
         except KernelError as exc:
@@ -99,9 +123,7 @@ def conform(
     }
     if digest != V.PINNED_SHA256:
         warn(f"the vectors built here (sha256 {digest}) are not the pinned ones ({V.PINNED_SHA256})")
-    if json_out is not None:
-        with cannot_run():
-            write_json_atomic(json_out, result)
+    _write_outputs(result, vs, json_out, export_dir)
     console = out()
     console.print(f"{plain(name)}: {plain(rep['verdict'])}")
     if rep["declared"] is not None:

@@ -41,6 +41,7 @@ from requant.commands._common import (
     command_line,
     default_device,
     err,
+    plain,
     progress_bar,
     set_threads,
     write_json_atomic,
@@ -114,7 +115,7 @@ def determinism(
                 identity=identity,
                 engine=engine,
                 advance=lambda n=1: progress.advance(task, n),
-                on_phase=lambda msg: progress.console.log(msg),
+                on_phase=lambda msg: progress.console.log(plain(msg)),
             )
     result["command"] = command_line(
         "determinism",
@@ -135,7 +136,7 @@ def determinism(
     if json_out is not None:
         with cannot_run():
             write_json_atomic(json_out, result)
-        console.print(f"wrote {json_out}")
+        console.print(f"wrote {plain(json_out)}")
     from requant.determinism import markdown
 
     print(markdown(result, result["command"]))

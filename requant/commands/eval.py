@@ -15,11 +15,11 @@ arm) and messages go to stderr; the table to stdout.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.markup import escape
 from rich.table import Table
 
 from requant.commands._common import (
@@ -40,6 +40,7 @@ from requant.commands._common import (
     default_device,
     err,
     out,
+    plain,
     progress_bar,
     warn,
 )
@@ -54,7 +55,7 @@ def _print_table(result: dict) -> None:
     if not result.get("primary_task"):
         stdout.print("no perplexity task: lm-eval metrics are in the JSON (per_task)")
         return
-    t = Table(title=f"{result['primary_task']}: {result['documents']} documents, 90% paired bootstrap vs native")
+    t = Table(title=f"{plain(result['primary_task'])}: {result['documents']} documents, 90% paired bootstrap vs native")
     for col in ("arm", "word ppl", "byte ppl", "bits/byte", "Δ word ppl", "90% interval"):
         t.add_column(col, justify="left" if col in ("arm", "90% interval") else "right")
     for name in result["arm_order"]:
@@ -75,6 +76,35 @@ def _print_table(result: dict) -> None:
         stdout.print(
             f"probe mismatch share: {share:.4f}" + (f" (90% interval [{ci[0]:.4f}, {ci[1]:.4f}])" if ci else "")
         )
+
+
+@contextlib.contextmanager
+def _stopped(progress):
+    """The progress bar stopped at the end if a bar started it (see progress_for)."""
+    try:
+        yield
+    finally:
+        if progress.live.is_started:
+            progress.stop()
+
+
+def _check_report_dir(report: Optional[Path]) -> None:
+    """--report DIR before any work: a directory in which each report file can be written."""
+    if report is not None:
+        from requant.eval.report import REPORT_FILES
+
+        check_output_dir(report, "--report", REPORT_FILES)
+
+
+def _write_outputs(result: dict, json_out: Optional[Path], report: Optional[Path]) -> list[Path]:
+    """--json and --report's files as one set, all or nothing (requant.output.write_files_atomic)."""
+    from requant.eval.report import report_items
+    from requant.output import json_bytes, write_files_atomic
+
+    items = [(json_out, lambda tmp: tmp.write_bytes(json_bytes(result)))] if json_out is not None else []
+    items += report_items(result, report) if report is not None else []
+    with cannot_run(interrupted="interrupted; no --json or --report file was written"):
+        return write_files_atomic(items) if items else []
 
 
 @byte_tokens_option
@@ -125,10 +155,9 @@ def eval_command(
     """Perplexity of each scale arm through lm-eval, with paired bootstrap intervals against native."""
     with cannot_run():  # before any work (an hour of CPU with the defaults): a bad path costs nothing
         check_output_file(json_out, "--json")
-        check_output_dir(report, "--report")
+        _check_report_dir(report)
     from rich.progress import TextColumn
 
-    from requant.eval.report import write_json, write_report
     from requant.eval.run import parse_arms, run_eval
 
     task_list = [t.strip() for t in tasks.split(",") if t.strip()]
@@ -138,6 +167,8 @@ def eval_command(
     def progress_for(arm: str, unit: str = "documents"):
         def update(done: int, total: int) -> None:
             if arm not in bars:
+                if not progress.live.is_started:  # started by its first bar: an error before any prints no blank line
+                    progress.start()
                 bars[arm] = progress.add_task(arm, total=total, unit=unit)
             progress.update(bars[arm], completed=done, total=total)
 
@@ -148,7 +179,7 @@ def eval_command(
         if device is not None:
             check_device(device)
         check_engine(engine, device or default_device())
-        with progress:
+        with _stopped(progress):
             result = run_eval(
                 ckpt,
                 arm_list,
@@ -165,7 +196,7 @@ def eval_command(
                 progress_for=progress_for,
                 threads=threads,
                 engine=engine,
-                on_phase=lambda msg: progress.console.print(escape(msg)),
+                on_phase=lambda msg: progress.console.print(plain(msg)),
                 hash_progress=progress_for("manifest digest (sha256 of every file)", "bytes"),
             )
     result["command"] = command_line(
@@ -190,12 +221,8 @@ def eval_command(
             "--byte-tokens": byte_tokens,
         },
     )
-    with cannot_run():
-        if json_out is not None:
-            console.print(f"wrote {write_json(result, json_out)}")
-        if report is not None:
-            for f in write_report(result, report):
-                console.print(f"wrote {f}")
+    for f in _write_outputs(result, json_out, report):
+        console.print(f"wrote {plain(f)}")
     _print_table(result)
     for w in result.get("warnings", []):
         warn(w)

@@ -15,11 +15,10 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 from rich.table import Table
 
-from requant.commands._common import EXIT_FAILED, UsageError, cannot_run, err, fail, out, warn
+from requant.commands._common import EXIT_FAILED, UsageError, cannot_run, err, fail, out, plain, warn
 
 
 def _run(fn):
@@ -89,7 +88,7 @@ def manifest(
                 json.dumps({"written": str(path), "manifest_digest": digest, "files": len(entries)}, indent=2) + "\n"
             )
         else:
-            stdout.print(f"wrote {escape(str(path))}: {len(entries)} files, manifest digest {digest}")
+            stdout.print(f"wrote {plain(str(path))}: {len(entries)} files, manifest digest {digest}")
         return
     if against is None and not (ckpt / mf.MANIFEST).exists():
         with _hashing(ckpt, "sha256") as cb:
@@ -108,8 +107,13 @@ def manifest(
                 + "\n"
             )
             return
-        stdout.file.write(mf.render(entries).decode("utf-8"))
-        stdout.print(f"no {mf.MANIFEST} in {escape(str(ckpt))}; the one above has digest {digest} (--write writes it)")
+        text = mf.render(entries).decode(
+            "utf-8"
+        )  # piped: the exact manifest bytes; on a terminal no raw control character
+        if stdout.file.isatty():
+            text = "".join(c if c == "\n" or (ord(c) >= 32 and ord(c) != 127) else repr(c)[1:-1] for c in text)
+        stdout.file.write(text)
+        stdout.print(f"no {mf.MANIFEST} in {plain(str(ckpt))}; the one above has digest {digest} (--write writes it)")
         return
     name = against.resolve() if against is not None else mf.MANIFEST
     with _hashing(ckpt, "sha256") as cb:
@@ -131,12 +135,12 @@ def manifest(
             + "\n"
         )
     elif check.ok:
-        stdout.print(f"[green]ok[/]: {escape(check.describe())}")
+        stdout.print(f"[green]ok[/]: {plain(check.describe())}")
     else:
-        stdout.print(f"[red]mismatch[/]: {escape(check.describe())}")
+        stdout.print(f"[red]mismatch[/]: {plain(check.describe())}")
         for kind, rels in (("missing", check.missing), ("not listed", check.extra), ("differs", check.differing)):
             for rel in rels:
-                stdout.print(f"  {kind}: {escape(rel)}")
+                stdout.print(f"  {kind}: {plain(rel)}")
     if not check.ok:
         raise typer.Exit(EXIT_FAILED)
 
@@ -178,6 +182,7 @@ def card(
     named in the card as not measured. Also writes CKPT/SHA256SUMS when there is none (the
     card quotes its digest)."""
     from requant.evidence import manifest as mf
+    from requant.output import report_target
     from requant.publish import PublishError
     from requant.publish.card import checkpoint_facts, render, write_card
     from requant.publish.push import check_repo_id
@@ -188,6 +193,8 @@ def card(
                 check_repo_id(repo_id)
             except PublishError as exc:
                 raise UsageError(f"--repo-id {repo_id!r}: {exc.detail}") from None
+    if not stdout:  # a README.md that is not a file: refused before any work (SHA256SUMS included)
+        _run(lambda: report_target(ckpt / mf.CARD))
     with _hashing(ckpt, "sha256") as cb:
         facts = _run(lambda: checkpoint_facts(ckpt, progress=cb))
     rendered = _run(
@@ -207,12 +214,12 @@ def card(
         return
     if not facts.manifest_stored:
         path, digest = _run(lambda: mf.write(ckpt, facts.entries))
-        out().print(f"wrote {escape(str(path))} (manifest digest {digest})")
+        out().print(f"wrote {plain(str(path))} (manifest digest {digest})")
     path = _run(lambda: write_card(ckpt, rendered))
     measured = ", ".join(
         f"{k} {'measured' if k in rendered.reports.found else 'not measured'}" for k in ("audit", "determinism", "eval")
     )
-    out().print(f"wrote {escape(str(path))} ({measured}; license {rendered.metadata.get('license')})")
+    out().print(f"wrote {plain(str(path))} ({measured}; license {rendered.metadata.get('license')})")
 
 
 def push(
@@ -254,16 +261,14 @@ def push(
     if p.overridden:
         _warn([f"--force: pushing although {r}" for r in p.overridden])
     for note in p.notes:
-        err().print(f"note: {escape(note)}")
+        err().print(f"note: {plain(note)}")
     stdout = out()
     if dry_run:
-        table = Table(
-            title=f"would upload to {escape(repo_id)}" + (f" (branch {escape(revision)})" if revision else "")
-        )
+        table = Table(title=f"would upload to {plain(repo_id)}" + (f" (branch {plain(revision)})" if revision else ""))
         for col, just in (("file", "left"), ("bytes", "right"), ("sha256", "left"), ("", "left")):
             table.add_column(col, justify=just)
         for u in p.files:
-            table.add_row(escape(u.path_in_repo), f"{u.size:,}", u.sha256, escape(u.note))
+            table.add_row(plain(u.path_in_repo), f"{u.size:,}", u.sha256, plain(u.note))
         stdout.print(table)
         stdout.print(
             f"{len(p.files)} files, {p.total_bytes:,} bytes; manifest digest {p.manifest_digest}. "
@@ -273,5 +278,5 @@ def push(
     url = _run(lambda: push_mod.upload(p, private=private, commit_message=commit_message))
     written = _run(lambda: push_mod.write_back(p))
     for path in written:
-        err().print(f"wrote {escape(str(path))} (as pushed)")
+        err().print(f"wrote {plain(str(path))} (as pushed)")
     stdout.print(url)

@@ -27,6 +27,7 @@ the environment and the checkpoint's identity (manifest_digest, tool_version, gi
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Optional
 
 import typer
@@ -41,10 +42,12 @@ from requant.commands._common import (
     UsageError,
     cannot_run,
     check_device,
+    check_output_file,
     command_line,
     default_device,
     err,
     fail,
+    plain,
     set_threads,
     sigterm_as_interrupt,
     write_json_atomic,
@@ -96,6 +99,34 @@ def summary_line(degrees: tuple[int, ...], per_degree: list[dict]) -> str:
     return f"tp {tp}: NOT bitwise identical to tp 1 at tp {','.join(str(c['tp']) for c in bad)}"
 
 
+def _check_timeout(value: float) -> float:
+    """--timeout at parse time: a finite number of seconds, at least a millisecond."""
+    if not math.isfinite(value) or value < 1e-3:
+        raise typer.BadParameter(f"must be a finite number of seconds >= 0.001, got {value!r}")
+    return value
+
+
+def _check_act_backend(value: str) -> str:
+    """--act-backend at parse time: a registered quantize_activations backend."""
+    from requant import kernels
+
+    if value not in kernels.quantize_backends():
+        raise typer.BadParameter(f"unknown backend {value!r}; known: {', '.join(kernels.quantize_backends())}")
+    return value
+
+
+def _check_parsed(timeout: float, act_backend: str, json_out) -> None:
+    """The same checks for a direct call (tests call tp_check() without the parser), and --json
+    before the launch: a bad report path costs nothing."""
+    try:
+        _check_timeout(timeout)
+        _check_act_backend(act_backend)
+    except typer.BadParameter as exc:
+        option = "--timeout" if "seconds" in str(exc) else "--act-backend"
+        raise UsageError(f"{option}: {exc}") from None
+    check_output_file(json_out, "--json")
+
+
 def tp_check(
     ckpt: CkptArg = None,
     tp: Annotated[
@@ -115,11 +146,18 @@ def tp_check(
     json_out: JsonOpt = None,
     device: DeviceOpt = None,
     act_backend: Annotated[
-        str, typer.Option("--act-backend", help="quantize_activations backend (reference or triton: the same bits)")
+        str,
+        typer.Option(
+            "--act-backend",
+            help="quantize_activations backend (reference or triton: the same bits)",
+            callback=_check_act_backend,
+        ),
     ] = "reference",
     revision: RevisionOpt = None,
     threads: ThreadsOpt = None,
-    timeout: Annotated[float, typer.Option("--timeout", help="seconds for the whole launch")] = 600.0,
+    timeout: Annotated[
+        float, typer.Option("--timeout", help="seconds for the whole launch", callback=_check_timeout)
+    ] = 600.0,
     comm: Annotated[
         str,
         typer.Option(
@@ -156,8 +194,7 @@ def tp_check(
             raise UsageError(f"--reduce must be one of {', '.join(REDUCES)}, got {reduce!r}")
         if new_tokens < 0:
             raise UsageError("--new-tokens must be >= 0")
-        if timeout <= 0:
-            raise UsageError("--timeout must be positive")
+        _check_parsed(timeout, act_backend, json_out)
         texts = prompt_list(prompts)
         set_threads(threads, dev)
         if comm not in ("auto", "gloo", "nccl") or (comm == "nccl" and not cuda):
@@ -187,7 +224,7 @@ def tp_check(
 
     run_spec = LaunchConfig(name, regime, reduce, act_backend)
     console.print(
-        f"tp-check of {checkpoint.path}: tp {','.join(map(str, degrees))}, {name}, {regime}, {reduce} all-reduce, "
+        f"tp-check of {plain(checkpoint.path)}: tp {','.join(map(str, degrees))}, {name}, {regime}, {reduce} all-reduce, "
         f"{'NCCL' if nccl else 'gloo'} on {dev}, {prompts} prompts x {new_tokens} tokens"
     )
     from requant.tp import Spec, compare, run
@@ -257,7 +294,7 @@ def tp_check(
         }
         with cannot_run():
             write_json_atomic(json_out, record)
-        console.print(f"wrote {json_out}")
+        console.print(f"wrote {plain(json_out)}")
     for c in per_degree[1:]:
         print(f"tp {c['tp']}: {'bitwise identical to tp 1' if c['identical'] else _where(c)}")
     print(summary)

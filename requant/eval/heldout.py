@@ -32,8 +32,9 @@ import json
 import os
 import re
 import sys
-import tempfile
 from pathlib import Path
+
+from requant.output import write_bytes_atomic
 
 TITLE_LINE = "SENSE AND SENSIBILITY"
 TITLE_LINENO = 60799  # 1-based line of the title in the pinned corpus
@@ -87,19 +88,7 @@ def make(corpus: Path, output: Path, *, check_source: bool = True) -> str:
     if check_source and lines[TITLE_LINENO - 1] != TITLE_LINE:
         raise ValueError(f"{corpus}: line {TITLE_LINENO} is not {TITLE_LINE!r}")
     data = render(chapters(lines))
-    output = Path(output)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{output.name}.", dir=output.parent)
-    try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.fchmod(fd, 0o666 & ~umask)  # mkstemp makes 0600; a data file is as readable as any other
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, output)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_bytes_atomic(output, data)  # durable, with the permissions cp would give
     return hashlib.sha256(data).hexdigest()
 
 

@@ -10,11 +10,10 @@ is a change the documents cannot resolve.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
-from requant.output import write_files_atomic, write_json_atomic
+from requant.output import json_bytes, write_files_atomic, write_json_atomic
 
 
 def fmt_number(v, digits=4) -> str:
@@ -133,8 +132,8 @@ def plot(result: dict, path: Path) -> None:
 
 def _renderer(result: dict, kind: str):
     if kind == "json":
-        text = json.dumps(result, indent=1) + "\n"
-        return lambda tmp: tmp.write_text(text, encoding="utf-8")
+        data = json_bytes(result, indent=1)
+        return lambda tmp: tmp.write_bytes(data)
     if kind == "md":
         text = markdown(result)
         return lambda tmp: tmp.write_text(text, encoding="utf-8")
@@ -145,10 +144,18 @@ def write_json(result: dict, path: Path) -> Path:
     return write_json_atomic(path, result)
 
 
-def write_report(result: dict, directory: Path) -> list[Path]:
-    """eval.json, eval.md, eval.png in `directory`: all rendered, then all renamed."""
+REPORT_FILES = ("eval.json", "eval.md", "eval.png")
+
+
+def report_items(result: dict, directory: Path) -> list:
+    """The (destination, render) pairs of --report DIR (eval.png only with a perplexity task)."""
     d = Path(directory)
     dests = [(d / "eval.json", "json"), (d / "eval.md", "md")] + (
         [(d / "eval.png", "png")] if result.get("primary_task") else []
     )
-    return write_files_atomic([(dest, _renderer(result, kind)) for dest, kind in dests])
+    return [(dest, _renderer(result, kind)) for dest, kind in dests]
+
+
+def write_report(result: dict, directory: Path) -> list[Path]:
+    """eval.json, eval.md, eval.png in `directory`: all rendered, then all renamed."""
+    return write_files_atomic(report_items(result, directory))

@@ -78,7 +78,7 @@ def _bf16_tensors(path: Path) -> dict[str, str]:
     if index.is_file():
         try:
             files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (ValueError, KeyError, TypeError, AttributeError):
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
             raise UsageError(f"{index}: not a shard index with a weight_map") from None
     elif (path / "model.safetensors").is_file():
         files = ["model.safetensors"]
@@ -105,7 +105,7 @@ def check_source(source: Path, ckpt_config: dict) -> None:
         raise UsageError(f"--source {source}: no config.json")
     try:
         cfg = json.loads(cfg_path.read_text())
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise UsageError(f"{cfg_path}: not valid JSON: {exc}") from None
     if not isinstance(cfg, dict):
         raise UsageError(f"{cfg_path}: not a JSON object")
@@ -416,6 +416,9 @@ def run_eval(
     say("resolving tasks " + ",".join(tasks))
     tm = load_tasks(tasks)
     src_entries: dict = {}
+    from requant.convert import file_states
+
+    src_states = file_states(checkpoint)  # before the hashing: convert refuses a source changed since
     identity = _identity(checkpoint, hash_progress, src_entries)
     if n_threads:
         import torch
@@ -436,7 +439,9 @@ def run_eval(
             else:
                 say(f"converting {name}")
                 path = str(tmp_root / name)
-                convert(str(checkpoint.path), path, name, src_entries=src_entries)  # the source hashed once, above
+                convert(
+                    str(checkpoint.path), path, name, src_entries=src_entries, src_states=src_states
+                )  # hashed once, above
             say(f"evaluating {name}")
             # the fast engine runs W8A8 layers only: the bf16 row takes the reference engine unless told "reference"
             row_engine = engine if name != BF16 or engine == "reference" else "auto"

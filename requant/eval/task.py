@@ -29,9 +29,22 @@ HELDOUT_FILE = Path(__file__).resolve().parent.parent / "data" / "heldout" / "se
 
 
 def heldout_docs() -> list[dict]:
-    """The documents as a list of {"title", "text"} dicts, in chapter order."""
+    """The documents as a list of {"title", "text"} dicts, in chapter order; ValueError naming
+    the file and line for one that is not an object with a non-blank "text" (an empty document
+    has no words or bytes to divide by)."""
+    docs = []
     with open(HELDOUT_FILE, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+        for no, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                doc = json.loads(line)
+            except (ValueError, RecursionError) as exc:
+                raise ValueError(f"{HELDOUT_FILE}: line {no} is not valid JSON: {exc}") from None
+            if not isinstance(doc, dict) or not isinstance(doc.get("text"), str) or not doc["text"].strip():
+                raise ValueError(f'{HELDOUT_FILE}: line {no}: a document needs a non-empty "text" string')
+            docs.append(doc)
+    return docs
 
 
 def heldout_dataset(**_metadata):

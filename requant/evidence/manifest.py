@@ -41,13 +41,13 @@ import concurrent.futures as cf
 import hashlib
 import os
 import re
-import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from requant.errors import CheckpointError
+from requant.inputs import read_small
 from requant.links import allowed_roots, check_inside, shown
 
 MANIFEST = "SHA256SUMS"
@@ -232,6 +232,10 @@ def parse(data: bytes, *, file: str | os.PathLike = MANIFEST) -> dict[str, str]:
         raise ManifestError("the last line has no newline (not canonical)", file=file)
     out: dict[str, str] = {}
     for no, line in enumerate(text.split("\n")[:-1], 1):
+        if line.endswith("\r"):
+            raise ManifestError(
+                f"line {no} ends with CR LF (Windows line endings); a SHA256SUMS line ends with LF", file=file
+            )
         m = _LINE.match(line)
         if m is None:
             raise ManifestError(f"line {no} is not '<64 lowercase hex>  <file>'", file=file)
@@ -248,47 +252,23 @@ def parse(data: bytes, *, file: str | os.PathLike = MANIFEST) -> dict[str, str]:
 
 def read(root: str | os.PathLike, name: str = MANIFEST) -> tuple[dict[str, str], bytes] | None:
     """({path: sha256}, bytes) of the manifest root/name (name may also be a path of its
-    own, e.g. another checkpoint's SHA256SUMS.source), or None when there is none."""
+    own, e.g. another checkpoint's SHA256SUMS.source), or None when there is none. Only a
+    regular file of at most requant.inputs.MAX_TEXT_BYTES is read, and one inside root only
+    through links that stay inside it (requant.links)."""
     p = Path(root) / name
-    if not p.exists():
+    if not (p.exists() or p.is_symlink()):
         return None
-    try:
-        data = p.read_bytes()
-    except OSError as exc:
-        raise ManifestError(f"reading failed: {exc.strerror or exc}", file=p) from None
+    inside = not Path(name).is_absolute() and ".." not in Path(name).parts
+    data = read_small(p, what="manifest", root=root if inside else None, error=ManifestError)
     return parse(data, file=p), data
-
-
-def write_atomic(path: str | os.PathLike, data: bytes) -> Path:
-    """Write bytes to path atomically (a temporary file in the same directory, fsynced,
-    renamed over path, then the directory fsynced)."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".requant-tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    dfd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
-    return path
 
 
 def write(root: str | os.PathLike, entries: dict[str, Entry] | None = None, name: str = MANIFEST) -> tuple[Path, str]:
     """Write the manifest of root (computed now unless entries are given). Returns (path, digest)."""
+    from requant.output import write_bytes_atomic  # durable, all or nothing, cp's permissions
+
     data = render(entries if entries is not None else compute(root))
-    return write_atomic(Path(root) / name, data), digest_of(data)
+    return write_bytes_atomic(Path(root) / name, data), digest_of(data)
 
 
 @dataclass

@@ -37,6 +37,7 @@ import requant
 from requant.checkpoint import CONFIG, Checkpoint
 from requant.errors import OutputError, os_reason
 from requant.evidence import manifest as mf
+from requant.output import write_bytes_atomic
 from requant.scales import SERVABLE
 
 PROVENANCE_KEY = "requant"
@@ -109,7 +110,7 @@ def record(
         except OSError as exc:
             raise OutputError(f"writing config.json failed: {os_reason(exc)}", file=out / CONFIG) from exc
         try:
-            mf.write_atomic(tmp / mf.SOURCE_MANIFEST, source_manifest)
+            write_bytes_atomic(tmp / mf.SOURCE_MANIFEST, source_manifest)
         except OSError as exc:
             raise OutputError(
                 f"writing {mf.SOURCE_MANIFEST} failed: {os_reason(exc)}", file=out / mf.SOURCE_MANIFEST

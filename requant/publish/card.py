@@ -44,6 +44,7 @@ from pathlib import Path
 import torch
 
 from requant.evidence import manifest as mf
+from requant.output import write_bytes_atomic
 from requant.publish import PublishError
 from requant.publish.reports import Reports, collect
 
@@ -671,7 +672,7 @@ def card_marker(text: str) -> tuple[str, str | None] | None:
 def write_card(ckpt_dir: str | Path, card: RenderedCard) -> Path:
     """Write CKPT/README.md atomically."""
     try:
-        return mf.write_atomic(Path(ckpt_dir) / mf.CARD, card.text.encode("utf-8"))
+        return write_bytes_atomic(Path(ckpt_dir) / mf.CARD, card.text.encode("utf-8"))
     except OSError as exc:
         raise PublishError(f"writing the card failed: {exc.strerror or exc}", file=Path(ckpt_dir) / mf.CARD) from None
 

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from requant.evidence import manifest as mf
+from requant.output import write_bytes_atomic
 from requant.publish import PublishError, PushRefused
 from requant.publish.card import audit_ok, card_marker, checkpoint_facts, render
 from requant.publish.reports import DEFAULT_NAMES, collect
@@ -260,4 +261,4 @@ def upload(p: Plan, *, private: bool = False, commit_message: str | None = None)
 
 def write_back(p: Plan) -> list[Path]:
     """After a successful commit: write the generated card and manifest into CKPT (atomically)."""
-    return [mf.write_atomic(p.ckpt / name, data) for name, data in p.write_back.items()]
+    return [write_bytes_atomic(p.ckpt / name, data) for name, data in p.write_back.items()]

@@ -26,7 +26,6 @@ and the key, never a card with a hole in it.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -144,14 +143,9 @@ def tie_of(data: dict, this_digest: str, source_digest: str | None) -> str:
 
 
 def load_report(kind: str, path: Path, explicit: bool, this_digest: str, source_digest: str | None) -> Report:
-    try:
-        raw = Path(path).read_bytes()
-    except OSError as exc:
-        raise PublishError(f"cannot read the {kind} report: {exc.strerror or exc}", file=path) from None
-    try:
-        data = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise PublishError(f"the {kind} report is not valid JSON: {exc}", file=path) from None
+    from requant.inputs import load_json  # a regular file, bounded; too deep a nesting is malformed JSON
+
+    data = load_json(path, what=f"the {kind} report", error=PublishError)
     validate(kind, data, Path(path))
     return Report(kind, Path(path), data, tie_of(data, this_digest, source_digest), explicit)
 

@@ -245,7 +245,7 @@ def load_model(
         if p.is_dir() and cfg_path.is_file():
             try:
                 cfg = json.loads(cfg_path.read_text())
-            except ValueError as exc:
+            except (ValueError, RecursionError) as exc:
                 raise ValueError(f"{cfg_path}: not valid JSON: {exc}") from None
             if isinstance(cfg, dict) and cfg.get("quantization_config") is None:
                 if regime not in ("native", BF16):

@@ -40,7 +40,11 @@ def arch_from_config(config: dict, where: str = "config.json") -> Qwen3Arch:
     """Qwen3Arch.from_config plus what a forward pass must also agree on: rope_theta from
     transformers 5's `rope_parameters` when the top-level key is absent (Qwen3Arch would
     fall back to 10000), and a refusal of what this runtime does not implement."""
-    arch = Qwen3Arch.from_config(config)
+    try:
+        arch = Qwen3Arch.from_config(config)
+    except ValueError as exc:  # its messages say "config.json": name the file itself
+        msg = str(exc)
+        raise ValueError(where + msg[len("config.json") :] if msg.startswith("config.json") else msg) from None
     rp = config.get("rope_parameters") or {}
     if not isinstance(rp, dict):
         raise ValueError(f"{where}: rope_parameters is not an object")
@@ -77,6 +81,28 @@ def dense_names(config: dict, quantized: set[str]) -> list[str]:
     return names
 
 
+def _check_shapes(ckpt, sh: Qwen3Arch, known: dict, names: set) -> None:
+    """Every decoder Linear's weight, and q_norm/k_norm, of the shape config.json implies
+    (hidden_size, num_attention_heads, num_key_value_heads, head_dim, intermediate_size): a
+    head_dim that disagrees with the tensors is named here, not as a reshape error mid-run."""
+    fields = (
+        f"hidden_size {sh.hidden}, num_attention_heads {sh.heads}, num_key_value_heads {sh.kv_heads}, "
+        f"head_dim {sh.head_dim}, intermediate_size {sh.intermediate}"
+    )
+    want = {f"{n}.weight": shape for n, shape in known.items()}
+    for i in range(sh.layers):
+        for norm in ("q_norm", "k_norm"):
+            want[f"model.layers.{i}.self_attn.{norm}.weight"] = (sh.head_dim,)
+    for tname, shape in want.items():
+        if tname in names:
+            got = tuple(ckpt.info(tname).shape)
+            if got != tuple(shape):
+                raise ValueError(
+                    f"tensor {tname!r} is {list(got)}, but config.json ({fields}) gives {list(shape)}: "
+                    "config.json does not describe these weights"
+                )
+
+
 def check_layout(ckpt) -> None:
     """Refuse, with a message, a W8A8 checkpoint this runtime cannot run: a config without
     the Qwen3 fields, a quantized module the runtime does not know, a missing dense tensor."""
@@ -92,6 +118,7 @@ def check_layout(ckpt) -> None:
     for n in known:
         if n not in quantized and n + ".weight" not in names:
             raise ValueError(f"the checkpoint has no {n!r}: not a Qwen3 layout")
+    _check_shapes(ckpt, sh, known, names)
     tie = bool(ckpt.config.get("tie_word_embeddings", False))
     for n in dense_names(ckpt.config, quantized):
         if n == "lm_head.weight" and tie:
@@ -195,7 +222,7 @@ class Bf16Dir:
         if index.is_file():
             try:
                 wm = json.loads(index.read_text())["weight_map"]
-            except (ValueError, KeyError, TypeError) as exc:
+            except (ValueError, KeyError, TypeError, RecursionError) as exc:
                 raise ValueError(f"{index}: not a shard index with a weight_map ({exc})") from None
             for shard in set(wm.values()):
                 if not isinstance(shard, str) or "/" in shard or "\\" in shard or shard in (".", ".."):
