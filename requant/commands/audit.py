@@ -78,9 +78,15 @@ def _load_config(ckpt: Optional[str]) -> tuple[dict, str]:
     if not p.is_file():
         raise UsageError(f"{p}: no config.json")
     try:
-        return json.loads(p.read_text()), str(p)
+        config = json.loads(p.read_text())
     except ValueError as exc:
         raise UsageError(f"{p}: not valid JSON: {exc}") from None
+    if not isinstance(config, dict):
+        raise UsageError(f"{p}: not a JSON object")
+    from requant.checkpoint import check_qwen3
+
+    check_qwen3(config, p)
+    return config, str(p)
 
 
 def _print_plan(plan: dict, where: str) -> None:

@@ -183,8 +183,10 @@ class Bf16Dir:
     """A plain (unquantized) Qwen3 safetensors directory, read with the safetensors library."""
 
     def __init__(self, path: Path, config: dict):
+        from requant.checkpoint import check_qwen3
         from requant.links import check_inside
 
+        check_qwen3(config, path / "config.json")
         self.path = path
         self.config = config
         index = path / "model.safetensors.index.json"
