@@ -198,7 +198,9 @@ def check_engine(engine: str, device: str) -> str:
     engines = ("auto", "fast", "reference")
     if engine not in engines:
         raise UsageError(f"--engine must be one of {', '.join(engines)}, got {engine!r}")
-    interpret = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    from requant.backends import triton_interpreter_on_cpu
+
+    interpret = triton_interpreter_on_cpu(str(device), engine == "fast")
     if engine == "fast" and not str(device).startswith("cuda") and not interpret:
         raise UsageError("--engine fast needs a CUDA GPU (or TRITON_INTERPRET=1 on CPU); on CPU use --engine reference")
     return engine

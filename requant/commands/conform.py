@@ -65,9 +65,10 @@ def conform(
     with cannot_run():
         from requant.audit import vectors as V
         from requant.audit.conform import KernelError, declared_order, fingerprint, resolve_kernel, run_cases
-        from requant.backends import environment
+        from requant.backends import environment, triton_interpreter_on_cpu
 
         dev = check_device(device or default_device())
+        triton_interpreter_on_cpu(dev)  # before the kernel's module imports Triton
         set_threads(None, dev)
         name, fn = resolve_kernel(backend, kernel)
         vs = V.build_vectors()
