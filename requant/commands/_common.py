@@ -42,6 +42,7 @@ __all__ = [
     "out",
     "err",
     "fail",
+    "debug_traceback",
     "warn",
     "plain",
     "cannot_run",
@@ -93,9 +94,23 @@ def plain(text: object) -> str:
 
 
 def fail(msg: str, code: int = EXIT_ERROR) -> NoReturn:
-    """Print `error: msg` as one line on stderr and exit with `code`."""
+    """Print `error: msg` as one line on stderr and exit with `code` (REQUANT_DEBUG=1: the
+    traceback of the exception being handled first, see debug_traceback)."""
+    debug_traceback()
     err().print(f"[bold red]error:[/] {plain(msg)}")
     raise typer.Exit(code)
+
+
+def debug_traceback() -> None:
+    """With REQUANT_DEBUG=1 in the environment (as HF_DEBUG for huggingface_hub), print the
+    traceback of the exception being handled to stderr, above the one-line error; else nothing."""
+    if os.environ.get("REQUANT_DEBUG", "") in ("", "0"):
+        return
+    import traceback
+
+    exc = sys.exc_info()[1]
+    if exc is not None:
+        traceback.print_exception(exc, file=sys.stderr)
 
 
 def warn(msg: str) -> None:
@@ -193,7 +208,6 @@ def check_device(device: str) -> str:
 def check_engine(engine: str, device: str) -> str:
     """--engine: one of requant.runtime's ENGINES, and "fast" only where its Triton kernels run
     (a CUDA device, or the CPU under TRITON_INTERPRET=1)."""
-    import os
 
     engines = ("auto", "fast", "reference")
     if engine not in engines:
