@@ -53,6 +53,7 @@ __all__ = [
     "check_engine",
     "set_threads",
     "command_line",
+    "echo_command",
     "check_output_file",
     "check_output_dir",
     "byte_tokens_option",
@@ -238,6 +239,51 @@ def command_line(name: str, positional: list | None = None, options: dict | None
     value is not None (True flags as the bare flag, False flags left out)."""
     args = [str(p) for p in positional or [] if p is not None]
     for flag, value in (options or {}).items():
+        if value is None or value is False:
+            continue
+        args += [flag] if value is True else [flag, str(value)]
+    return " ".join([f"requant {name}"] + [shlex.quote(a) for a in args])
+
+
+def _click_context():
+    """The running click context (typer's vendored click, or click itself), or None."""
+    try:
+        from typer._click.core import ParameterSource
+        from typer._click.globals import get_current_context
+    except ImportError:  # pragma: no cover - an older typer uses click itself
+        from click import get_current_context
+        from click.core import ParameterSource
+    return get_current_context(silent=True), ParameterSource
+
+
+def echo_command(name: str, resolved: dict | None = None) -> str:
+    """The `requant NAME ...` line a report records, built from what click parsed, so that it
+    cannot go stale when an option or a default changes: the arguments given, in order, then
+    every option given on the command line or through the environment, in declaration order
+    (its long flag; a True flag bare, a False flag left out). `resolved` {flag: value} adds or
+    replaces options whose default depends on the machine (the backend pair chosen for the
+    device, say), so the line reruns the same thing elsewhere. Outside a click context (a
+    command function called from Python) only `resolved` is known."""
+    ctx, source = _click_context()
+    resolved = dict(resolved or {})
+    args: list[str] = []
+    options: dict[str, object] = {}
+    if ctx is not None:
+        for param in ctx.command.params:
+            if param.name not in ctx.params or getattr(param, "is_eager", False) and param.name == "help":
+                continue
+            value = ctx.params[param.name]
+            given = ctx.get_parameter_source(param.name) not in (source.DEFAULT, source.DEFAULT_MAP, None)
+            if param.param_type_name == "argument":
+                if value is not None and given:
+                    args += [str(v) for v in value] if isinstance(value, (list, tuple)) else [str(value)]
+                continue
+            flag = max((o for o in param.opts if o.startswith("--")), key=len, default=param.opts[0])
+            if given:
+                options[flag] = value
+    options.update(resolved)
+    for flag, value in options.items():
+        value = getattr(value, "value", value)  # an Enum choice: its name on the command line
         if value is None or value is False:
             continue
         args += [flag] if value is True else [flag, str(value)]

@@ -49,8 +49,8 @@ from requant.commands._common import (
     check_device,
     check_output_dir,
     check_output_file,
-    command_line,
     default_device,
+    echo_command,
     err,
     progress_bar,
     set_threads,
@@ -237,21 +237,7 @@ def audit(
                 advance=lambda n: progress.advance(task, n),
                 on_phase=lambda msg: progress.console.log(msg),
             )
-    command = command_line(
-        "audit",
-        [ckpt],
-        {
-            "--backends": spec,
-            "--prompts": prompts,
-            "--json": json_out,
-            "--report": report,
-            "--device": device,
-            "--revision": revision,
-            "--threads": threads,
-            "--byte-tokens": byte_tokens,
-            "--matrix": matrix,
-        },
-    )
+    command = echo_command("audit", {"--backends": spec})
     result["command"] = command
     with cannot_run():
         if json_out is not None:

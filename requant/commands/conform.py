@@ -33,8 +33,8 @@ from requant.commands._common import (
     UsageError,
     cannot_run,
     check_device,
-    command_line,
     default_device,
+    echo_command,
     out,
     plain,
     set_threads,
@@ -81,11 +81,7 @@ def conform(
         rep = fingerprint(name, outs, vs, declared_order(backend) if backend is not None else None)
     result = {
         "tool": "requant conform",
-        "command": command_line(
-            "conform",
-            [],
-            {"--backend": backend, "--kernel": kernel, "--device": device, "--json": json_out, "--export": export_dir},
-        ),
+        "command": echo_command("conform"),
         "backend": backend,
         "device": dev,
         "vectors": {

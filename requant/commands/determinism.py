@@ -38,8 +38,8 @@ from requant.commands._common import (
     check_device,
     check_engine,
     check_output_file,
-    command_line,
     default_device,
+    echo_command,
     err,
     progress_bar,
     set_threads,
@@ -116,22 +116,7 @@ def determinism(
                 advance=lambda n=1: progress.advance(task, n),
                 on_phase=lambda msg: progress.console.log(msg),
             )
-    result["command"] = command_line(
-        "determinism",
-        [ckpt],
-        {
-            "--backends": spec,
-            "--prompts": prompts,
-            "--new-tokens": new_tokens,
-            "--json": json_out,
-            "--device": device,
-            "--revision": revision,
-            "--threads": threads,
-            "--act-backend": None if act_backend == "reference" else act_backend,
-            "--byte-tokens": byte_tokens,
-            "--engine": None if engine == "auto" else engine,
-        },
-    )
+    result["command"] = echo_command("determinism", {"--backends": spec})
     if json_out is not None:
         with cannot_run():
             write_json_atomic(json_out, result)

@@ -36,8 +36,8 @@ from requant.commands._common import (
     check_engine,
     check_output_dir,
     check_output_file,
-    command_line,
     default_device,
+    echo_command,
     err,
     out,
     progress_bar,
@@ -168,28 +168,7 @@ def eval_command(
                 on_phase=lambda msg: progress.console.print(escape(msg)),
                 hash_progress=progress_for("manifest digest (sha256 of every file)", "bytes"),
             )
-    result["command"] = command_line(
-        "eval",
-        [ckpt],
-        {
-            "--arms": arms,
-            "--tasks": tasks,
-            "--source": source,
-            "--backend": backend,
-            "--limit": limit,
-            "--max-length": max_length,
-            "--json": json_out,
-            "--report": report,
-            "--device": device,
-            "--threads": threads,
-            "--act-backend": None if act_backend == "reference" else act_backend,
-            "--engine": None if engine == "auto" else engine,
-            "--bootstrap": bootstrap,
-            "--seed": seed,
-            "--batch-size": batch_size,
-            "--byte-tokens": byte_tokens,
-        },
-    )
+    result["command"] = echo_command("eval")
     with cannot_run():
         if json_out is not None:
             console.print(f"wrote {write_json(result, json_out)}")
