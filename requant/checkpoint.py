@@ -191,7 +191,7 @@ def resolve_source(src: str | os.PathLike, *, revision: str | None = None) -> tu
         return p, False
     s = str(src)
     if not _REPO_ID.match(s) or s.startswith((".", "/", "~")):
-        raise LayoutError("no such local directory (and not a Hub repo id, org/name)", file=s)
+        raise LayoutError("no such directory, and not a Hub repo id (org/name)", file=s)
     try:
         from huggingface_hub import snapshot_download
 
@@ -218,7 +218,7 @@ def resolve_source(src: str | os.PathLike, *, revision: str | None = None) -> tu
             ],
         )
     except Exception as exc:  # the hub raises many types; all mean "could not resolve"
-        raise LayoutError(f"no such local directory, and {_hub_miss(exc, s, revision)}", file=s) from None
+        raise LayoutError(f"no such directory on this machine, and {_hub_miss(exc, s, revision)}", file=s) from None
     return Path(local), True
 
 

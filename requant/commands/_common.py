@@ -76,8 +76,9 @@ EXIT_INTERRUPTED = 130
 
 # -- consoles and lines ------------------------------------------------------------------
 def out() -> Console:
-    """stdout for people: tables and summary lines (never hard-wrapped when piped)."""
-    return Console(file=sys.stdout, highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 200)
+    """stdout for people: tables and summary lines. Lines are never hard-wrapped (soft_wrap); a
+    table takes the terminal's width, or COLUMNS (else 80) when piped, and folds long cells."""
+    return Console(file=sys.stdout, highlight=False, soft_wrap=True)
 
 
 def err() -> Console:

@@ -62,6 +62,36 @@ def _plot(result, path: Path) -> None:
     plt.close(fig)
 
 
+def _layer_table(result, arm_name: str) -> Table:
+    """The per-Linear table. Every column but the exponent shifts keeps its full width (the
+    Linear names without their common "model." prefix, so that layers.0.self_attn.q_proj and
+    its k/v/o rows stay distinguishable at 80 columns); the shifts fold onto a second line."""
+    from rich import box
+
+    header = ("Linear", "channels", "changed", "exponent shifts", "clipped", "rel. error")
+    rows = [
+        (
+            name.removeprefix("model."),
+            str(st.rows),
+            str(st.scales_changed),
+            _fmt_shifts(st.exponent_shifts),
+            str(st.weights_clipped),
+            f"{st.rel_error:.3e}",
+        )
+        for name, st in result.layers.items()
+    ]
+    table = Table(title=f"requant convert --arm {arm_name}", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    for i, col in enumerate(header):
+        if col == "exponent shifts":
+            table.add_column(col, overflow="fold")
+        else:
+            width = max(len(col), *(len(r[i]) for r in rows))
+            table.add_column(col, justify="left" if i == 0 else "right", no_wrap=True, min_width=width)
+    for r in rows:
+        table.add_row(*r)
+    return table
+
+
 def convert(
     src: Annotated[
         Optional[str],
@@ -156,26 +186,7 @@ def convert(
             _plot(result, plot)
     stdout = out()
     if not quiet and result.layers:
-        table = Table(title=f"requant convert --arm {arm_name}", show_lines=False)
-        for col, just in (
-            ("layer", "left"),
-            ("channels", "right"),
-            ("scales changed", "right"),
-            ("exponent shifts", "left"),
-            ("clipped", "right"),
-            ("rel. weight error", "right"),
-        ):
-            table.add_column(col, justify=just)
-        for name, st in result.layers.items():
-            table.add_row(
-                name,
-                str(st.rows),
-                str(st.scales_changed),
-                _fmt_shifts(st.exponent_shifts),
-                str(st.weights_clipped),
-                f"{st.rel_error:.3e}",
-            )
-        stdout.print(table)
+        stdout.print(_layer_table(result, arm_name))
     t = report["totals"]
     stdout.print(
         f"{t['linears']} quantized Linears, {t['channels']} channels: {t['scales_changed']} scales changed, "
@@ -201,9 +212,6 @@ def inspect(
     if as_json:
         stdout.file.write(json.dumps(info, indent=2) + "\n")
         return
-    table = Table(show_header=False, title=escape(info["path"]))
-    table.add_column("", style="bold")
-    table.add_column("")
     rows = [
         ("architecture", f"{info['architecture']} ({info['model_type']})"),
         ("shape", ", ".join(f"{k}={v}" for k, v in info["config"].items())),
@@ -225,9 +233,12 @@ def inspect(
         ("shards", ", ".join(f"{k} ({v / 1e6:.1f} MB)" for k, v in info["shards"].items())),
         ("provenance", json.dumps(info["provenance"]) if info["provenance"] else "-"),
     ]
+    # "key  value" lines, not a table: nothing padded with spaces to the terminal's width, and a
+    # long value (the shape) stays on its line
+    stdout.print(escape(info["path"]))
+    width = max(len(k) for k, _ in rows)
     for k, v in rows:
-        table.add_row(k, escape(v))
-    stdout.print(table)
+        stdout.print(f"  [bold]{k:<{width}}[/]  {escape(v)}")
 
 
 def verify(
