@@ -351,16 +351,18 @@ def byte_tokens_option(command: Callable) -> Callable:
 # -- option types that repeat ------------------------------------------------------------
 CkptArg = Annotated[
     Optional[str],
-    typer.Argument(help="Checkpoint directory or Hub repo id (default: the embedded default).", show_default=False),
+    typer.Argument(
+        help="Checkpoint directory or Hub repo id (default: the embedded default).", show_default=False, metavar="CKPT"
+    ),
 ]
 DeviceOpt = Annotated[
-    Optional[str], typer.Option("--device", help="torch device (default: cuda if available, else cpu).")
+    Optional[str], typer.Option("--device", help="Torch device (default: cuda if available, else cpu).")
 ]
 ThreadsOpt = Annotated[
     Optional[int],
     typer.Option(
         "--threads",
-        help="torch CPU threads (default: 1 on a CPU device, torch's default otherwise; 0 = torch's default).",
+        help="Torch CPU threads (default: 1 on a CPU device, torch's default otherwise; 0 = torch's default).",
     ),
 ]
 BackendsOpt = Annotated[
@@ -380,7 +382,7 @@ ReportOpt = Annotated[
 EngineOpt = Annotated[
     str,
     typer.Option(
-        "--engine", help="runtime engine: auto (the fast engine on CUDA, the reference one on CPU), fast or reference."
+        "--engine", help="Runtime engine: auto (the fast engine on CUDA, the reference one on CPU), fast or reference."
     ),
 ]
 ByteTokensOpt = Annotated[

@@ -155,11 +155,11 @@ def _print_summary(result: dict) -> None:
 def audit(
     ckpt: CkptArg = None,
     backends: BackendsOpt = None,
-    prompts: Annotated[int, typer.Option("--prompts", help="calibration prompts to run (prefill)")] = 8,
+    prompts: Annotated[int, typer.Option("--prompts", help="Calibration prompts to run (prefill).")] = 8,
     json_out: JsonOpt = None,
     report: ReportOpt = None,
     plan: Annotated[
-        bool, typer.Option("--plan", help="print cell count and shapes from config.json, run nothing")
+        bool, typer.Option("--plan", help="Print cell count and shapes from config.json, run nothing.")
     ] = False,
     device: DeviceOpt = None,
     revision: RevisionOpt = None,

@@ -98,6 +98,7 @@ def convert(
         typer.Argument(
             help="Checkpoint directory or Hub repo id (default: the embedded tiny Qwen3 W8A8 checkpoint).",
             show_default=False,
+            metavar="SRC",
         ),
     ] = None,
     output: Annotated[
@@ -106,7 +107,9 @@ def convert(
     arm: Annotated[
         Arm,
         typer.Option(
-            "--arm", help="unconstrained | nearest | ceiling | mse | probe (probe is an ablation, not servable)."
+            "--arm",
+            help="Scale arm: nearest (default), ceiling, mse, unconstrained (keeps the scales) or probe "
+            "(an ablation, not servable).",
         ),
     ] = "nearest",
     json_report: Annotated[
@@ -199,7 +202,7 @@ def convert(
 
 
 def inspect(
-    src: Annotated[str, typer.Argument(help="Checkpoint directory or Hub repo id.")],
+    src: Annotated[str, typer.Argument(help="Checkpoint directory or Hub repo id.", metavar="SRC")],
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
     revision: Annotated[Optional[str], typer.Option("--revision", help="Hub revision when SRC is a repo id.")] = None,
 ):
@@ -242,8 +245,8 @@ def inspect(
 
 
 def verify(
-    a: Annotated[Path, typer.Argument(help="First checkpoint directory.")],
-    b: Annotated[Path, typer.Argument(help="Second checkpoint directory.")],
+    a: Annotated[Path, typer.Argument(help="First checkpoint directory.", metavar="A")],
+    b: Annotated[Path, typer.Argument(help="Second checkpoint directory.", metavar="B")],
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ):
     """Exit 0 when two checkpoints are byte-identical, 1 listing what differs (tensor by tensor), 2 when one cannot be read."""

@@ -51,9 +51,9 @@ from requant.commands._common import (
 def determinism(
     ckpt: CkptArg = None,
     backends: BackendsOpt = None,
-    prompts: Annotated[int, typer.Option("--prompts", help="built-in calibration prompts to decode (1-16)")] = 8,
+    prompts: Annotated[int, typer.Option("--prompts", help="Built-in calibration prompts to decode (1-16).")] = 8,
     new_tokens: Annotated[
-        int, typer.Option("--new-tokens", help="tokens to generate per prompt (greedy, no stop at eos)")
+        int, typer.Option("--new-tokens", help="Tokens to generate per prompt (greedy, no stop at eos).")
     ] = 64,
     json_out: JsonOpt = None,
     device: DeviceOpt = None,
@@ -61,7 +61,7 @@ def determinism(
         str,
         typer.Option(
             "--act-backend",
-            help="quantize_activations backend shared by both sides (reference or triton: the same bits)",
+            help="The quantize_activations backend shared by both sides (reference or triton: the same bits).",
         ),
     ] = "reference",
     revision: RevisionOpt = None,

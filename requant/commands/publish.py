@@ -58,7 +58,7 @@ def _warn(lines) -> None:
 
 
 def manifest(
-    ckpt: Annotated[Path, typer.Argument(help="Checkpoint directory.")],
+    ckpt: Annotated[Path, typer.Argument(help="Checkpoint directory.", metavar="CKPT")],
     write: Annotated[
         bool, typer.Option("--write", help="Compute and write CKPT/SHA256SUMS (atomically; replaces an existing one).")
     ] = False,
@@ -142,7 +142,7 @@ def manifest(
 
 
 def card(
-    ckpt: Annotated[Path, typer.Argument(help="Checkpoint directory.")],
+    ckpt: Annotated[Path, typer.Argument(help="Checkpoint directory.", metavar="CKPT")],
     audit: Annotated[
         Optional[Path],
         typer.Option(
@@ -216,8 +216,8 @@ def card(
 
 
 def push(
-    ckpt: Annotated[Path, typer.Argument(help="Checkpoint directory.")],
-    repo_id: Annotated[str, typer.Argument(help="Hub model repo, owner/name (created if missing).")],
+    ckpt: Annotated[Path, typer.Argument(help="Checkpoint directory.", metavar="CKPT")],
+    repo_id: Annotated[str, typer.Argument(help="Hub model repo, owner/name (created if missing).", metavar="REPO_ID")],
     private: Annotated[
         bool, typer.Option("--private", help="Create the repo private (an existing repo keeps its visibility).")
     ] = False,
@@ -260,7 +260,7 @@ def push(
         table = Table(
             title=f"would upload to {escape(repo_id)}" + (f" (branch {escape(revision)})" if revision else "")
         )
-        for col, just in (("file", "left"), ("bytes", "right"), ("sha256", "left"), ("", "left")):
+        for col, just in (("file", "left"), ("bytes", "right"), ("sha256", "left"), ("note", "left")):
             table.add_column(col, justify=just)
         for u in p.files:
             table.add_row(escape(u.path_in_repo), f"{u.size:,}", u.sha256, escape(u.note))
