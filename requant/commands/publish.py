@@ -17,7 +17,6 @@ from typing import Annotated, Optional
 import typer
 from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
-from rich.table import Table
 
 from requant.commands._common import EXIT_FAILED, UsageError, cannot_run, err, fail, out, warn
 
@@ -50,6 +49,17 @@ def _hashing(root: Path, what: str):
     ) as progress:
         task = progress.add_task(what, total=total)
         yield lambda n: progress.advance(task, n)
+
+
+def aligned_columns(header: tuple[str, ...], rows: list[tuple[str, ...]], right: set[int] = frozenset()) -> list[str]:
+    """Named columns as plain lines, each column as wide as its widest cell (never cut, whatever
+    the terminal's width: a sha256 must stay whole), no trailing spaces."""
+    widths = [max(len(str(c)) for c in col) for col in zip(header, *rows)]
+    lines = []
+    for r in (header, *rows):
+        cells = [str(c).rjust(w) if i in right else str(c).ljust(w) for i, (c, w) in enumerate(zip(r, widths))]
+        lines.append("  ".join(cells).rstrip())
+    return lines
 
 
 def _warn(lines) -> None:
@@ -257,14 +267,10 @@ def push(
         err().print(f"note: {escape(note)}")
     stdout = out()
     if dry_run:
-        table = Table(
-            title=f"would upload to {escape(repo_id)}" + (f" (branch {escape(revision)})" if revision else "")
-        )
-        for col, just in (("file", "left"), ("bytes", "right"), ("sha256", "left"), ("note", "left")):
-            table.add_column(col, justify=just)
-        for u in p.files:
-            table.add_row(escape(u.path_in_repo), f"{u.size:,}", u.sha256, escape(u.note))
-        stdout.print(table)
+        stdout.print(f"would upload to {escape(repo_id)}" + (f" (branch {escape(revision)})" if revision else ""))
+        rows = [(u.path_in_repo, f"{u.size:,}", u.sha256, u.note) for u in p.files]
+        for line in aligned_columns(("file", "bytes", "sha256", "note"), rows, right={1}):
+            stdout.print(escape(line))
         stdout.print(
             f"{len(p.files)} files, {p.total_bytes:,} bytes; manifest digest {p.manifest_digest}. "
             "Dry run: nothing was contacted or written."
