@@ -186,7 +186,6 @@ class Bf16Dir:
         from requant.checkpoint import check_qwen3
         from requant.links import check_inside
 
-        check_qwen3(config, path / "config.json")
         self.path = path
         self.config = config
         index = path / "model.safetensors.index.json"
@@ -194,6 +193,7 @@ class Bf16Dir:
         for f in (path / "config.json", index, single):  # no link out of the directory (requant.links)
             if f.is_symlink():
                 check_inside(path, f)
+        check_qwen3(config, path / "config.json")  # after the link rules: nothing read from outside first
         if index.is_file():
             try:
                 wm = json.loads(index.read_text())["weight_map"]
