@@ -9,6 +9,7 @@ SIGTERM is treated as Ctrl-C for the whole run, so every command's cleanup runs 
 
 from __future__ import annotations
 
+import re
 import signal
 import sys
 import threading
@@ -72,6 +73,9 @@ def _usage_error(exc: UsageError) -> int:
     debug_traceback()
     msg = " ".join(exc.format_message().split())  # one line whatever click put in it
     msg = msg.replace("Value error, ", "")
+    msg = re.sub(
+        r"\(Possible options?: ([^)]*)\)", lambda m: f"(did you mean {m.group(1).replace(', ', ' or ')}?)", msg
+    )
     where = exc.ctx.command_path if exc.ctx is not None else "requant"
     err().print(f"[bold red]error:[/] {plain(msg)} (see {plain(where)} --help)")
     return EXIT_ERROR

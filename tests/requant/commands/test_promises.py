@@ -133,7 +133,7 @@ def test_usage_error_is_one_line(case, tmp_path):
 
 def test_usage_error_keeps_the_did_you_mean_hint():
     res = runner.invoke(app, ["audit", "--jsn", "x"])
-    assert "--json" in res.stderr.splitlines()[0]
+    assert res.stderr.splitlines() == ["error: No such option: --jsn (did you mean --json?) (see requant audit --help)"]
 
 
 # -- SIGTERM -------------------------------------------------------------------------------
