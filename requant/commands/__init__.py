@@ -8,5 +8,5 @@ evaluate.py     eval (named so that it does not shadow the builtin when imported
 publish.py      manifest, card, push
 tp_check.py     tp-check
 _common.py      consoles, the error line, exit codes, the atomic JSON writer, shared options,
-                the echoed command line (command_line)
+                the echoed command line (echo_command)
 """

@@ -52,7 +52,6 @@ __all__ = [
     "check_device",
     "check_engine",
     "set_threads",
-    "command_line",
     "echo_command",
     "check_output_file",
     "check_output_dir",
@@ -209,8 +208,7 @@ def check_device(device: str) -> str:
 
 def check_engine(engine: str, device: str) -> str:
     """--engine: one of requant.runtime's ENGINES, and "fast" only where its Triton kernels run
-    (a CUDA device, or the CPU under TRITON_INTERPRET=1)."""
-
+    (a CUDA device, or the CPU under TRITON_INTERPRET=1, which it sets there: triton_interpreter_on_cpu)."""
     engines = ("auto", "fast", "reference")
     if engine not in engines:
         raise UsageError(f"--engine must be one of {', '.join(engines)}, got {engine!r}")
@@ -233,17 +231,6 @@ def set_threads(threads: Optional[int], device: str) -> None:
         import torch
 
         torch.set_num_threads(n)
-
-
-def command_line(name: str, positional: list | None = None, options: dict | None = None) -> str:
-    """The `requant NAME ...` line recorded in a report: positionals, then each option whose
-    value is not None (True flags as the bare flag, False flags left out)."""
-    args = [str(p) for p in positional or [] if p is not None]
-    for flag, value in (options or {}).items():
-        if value is None or value is False:
-            continue
-        args += [flag] if value is True else [flag, str(value)]
-    return " ".join([f"requant {name}"] + [shlex.quote(a) for a in args])
 
 
 def _click_context():
@@ -271,7 +258,7 @@ def echo_command(name: str, resolved: dict | None = None) -> str:
     options: dict[str, object] = {}
     if ctx is not None:
         for param in ctx.command.params:
-            if param.name not in ctx.params or getattr(param, "is_eager", False) and param.name == "help":
+            if param.name not in ctx.params:  # --help and --version expose no value
                 continue
             value = ctx.params[param.name]
             given = ctx.get_parameter_source(param.name) not in (source.DEFAULT, source.DEFAULT_MAP, None)
