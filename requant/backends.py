@@ -115,12 +115,28 @@ def _fingerprint_order(name: str, device: str, vectors) -> dict:
     return {"order": rep["formula"], "source": "fingerprint", "verdict": rep["verdict"]}
 
 
+def triton_interpreter_on_cpu(device: str, wanted: bool = True) -> bool:
+    """On a device that is not CUDA, a Triton kernel runs under Triton's interpreter: set
+    TRITON_INTERPRET=1 unless the environment already says (a user's explicit 0 is kept), and
+    only while Triton is not yet imported (it reads the variable once, at import). True when
+    the interpreter is (now) on."""
+    import os
+    import sys
+
+    if wanted and not str(device).startswith("cuda") and "triton" not in sys.modules:
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
 def check_runnable(backends: tuple[str, ...], device: str, act_backend: str, option: str = "--backends") -> None:
     """UsageError naming the option at fault (`option` for the GEMM backends, --act-backend
-    for the activation one) when a backend cannot run on `device`, before anything is loaded."""
+    for the activation one) when a backend cannot run on `device`, before anything is loaded.
+    A triton backend on a CPU device turns Triton's interpreter on (triton_interpreter_on_cpu)."""
     import os
 
     from requant.errors import UsageError
+
+    triton_interpreter_on_cpu(device, "triton" in backends or act_backend == "triton")
 
     cpu_hint = "--backends reference" if option == "--backends" else f"{option} reference-triton-order"
     if "cutlass" in backends and not device.startswith("cuda"):

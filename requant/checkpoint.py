@@ -5,7 +5,8 @@ This is the one place that decides whether a directory is a checkpoint requant a
 `huggingface_hub.snapshot_download`, which honours HF_HUB_OFFLINE and the local cache),
 then checks, before any tensor data is used by anyone:
 
-  * config.json exists, is JSON, and its quantization_config is the W8A8 scheme
+  * config.json exists, is JSON, describes a Qwen3 (architectures ["Qwen3ForCausalLM"],
+    model_type "qwen3": check_qwen3), and its quantization_config is the W8A8 scheme
     (requant.scheme, which names the offending field);
   * the weights are either one `model.safetensors` or the shards that
     `model.safetensors.index.json` names (plain file names only: no path traversal),
@@ -26,6 +27,7 @@ The public API (a contract other parts of requant code against):
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
@@ -33,7 +35,7 @@ from pathlib import Path
 import torch
 
 from requant import scheme as scheme_mod
-from requant.errors import CheckpointError, LayoutError, SafetensorsFormatError, TensorError
+from requant.errors import CheckpointError, LayoutError, SafetensorsFormatError, SchemeError, TensorError
 from requant.links import check_inside
 from requant.safetensors_io import SafetensorsFile, read_header
 
@@ -79,6 +81,22 @@ _RANK = {
     "weight_scale": 1,
 }
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+ARCHITECTURES = ["Qwen3ForCausalLM"]
+MODEL_TYPE = "qwen3"
+
+
+def check_qwen3(config: dict, file: str | os.PathLike) -> None:
+    """SchemeError naming `file` and the field unless config.json describes a Qwen3 dense model
+    (architectures ["Qwen3ForCausalLM"], model_type "qwen3"): the one architecture check, for W8A8
+    checkpoints and bf16 directories alike, made before any tensor is read."""
+    arch = config.get("architectures")
+    if arch != ARCHITECTURES:
+        shown = "missing" if arch is None else "is " + json.dumps(arch)[:120]
+        raise SchemeError(f"architectures {shown}; requant supports {ARCHITECTURES[0]} only", file=file)
+    mt = config.get("model_type")
+    if mt != MODEL_TYPE:
+        shown = "missing" if mt is None else "is " + json.dumps(mt)[:120]
+        raise SchemeError(f"model_type {shown}; requant supports {MODEL_TYPE!r} ({ARCHITECTURES[0]}) only", file=file)
 
 
 def model_order_key(name: str):
@@ -200,11 +218,28 @@ def resolve_source(src: str | os.PathLike, *, revision: str | None = None) -> tu
             ],
         )
     except Exception as exc:  # the hub raises many types; all mean "could not resolve"
-        raise LayoutError(
-            f"could not resolve Hub repo id{' at revision ' + revision if revision else ''}: {type(exc).__name__}: {exc}",
-            file=s,
-        ) from None
+        raise LayoutError(f"no such directory on this machine, and {_hub_miss(exc, s, revision)}", file=s) from None
     return Path(local), True
+
+
+def _hub_miss(exc: Exception, repo_id: str, revision: str | None) -> str:
+    """Why `repo_id` did not resolve on the Hub, in words (one line, no exception class names):
+    a path mistyped on the command line usually also looks like an org/name repo id."""
+    from huggingface_hub import errors
+
+    at = f" at revision {revision}" if revision else ""
+    if isinstance(exc, errors.LocalEntryNotFoundError):
+        offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() not in ("", "0", "false", "no", "off")
+        why = "HF_HUB_OFFLINE is set" if offline else "the Hub could not be reached"
+        return f"the Hub repo {repo_id}{at} is not in the local cache either ({why})"
+    if isinstance(exc, errors.GatedRepoError):
+        return f"the Hub repo {repo_id} is gated (log in or set HF_TOKEN)"
+    if isinstance(exc, errors.RevisionNotFoundError):
+        return f"the Hub repo {repo_id} has no revision {revision}"
+    if isinstance(exc, errors.RepositoryNotFoundError):
+        return f"no Hub repo {repo_id} was found either (or it is private)"
+    first = next((line.strip() for line in str(exc).splitlines() if line.strip()), "no reason given")
+    return f"the Hub repo {repo_id}{at} could not be fetched either: {first[:200]}"
 
 
 def _load_json(path: Path, what: str):
@@ -296,6 +331,7 @@ def open_checkpoint(src: str | os.PathLike, *, revision: str | None = None) -> C
     config = _load_json(config_path, "config.json")
     if not isinstance(config, dict):
         raise LayoutError("config.json is not a JSON object", file=config_path)
+    check_qwen3(config, config_path)
     scheme = scheme_mod.validate(config, file=str(config_path))
 
     shards, weight_map, index_path = read_weight_files(path)
@@ -424,4 +460,5 @@ __all__ = [
     "model_order_key",
     "is_ignored",
     "check_scale_values",
+    "check_qwen3",
 ]

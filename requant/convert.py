@@ -245,7 +245,7 @@ def convert(
                 source_hashes = mf.BackgroundHashes(ckpt.path)
             job = streaming.Job(ckpt, dest.tmp, out, arm, src_weights, progress)
             try:
-                streaming.copy_other_files(ckpt, dest.tmp, out)
+                streaming.copy_other_files(ckpt, dest.tmp, out, arm)
                 job.create_outputs()
                 units = [(name, seg) for name, f in ckpt.shards.items() for seg in streaming.segments(f)]
                 workers = max(1, min(jobs or os.cpu_count() or 1, len(units), MAX_WORKERS))

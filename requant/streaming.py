@@ -68,10 +68,14 @@ def _pwrite_all(fd: int, data, offset: int) -> None:
         done += os.pwrite(fd, mv[done:], offset + done)
 
 
-def copy_other_files(ckpt: Checkpoint, tmp: Path, out: Path) -> None:
+def copy_other_files(ckpt: Checkpoint, tmp: Path, out: Path, arm: str = "unconstrained") -> None:
     """Copy every file that is not a shard (config and index included) byte for byte,
     following symlinks inside the checkpoint (Hub snapshots link into the blob cache) and
-    refusing one that leads out of it (requant.evidence.manifest.walk_files, before anything is copied)."""
+    refusing one that leads out of it (requant.evidence.manifest.walk_files, before anything is copied).
+
+    The source's README.md is the exception under a constrained arm: its text describes the
+    source's scales, so the output gets readme_stub() instead (its front matter, license and
+    base model, kept verbatim for `requant card`); `unconstrained` copies it like every file."""
     skip = set(ckpt.shards)
     for rel, src in walk_files(ckpt.path, SKIP_DIRS).items():
         if rel in skip:
@@ -79,9 +83,36 @@ def copy_other_files(ckpt: Checkpoint, tmp: Path, out: Path) -> None:
         dst = tmp / rel
         try:
             dst.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(src, dst)
+            if rel == README and arm != "unconstrained":
+                dst.write_bytes(readme_stub(src.read_bytes(), arm))
+            else:
+                shutil.copyfile(src, dst)
         except OSError as exc:
             raise OutputError(f"copying {src} failed: {os_reason(exc)}", file=out / rel) from exc
+
+
+README = "README.md"
+
+
+def readme_stub(source_readme: bytes, arm: str) -> bytes:
+    """The README.md of a converted checkpoint until `requant card` writes its card: the
+    source README's YAML front matter unchanged (where the card takes license and base model
+    from), then three lines saying what this is and that the card comes from `requant card`."""
+    text = source_readme.decode("utf-8", errors="replace")
+    front = ""
+    if text.startswith("---\n") or text.startswith("---\r\n"):
+        end = text.find("\n---", 3)
+        if end != -1:
+            stop = text.find("\n", end + 4)
+            front = text[: len(text) if stop == -1 else stop + 1]
+            if not front.endswith("\n"):
+                front += "\n"
+    body = (
+        f"# Converted by requant (arm {arm})\n\n"
+        "The source's model card described the source's weight scales, so it is not copied here.\n"
+        "Write this checkpoint's card from its reports with `requant card DIR`.\n"
+    )
+    return (front + ("\n" if front else "") + body).encode("utf-8")
 
 
 class Job:

@@ -2,8 +2,11 @@
 
 checkpoint.py   convert, inspect, verify
 audit.py        audit
+conform.py      conform
 determinism.py  determinism
-eval.py         eval
+evaluate.py     eval (named so that it does not shadow the builtin when imported)
 publish.py      manifest, card, push
-_common.py      consoles, the error line, exit codes, the atomic JSON writer, shared options
+tp_check.py     tp-check
+_common.py      consoles, the error line, exit codes, the atomic JSON writer, shared options,
+                the echoed command line (echo_command)
 """

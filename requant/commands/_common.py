@@ -43,6 +43,7 @@ __all__ = [
     "out",
     "err",
     "fail",
+    "debug_traceback",
     "warn",
     "plain",
     "cannot_run",
@@ -52,7 +53,7 @@ __all__ = [
     "check_device",
     "check_engine",
     "set_threads",
-    "command_line",
+    "echo_command",
     "check_output_file",
     "check_output_dir",
     "check_not_inside",
@@ -76,10 +77,9 @@ EXIT_INTERRUPTED = 130
 
 # -- consoles and lines ------------------------------------------------------------------
 def out() -> Console:
-    """stdout for people: tables and summary lines (never hard-wrapped when piped)."""
-    return Console(
-        file=sys.stdout, highlight=False, emoji=False, soft_wrap=True, width=None if sys.stdout.isatty() else 200
-    )
+    """stdout for people: tables and summary lines. Lines are never hard-wrapped (soft_wrap); a
+    table takes the terminal's width, or COLUMNS (else 80) when piped, and folds long cells."""
+    return Console(file=sys.stdout, highlight=False, emoji=False, soft_wrap=True)
 
 
 def err() -> Console:
@@ -97,9 +97,23 @@ def plain(text: object) -> str:
 
 
 def fail(msg: str, code: int = EXIT_ERROR) -> NoReturn:
-    """Print `error: msg` as one line on stderr and exit with `code`."""
+    """Print `error: msg` as one line on stderr and exit with `code` (REQUANT_DEBUG=1: the
+    traceback of the exception being handled first, see debug_traceback)."""
+    debug_traceback()
     err().print(f"[bold red]error:[/] {plain(msg)}")
     raise typer.Exit(code)
+
+
+def debug_traceback() -> None:
+    """With REQUANT_DEBUG=1 in the environment (as HF_DEBUG for huggingface_hub), print the
+    traceback of the exception being handled to stderr, above the one-line error; else nothing."""
+    if os.environ.get("REQUANT_DEBUG", "") in ("", "0"):
+        return
+    import traceback
+
+    exc = sys.exc_info()[1]
+    if exc is not None:
+        traceback.print_exception(exc, file=sys.stderr)
 
 
 def warn(msg: str) -> None:
@@ -196,13 +210,13 @@ def check_device(device: str) -> str:
 
 def check_engine(engine: str, device: str) -> str:
     """--engine: one of requant.runtime's ENGINES, and "fast" only where its Triton kernels run
-    (a CUDA device, or the CPU under TRITON_INTERPRET=1)."""
-    import os
-
+    (a CUDA device, or the CPU under TRITON_INTERPRET=1, which it sets there: triton_interpreter_on_cpu)."""
     engines = ("auto", "fast", "reference")
     if engine not in engines:
         raise UsageError(f"--engine must be one of {', '.join(engines)}, got {engine!r}")
-    interpret = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    from requant.backends import triton_interpreter_on_cpu
+
+    interpret = triton_interpreter_on_cpu(str(device), engine == "fast")
     if engine == "fast" and not str(device).startswith("cuda") and not interpret:
         raise UsageError("--engine fast needs a CUDA GPU (or TRITON_INTERPRET=1 on CPU); on CPU use --engine reference")
     return engine
@@ -221,12 +235,50 @@ def set_threads(threads: Optional[int], device: str) -> None:
         torch.set_num_threads(n)
 
 
-def command_line(name: str, positional: list | None = None, options: dict | None = None) -> str:
-    """The `requant NAME ...` line recorded in a report: positionals, then each option whose
-    value is not None (True flags as the bare flag, False flags left out)."""
-    args = [str(p) for p in positional or [] if p is not None]
-    for flag, value in (options or {}).items():
+def _click_context():
+    """The running click context (typer's vendored click, or click itself), or None."""
+    try:
+        from typer._click.core import ParameterSource
+        from typer._click.globals import get_current_context
+    except ImportError:  # pragma: no cover - an older typer uses click itself
+        from click import get_current_context
+        from click.core import ParameterSource
+    return get_current_context(silent=True), ParameterSource
+
+
+def echo_command(name: str, resolved: dict | None = None) -> str:
+    """The `requant NAME ...` line a report records, built from what click parsed, so that it
+    cannot go stale when an option or a default changes: the arguments given, in order, then
+    every option given on the command line or through the environment, in declaration order
+    (its long flag; a True flag bare, a False flag left out). `resolved` {flag: value} adds or
+    replaces options whose default depends on the machine (the backend pair chosen for the
+    device, say), so the line reruns the same thing elsewhere. Outside a click context (a
+    command function called from Python) only `resolved` is known."""
+    ctx, source = _click_context()
+    resolved = dict(resolved or {})
+    args: list[str] = []
+    options: dict[str, object] = {}
+    if ctx is not None:
+        for param in ctx.command.params:
+            if param.name not in ctx.params:  # --help and --version expose no value
+                continue
+            value = ctx.params[param.name]
+            given = ctx.get_parameter_source(param.name) not in (source.DEFAULT, source.DEFAULT_MAP, None)
+            if param.param_type_name == "argument":
+                if value is not None and given:
+                    args += [str(v) for v in value] if isinstance(value, (list, tuple)) else [str(value)]
+                continue
+            flag = max((o for o in param.opts if o.startswith("--")), key=len, default=param.opts[0])
+            if given:
+                options[flag] = value
+    options.update(resolved)
+    for flag, value in options.items():
+        value = getattr(value, "value", value)  # an Enum choice: its name on the command line
         if value is None or value is False:
+            continue
+        if isinstance(value, (list, tuple)):  # a repeatable option: the flag once per value
+            for v in value:
+                args += [flag, str(getattr(v, "value", v))]
             continue
         args += [flag] if value is True else [flag, str(value)]
     return " ".join([f"requant {name}"] + [shlex.quote(a) for a in args])
@@ -316,16 +368,18 @@ def byte_tokens_option(command: Callable) -> Callable:
 # -- option types that repeat ------------------------------------------------------------
 CkptArg = Annotated[
     Optional[str],
-    typer.Argument(help="Checkpoint directory or Hub repo id (default: the embedded default).", show_default=False),
+    typer.Argument(
+        help="Checkpoint directory or Hub repo id (default: the embedded default).", show_default=False, metavar="CKPT"
+    ),
 ]
 DeviceOpt = Annotated[
-    Optional[str], typer.Option("--device", help="torch device (default: cuda if available, else cpu).")
+    Optional[str], typer.Option("--device", help="Torch device (default: cuda if available, else cpu).")
 ]
 ThreadsOpt = Annotated[
     Optional[int],
     typer.Option(
         "--threads",
-        help="torch CPU threads (default: 1 on a CPU device, torch's default otherwise; 0 = torch's default).",
+        help="Torch CPU threads (default: 1 on a CPU device, torch's default otherwise; 0 = torch's default).",
     ),
 ]
 BackendsOpt = Annotated[
@@ -345,7 +399,7 @@ ReportOpt = Annotated[
 EngineOpt = Annotated[
     str,
     typer.Option(
-        "--engine", help="runtime engine: auto (the fast engine on CUDA, the reference one on CPU), fast or reference."
+        "--engine", help="Runtime engine: auto (the fast engine on CUDA, the reference one on CPU), fast or reference."
     ),
 ]
 ByteTokensOpt = Annotated[

@@ -55,8 +55,8 @@ from requant.commands._common import (
     check_device,
     check_output_dir,
     check_output_file,
-    command_line,
     default_device,
+    echo_command,
     err,
     plain,
     progress_bar,
@@ -85,9 +85,14 @@ def _load_config(ckpt: Optional[str]) -> tuple[dict, str]:
             return c.config, str(c.path / "config.json")
     if not p.is_file():
         raise UsageError(f"{p}: no config.json")
+    from requant.checkpoint import check_qwen3
     from requant.inputs import load_json  # bounded, a regular file, too deep a nesting refused
 
-    return load_json(p, what="config.json"), str(p)
+    config = load_json(p, what="config.json")
+    if not isinstance(config, dict):
+        raise UsageError(f"{p}: not a JSON object")
+    check_qwen3(config, p)
+    return config, str(p)
 
 
 def _print_plan(plan: dict, where: str) -> None:
@@ -219,11 +224,11 @@ def _write_outputs(result: dict, json_out: Optional[Path], report: Optional[Path
 def audit(
     ckpt: CkptArg = None,
     backends: BackendsOpt = None,
-    prompts: Annotated[int, typer.Option("--prompts", help="calibration prompts to run (prefill)")] = 8,
+    prompts: Annotated[int, typer.Option("--prompts", help="Calibration prompts to run (prefill).")] = 8,
     json_out: JsonOpt = None,
     report: ReportOpt = None,
     plan: Annotated[
-        bool, typer.Option("--plan", help="print cell count and shapes from config.json, run nothing")
+        bool, typer.Option("--plan", help="Print cell count and shapes from config.json, run nothing.")
     ] = False,
     device: DeviceOpt = None,
     revision: RevisionOpt = None,
@@ -345,28 +350,7 @@ def audit(
             )
     if custom:
         result["custom_kernels"] = custom
-    command = command_line(
-        "audit",
-        [ckpt],
-        {
-            "--backends": spec,
-            "--prompts": prompts,
-            "--json": json_out,
-            "--report": report,
-            "--device": device,
-            "--revision": revision,
-            "--threads": threads,
-            "--byte-tokens": byte_tokens,
-            "--matrix": matrix,
-            "--phases": None if phases == "prefill,decode" else phases,
-            "--decode-batches": None if decode_batches == "1,8" else decode_batches,
-            "--decode-tokens": None if decode_tokens == 4 else decode_tokens,
-            "--injection": True if injection else None,
-            "--no-injection": True if injection is False else None,
-            "--injection-tokens": injection_tokens,
-            "--order": order,
-        },
-    )
+    command = echo_command("audit", {"--backends": spec})
     result["command"] = command
     for f in _write_outputs(result, json_out, report, command):
         console.print(f"wrote {plain(f)}")

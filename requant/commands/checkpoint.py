@@ -107,12 +107,43 @@ def _write_reports(result, report: dict, output: Path, json_report: Optional[Pat
             raise UsageError(f"{done}, but writing --json/--plot failed: {exc}; nothing of them was written") from None
 
 
+def _layer_table(result, arm_name: str) -> Table:
+    """The per-Linear table. Every column but the exponent shifts keeps its full width (the
+    Linear names without their common "model." prefix, so that layers.0.self_attn.q_proj and
+    its k/v/o rows stay distinguishable at 80 columns); the shifts fold onto a second line."""
+    from rich import box
+
+    header = ("Linear", "channels", "changed", "exponent shifts", "clipped", "rel. error")
+    rows = [
+        (
+            plain(name.removeprefix("model.")),
+            str(st.rows),
+            str(st.scales_changed),
+            _fmt_shifts(st.exponent_shifts),
+            str(st.weights_clipped),
+            f"{st.rel_error:.3e}",
+        )
+        for name, st in result.layers.items()
+    ]
+    table = Table(title=f"requant convert --arm {arm_name}", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    for i, col in enumerate(header):
+        if col == "exponent shifts":
+            table.add_column(col, overflow="fold")
+        else:
+            width = max(len(col), *(len(r[i]) for r in rows))
+            table.add_column(col, justify="left" if i == 0 else "right", no_wrap=True, min_width=width)
+    for r in rows:
+        table.add_row(*r)
+    return table
+
+
 def convert(
     src: Annotated[
         Optional[str],
         typer.Argument(
             help="Checkpoint directory or Hub repo id (default: the embedded tiny Qwen3 W8A8 checkpoint).",
             show_default=False,
+            metavar="SRC",
         ),
     ] = None,
     output: Annotated[
@@ -121,7 +152,9 @@ def convert(
     arm: Annotated[
         Arm,
         typer.Option(
-            "--arm", help="unconstrained | nearest | ceiling | mse | probe (probe is an ablation, not servable)."
+            "--arm",
+            help="Scale arm: nearest (default), ceiling, mse, unconstrained (keeps the scales) or probe "
+            "(an ablation, not servable).",
         ),
     ] = "nearest",
     json_report: Annotated[
@@ -196,26 +229,7 @@ def convert(
     _write_reports(result, report, output, json_report, plot)
     stdout = out()
     if not quiet and result.layers:
-        table = Table(title=f"requant convert --arm {arm_name}", show_lines=False)
-        for col, just in (
-            ("layer", "left"),
-            ("channels", "right"),
-            ("scales changed", "right"),
-            ("exponent shifts", "left"),
-            ("clipped", "right"),
-            ("rel. weight error", "right"),
-        ):
-            table.add_column(col, justify=just)
-        for name, st in result.layers.items():
-            table.add_row(
-                plain(name),
-                str(st.rows),
-                str(st.scales_changed),
-                _fmt_shifts(st.exponent_shifts),
-                str(st.weights_clipped),
-                f"{st.rel_error:.3e}",
-            )
-        stdout.print(table)
+        stdout.print(_layer_table(result, arm_name))
     t = report["totals"]
     stdout.print(
         f"{t['linears']} quantized Linears, {t['channels']} channels: {t['scales_changed']} scales changed, "
@@ -228,7 +242,7 @@ def convert(
 
 
 def inspect(
-    src: Annotated[str, typer.Argument(help="Checkpoint directory or Hub repo id.")],
+    src: Annotated[str, typer.Argument(help="Checkpoint directory or Hub repo id.", metavar="SRC")],
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
     revision: Annotated[Optional[str], typer.Option("--revision", help="Hub revision when SRC is a repo id.")] = None,
 ):
@@ -241,9 +255,6 @@ def inspect(
     if as_json:
         stdout.file.write(json_bytes(info, indent=2).decode("utf-8"))
         return
-    table = Table(show_header=False, title=plain(info["path"]))
-    table.add_column("", style="bold")
-    table.add_column("")
     rows = [
         ("architecture", f"{info['architecture']} ({info['model_type']})"),
         ("shape", ", ".join(f"{k}={v}" for k, v in info["config"].items())),
@@ -265,14 +276,17 @@ def inspect(
         ("shards", ", ".join(f"{k} ({v / 1e6:.1f} MB)" for k, v in info["shards"].items())),
         ("provenance", json.dumps(info["provenance"]) if info["provenance"] else "-"),
     ]
+    # "key  value" lines, not a table: nothing padded with spaces to the terminal's width, and a
+    # long value (the shape) stays on its line
+    stdout.print(plain(info["path"]))
+    width = max(len(k) for k, _ in rows)
     for k, v in rows:
-        table.add_row(k, plain(v))
-    stdout.print(table)
+        stdout.print(f"  [bold]{k:<{width}}[/]  {plain(v)}")
 
 
 def verify(
-    a: Annotated[Path, typer.Argument(help="First checkpoint directory.")],
-    b: Annotated[Path, typer.Argument(help="Second checkpoint directory.")],
+    a: Annotated[Path, typer.Argument(help="First checkpoint directory.", metavar="A")],
+    b: Annotated[Path, typer.Argument(help="Second checkpoint directory.", metavar="B")],
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ):
     """Exit 0 when two checkpoints are byte-identical, 1 listing what differs (tensor by tensor), 2 when one cannot be read."""

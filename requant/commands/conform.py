@@ -36,8 +36,8 @@ from requant.commands._common import (
     check_device,
     check_output_dir,
     check_output_file,
-    command_line,
     default_device,
+    echo_command,
     out,
     plain,
     set_threads,
@@ -89,9 +89,10 @@ def conform(
         _check_outputs(json_out, export_dir)
         from requant.audit import vectors as V
         from requant.audit.conform import KernelError, declared_order, fingerprint, resolve_kernel, run_cases
-        from requant.backends import environment
+        from requant.backends import environment, triton_interpreter_on_cpu
 
         dev = check_device(device or default_device())
+        triton_interpreter_on_cpu(dev)  # before the kernel's module imports Triton
         set_threads(None, dev)
         name, fn = resolve_kernel(backend, kernel)
         vs = V.build_vectors()
@@ -104,11 +105,7 @@ def conform(
         rep = fingerprint(name, outs, vs, declared_order(backend) if backend is not None else None)
     result = {
         "tool": "requant conform",
-        "command": command_line(
-            "conform",
-            [],
-            {"--backend": backend, "--kernel": kernel, "--device": device, "--json": json_out, "--export": export_dir},
-        ),
+        "command": echo_command("conform"),
         "backend": backend,
         "device": dev,
         "vectors": {

@@ -38,8 +38,8 @@ from requant.commands._common import (
     check_device,
     check_engine,
     check_output_file,
-    command_line,
     default_device,
+    echo_command,
     err,
     plain,
     progress_bar,
@@ -52,9 +52,9 @@ from requant.commands._common import (
 def determinism(
     ckpt: CkptArg = None,
     backends: BackendsOpt = None,
-    prompts: Annotated[int, typer.Option("--prompts", help="built-in calibration prompts to decode (1-16)")] = 8,
+    prompts: Annotated[int, typer.Option("--prompts", help="Built-in calibration prompts to decode (1-16).")] = 8,
     new_tokens: Annotated[
-        int, typer.Option("--new-tokens", help="tokens to generate per prompt (greedy, no stop at eos)")
+        int, typer.Option("--new-tokens", help="Tokens to generate per prompt (greedy, no stop at eos).")
     ] = 64,
     json_out: JsonOpt = None,
     device: DeviceOpt = None,
@@ -62,7 +62,7 @@ def determinism(
         str,
         typer.Option(
             "--act-backend",
-            help="quantize_activations backend shared by both sides (reference or triton: the same bits)",
+            help="The quantize_activations backend shared by both sides (reference or triton: the same bits).",
         ),
     ] = "reference",
     revision: RevisionOpt = None,
@@ -117,22 +117,7 @@ def determinism(
                 advance=lambda n=1: progress.advance(task, n),
                 on_phase=lambda msg: progress.console.log(plain(msg)),
             )
-    result["command"] = command_line(
-        "determinism",
-        [ckpt],
-        {
-            "--backends": spec,
-            "--prompts": prompts,
-            "--new-tokens": new_tokens,
-            "--json": json_out,
-            "--device": device,
-            "--revision": revision,
-            "--threads": threads,
-            "--act-backend": None if act_backend == "reference" else act_backend,
-            "--byte-tokens": byte_tokens,
-            "--engine": None if engine == "auto" else engine,
-        },
-    )
+    result["command"] = echo_command("determinism", {"--backends": spec})
     if json_out is not None:
         with cannot_run():
             write_json_atomic(json_out, result)

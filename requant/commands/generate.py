@@ -18,7 +18,6 @@ SHA256SUMS that does not match the files); 130 interrupted.
 from __future__ import annotations
 
 import json
-import shlex
 import sys
 import time
 from pathlib import Path
@@ -40,8 +39,8 @@ from requant.commands._common import (
     check_device,
     check_engine,
     check_output_file,
-    command_line,
     default_device,
+    echo_command,
     err,
     set_threads,
 )
@@ -205,27 +204,7 @@ def generate(
         f"{len(ids)} prompt(s), {n_new} new tokens in {wall:.2f} s; {model.engine} engine, {be}, {regime}, {mode}"
     )
     if json_out is not None:
-        cmd = command_line(
-            "generate",
-            [ckpt],
-            {
-                "--prompts": prompts_file,
-                "--max-new-tokens": max_new_tokens,
-                "--no-eos": not eos,
-                "--temperature": temperature or None,
-                "--top-k": top_k or None,
-                "--top-p": None if top_p == 1.0 else top_p,
-                "--seed": seed or None,
-                "--backend": backend,
-                "--engine": None if engine == "auto" else engine,
-                "--regime": regime,
-                "--device": device,
-                "--revision": revision,
-                "--byte-tokens": byte_tokens,
-            },
-        )
-        if prompt:  # repeatable: command_line takes each flag once
-            cmd += "".join(f" --prompt {shlex.quote(p)}" for p in prompt)
+        cmd = echo_command("generate")
         context = {
             "checkpoint": None if ckpt is None else str(ckpt),
             "checkpoint_path": str(checkpoint.path),

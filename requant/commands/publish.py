@@ -16,7 +16,6 @@ from typing import Annotated, Optional
 
 import typer
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
-from rich.table import Table
 
 from requant.commands._common import EXIT_FAILED, UsageError, cannot_run, err, fail, out, plain, warn
 
@@ -51,13 +50,24 @@ def _hashing(root: Path, what: str):
         yield lambda n: progress.advance(task, n)
 
 
+def aligned_columns(header: tuple[str, ...], rows: list[tuple[str, ...]], right: set[int] = frozenset()) -> list[str]:
+    """Named columns as plain lines, each column as wide as its widest cell (never cut, whatever
+    the terminal's width: a sha256 must stay whole), no trailing spaces."""
+    widths = [max(len(str(c)) for c in col) for col in zip(header, *rows)]
+    lines = []
+    for r in (header, *rows):
+        cells = [str(c).rjust(w) if i in right else str(c).ljust(w) for i, (c, w) in enumerate(zip(r, widths))]
+        lines.append("  ".join(cells).rstrip())
+    return lines
+
+
 def _warn(lines) -> None:
     for line in lines:
         warn(line)
 
 
 def manifest(
-    ckpt: Annotated[Path, typer.Argument(help="Checkpoint directory.")],
+    ckpt: Annotated[Path, typer.Argument(help="Checkpoint directory.", metavar="CKPT")],
     write: Annotated[
         bool, typer.Option("--write", help="Compute and write CKPT/SHA256SUMS (atomically; replaces an existing one).")
     ] = False,
@@ -146,7 +156,7 @@ def manifest(
 
 
 def card(
-    ckpt: Annotated[Path, typer.Argument(help="Checkpoint directory.")],
+    ckpt: Annotated[Path, typer.Argument(help="Checkpoint directory.", metavar="CKPT")],
     audit: Annotated[
         Optional[Path],
         typer.Option(
@@ -223,8 +233,8 @@ def card(
 
 
 def push(
-    ckpt: Annotated[Path, typer.Argument(help="Checkpoint directory.")],
-    repo_id: Annotated[str, typer.Argument(help="Hub model repo, owner/name (created if missing).")],
+    ckpt: Annotated[Path, typer.Argument(help="Checkpoint directory.", metavar="CKPT")],
+    repo_id: Annotated[str, typer.Argument(help="Hub model repo, owner/name (created if missing).", metavar="REPO_ID")],
     private: Annotated[
         bool, typer.Option("--private", help="Create the repo private (an existing repo keeps its visibility).")
     ] = False,
@@ -264,12 +274,10 @@ def push(
         err().print(f"note: {plain(note)}")
     stdout = out()
     if dry_run:
-        table = Table(title=f"would upload to {plain(repo_id)}" + (f" (branch {plain(revision)})" if revision else ""))
-        for col, just in (("file", "left"), ("bytes", "right"), ("sha256", "left"), ("", "left")):
-            table.add_column(col, justify=just)
-        for u in p.files:
-            table.add_row(plain(u.path_in_repo), f"{u.size:,}", u.sha256, plain(u.note))
-        stdout.print(table)
+        stdout.print(f"would upload to {plain(repo_id)}" + (f" (branch {plain(revision)})" if revision else ""))
+        rows = [(u.path_in_repo, f"{u.size:,}", u.sha256, u.note) for u in p.files]
+        for line in aligned_columns(("file", "bytes", "sha256", "note"), rows, right={1}):
+            stdout.print(plain(line))
         stdout.print(
             f"{len(p.files)} files, {p.total_bytes:,} bytes; manifest digest {p.manifest_digest}. "
             "Dry run: nothing was contacted or written."

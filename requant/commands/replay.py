@@ -37,8 +37,8 @@ from requant.commands._common import (
     check_device,
     check_engine,
     check_output_file,
-    command_line,
     default_device,
+    echo_command,
     err,
     set_threads,
     write_json_atomic,
@@ -178,19 +178,7 @@ def replay(
             "batch_with": batch_with,
             "records": results,
             "ok": ok,
-            "command": command_line(
-                "replay",
-                [record],
-                {
-                    "--checkpoint": checkpoint,
-                    "--backend": backend,
-                    "--engine": engine,
-                    "--batch-with": batch_with or None,
-                    "--device": device,
-                    "--json": json_out,
-                    "--byte-tokens": byte_tokens,
-                },
-            ),
+            "command": echo_command("replay"),
         }
         with cannot_run():
             write_json_atomic(json_out, result)

@@ -43,8 +43,8 @@ from requant.commands._common import (
     cannot_run,
     check_device,
     check_output_file,
-    command_line,
     default_device,
+    echo_command,
     err,
     fail,
     plain,
@@ -130,40 +130,44 @@ def _check_parsed(timeout: float, act_backend: str, json_out) -> None:
 def tp_check(
     ckpt: CkptArg = None,
     tp: Annotated[
-        str, typer.Option("--tp", help="tensor-parallel degrees, comma-separated (TP 1 is always run)")
+        str, typer.Option("--tp", help="Tensor-parallel degrees, comma-separated (TP 1 is always run).")
     ] = "1,2",
     backend: Annotated[
         Optional[str],
-        typer.Option("--backend", help="scaled_mm backend (default: cutlass on CUDA, reference-triton-order on CPU)"),
+        typer.Option(
+            "--backend", help="The scaled_mm backend (default: cutlass on CUDA, reference-triton-order on CPU)."
+        ),
     ] = None,
-    regime: Annotated[str, typer.Option("--regime", help="weight scales: native or pow2 (the nearest arm)")] = "native",
+    regime: Annotated[
+        str, typer.Option("--regime", help="Weight scales: native or pow2 (the nearest arm).")
+    ] = "native",
     reduce: Annotated[
         str,
-        typer.Option("--reduce", help="row-parallel all-reduce: int32 accumulators (exact) or bf16 partial outputs"),
+        typer.Option("--reduce", help="Row-parallel all-reduce: int32 accumulators (exact) or bf16 partial outputs."),
     ] = "int32",
-    new_tokens: Annotated[int, typer.Option("--new-tokens", help="greedy tokens per prompt (no stop at eos)")] = 16,
-    prompts: Annotated[int, typer.Option("--prompts", help="built-in calibration prompts (1-16)")] = 4,
+    new_tokens: Annotated[int, typer.Option("--new-tokens", help="Greedy tokens per prompt (no stop at eos).")] = 16,
+    prompts: Annotated[int, typer.Option("--prompts", help="Built-in calibration prompts (1-16).")] = 4,
     json_out: JsonOpt = None,
     device: DeviceOpt = None,
     act_backend: Annotated[
         str,
         typer.Option(
             "--act-backend",
-            help="quantize_activations backend (reference or triton: the same bits)",
+            help="The quantize_activations backend (reference or triton: the same bits).",
             callback=_check_act_backend,
         ),
     ] = "reference",
     revision: RevisionOpt = None,
     threads: ThreadsOpt = None,
     timeout: Annotated[
-        float, typer.Option("--timeout", help="seconds for the whole launch", callback=_check_timeout)
+        float, typer.Option("--timeout", help="Seconds for the whole launch.", callback=_check_timeout)
     ] = 600.0,
     comm: Annotated[
         str,
         typer.Option(
             "--comm",
-            help="collectives: nccl (one GPU per rank) or gloo (any device; on CUDA ranks share the GPUs); "
-            "default nccl on CUDA, gloo on CPU",
+            help="Collectives: nccl (one GPU per rank) or gloo (any device; on CUDA ranks share the GPUs); "
+            "default nccl on CUDA, gloo on CPU.",
         ),
     ] = "auto",
 ) -> None:
@@ -271,24 +275,7 @@ def tp_check(
             "prompts": prompts,
             "prompt_tokens": [len(p) for p in ids],
             "new_tokens": new_tokens,
-            "command": command_line(
-                "tp-check",
-                [ckpt],
-                {
-                    "--tp": tp,
-                    "--backend": backend,
-                    "--regime": None if regime == "native" else regime,
-                    "--reduce": None if reduce == "int32" else reduce,
-                    "--new-tokens": new_tokens,
-                    "--prompts": prompts,
-                    "--json": json_out,
-                    "--device": device,
-                    "--act-backend": None if act_backend == "reference" else act_backend,
-                    "--revision": revision,
-                    "--threads": threads,
-                    "--comm": None if comm == "auto" else comm,
-                },
-            ),
+            "command": echo_command("tp-check"),
             "environment": environment(dev),
             **identity,
         }

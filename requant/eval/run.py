@@ -111,8 +111,9 @@ def check_source(source: Path, ckpt_config: dict) -> None:
         raise UsageError(f"{cfg_path}: not a JSON object")
     if "quantization_config" in cfg:
         raise UsageError(f"{cfg_path}: has a quantization_config; --source is the unquantized bf16 original")
-    if cfg.get("model_type") not in (None, "qwen3"):
-        raise UsageError(f"{cfg_path}: model_type {cfg.get('model_type')!r} is not qwen3")
+    from requant.checkpoint import check_qwen3
+
+    check_qwen3(cfg, cfg_path)
     try:
         arch = Qwen3Arch.from_config(cfg)
     except ValueError as exc:

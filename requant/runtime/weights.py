@@ -210,6 +210,7 @@ class Bf16Dir:
     """A plain (unquantized) Qwen3 safetensors directory, read with the safetensors library."""
 
     def __init__(self, path: Path, config: dict):
+        from requant.checkpoint import check_qwen3
         from requant.links import check_inside
 
         self.path = path
@@ -219,6 +220,7 @@ class Bf16Dir:
         for f in (path / "config.json", index, single):  # no link out of the directory (requant.links)
             if f.is_symlink():
                 check_inside(path, f)
+        check_qwen3(config, path / "config.json")  # after the link rules: nothing read from outside first
         if index.is_file():
             try:
                 wm = json.loads(index.read_text())["weight_map"]

@@ -408,6 +408,7 @@ def test_bad_bf16_directories_name_the_tensor(tmp_path):
         load_model(src)
     shutil.rmtree(src)
     src.mkdir()
-    (src / "config.json").write_text(json.dumps({"vocab_size": 64}))
+    qwen3 = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3"}  # a Qwen3 config, but no weights
+    (src / "config.json").write_text(json.dumps({"vocab_size": 64, **qwen3}))
     with pytest.raises(ValueError, match="model.safetensors"):
         load_model(src)

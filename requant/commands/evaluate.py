@@ -36,8 +36,8 @@ from requant.commands._common import (
     check_engine,
     check_output_dir,
     check_output_file,
-    command_line,
     default_device,
+    echo_command,
     err,
     out,
     plain,
@@ -114,36 +114,38 @@ def eval_command(
         str,
         typer.Option(
             "--arms",
-            help="comma-separated: native and converter arms (unconstrained, nearest, ceiling, mse, probe); native is always included",
+            help="Comma-separated: native and converter arms (unconstrained, nearest, ceiling, mse, probe); native is always included.",
         ),
     ] = DEFAULT_ARMS,
     source: Annotated[
         Optional[Path],
-        typer.Option("--source", help="the unquantized bf16 Qwen3 directory: adds a 'bf16' row (dense Linears)"),
+        typer.Option("--source", help="The unquantized bf16 Qwen3 directory: adds a 'bf16' row (dense Linears)."),
     ] = None,
     tasks: Annotated[
         str,
         typer.Option(
             "--tasks",
-            help="comma-separated lm-eval tasks; requant-heldout is shipped and offline, others need lm-eval's datasets",
+            help="Comma-separated lm-eval tasks; requant-heldout is shipped and offline, others need lm-eval's datasets.",
         ),
     ] = "requant-heldout",
     backend: Annotated[
         Optional[str],
-        typer.Option("--backend", help="scaled_mm backend (default: triton on a GPU, reference-triton-order on CPU)"),
+        typer.Option(
+            "--backend", help="The scaled_mm backend (default: triton on a GPU, reference-triton-order on CPU)."
+        ),
     ] = None,
-    act_backend: Annotated[str, typer.Option("--act-backend", help="quantize_activations backend")] = "reference",
+    act_backend: Annotated[str, typer.Option("--act-backend", help="The quantize_activations backend.")] = "reference",
     limit: Annotated[
-        Optional[int], typer.Option("--limit", help="score only the first N documents of each task")
+        Optional[int], typer.Option("--limit", help="Score only the first N documents of each task.")
     ] = None,
     bootstrap: Annotated[
-        int, typer.Option("--bootstrap", help="paired bootstrap replicates (resampling documents)")
+        int, typer.Option("--bootstrap", help="Paired bootstrap replicates (resampling documents).")
     ] = 2000,
-    seed: Annotated[int, typer.Option("--seed", help="bootstrap seed")] = 0,
-    batch_size: Annotated[int, typer.Option("--batch-size", help="windows per runtime call")] = 4,
+    seed: Annotated[int, typer.Option("--seed", help="Bootstrap seed.")] = 0,
+    batch_size: Annotated[int, typer.Option("--batch-size", help="Windows per runtime call.")] = 4,
     max_length: Annotated[
         Optional[int],
-        typer.Option("--max-length", help="rolling window length in tokens (default: the model's max_length)"),
+        typer.Option("--max-length", help="Rolling window length in tokens (default: the model's max_length)."),
     ] = None,
     json_out: JsonOpt = None,
     report: ReportOpt = None,
@@ -199,28 +201,7 @@ def eval_command(
                 on_phase=lambda msg: progress.console.print(plain(msg)),
                 hash_progress=progress_for("manifest digest (sha256 of every file)", "bytes"),
             )
-    result["command"] = command_line(
-        "eval",
-        [ckpt],
-        {
-            "--arms": arms,
-            "--tasks": tasks,
-            "--source": source,
-            "--backend": backend,
-            "--limit": limit,
-            "--max-length": max_length,
-            "--json": json_out,
-            "--report": report,
-            "--device": device,
-            "--threads": threads,
-            "--act-backend": None if act_backend == "reference" else act_backend,
-            "--engine": None if engine == "auto" else engine,
-            "--bootstrap": bootstrap,
-            "--seed": seed,
-            "--batch-size": batch_size,
-            "--byte-tokens": byte_tokens,
-        },
-    )
+    result["command"] = echo_command("eval")
     for f in _write_outputs(result, json_out, report):
         console.print(f"wrote {plain(f)}")
     _print_table(result)
