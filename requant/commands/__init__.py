@@ -7,6 +7,8 @@ determinism.py  determinism
 evaluate.py     eval (named so that it does not shadow the builtin when imported)
 publish.py      manifest, card, push
 tp_check.py     tp-check
+generate.py     generate (greedy or seeded sampling, a record per prompt)
+replay.py       replay (re-run a generation record, compared bit for bit)
 _common.py      consoles, the error line, exit codes, the atomic JSON writer, shared options,
                 the echoed command line (echo_command)
 """

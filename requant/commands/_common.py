@@ -270,7 +270,11 @@ def echo_command(name: str, resolved: dict | None = None) -> str:
                 continue
             flag = max((o for o in param.opts if o.startswith("--")), key=len, default=param.opts[0])
             if given:
-                options[flag] = value
+                off = [o for o in getattr(param, "secondary_opts", []) if o.startswith("--")]
+                if value is False and off:  # --eos/--no-eos given as --no-eos: echo it
+                    options[off[0]] = True
+                else:
+                    options[flag] = value
     options.update(resolved)
     for flag, value in options.items():
         value = getattr(value, "value", value)  # an Enum choice: its name on the command line

@@ -244,30 +244,30 @@ def audit(
     phases: Annotated[
         str,
         typer.Option(
-            "--phases", help="prefill, or prefill,decode (default): the decode phase audits each step's operands"
+            "--phases", help="Prefill, or prefill,decode (default): the decode phase audits each step's operands."
         ),
     ] = "prefill,decode",
     decode_batches: Annotated[
-        str, typer.Option("--decode-batches", help="decode batch sizes M, comma-separated")
+        str, typer.Option("--decode-batches", help="Decode batch sizes M, comma-separated.")
     ] = "1,8",
-    decode_tokens: Annotated[int, typer.Option("--decode-tokens", help="decode steps audited per batch size")] = 4,
+    decode_tokens: Annotated[int, typer.Option("--decode-tokens", help="Decode steps audited per batch size.")] = 4,
     injection: Annotated[
         Optional[bool],
         typer.Option(
             "--injection/--no-injection",
-            help="inject each fault kernel into the generating model (default: no; ~2 min on CPU for the default)",
+            help="Inject each fault kernel into the generating model (default: no; ~2 min on CPU for the default).",
         ),
     ] = None,
     injection_tokens: Annotated[
         Optional[int],
-        typer.Option("--injection-tokens", help="greedy tokens per prompt (default 32 on a GPU, 8 on CPU)"),
+        typer.Option("--injection-tokens", help="Greedy tokens per prompt (default 32 on a GPU, 8 on CPU)."),
     ] = None,
     order: Annotated[
         Optional[str],
         typer.Option(
             "--order",
-            help="epilogue order a MODULE:FUNCTION backend declares (cutlass-order, triton-order, fused-order); "
-            "default: the order conform's fingerprint names",
+            help="Epilogue order a MODULE:FUNCTION backend declares (cutlass-order, triton-order, fused-order); "
+            "default: the order conform's fingerprint names.",
         ),
     ] = None,
 ) -> None:

@@ -112,22 +112,26 @@ class Streamer:
 @byte_tokens_option
 def generate(
     ckpt: CkptArg = None,
-    prompt: Annotated[Optional[list[str]], typer.Option("--prompt", help="a prompt (repeatable)")] = None,
+    prompt: Annotated[Optional[list[str]], typer.Option("--prompt", help="A prompt (repeatable).")] = None,
     prompts_file: Annotated[
-        Optional[Path], typer.Option("--prompts", help="JSON lines: {'prompt': TEXT} or {'prompt_ids': [...]}")
+        Optional[Path], typer.Option("--prompts", help="JSON lines: {'prompt': TEXT} or {'prompt_ids': [...]}.")
     ] = None,
-    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="tokens to generate at most")] = 64,
-    eos: Annotated[bool, typer.Option("--eos/--no-eos", help="stop a prompt at the tokenizer's eos")] = True,
-    temperature: Annotated[float, typer.Option("--temperature", help="0: greedy (the default)")] = 0.0,
-    top_k: Annotated[int, typer.Option("--top-k", help="keep the k most likely tokens (0: all)")] = 0,
-    top_p: Annotated[float, typer.Option("--top-p", help="keep the smallest set of probability >= p")] = 1.0,
-    seed: Annotated[int, typer.Option("--seed", help="sampling seed, 0 to 2**64-1")] = 0,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Tokens to generate at most.")] = 64,
+    eos: Annotated[bool, typer.Option("--eos/--no-eos", help="Stop a prompt at the tokenizer's eos.")] = True,
+    temperature: Annotated[
+        float, typer.Option("--temperature", help="Sampling temperature; 0 is greedy (the default).")
+    ] = 0.0,
+    top_k: Annotated[int, typer.Option("--top-k", help="Keep the k most likely tokens (0: all).")] = 0,
+    top_p: Annotated[float, typer.Option("--top-p", help="Keep the smallest set of probability >= p.")] = 1.0,
+    seed: Annotated[int, typer.Option("--seed", help="Sampling seed, 0 to 2**64-1.")] = 0,
     backend: Annotated[
         Optional[str],
-        typer.Option("--backend", help="scaled_mm backend (default: triton on a GPU, reference-triton-order on CPU)"),
+        typer.Option(
+            "--backend", help="The scaled_mm backend (default: triton on a GPU, reference-triton-order on CPU)."
+        ),
     ] = None,
     engine: EngineOpt = "auto",
-    regime: Annotated[str, typer.Option("--regime", help="native (the checkpoint's scales) or pow2")] = "native",
+    regime: Annotated[str, typer.Option("--regime", help="Native (the checkpoint's scales) or pow2.")] = "native",
     device: DeviceOpt = None,
     json_out: JsonOpt = None,
     revision: RevisionOpt = None,

@@ -51,15 +51,15 @@ __all__ = ["replay"]
 def replay(
     record: Annotated[Path, typer.Argument(help="A record written by `requant generate --json`.", show_default=False)],
     checkpoint: Annotated[
-        Optional[str], typer.Option("--checkpoint", help="the checkpoint, when not at the record's path")
+        Optional[str], typer.Option("--checkpoint", help="The checkpoint, when not at the record's path.")
     ] = None,
     backend: Annotated[
-        Optional[str], typer.Option("--backend", help="scaled_mm backend (default: the record's)")
+        Optional[str], typer.Option("--backend", help="The scaled_mm backend (default: the record's).")
     ] = None,
     engine: Annotated[
-        Optional[str], typer.Option("--engine", help="auto, fast or reference (default: the record's)")
+        Optional[str], typer.Option("--engine", help="Auto, fast or reference (default: the record's).")
     ] = None,
-    batch_with: Annotated[int, typer.Option("--batch-with", help="run inside a batch with N filler prompts")] = 0,
+    batch_with: Annotated[int, typer.Option("--batch-with", help="Run inside a batch with N filler prompts.")] = 0,
     device: DeviceOpt = None,
     json_out: JsonOpt = None,
     threads: ThreadsOpt = None,

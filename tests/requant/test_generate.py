@@ -65,7 +65,7 @@ def test_greedy_record_holds_the_runtimes_tokens_digests_and_identity(tmp_path, 
     assert rec["epilogue_order"] == kernels.EMULATION_OF["reference-triton-order"] and rec["regime"] == "native"
     assert rec["sampling"] == {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "seed": 0, "method": "greedy"}
     assert rec["eos_ids"] == [] and rec["max_new_tokens"] == NEW and "git_commit" in rec
-    assert rec["command"].endswith("--prompt 'The quick brown fox'") and "--no-eos" in rec["command"]
+    assert "--prompt 'The quick brown fox'" in rec["command"] and "--no-eos" in rec["command"]
 
 
 def test_prompts_file_with_per_request_sampling(tmp_path, model):

@@ -103,7 +103,20 @@ def test_inspect_lines_have_no_trailing_spaces():
 
 
 # -- help text ------------------------------------------------------------------------------
-COMMANDS = ["convert", "inspect", "verify", "audit", "conform", "determinism", "eval", "manifest", "card", "push"]
+COMMANDS = [
+    "convert",
+    "inspect",
+    "verify",
+    "audit",
+    "conform",
+    "determinism",
+    "eval",
+    "manifest",
+    "card",
+    "push",
+    "generate",
+    "replay",
+]
 
 
 @pytest.mark.parametrize("command", [None, *COMMANDS, "tp-check"])
@@ -117,7 +130,7 @@ def test_help_has_no_bool_metavar_and_consistent_capitals(command):
 def test_command_summaries_are_whole_sentences():
     res = runner.invoke(app, ["--help"], env={"COLUMNS": "80"})
     listing = res.stdout.split("Commands:", 1)[1].strip().splitlines()
-    assert len(listing) == 11
+    assert len(listing) == 13
     for line in listing:
         assert line.rstrip().endswith(".") and "..." not in line, line
 
