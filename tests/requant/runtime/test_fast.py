@@ -12,12 +12,11 @@ References, each independent of the kernel under test:
   * the model (the micro checkpoint): a token's logits prefilled whole, in chunks of 1, 3, 7
     after a cached prefix and decoded (bit for bit); a prompt alone against its row of a
     batch of mixed lengths (bit for bit); and close to the reference engine's logits; the same
-    across split boundaries (SPLIT = 64 on a 256-position micro model: chunks straddling 64 and
-    128, decode steps crossing 128, in a batch and alone).
+    across a split boundary (SPLIT = 64, 68 tokens: a chunk straddling 64, decode steps at 2
+    splits and crossing 64, in a batch and alone).
 The same properties on compiled GPU kernels: tests/requant/runtime/test_fast_gpu.py.
 """
 
-import dataclasses
 import os
 
 import pytest
@@ -220,43 +219,42 @@ def test_prefill_chunks_and_decode_give_the_same_logits(micro_fast):
 
 
 @pytest.fixture(scope="module")
-def micro_long(tmp_path_factory):
-    from requant.synthetic import generate
-    from tests.requant.conftest import MICRO
+def split_seq(micro_fast):
+    """68 ids (2 splits of 64) and their logits prefilled whole, with SPLIT = 64."""
+    seq = torch.randint(0, micro_fast.arch.vocab, (68,), generator=torch.Generator().manual_seed(8))
+    production = attention_module.SPLIT
+    attention_module.SPLIT = SMALL_SPLIT
+    try:
+        whole = micro_fast.logits([seq])[0]
+    finally:
+        attention_module.SPLIT = production
+    return seq, whole
 
-    path = generate(dataclasses.replace(MICRO, max_position=256), tmp_path_factory.mktemp("long") / "micro", seed=1)
-    return load_model(path, regime="pow2", engine="fast")
 
-
-def test_prefill_chunks_and_decode_across_split_boundaries(micro_long, small_split):
-    """SPLIT = 64, 140 tokens (3 splits): prefilled whole against chunks [0, 60), [60, 70) and
-    [70, 126) (straddling 64 and 128 of the next), decode steps at 126 .. 129 (crossing 128),
-    then a chunk [130, 140): the same logits, bit for bit."""
-    m = micro_long
-    seq = torch.randint(0, m.arch.vocab, (140,), generator=torch.Generator().manual_seed(8))
-    whole = m.logits([seq])[0]
-    cache = m.new_cache(1, 256)
-    parts = [m.extend([seq[a:b]], cache) for a, b in ((0, 60), (60, 70), (70, 126))]
-    parts += [m.decode_step(seq[i : i + 1], cache) for i in range(126, 130)]
-    parts.append(m.extend([seq[130:]], cache))
-    assert cache.lengths == [140]
+def test_prefill_chunks_and_decode_across_split_boundaries(micro_fast, split_seq, small_split):
+    """SPLIT = 64, 68 tokens: prefilled whole against a chunk [0, 58), a chunk [58, 66) that
+    straddles 64, and decode steps at 66 and 67 (2 splits): the same logits, bit for bit."""
+    m = micro_fast
+    seq, whole = split_seq
+    cache = m.new_cache(1, 128)
+    parts = [m.extend([seq[:58]], cache), m.extend([seq[58:66]], cache)]
+    parts += [m.decode_step(seq[i : i + 1], cache) for i in (66, 67)]
+    assert cache.lengths == [68]
     assert same(torch.cat(parts), whole)
 
 
-def test_alone_equals_in_the_batch_across_split_boundaries(micro_long, small_split):
-    """SPLIT = 64: a 130-token prompt alone against its row of a batch with a 9-token one,
-    prefilled (3 splits) and decoded in that batch at positions 126 .. 128 (crossing 128)
-    against the prompt's own prefill, bit for bit."""
-    m = micro_long
-    g = torch.Generator().manual_seed(9)
-    seq = torch.randint(0, m.arch.vocab, (130,), generator=g)
-    other = torch.randint(0, m.arch.vocab, (12,), generator=g)
-    whole = m.logits([seq])[0]
-    assert same(m.logits([seq, other[:9]])[0], whole)
-    cache = m.new_cache(2, 256)
-    m.extend([seq[:126], other[:9]], cache)
-    for i in range(126, 129):
-        step = m.decode_step(torch.stack([seq[i], other[i - 117]]), cache)
+def test_alone_equals_in_the_batch_across_split_boundaries(micro_fast, split_seq, small_split):
+    """SPLIT = 64: a 62-token prompt prefilled in a batch with a 5-token one, then decoded in
+    that batch at positions 62 .. 67 (crossing 64): row 0 against the prompt prefilled whole
+    and alone, bit for bit."""
+    m = micro_fast
+    seq, whole = split_seq
+    other = torch.randint(0, m.arch.vocab, (11,), generator=torch.Generator().manual_seed(9))
+    cache = m.new_cache(2, 128)
+    first = m.extend([seq[:62], other[:5]], cache)
+    assert same(first[:62], whole[:62])
+    for i in range(62, 68):
+        step = m.decode_step(torch.stack([seq[i], other[i - 57]]), cache)
         assert same(step[0], whole[i]), i
 
 
