@@ -13,7 +13,8 @@ W8A8 weights at the preset's shapes (bench_runtime_fast.random_model):
     bf16 Qwen3ForCausalLM (SDPA) on the same shapes in the same process;
   * the attention kernel alone, decode-shaped (1 token at each context) and prefill-shaped, at
     the production SPLIT and at every --split-sweep value (one split = the unsplit walk): the
-    price of the fixed split against the best of the sweep at each shape (a free split).
+    price of the fixed split against the best of the sweep at each shape (a free split); at a
+    context within one split, whether the production output equals the unsplit one bit for bit.
 JSON and Markdown under --out (bench_long_context.json, .md).
 """
 
@@ -96,14 +97,19 @@ def split_prices(shapes, splits, reps: int, calls: int) -> dict:
     rows = {}
     try:
         for name, q, kc, vc, pos, blocks in shapes:
-            row = {}
+            row, outs = {}, {}
             for s in [production, *[x for x in splits if x != production]]:
                 att.SPLIT = s
                 secs = _per_call(lambda: att.attention(q, kc, vc, pos, blocks, q.shape[-1] ** -0.5), reps, calls)
                 row["unsplit" if s == UNSPLIT else str(s)] = 1e3 * _median(secs)
+                outs[s] = att.attention(q, kc, vc, pos, blocks, q.shape[-1] ** -0.5)
             best = min(row, key=row.get)
             row["fixed_over_best"] = row[str(production)] / row[best]
             row["best"] = best
+            if UNSPLIT in outs and int(pos.max()) < production:  # one split: the unsplit walk's bits
+                row["one_split_equals_unsplit"] = torch.equal(
+                    outs[production].view(torch.int16), outs[UNSPLIT].view(torch.int16)
+                )
             rows[name] = row
     finally:
         att.SPLIT = production
@@ -181,8 +187,10 @@ def markdown(rec: dict) -> str:
     sp = rec["split_prices"]
     lines += [f"Attention alone, ms per call (production SPLIT {sp['production_split']}):", ""]
     for name, row in sp["ms"].items():
-        cells = ", ".join(f"{k}: {v:.4g}" for k, v in row.items() if k not in ("best", "fixed_over_best"))
-        lines.append(f"- {name}: {cells}; fixed / best ({row['best']}) = {row['fixed_over_best']:.2f}")
+        cells = ", ".join(f"{k}: {v:.4g}" for k, v in row.items() if isinstance(v, float) and k != "fixed_over_best")
+        same = row.get("one_split_equals_unsplit")
+        tail = "" if same is None else f"; one split == unsplit, bitwise: {same}"
+        lines.append(f"- {name}: {cells}; fixed / best ({row['best']}) = {row['fixed_over_best']:.2f}{tail}")
     return "\n".join(lines) + "\n"
 
 
