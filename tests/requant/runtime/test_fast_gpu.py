@@ -42,11 +42,11 @@ def split(request, model, monkeypatch):
     before and after."""
     import requant.kernels.triton.attention as attention_module
 
-    model.layout.decoders.clear()
+    model.impl.layout.decoders.clear()
     if request.param:
         monkeypatch.setattr(attention_module, "SPLIT", request.param)
     yield attention_module.SPLIT
-    model.layout.decoders.clear()
+    model.impl.layout.decoders.clear()
 
 
 def same(a, b) -> bool:
