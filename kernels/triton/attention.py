@@ -1,40 +1,42 @@
-"""One causal attention kernel for prefill, chunked prefill and decode (the fast path's).
+"""One causal attention for prefill, chunked prefill and decode (the fast path's), split-KV.
 
     attention(q, k_cache, v_cache, pos, blocks) -> bf16 [T, H * D]
 
-q bf16 [T, H, D] (after norms and RoPE); k_cache, v_cache bf16 [rows, KV, capacity, D] (the
-KV cache, holding every key and value up to each token's position, this call's tokens
-included: prefill writes them first); pos int32 [T] each token's absolute position; blocks
-int32 [NB, 3] = (first token, token count <= BLOCK_M // G, cache row): the query tokens of a
-program, consecutive tokens of one sequence in ascending positions.
+q bf16 [T, H, D] (after norms and RoPE); k_cache, v_cache bf16 [rows, KV, capacity, D] holding
+every key and value up to each token's position, this call's included; pos int32 [T] absolute
+positions; blocks int32 [NB, 3] = (first token, count <= BLOCK_M // G, cache row): consecutive
+tokens of one sequence. A block's BLOCK_M rows are (token, query head) pairs: the G = H / KV heads
+of one KV head for BLOCK_M / G tokens (GQA packing); rows beyond its tokens are padding.
 
-One program = one block x one KV head: its BLOCK_M rows are (token, query head) pairs, the
-G = H / KV query heads of that KV head for BLOCK_M / G consecutive tokens (GQA packing, so
-each K/V tile is loaded once for G heads). Rows beyond the block's tokens are padding
-(never stored).
+Two kernels. _split_kernel, one program per (block, KV head, split j): split j is the absolute
+positions [j * SPLIT, (j + 1) * SPLIT), SPLIT a constant (a multiple of BLOCK_N); the grid's
+third axis is ceil(capacity / SPLIT), programs past the block's last position do nothing. Inside
+its split a program walks KV tiles of BLOCK_N ascending (flash online softmax, fp32):
+    s = (q . k) * (scale * log2 e)   (fp32 MMA; masked: -inf where the position > the row's)
+    m' = max(m, max_j s_j); alpha = 1 if m' == m else exp2(m - m'); p_j = exp2(s_j - m')
+    l = l * alpha + sum_j p_j;  acc = acc * alpha + bf16(p) @ v     (fp32 MMA)
+from m = -inf, l = 0, acc = 0, and stores (m, l, acc) for the rows whose position reaches j.
+_combine_kernel, one program per (block, KV head): a row has the splits 0 .. pos // SPLIT; from
+split 0's partial it folds splits 1, 2, ... in ascending order, in fp32:
+    M' = max(M, m_j); a = 1 if M' == M else exp2(M - M'); b = 1 if M' == m_j else exp2(m_j - M')
+    L = L * a + l_j * b;  A = A * a + acc_j * b;  then out = bf16(A / L)    (IEEE division)
+exp2 is the device's (an approximation on a GPU). P is rounded to bf16 before P @ V unnormalised.
+One split (every position < SPLIT) is the fold's identity: out = bf16(acc_0 / l_0), the
+arithmetic of the unsplit walk. The torch emulation: kernels/triton/emulation.py attention_ref.
 
-NUMERICS (flash-style online softmax; differs from the reference path's full softmax):
-    s    = (q . k) * (scale * log2 e)                 fp32 MMA (bf16 products exact)
-    for KV tiles of BLOCK_N positions, ascending from position 0, up to the block's last
-    position: m' = max(m, max_j s_j) (masked j: -inf, j > the row's position);
-        alpha = 1 if m' == m else exp2(m - m');  p_j = exp2(s_j - m') (0 where masked)
-        l = l * alpha + sum_j p_j;  acc = acc * alpha + bf16(p) @ v    (fp32 MMA)
-    out  = bf16(acc / l)                                  (IEEE division)
-exp2 is the device's (an approximation on a GPU). P is rounded to bf16 before P @ V
-unnormalised (flash order), not the normalised probabilities as in the reference path.
-
-INVARIANCE (prefill == chunked prefill == decode, and batch invariance), by construction:
-  * every launch uses the same BLOCK_M, BLOCK_N, num_warps and num_stages, so a row's MMA and
-    reduction instructions are the same whether the program holds 1 decode token or BLOCK_M/G
-    prefill tokens (an MMA output element depends on its own row and column only);
-  * a row walks the KV tiles from position 0 in the same order whatever the call; tiles beyond
-    its own position (walked because another row of the program needs them) are exact no-ops:
-    every s_j is masked, so m' = m, alpha = 1 (forced), p = 0, l * 1 + 0 = l and
-    acc * 1 + 0 @ v = acc (v is finite: positions beyond the block's last are loaded as 0);
-  * K/V always come from the cache, so prefill and decode read the same bytes;
-  * the walk bound is read from device memory (pos), so a CUDA graph replays it unchanged.
-The test (tests/requant/runtime/test_fast.py, test_fast_gpu.py) compares a token's
-logits prefilled whole, in chunks after a cached prefix and decoded, bit for bit.
+INVARIANCE (prefill == chunked prefill == decode, batch invariance), by construction:
+  * every launch uses the same BLOCK_M, BLOCK_N, SPLIT, warps and stages, so a row's MMA and
+    reduction instructions are the same whether its program holds 1 token or BLOCK_M / G;
+  * split boundaries are absolute positions: a row's splits, the tiles of each and the fold
+    order depend on its own position only, never on the batch, the chunking or the SMs;
+  * tiles past a row's position inside one of its splits are exact no-ops (every s_j masked:
+    m' = m, alpha = 1 forced, p = 0, l * 1 + 0 = l, acc * 1 + 0 @ v = acc, v finite), and a
+    split past its position is never folded (selected out, not added);
+  * K/V always come from the cache; walk bounds and split counts are read from device memory
+    (pos, blocks) and the grid depends on the capacity only, so a CUDA graph replays it.
+Launch groups of blocks (PARTIAL_BUDGET bytes of partials each) change nothing: a block's
+programs read only their own partials. Tests: tests/requant/runtime/test_fast.py (CPU, against
+the emulation and across split boundaries) and test_fast_gpu.py.
 """
 
 import torch
@@ -49,7 +51,10 @@ __all__ = [
     "BLOCK_N",
     "NUM_STAGES",
     "NUM_WARPS",
+    "PARTIAL_BUDGET",
+    "SPLIT",
     "attention",
+    "n_splits",
     "tokens_per_block",
 ]
 
@@ -57,6 +62,12 @@ BLOCK_M = 64
 BLOCK_N = 64
 NUM_WARPS = 4
 NUM_STAGES = 2
+# KV positions per split: a constant (docs/runtime.md, "Split-KV"), a multiple of BLOCK_N. Tests
+# set a smaller one (a multiple of BLOCK_N) to cross split boundaries at short contexts.
+SPLIT = 512
+# Bytes of fp32 partials one launch may hold; more blocks are launched in groups (a block's
+# bits never depend on its group).
+PARTIAL_BUDGET = 1 << 29
 _LOG2E = 1.4426950408889634
 
 
@@ -72,25 +83,8 @@ def _dot(a, b, acc, INTERPRET: tl.constexpr):
 
 
 @triton.jit
-def _attention_kernel(
-    q_ptr,
-    k_ptr,
-    v_ptr,
-    o_ptr,
-    pos_ptr,
-    blocks_ptr,
-    cap,
-    qk_scale,
-    H: tl.constexpr,
-    KV: tl.constexpr,
-    D: tl.constexpr,
-    G: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    INTERPRET: tl.constexpr,
-):
-    blk = tl.program_id(0)
-    kvh = tl.program_id(1)
+def _rows(blocks_ptr, pos_ptr, blk, kvh, G: tl.constexpr, BLOCK_M: tl.constexpr):
+    """A program's rows: (token, query head) pairs, their positions, the block's walk end."""
     tok0 = tl.load(blocks_ptr + blk * 3)
     ntok = tl.load(blocks_ptr + blk * 3 + 1)
     crow = tl.load(blocks_ptr + blk * 3 + 2).to(tl.int64)
@@ -101,29 +95,108 @@ def _attention_kernel(
     head = kvh * G + r % G
     pos = tl.where(valid, tl.load(pos_ptr + tok), 0)
     hi = tl.load(pos_ptr + tok0 + ntok - 1) + 1  # the block's last position + 1
+    return r, valid, tok, head, pos, hi, crow
+
+
+@triton.jit
+def _split_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    m_ptr,
+    l_ptr,
+    acc_ptr,
+    pos_ptr,
+    blocks_ptr,
+    blk0,
+    nsplit,
+    cap,
+    qk_scale,
+    H: tl.constexpr,
+    KV: tl.constexpr,
+    D: tl.constexpr,
+    G: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    SPLIT: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):
+    b = tl.program_id(0)  # the block within this launch's group
+    kvh = tl.program_id(1)
+    j = tl.program_id(2)
+    r, valid, tok, head, pos, hi, crow = _rows(blocks_ptr, pos_ptr, blk0 + b, kvh, G, BLOCK_M)
+    lo = j * SPLIT
+    if lo < hi:  # else no row of the block reaches split j: nothing to do
+        top = tl.minimum(lo + SPLIT, hi)
+        d = tl.arange(0, D)
+        q = tl.load(q_ptr + (tok[:, None] * H + head[:, None]) * D + d[None, :])
+        base = (crow * KV + kvh) * cap * D
+        m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+        l_sum = tl.zeros((BLOCK_M,), tl.float32)
+        acc = tl.zeros((BLOCK_M, D), tl.float32)
+        for n0 in range(lo, top, BLOCK_N):
+            n = n0 + tl.arange(0, BLOCK_N)
+            live = n < hi
+            kv_off = base + n.to(tl.int64)[:, None] * D + d[None, :]
+            k = tl.load(k_ptr + kv_off, mask=live[:, None], other=0.0)
+            s = _dot(q, tl.trans(k), tl.zeros((BLOCK_M, BLOCK_N), tl.float32), INTERPRET) * qk_scale
+            causal = n[None, :] <= pos[:, None]
+            s = tl.where(causal, s, float("-inf"))
+            m_new = tl.maximum(m, tl.max(s, 1))
+            alpha = tl.where(m_new == m, 1.0, tl.exp2(m - m_new))
+            p = tl.where(causal, tl.exp2(s - m_new[:, None]), 0.0)
+            l_sum = l_sum * alpha + tl.sum(p, 1)
+            pb = bf16_rne_bits(p).to(tl.bfloat16, bitcast=True)
+            v = tl.load(v_ptr + kv_off, mask=live[:, None], other=0.0)
+            acc = acc * alpha[:, None]
+            acc = _dot(pb, v, acc, INTERPRET)
+            m = m_new
+        # only the rows that include split j (pos >= lo) keep a partial
+        keep = valid & (pos >= lo)
+        slot = ((b * KV + kvh) * nsplit + j) * BLOCK_M + r
+        tl.store(m_ptr + slot, m, mask=keep)
+        tl.store(l_ptr + slot, l_sum, mask=keep)
+        tl.store(acc_ptr + slot.to(tl.int64)[:, None] * D + d[None, :], acc, mask=keep[:, None])
+
+
+@triton.jit
+def _combine_kernel(
+    m_ptr,
+    l_ptr,
+    acc_ptr,
+    o_ptr,
+    pos_ptr,
+    blocks_ptr,
+    blk0,
+    nsplit,
+    H: tl.constexpr,
+    KV: tl.constexpr,
+    D: tl.constexpr,
+    G: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    SPLIT: tl.constexpr,
+):
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    r, valid, tok, head, pos, hi, crow = _rows(blocks_ptr, pos_ptr, blk0 + b, kvh, G, BLOCK_M)
     d = tl.arange(0, D)
-    q = tl.load(q_ptr + (tok[:, None] * H + head[:, None]) * D + d[None, :])
-    base = (crow * KV + kvh) * cap * D
-    m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
-    l_sum = tl.zeros((BLOCK_M,), tl.float32)
-    acc = tl.zeros((BLOCK_M, D), tl.float32)
-    for n0 in range(0, hi, BLOCK_N):
-        n = n0 + tl.arange(0, BLOCK_N)
-        live = n < hi
-        kv_off = base + n.to(tl.int64)[:, None] * D + d[None, :]
-        k = tl.load(k_ptr + kv_off, mask=live[:, None], other=0.0)
-        s = _dot(q, tl.trans(k), tl.zeros((BLOCK_M, BLOCK_N), tl.float32), INTERPRET) * qk_scale
-        causal = n[None, :] <= pos[:, None]
-        s = tl.where(causal, s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, 1))
+    slot = (b * KV + kvh) * nsplit * BLOCK_M + r
+    # split 0: every row has it (position 0 is always visible); padding rows read finite fillers
+    m = tl.load(m_ptr + slot, mask=valid, other=0.0)
+    l_sum = tl.load(l_ptr + slot, mask=valid, other=1.0)
+    acc = tl.load(acc_ptr + slot.to(tl.int64)[:, None] * D + d[None, :], mask=valid[:, None], other=0.0)
+    for j in range(1, (hi - 1) // SPLIT + 1):  # the left fold, ascending j
+        inc = valid & (pos >= j * SPLIT)  # a row has splits 0 .. pos // SPLIT
+        sj = slot + j * BLOCK_M
+        mj = tl.load(m_ptr + sj, mask=inc, other=0.0)
+        lj = tl.load(l_ptr + sj, mask=inc, other=0.0)
+        aj = tl.load(acc_ptr + sj.to(tl.int64)[:, None] * D + d[None, :], mask=inc[:, None], other=0.0)
+        m_new = tl.maximum(m, mj)
         alpha = tl.where(m_new == m, 1.0, tl.exp2(m - m_new))
-        p = tl.where(causal, tl.exp2(s - m_new[:, None]), 0.0)
-        l_sum = l_sum * alpha + tl.sum(p, 1)
-        pb = bf16_rne_bits(p).to(tl.bfloat16, bitcast=True)
-        v = tl.load(v_ptr + kv_off, mask=live[:, None], other=0.0)
-        acc = acc * alpha[:, None]
-        acc = _dot(pb, v, acc, INTERPRET)
-        m = m_new
+        beta = tl.where(m_new == mj, 1.0, tl.exp2(mj - m_new))
+        l_sum = tl.where(inc, l_sum * alpha + lj * beta, l_sum)
+        acc = tl.where(inc[:, None], acc * alpha[:, None] + aj * beta[:, None], acc)
+        m = tl.where(inc, m_new, m)
     out = tl.math.div_rn(acc, l_sum[:, None])
     tl.store(
         o_ptr + (tok[:, None] * H + head[:, None]) * D + d[None, :],
@@ -140,6 +213,12 @@ def tokens_per_block(heads: int, kv_heads: int) -> int:
     return BLOCK_M // g
 
 
+def n_splits(capacity: int, split: int | None = None) -> int:
+    """Splits of a cache of `capacity` positions: ceil(capacity / SPLIT) (the grid's third axis)."""
+    s = SPLIT if split is None else split
+    return -(-capacity // s)
+
+
 def attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -151,8 +230,12 @@ def attention(
 ) -> torch.Tensor:
     """See the module docstring. Returns bf16 [T, H * D]. `tile` = (BLOCK_M, BLOCK_N, warps,
     stages) overrides the fixed tile for the benchmark's price-of-invariance sweep only (blocks
-    must then hold BLOCK_M // G tokens at most); the runtime never passes it."""
+    must then hold BLOCK_M // G tokens at most; BLOCK_N must divide SPLIT); the runtime never
+    passes it."""
     bm, bn, warps, stages = tile or (BLOCK_M, BLOCK_N, NUM_WARPS, NUM_STAGES)
+    split = SPLIT
+    if split % bn:
+        raise ValueError(f"SPLIT {split} is not a multiple of BLOCK_N {bn}")
     index = _launch.device_index(q)
     t, heads, d = q.shape
     kv = k_cache.shape[1]
@@ -161,37 +244,41 @@ def attention(
         return out
     g = heads // kv
     tokens_per_block(heads, kv)
-    args = (
-        q,
-        k_cache,
-        v_cache,
-        out.view(torch.int16),
-        pos,
-        blocks,
-        k_cache.shape[2],
-        float(scale * _LOG2E),
-    )
-    consts = {
+    cap = k_cache.shape[2]
+    ns = n_splits(cap, split)
+    nb = blocks.shape[0]
+    group = max(1, min(nb, PARTIAL_BUDGET // (kv * ns * bm * (d + 2) * 4)))
+    m_part = torch.empty((group, kv, ns, bm), dtype=torch.float32, device=q.device)
+    l_part = torch.empty_like(m_part)
+    acc_part = torch.empty((group, kv, ns, bm, d), dtype=torch.float32, device=q.device)
+    qk_scale = float(scale * _LOG2E)
+    split_consts = {
         "H": heads,
         "KV": kv,
         "D": d,
         "G": g,
         "BLOCK_M": bm,
         "BLOCK_N": bn,
+        "SPLIT": split,
         "INTERPRET": _launch.INTERPRET,
     }
-    key = (
-        None
-        if index is None or _launch.INTERPRET
-        else _launch.launch_key("attention", (warps, stages), index, args, tuple(consts.values()))
-    )
-    _launch.launch(
-        _attention_kernel,
-        (blocks.shape[0], kv, 1),
-        args,
-        consts,
-        {"num_warps": warps, "num_stages": stages},
-        key,
-        index,
-    )
+    combine_consts = {"H": heads, "KV": kv, "D": d, "G": g, "BLOCK_M": bm, "SPLIT": split}
+    cached = index is not None and not _launch.INTERPRET
+    for b0 in range(0, nb, group):
+        n = min(group, nb - b0)
+        args = (q, k_cache, v_cache, m_part, l_part, acc_part, pos, blocks, b0, ns, cap, qk_scale)
+        key = (
+            _launch.launch_key("attention_split", (warps, stages), index, args, tuple(split_consts.values()))
+            if cached
+            else None
+        )
+        opts = {"num_warps": warps, "num_stages": stages}
+        _launch.launch(_split_kernel, (n, kv, ns), args, split_consts, opts, key, index)
+        args = (m_part, l_part, acc_part, out.view(torch.int16), pos, blocks, b0, ns)
+        key = (
+            _launch.launch_key("attention_combine", (warps,), index, args, tuple(combine_consts.values()))
+            if cached
+            else None
+        )
+        _launch.launch(_combine_kernel, (n, kv, 1), args, combine_consts, {"num_warps": warps}, key, index)
     return out

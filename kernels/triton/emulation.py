@@ -2,9 +2,12 @@
 independent references the kernels are compared with, bit for bit, on the CPU (the kernels
 under TRITON_INTERPRET=1) and on a GPU. Each states the same arithmetic as its kernel, written
 with torch's elementwise IEEE operations (one rounding each) and the adjacent pairwise tree
-`tree_sum_adjacent`; the activation quantization is kernels.reference's own. The attention and
-dense kernels have no bitwise emulation (their MMAs sum in the hardware's order): their tests
-compare them with themselves across blocks and batches (docs/runtime.md).
+`tree_sum_adjacent`; the activation quantization is kernels.reference's own. `attention_ref` is
+the split-KV attention (attention.py) as the interpreter runs it: numpy float32 operations on the
+kernel's tile shapes, its dot products summed in ascending order (what the kernel's interpreter
+path asks numpy for), exp2 numpy's; on a GPU the MMA's order and exp2 differ, so there the
+kernel is compared with itself across blocks, chunks and batches (docs/runtime.md). The dense
+kernel has no bitwise emulation (its MMA sums in the hardware's order).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from requant.kernels.reference import quantize_activations
 
 __all__ = [
     "add_rms_norm_ref",
+    "attention_ref",
     "tree_sum_adjacent",
     "qk_norm_rope_ref",
     "rms_norm_ieee",
@@ -90,3 +94,78 @@ def silu_mul_quantize_ref(gate_up: torch.Tensor):
     e = torch.from_numpy(np.exp(-g.cpu().numpy())).to(g.device)
     act = round_fp32_to_bf16((g / (1.0 + e)) * u)
     return quantize_activations(act, check=False)
+
+
+def _dot(a: np.ndarray, b: np.ndarray, acc: np.ndarray) -> np.ndarray:
+    """acc + sum_k a[:, k, None] * b[None, k, :]: the exact fp32 products of [M, K] x [K, N],
+    summed over k by numpy's reduction of the broadcast [M, K, N] product (a middle axis:
+    ascending k), then added to acc: the kernel's interpreter dot."""
+    shape = (a.shape[0], a.shape[1], b.shape[1])
+    prod = np.broadcast_to(a[:, :, None], shape) * np.broadcast_to(b[None, :, :], shape)
+    return acc + np.sum(prod, axis=1)
+
+
+def _bf16_f32(x: np.ndarray) -> np.ndarray:
+    return round_fp32_to_bf16(torch.from_numpy(x)).to(torch.float32).numpy()
+
+
+def attention_ref(q, k_cache, v_cache, pos, blocks, scale: float, split: int, block_m: int = 64, block_n: int = 64):
+    """bf16 [T, H * D]: attention.attention's result (splits of `split` positions, tiles of
+    block_n, blocks of block_m rows), restated program by program: each split's online-softmax
+    walk from (-inf, 0, 0), then the left fold of splits 0 .. pos // split in ascending order,
+    then bf16(acc / l)."""
+    t, heads, d = q.shape
+    kv = k_cache.shape[1]
+    g = heads // kv
+    qk_scale = np.float32(scale * 1.4426950408889634)
+    qf = q.to(torch.float32).numpy()
+    kf = k_cache.to(torch.float32).numpy()
+    vf = v_cache.to(torch.float32).numpy()
+    pos = pos.to(torch.int64).numpy()
+    out = torch.zeros((t, heads, d), dtype=torch.bfloat16)
+    r = np.arange(block_m)
+    for tok0, ntok, crow in blocks.tolist():
+        valid = r // g < ntok
+        tok = tok0 + np.where(valid, r // g, 0)
+        rpos = np.where(valid, pos[tok], 0)
+        hi = int(pos[tok0 + ntok - 1]) + 1
+        for kvh in range(kv):
+            head = kvh * g + r % g
+            qb = np.ascontiguousarray(qf[tok, head])  # [block_m, D]
+            parts = []
+            for lo in range(0, hi, split):
+                m = np.full(block_m, -np.inf, np.float32)
+                l_sum = np.zeros(block_m, np.float32)
+                acc = np.zeros((block_m, d), np.float32)
+                for n0 in range(lo, min(lo + split, hi), block_n):
+                    n = n0 + np.arange(block_n)
+                    live = (n < hi)[:, None]
+                    nn = np.minimum(n, kf.shape[2] - 1)
+                    k = np.where(live, kf[crow, kvh, nn], np.float32(0))
+                    v = np.where(live, vf[crow, kvh, nn], np.float32(0))
+                    s = _dot(qb, np.ascontiguousarray(k.T), np.zeros((block_m, block_n), np.float32)) * qk_scale
+                    causal = n[None, :] <= rpos[:, None]
+                    s = np.where(causal, s, np.float32(-np.inf))
+                    m_new = np.maximum(m, np.max(s, axis=1))
+                    with np.errstate(invalid="ignore"):
+                        alpha = np.where(m_new == m, np.float32(1), np.exp2(m - m_new))
+                        p = np.where(causal, np.exp2(s - m_new[:, None]), np.float32(0))
+                    l_sum = l_sum * alpha + np.sum(p, axis=1)
+                    acc = _dot(_bf16_f32(p), v, acc * alpha[:, None])
+                    m = m_new
+                parts.append((m, l_sum, acc))
+            m, l_sum, acc = parts[0]
+            for j, (mj, lj, aj) in enumerate(parts[1:], 1):
+                inc = valid & (rpos >= j * split)
+                mj = np.where(inc, mj, np.float32(0))  # the kernel's fillers for rows without split j
+                lj = np.where(inc, lj, np.float32(0))
+                aj = np.where(inc[:, None], aj, np.float32(0))
+                m_new = np.maximum(m, mj)
+                alpha = np.where(m_new == m, np.float32(1), np.exp2(m - m_new))
+                beta = np.where(m_new == mj, np.float32(1), np.exp2(mj - m_new))
+                l_sum = np.where(inc, l_sum * alpha + lj * beta, l_sum)
+                acc = np.where(inc[:, None], acc * alpha[:, None] + aj * beta[:, None], acc)
+                m = np.where(inc, m_new, m)
+            res = round_fp32_to_bf16(torch.from_numpy(np.divide(acc, l_sum[:, None])))
+            out[tok[valid], head[valid]] = res[torch.from_numpy(valid)]
+    return out.reshape(t, heads * d)

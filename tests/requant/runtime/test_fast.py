@@ -5,11 +5,15 @@ References, each independent of the kernel under test:
   * the fused row kernels against their torch emulations (kernels/triton/emulation.py: torch's
     elementwise IEEE operations, requant.kernels.triton.emulation.tree_sum_adjacent and kernels.reference's
     quantize_activations), bit for bit;
-  * attention: the same query rows computed in one block, in chunks and one token at a time
-    (bit for bit), and within a bf16 spacing or two of the reference path's attend_prompt;
+  * attention: the kernel against its emulation (emulation.attention_ref, numpy float32),
+    bit for bit, with splits of 64 positions and with the production split (one split: the
+    unsplit walk); the same query rows computed in one block, in chunks and one token at a
+    time (bit for bit), and within a bf16 spacing or two of the reference path's attend_prompt;
   * the model (the micro checkpoint): a token's logits prefilled whole, in chunks of 1, 3, 7
     after a cached prefix and decoded (bit for bit); a prompt alone against its row of a
-    batch of mixed lengths (bit for bit); and close to the reference engine's logits.
+    batch of mixed lengths (bit for bit); and close to the reference engine's logits; the same
+    across a split boundary (SPLIT = 64, 68 tokens: a chunk straddling 64, decode steps at 2
+    splits and crossing 64, in a batch and alone).
 The same properties on compiled GPU kernels: tests/requant/runtime/test_fast_gpu.py.
 """
 
@@ -28,17 +32,27 @@ if not _launch.INTERPRET:
         allow_module_level=True,
     )
 
+import requant.kernels.triton.attention as attention_module
 from requant.kernels.bf16 import bitwise_equal
 from requant.kernels.triton.attention import attention, tokens_per_block
 from requant.kernels.triton.dense import dense
 from requant.kernels.triton.emulation import (
     add_rms_norm_ref,
+    attention_ref,
     qk_norm_rope_ref,
     silu_mul_quantize_ref,
 )
 from requant.kernels.triton.fused import add_rms_norm, qk_norm_rope, silu_mul_quantize
 from requant.runtime import load_model
 from requant.runtime.ops import attend_prompt, rope_tables
+
+# one KV tile per split: split boundaries at 64, 128, ... within the interpreter's short contexts
+SMALL_SPLIT = 64
+
+
+@pytest.fixture
+def small_split(monkeypatch):
+    monkeypatch.setattr(attention_module, "SPLIT", SMALL_SPLIT)
 
 
 def same(a, b) -> bool:
@@ -95,9 +109,13 @@ def test_silu_mul_quantize_equals_its_emulation():
     assert torch.equal(q, qr) and same(s, sr)
 
 
-def test_attention_rows_do_not_depend_on_blocks_or_tiles():
-    """130 positions (3 KV tiles of 64): whole-sequence blocks, chunked blocks and one-token
-    (decode) blocks give the same bits; two sequences in one call equal each alone."""
+@pytest.mark.parametrize("split", [None, SMALL_SPLIT], ids=["production-split", "split-64"])
+def test_attention_rows_do_not_depend_on_blocks_or_tiles(split, monkeypatch):
+    """130 positions (3 KV tiles of 64; with split 64 also 3 splits): whole-sequence blocks,
+    chunked blocks (straddling the boundaries) and one-token (decode) blocks give the same
+    bits; two sequences in one call equal each alone."""
+    if split:
+        monkeypatch.setattr(attention_module, "SPLIT", split)
     g = torch.Generator().manual_seed(3)
     heads, kv, dim, t = 4, 2, 16, 130
     per = tokens_per_block(heads, kv)
@@ -127,6 +145,39 @@ def test_attention_rows_do_not_depend_on_blocks_or_tiles():
     assert (both[t:].float() - ref.float()).abs().max() <= 2 * 2.0**-8 * ref.float().abs().max()
     ref0 = attend_prompt(q, kc[0, :, :t].transpose(0, 1), vc[0, :, :t].transpose(0, 1), dim**-0.5)
     assert (whole.float() - ref0.float()).abs().max() <= 2 * 2.0**-8 * ref0.float().abs().max()
+
+
+def test_attention_equals_its_emulation_across_splits(monkeypatch):
+    """Two sequences (150 positions in cache row 0, in chunks straddling 64 and 128; 70 in row 1)
+    against emulation.attention_ref, bit for bit: with SPLIT = 64 (3 and 2 splits), launched in
+    groups of one block (PARTIAL_BUDGET = 1), and with the production SPLIT, where one split is
+    the unsplit walk (attention_ref with a split longer than the context)."""
+    g = torch.Generator().manual_seed(7)
+    heads, kv, dim = 4, 2, 16
+    per = tokens_per_block(heads, kv)
+    q = _bf16(g, 220, heads, dim)
+    kc = _bf16(g, 2, kv, 256, dim)
+    vc = _bf16(g, 2, kv, 256, dim)
+    pos = torch.cat([torch.arange(150), torch.arange(70)]).to(torch.int32)
+    blocks, i = [], 0
+    for c in (10, 60, 50, 30):  # chunks [0, 10), [10, 70), [70, 120), [120, 150)
+        blocks += [(i + j, min(per, c - j), 0) for j in range(0, c, per)]
+        i += c
+    blocks += [(150 + j, min(per, 70 - j), 1) for j in range(0, 70, per)]
+    blocks = torch.tensor(blocks, dtype=torch.int32)
+    scale = dim**-0.5
+    production = attention_module.SPLIT
+    monkeypatch.setattr(attention_module, "SPLIT", SMALL_SPLIT)
+    split = attention(q, kc, vc, pos, blocks, scale)
+    assert same(split, attention_ref(q, kc, vc, pos, blocks, scale, SMALL_SPLIT))
+    monkeypatch.setattr(attention_module, "PARTIAL_BUDGET", 1)
+    assert same(attention(q, kc, vc, pos, blocks, scale), split)
+    monkeypatch.setattr(attention_module, "SPLIT", production)
+    one = attention(q, kc, vc, pos, blocks, scale)
+    assert same(one, attention_ref(q, kc, vc, pos, blocks, scale, 10**9))
+    first = (pos < SMALL_SPLIT).nonzero().flatten()
+    assert same(split[first], one[first])  # a row in split 0 only: the unsplit walk at any SPLIT
+    assert not same(split, one)  # rows of 2 splits and more do fold
 
 
 def test_dense_rows_do_not_depend_on_the_batch():
@@ -165,6 +216,46 @@ def test_prefill_chunks_and_decode_give_the_same_logits(micro_fast):
         i += 1
     assert cache.lengths == [15]
     assert same(torch.cat(parts), whole)
+
+
+@pytest.fixture(scope="module")
+def split_seq(micro_fast):
+    """68 ids (2 splits of 64) and their logits prefilled whole, with SPLIT = 64."""
+    seq = torch.randint(0, micro_fast.arch.vocab, (68,), generator=torch.Generator().manual_seed(8))
+    production = attention_module.SPLIT
+    attention_module.SPLIT = SMALL_SPLIT
+    try:
+        whole = micro_fast.logits([seq])[0]
+    finally:
+        attention_module.SPLIT = production
+    return seq, whole
+
+
+def test_prefill_chunks_and_decode_across_split_boundaries(micro_fast, split_seq, small_split):
+    """SPLIT = 64, 68 tokens: prefilled whole against a chunk [0, 58), a chunk [58, 66) that
+    straddles 64, and decode steps at 66 and 67 (2 splits): the same logits, bit for bit."""
+    m = micro_fast
+    seq, whole = split_seq
+    cache = m.new_cache(1, 128)
+    parts = [m.extend([seq[:58]], cache), m.extend([seq[58:66]], cache)]
+    parts += [m.decode_step(seq[i : i + 1], cache) for i in (66, 67)]
+    assert cache.lengths == [68]
+    assert same(torch.cat(parts), whole)
+
+
+def test_alone_equals_in_the_batch_across_split_boundaries(micro_fast, split_seq, small_split):
+    """SPLIT = 64: a 62-token prompt prefilled in a batch with a 5-token one, then decoded in
+    that batch at positions 62 .. 67 (crossing 64): row 0 against the prompt prefilled whole
+    and alone, bit for bit."""
+    m = micro_fast
+    seq, whole = split_seq
+    other = torch.randint(0, m.arch.vocab, (11,), generator=torch.Generator().manual_seed(9))
+    cache = m.new_cache(2, 128)
+    first = m.extend([seq[:62], other[:5]], cache)
+    assert same(first[:62], whole[:62])
+    for i in range(62, 68):
+        step = m.decode_step(torch.stack([seq[i], other[i - 57]]), cache)
+        assert same(step[0], whole[i]), i
 
 
 def test_alone_equals_in_the_batch_and_is_close_to_the_reference(micro_fast):

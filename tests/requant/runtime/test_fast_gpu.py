@@ -9,6 +9,9 @@ References, each independent of the code under test:
   * batch invariance: each prompt alone against its row of a batch of mixed lengths;
   * graph vs eager: generate(graphs=True) against the same kernels launched one by one;
   * kernel invariance: cutlass against triton under pow2 (8 prompts, 64 tokens);
+  * the same across split-KV boundaries, at the production SPLIT (1100 tokens: 3 splits) and
+    at SPLIT = 64: chunks straddling a boundary, decode steps crossing one, alone against a
+    batch, graph against eager;
   * parity: transformers' fp32 Qwen3 on the same weights with the same thresholds as
     tests/requant/runtime/test_parity.py.
 Run: python3 -m pytest -q -m gpu tests/requant/runtime/test_fast_gpu.py
@@ -31,6 +34,19 @@ BACKENDS = [
     "triton",
     pytest.param("cutlass", marks=pytest.mark.skipif(not SM90, reason="CUTLASS is sm90a only")),
 ]
+
+
+@pytest.fixture(params=[None, 64], ids=["production-split", "split-64"])
+def split(request, model, monkeypatch):
+    """The attention's SPLIT for one test; captured decode graphs (which hold it) are dropped
+    before and after."""
+    import requant.kernels.triton.attention as attention_module
+
+    model.impl.layout.decoders.clear()
+    if request.param:
+        monkeypatch.setattr(attention_module, "SPLIT", request.param)
+    yield attention_module.SPLIT
+    model.impl.layout.decoders.clear()
 
 
 def same(a, b) -> bool:
@@ -154,6 +170,40 @@ def test_graph_equals_eager(model, toks, backend):
     assert g.ids == e.ids
     assert len(g.step_logits) == len(e.step_logits) == 64
     assert all(same(a, b) for a, b in zip(g.step_logits, e.step_logits))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_prefill_chunks_and_decode_across_splits(model, toks, backend, split):
+    """1100 tokens: prefilled whole against chunks [0, 500), [500, 530), [530, 1020) (straddling
+    512), decode steps 1020 .. 1030 (crossing 1024) and a chunk [1031, 1100)."""
+    m = model.with_backends(backend)
+    seq = torch.tensor([t for p in toks for t in p] * 16)[:1100]
+    assert len(seq) == 1100 and 1100 > 2 * split
+    whole = m.logits([seq])[0]
+    cache = m.new_cache(1, 2048)
+    parts = [m.extend([seq[a:b]], cache) for a, b in ((0, 500), (500, 530), (530, 1020))]
+    parts += [m.decode_step(seq[i : i + 1], cache) for i in range(1020, 1031)]
+    parts.append(m.extend([seq[1031:]], cache))
+    got = torch.cat(parts)
+    bad = (got != whole).any(-1).nonzero().flatten().tolist()
+    assert same(got, whole), bad
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_alone_equals_in_the_batch_and_graph_equals_eager_across_splits(model, toks, backend, split):
+    """A 1020-token prompt (2 splits at 512) alone and in a batch with the 8 prompts: prefill
+    logits, then 12 decode steps crossing 1024, graphs and eager."""
+    m = model.with_backends(backend)
+    long = [t for p in toks for t in p] * 16
+    long = long[:1020]
+    batch = [long] + toks
+    assert same(m.logits([long])[0], m.logits(batch)[0])
+    alone = m.generate([long], 12, keep_logits=True, graphs=True)
+    g = m.generate(batch, 12, keep_logits=True, graphs=True)
+    e = m.generate(batch, 12, keep_logits=True, graphs=False)
+    assert g.ids == e.ids and alone.ids[0] == g.ids[0]
+    assert all(same(a, b) for a, b in zip(g.step_logits, e.step_logits))
+    assert all(same(alone.step_logits[s][0], g.step_logits[s][0]) for s in range(len(alone.step_logits)))
 
 
 @pytest.mark.skipif(not SM90, reason="the pair needs CUTLASS (sm90a)")

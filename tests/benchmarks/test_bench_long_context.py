@@ -1,0 +1,45 @@
+"""benchmarks/bench_long_context.py on the CPU: its --smoke path (the split sweep of the
+attention on tiny shapes under TRITON_INTERPRET=1). Checks the record's structure, that each
+fixed / best ratio is the two recorded times divided (recomputed here) and that a context within
+one split gives the unsplit walk's bits; speeds themselves are not asserted (the GPU run is the
+integrator's)."""
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+from requant.kernels.triton import _launch
+
+if not _launch.INTERPRET:
+    pytest.skip("Triton was imported without TRITON_INTERPRET=1", allow_module_level=True)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("bench_long_context", ROOT / "benchmarks" / "bench_long_context.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_smoke_run(tmp_path):
+    bench = _bench()
+    out = tmp_path / "out"
+    assert bench.main(["--smoke", "--out", str(out)]) == 0
+    rec = json.loads((out / "bench_long_context.json").read_text())
+    sp = rec["split_prices"]
+    assert sp["production_split"] == 512 and set(sp["ms"]) == {"decode@200", "prefill@130"}
+    for row in sp["ms"].values():
+        times = {k: v for k, v in row.items() if isinstance(v, float) and k != "fixed_over_best"}
+        assert set(times) == {"512", "64", "128", "unsplit"}
+        assert row["best"] == min(times, key=times.get)
+        assert row["fixed_over_best"] == times["512"] / times[row["best"]]
+        assert row["one_split_equals_unsplit"] is True  # contexts < 512: one split
+    assert "Attention alone" in (out / "bench_long_context.md").read_text()
