@@ -11,8 +11,9 @@ len(key) as 8 bytes LE | key (UTF-8) | t as 8 bytes LE): an integer in [0, 2**12
 the request alone, never a stream shared by the batch. key: the request's own name (default: the
 sha256 hex of its prompt ids as little-endian int64).
 
-THE CHOICE, on one fp32 logits row l (copied to the CPU; every step below is exact integer
-arithmetic or single IEEE-754 float64 operations, so the bits are the same on any machine):
+THE CHOICE, on one fp32 logits row l (every step below is exact integer arithmetic or single
+IEEE-754 float64 operations, so the bits are the same on any machine and device; choose_row is
+the definition, row by row; the Chooser runs requant.sampling_batch on the logits' device):
   * greedy (temperature 0): the lowest id among the maxima.
   * x_i = (float64(l_i) - float64(max l)) / temperature; w_i = floor(exp64(x_i) * 2**40), an
     integer weight (the top token weighs 2**40; a token below 2**-40 of it weighs 0 and is
@@ -267,11 +268,13 @@ class Chooser:
         if logits.dim() != 2 or logits.shape[0] != len(self.requests):
             raise ValueError(f"logits of shape {list(logits.shape)} for {len(self.requests)} requests")
         positions = [n + step for n in self.lengths]
-        host = self._host_buffer(logits) if self.record else None
-        tokens, ids, logprobs, digests = choose_batch(logits, self.requests, positions, self.record, host=host)
+        fresh = [len(s) == step for s in self.steps]  # once per step (a caller retrying a step keeps the first)
+        record = self.record and any(fresh)
+        host = self._host_buffer(logits) if record else None
+        tokens, ids, logprobs, digests = choose_batch(logits, self.requests, positions, record, host=host)
         for j, tok in enumerate(ids):
-            if len(self.steps[j]) == step:  # once per step (a caller retrying a step keeps the first)
-                sha, lp = (digests[j], logprobs[j]) if self.record else (None, None)
+            if fresh[j]:
+                sha, lp = (digests[j], logprobs[j]) if record else (None, None)
                 self.steps[j].append(Step(positions[j], tok, sha, lp))
                 if self.on_token is not None:
                     self.on_token(j, step, tok)

@@ -47,6 +47,7 @@ _SUM_FLOOR = -56.0
 _ID_BITS = 23  # ids < 2**23: the vocabulary limit of check_rows (2**(63 - WEIGHT_BITS))
 _DEAD = 2**62  # the key of a zero-weight token, above every live one (< 2**55)
 _PREFIX = 1024  # keys taken first; a kept set of real logits rarely reaches past them
+_CPU_BLOCK = 2**17  # float64 entries per CPU block of rows (1 MiB a temporary)
 _SCALE = float(2**WEIGHT_BITS)
 _pool: ThreadPoolExecutor | None = None
 
@@ -104,7 +105,11 @@ def _sample(rows: torch.Tensor, top: torch.Tensor, reqs, positions) -> torch.Ten
     todo, m = list(range(n_rows)), min(_PREFIX, vocab)
     while todo:
         sel = torch.tensor(todo, device=dev)
-        order = torch.topk(keys.index_select(0, sel), m, dim=1, largest=False, sorted=True).indices
+        part = keys.index_select(0, sel)
+        if m < vocab:
+            order = torch.topk(part, m, dim=1, largest=False, sorted=True).indices
+        else:
+            order = torch.sort(part, dim=1).indices
         k = torch.tensor([k_all[i] for i in todo], dtype=torch.int64, device=dev)[:, None]
         cum = torch.cumsum(w.index_select(0, sel).gather(1, order) * (ids[:m] < k), 1)  # top_k; exact
         last = cum[:, -1].tolist()
@@ -192,8 +197,25 @@ def choose_batch(logits: torch.Tensor, requests, positions, record: bool = True,
             block = host if host is not None else torch.empty(rows.shape, dtype=torch.float32)
             block.copy_(rows)  # the one device->host copy of the step
         pending = _start_digests(block)  # hashed in threads while the device chooses
+    # CPU: rows a few at a time, so that the float64 temporaries stay in the caches (a whole
+    # [64, 151936] float64 block each op is memory-bound and slower than row by row); CUDA: all
+    step = n_rows if rows.device.type != "cpu" else max(1, _CPU_BLOCK // max(1, rows.shape[1]))
+    tokens, logprobs = [], []
+    for lo in range(0, n_rows, step):
+        hi = min(n_rows, lo + step)
+        t, lp = _block(rows[lo:hi], requests[lo:hi], positions[lo:hi], record)
+        tokens.append(t)
+        logprobs += lp or []
+    tokens = tokens[0] if len(tokens) == 1 else torch.cat(tokens)
+    if not record:
+        return tokens, tokens.tolist(), None, None
+    return tokens, tokens.tolist(), logprobs, pending()
+
+
+def _block(rows: torch.Tensor, requests, positions, record: bool):
+    """(ids on the device, logprobs or None) of some rows."""
     top = rows.amax(1)
-    tokens = torch.empty(n_rows, dtype=torch.int64, device=rows.device)
+    tokens = torch.empty(rows.shape[0], dtype=torch.int64, device=rows.device)
     greedy = [j for j, p in enumerate(requests) if p.greedy]
     if greedy:
         g = torch.tensor(greedy, device=rows.device)
@@ -202,7 +224,4 @@ def choose_batch(logits: torch.Tensor, requests, positions, record: bool = True,
     if sampled:
         s = torch.tensor(sampled, device=rows.device)
         tokens[s] = _sample(rows[s], top[s], [requests[j] for j in sampled], [positions[j] for j in sampled])
-    if not record:
-        return tokens, tokens.tolist(), None, None
-    logprobs = _logprobs(rows, top, tokens)
-    return tokens, tokens.tolist(), logprobs, pending()
+    return tokens, (_logprobs(rows, top, tokens) if record else None)
