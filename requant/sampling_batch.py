@@ -113,31 +113,33 @@ def _sample(rows: torch.Tensor, top: torch.Tensor, reqs, positions) -> torch.Ten
         k = torch.tensor([k_all[i] for i in todo], dtype=torch.int64, device=dev)[:, None]
         cum = torch.cumsum(w.index_select(0, sel).gather(1, order) * (ids[:m] < k), 1)  # top_k; exact
         last = cum[:, -1].tolist()
-        total, need = [], []
+        total, need = [], []  # W of the kept set (None: not known from this prefix), ceil(top_p * W)
         for i, c in zip(todo, last):
             t, n_live = facts[i]
-            t = c if k_all[i] <= m or n_live <= m else (t if k_all[i] >= n_live else None)  # W of the kept set
+            t = c if k_all[i] <= m or n_live <= m else (t if k_all[i] >= n_live else None)
             total.append(t)
-            need.append(0 if t is None else _ceil_share(reqs[i].top_p, t))
+            need.append(0 if t is None or reqs[i].top_p >= 1 else _ceil_share(reqs[i].top_p, t))
+        kept = list(total)  # W': top_p 1 keeps W
         if any(reqs[i].top_p < 1 for i in todo):
             at = torch.searchsorted(cum, torch.tensor(need, dtype=torch.int64, device=dev)[:, None])
-            kept = cum.gather(1, at.clamp_(max=m - 1))[:, 0].tolist()
-        else:
-            kept = total
-        draw, left, done = [], [], []
+            cut = cum.gather(1, at.clamp_(max=m - 1))[:, 0].tolist()
+            kept = [x if reqs[i].top_p < 1 else t for i, x, t in zip(todo, cut, kept)]
+        draw, left, done = [], [], []  # done: (index in todo, row)
         for j, (i, c) in enumerate(zip(todo, last)):
-            if total[j] is None or c < need[j]:  # the kept set reaches past this prefix
+            r = None
+            if total[j] is not None and c >= need[j]:
+                r = (uniform_int(reqs[i].seed, reqs[i].key, positions[i]) * kept[j]) >> 128
+            if r is None or c <= r:  # the kept set or the draw reaches past this prefix
                 left.append(i)
                 draw.append(0)
-                continue
-            r = (uniform_int(reqs[i].seed, reqs[i].key, positions[i]) * kept[j]) >> 128
-            (left if c <= r else done).append(i)
-            draw.append(r if c > r else 0)
+            else:
+                done.append((j, i))
+                draw.append(r)
         if done:
             at = torch.searchsorted(cum, torch.tensor(draw, dtype=torch.int64, device=dev)[:, None], right=True)
-            pick = [j for j, i in enumerate(todo) if i in set(done)]
-            rows_done = torch.tensor(pick, device=dev)
-            tokens[torch.tensor(done, device=dev)] = order.index_select(0, rows_done).gather(1, at[rows_done])[:, 0]
+            picked = torch.tensor([j for j, _ in done], device=dev)
+            chosen = order.index_select(0, picked).gather(1, at.index_select(0, picked))[:, 0]
+            tokens[torch.tensor([i for _, i in done], device=dev)] = chosen
         todo, m = left, vocab
     return tokens
 
