@@ -11,8 +11,9 @@ len(key) as 8 bytes LE | key (UTF-8) | t as 8 bytes LE): an integer in [0, 2**12
 the request alone, never a stream shared by the batch. key: the request's own name (default: the
 sha256 hex of its prompt ids as little-endian int64).
 
-THE CHOICE, on one fp32 logits row l (copied to the CPU; every step below is exact integer
-arithmetic or single IEEE-754 float64 operations, so the bits are the same on any machine):
+THE CHOICE, on one fp32 logits row l (every step below is exact integer arithmetic or single
+IEEE-754 float64 operations, so the bits are the same on any machine and device; choose_row is
+the definition, row by row; the Chooser runs requant.sampling_batch on the logits' device):
   * greedy (temperature 0): the lowest id among the maxima.
   * x_i = (float64(l_i) - float64(max l)) / temperature; w_i = floor(exp64(x_i) * 2**40), an
     integer weight (the top token weighs 2**40; a token below 2**-40 of it weighs 0 and is
@@ -136,12 +137,16 @@ def exp64(x: torch.Tensor) -> torch.Tensor:
     exact scaling by 2**k), 0 below EXP_CUTOFF: each op is one correctly rounded IEEE operation
     in its own torch call (nothing fused), so the bits are the same on every machine."""
     x = x.to(torch.float64)
-    k = torch.round(torch.clamp(x, min=EXP_CUTOFF) * _INV_LN2)
-    r = (x - k * _LN2_HI) - k * _LN2_LO
-    p = torch.full_like(r, _EXP_COEFFS[0])
-    for c in _EXP_COEFFS[1:]:  # in place: each still one rounded IEEE operation per element
+    # in place where it can be (fewer large allocations): each op is still one rounded IEEE
+    # operation per element, in the order round(clamp(x) * 1/ln2), (x - k*hi) - k*lo, Horner
+    k = torch.clamp(x, min=EXP_CUTOFF).mul_(_INV_LN2).round_()
+    t = torch.mul(k, _LN2_HI)
+    r = torch.sub(x, t)
+    r.sub_(torch.mul(k, _LN2_LO, out=t))
+    p = t.fill_(_EXP_COEFFS[0])
+    for c in _EXP_COEFFS[1:]:
         p.mul_(r).add_(c)
-    p.mul_(((k.to(torch.int64) + 1023) << 52).view(torch.float64))  # 2**k, exactly
+    p.mul_(k.to(torch.int64).add_(1023).bitwise_left_shift_(52).view(torch.float64))  # 2**k, exactly
     return p.masked_fill_(x < EXP_CUTOFF, 0.0)
 
 
@@ -170,15 +175,6 @@ def _weights(x: torch.Tensor) -> torch.Tensor:
     sel = torch.nonzero(x >= _WEIGHT_FLOOR)[:, 0]
     w[sel] = (exp64(x[sel]) * float(2**WEIGHT_BITS)).to(torch.int64)
     return w
-
-
-def _check_row(row: torch.Tensor, where: str) -> None:
-    if row.dim() != 1 or row.dtype != torch.float32:
-        raise ValueError(f"{where}: a logits row must be fp32 [vocab], got {row.dtype} {list(row.shape)}")
-    if row.numel() >= 2 ** (63 - WEIGHT_BITS):
-        raise ValueError(f"{where}: a vocabulary of {row.numel()} ids is too large for int64 weights")
-    if not bool(torch.isfinite(row).all()):
-        raise ValueError(f"{where}: the logits row is not finite")
 
 
 def row_logprob(row: torch.Tensor, token: int) -> float:
@@ -221,12 +217,13 @@ def logits_sha256(row: torch.Tensor) -> str:
 
 @dataclass
 class Step:
-    """One generated token: its absolute position, id, logits digest and logprob (float.hex)."""
+    """One generated token: its absolute position, id, logits digest and logprob (float.hex;
+    both None when the chooser did not record them)."""
 
     position: int
     token: int
-    logits_sha256: str
-    logprob: str
+    logits_sha256: str | None
+    logprob: str | None
 
 
 @dataclass
@@ -239,11 +236,13 @@ class Sampled:
 
 
 class Chooser:
-    """The `choose` hook of Model.generate for a batch of requests: per step, the logits are
-    copied to the CPU once and each row is chosen from by its own params at its own position;
-    every row's Step is recorded (Model.generate drops those after a row's eos)."""
+    """The `choose` hook of Model.generate for a batch of requests: per step, one batched
+    computation on the logits' device (requant.sampling_batch.choose_batch: the bits of
+    choose_row, row_logprob and logits_sha256, row by row), each row by its own params at its
+    own position; every row's Step is recorded (Model.generate drops those after a row's eos).
+    record=False: Steps carry no logits digest and no logprob (None), which is cheaper."""
 
-    def __init__(self, requests, prompt_lengths, on_token=None):
+    def __init__(self, requests, prompt_lengths, on_token=None, record: bool = True):
         self.requests = [p.check(f"request {j}") for j, p in enumerate(requests)]
         for j, p in enumerate(self.requests):
             if p.key is None:
@@ -253,36 +252,56 @@ class Chooser:
             raise ValueError(f"{len(self.requests)} requests but {len(self.lengths)} prompt lengths")
         self.steps: list[list[Step]] = [[] for _ in self.requests]
         self.on_token = on_token
+        self.record = record
+        self._host = None  # the pinned host copy of a CUDA step's logits (digests), reused
+
+    def _host_buffer(self, logits: torch.Tensor):
+        if logits.device.type != "cuda":
+            return None
+        if self._host is None or self._host.shape != logits.shape:
+            self._host = torch.empty(logits.shape, dtype=torch.float32, pin_memory=True)
+        return self._host
 
     def __call__(self, step: int, logits: torch.Tensor) -> torch.Tensor:
-        rows = logits.detach().to("cpu", torch.float32)
-        if rows.shape[0] != len(self.requests):
-            raise ValueError(f"logits for {rows.shape[0]} rows, {len(self.requests)} requests")
-        out = []
-        for j, params in enumerate(self.requests):
-            row, pos = rows[j], self.lengths[j] + step
-            _check_row(row, f"request {j} ({params.key}), position {pos}")
-            tok = choose_row(row, params, pos)
-            if len(self.steps[j]) == step:  # once per step (a caller retrying a step keeps the first)
-                self.steps[j].append(Step(pos, tok, logits_sha256(row), row_logprob(row, tok).hex()))
+        from requant.sampling_batch import choose_batch
+
+        if logits.dim() != 2 or logits.shape[0] != len(self.requests):
+            raise ValueError(f"logits of shape {list(logits.shape)} for {len(self.requests)} requests")
+        positions = [n + step for n in self.lengths]
+        fresh = [len(s) == step for s in self.steps]  # once per step (a caller retrying a step keeps the first)
+        record = self.record and any(fresh)
+        host = self._host_buffer(logits) if record else None
+        tokens, ids, logprobs, digests = choose_batch(logits, self.requests, positions, record, host=host)
+        for j, tok in enumerate(ids):
+            if fresh[j]:
+                sha, lp = (digests[j], logprobs[j]) if record else (None, None)
+                self.steps[j].append(Step(positions[j], tok, sha, lp))
                 if self.on_token is not None:
                     self.on_token(j, step, tok)
-            out.append(tok)
-        return torch.tensor(out, dtype=torch.long, device=logits.device)
+        return tokens
 
 
-def chooser(requests, prompt_lengths, on_token=None) -> Chooser:
+def chooser(requests, prompt_lengths, on_token=None, record: bool = True) -> Chooser:
     """The choose callback for Model.generate: requests are SamplingParams with keys (resolve),
     prompt_lengths the prompts' lengths (a step's absolute position is length + step).
-    on_token(row, step, token): called as each row's token is chosen (streaming)."""
-    return Chooser(requests, prompt_lengths, on_token)
+    on_token(row, step, token): called as each row's token is chosen (streaming).
+    record=False: no logits digests or logprobs in the Steps."""
+    return Chooser(requests, prompt_lengths, on_token, record)
 
 
 def generate(
-    model, prompts, params, max_new_tokens: int = 64, eos_id=None, graphs: bool = True, on_token=None
+    model,
+    prompts,
+    params,
+    max_new_tokens: int = 64,
+    eos_id=None,
+    graphs: bool = True,
+    on_token=None,
+    record: bool = True,
 ) -> list[Sampled]:
     """Batch generation with per-request sampling: prompts are token id lists, params one
-    SamplingParams for all or one per prompt. Returns one Sampled per prompt."""
+    SamplingParams for all or one per prompt. Returns one Sampled per prompt (record=False:
+    its Steps hold no logits digest or logprob, None)."""
     prompts = [[int(i) for i in p] for p in prompts]
     if isinstance(params, SamplingParams):
         params = [params] * len(prompts)
@@ -290,7 +309,7 @@ def generate(
     if len(params) != len(prompts):
         raise ValueError(f"{len(prompts)} prompts but {len(params)} SamplingParams")
     reqs = [resolve(p, ids) for p, ids in zip(params, prompts)]
-    ch = chooser(reqs, [len(p) for p in prompts], on_token)
+    ch = chooser(reqs, [len(p) for p in prompts], on_token, record)
     gen = model.generate(prompts, max_new_tokens=max_new_tokens, eos_id=eos_id, graphs=graphs, choose=ch)
     out = []
     for j, ids in enumerate(gen.ids):

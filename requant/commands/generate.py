@@ -194,7 +194,10 @@ def generate(
         stream = Streamer(tok, set(eos_ids))
     t0 = time.perf_counter()
     with cannot_run():
-        out = sample(model, ids, params, max_new_tokens, eos_id=eos_ids or None, on_token=stream)
+        # without --json nothing reads the logits digests or logprobs: the chooser skips them
+        out = sample(
+            model, ids, params, max_new_tokens, eos_id=eos_ids or None, on_token=stream, record=json_out is not None
+        )
     wall = time.perf_counter() - t0
     if stream is not None:
         print(tok.decode(out[0].ids)[len(stream.shown) :])

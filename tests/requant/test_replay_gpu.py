@@ -4,7 +4,9 @@ CUTLASS on the fast engine at batch 1 (CUDA graphs) replayed with Triton inside 
 References: under pow2, CUTLASS and Triton give the same logits bits (docs/kernels.md), so every
 step must match (exit 0), greedy and sampled; under native, a direct comparison of the two
 kernels' logits with the recorded tokens forced (Model.generate(keep_logits=True, choose=...),
-torch.equal per step) gives the step that replay must report (none: exit 0).
+torch.equal per step) gives the step that replay must report (none: exit 0). The chooser on
+CUDA against the same chooser on the CPU copy of the logits (and choose_row / row_logprob on a
+few rows): the same tokens, logprobs and digests.
 Run: python3 -m pytest -q -m gpu tests/requant/test_replay_gpu.py
 """
 
@@ -74,3 +76,38 @@ def test_native_reports_the_first_difference(tmp_path, mode):
     else:
         assert res.exit_code == 1, res.output
         assert data["records"][0]["first_difference"]["step"] == step
+
+
+def test_cuda_chooser_equals_the_cpu_chooser_at_batch_64_and_the_8b_vocabulary():
+    import random
+
+    from requant.sampling import Chooser, SamplingParams, choose_row, row_logprob
+
+    rng = random.Random(64)
+    g = torch.Generator().manual_seed(64)
+    scale = torch.tensor([rng.choice([0.01, 1.0, 4.0, 12.0]) for _ in range(64)])[:, None]
+    logits = (torch.randn(64, 151936, generator=g) * scale).to(torch.bfloat16).to(torch.float32)
+    logits[0] = 0.0  # flat: the draw reaches past the first prefix of the order
+    logits[1, 5] = logits[1, 9] = logits[1].max()  # tied maxima
+    reqs = [
+        SamplingParams(
+            rng.choice([0.0, 0.05, 0.7, 1.0, 2.0]),
+            rng.choice([0, 0, 1, 50, 3000]),
+            rng.choice([1.0, 0.9, 0.95, 1e-9]),
+            rng.randrange(2**64),
+            f"gpu-{j}",
+        )
+        for j in range(64)
+    ]
+    reqs[0] = SamplingParams(1.0, 0, 1.0, 1, "flat")
+    lengths = [rng.randrange(1, 4000) for _ in range(64)]
+    cpu, gpu = Chooser(reqs, lengths), Chooser(reqs, lengths)
+    for step in range(2):
+        want = cpu(step, logits)
+        got = gpu(step, logits.cuda())
+        assert got.device.type == "cuda" and torch.equal(got.cpu(), want)
+    assert gpu.steps == cpu.steps  # tokens, positions, logits digests, logprobs
+    for j in (0, 1, 2, 63):
+        s = gpu.steps[j][1]
+        assert s.token == choose_row(logits[j], reqs[j], lengths[j] + 1)
+        assert s.logprob == row_logprob(logits[j], s.token).hex()
