@@ -8,7 +8,8 @@
 #     OUT=/some/dir bash benchmarks/gpu_serving.sh
 #
 # STEPS (default "build tests audit sampling decode") picks the steps; TESTS (default: tests) the
-# pytest paths. Files in $OUT: env.txt, timings.txt, gpu_tests.log, results.tgz (JSON and logs).
+# pytest paths; REQUANT_WHEELS (gpu_setup.sh) a smaller folder of wheels (nvidia-cutlass alone: the
+# lm-eval tests then skip). Files in $OUT: env.txt, timings.txt, gpu_tests.log, results.tgz (JSON and logs).
 set -uo pipefail
 source "$(dirname "$0")/_gpu_common.sh" || exit 1
 gpu_out
@@ -33,7 +34,7 @@ if has audit; then
     [ -f "$SYN/config.json" ] || step synthetic_1.7b 120 python3 -m requant.synthetic qwen3-1.7b "$SYN"
     step audit_1.7b 200 requant audit "$SYN" --backends cutlass,triton --byte-tokens --json "$RES/audit_qwen3-1.7b.json"
 fi
-has sampling && [ -f benchmarks/bench_sampling.py ] &&
-    step bench_sampling 90 python3 benchmarks/bench_sampling.py --json "$RES/bench_sampling.json"
-has decode && [ -n "${DECODE_CMD:-}" ] && step decode_contexts 200 bash -c "$DECODE_CMD"
+has sampling && step bench_sampling 120 python3 benchmarks/bench_sampling.py --devices cuda,cpu --out "$RES/sampling"
+has decode && step long_context 300 python3 benchmarks/bench_long_context.py --synthetic qwen3-8b --backend triton \
+    --reps 3 --out "$RES/long_context"
 tar -czf "$OUT/results.tgz" -C "$RES" .
