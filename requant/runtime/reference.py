@@ -56,8 +56,12 @@ class DeviceLinears:
                 w, s_w = m.linears[n]
                 outs.append(kernels.scaled_mm(q, w, s, s_w, backend=m.backend))
             else:
-                outs.append(dense_rows(x, self._weight32(n)))
+                outs.append(self.dense(x, n))
         return outs
+
+    def dense(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        """A Linear the checkpoint keeps in bf16 (the lm_head, say): fixed-chunk fp32 rows."""
+        return dense_rows(x, self._weight32(name))
 
     def row(self, x: torch.Tensor, name: str, capture) -> torch.Tensor:
         (y,) = self.column(x, (name,), capture)

@@ -32,7 +32,7 @@ from requant.kernels.epilogue import apply_epilogue, int_mm, order_of, quantize_
 from requant.qwen3 import Qwen3Arch
 from requant.runtime.cache import Generation, KVCache
 from requant.runtime.ops import attend_prompt, dense_rows
-from requant.runtime.reference import ReferenceEngine
+from requant.runtime.reference import DeviceLinears, ReferenceEngine
 from requant.runtime.weights import arch_from_config
 from requant.tp.shard import Plan, plan, shard
 
@@ -93,14 +93,16 @@ def attend_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
     )
 
 
-class ShardedLinears:
-    """The Linears of one rank (the reference engine's Linear strategy, see
-    requant/runtime/reference.py); reads the ShardedModel `m` at each call."""
+class ShardedLinears(DeviceLinears):
+    """The Linears of one rank: the reference engine's Linear strategy (DeviceLinears, whose
+    column() this reuses: column-parallel Linears on the replicated input, quantized once,
+    whole), with dense Linears on this rank's weight rows and the row-parallel all-reduce."""
 
     def __init__(self, m: ShardedModel):
+        super().__init__(m)
         self.m = m
 
-    def _dense(self, x: torch.Tensor, name: str) -> torch.Tensor:
+    def dense(self, x: torch.Tensor, name: str) -> torch.Tensor:
         """A dense Linear on this rank's weight rows (dense_cols; the fp32 copy, padded once)."""
         m = self.m
         w = m._fp32.get(name)
@@ -109,20 +111,9 @@ class ShardedLinears:
         return dense_cols(x, w, m.dense[name + ".weight"].shape[0])
 
     def column(self, x: torch.Tensor, names: tuple[str, ...], capture=None) -> list[torch.Tensor]:
-        """Column-parallel Linears sharing the replicated input x (quantized once, whole)."""
-        m = self.m
         if capture is not None:
             raise ValueError("capture runs on one device (requant.runtime), not under tensor parallelism")
-        if any(n in m.linears for n in names):
-            q, s = kernels.quantize_activations(x, backend=m.act_backend)
-        outs = []
-        for n in names:
-            if n in m.linears:
-                w, s_w = m.linears[n]
-                outs.append(kernels.scaled_mm(q, w, s, s_w, backend=m.backend))
-            else:
-                outs.append(self._dense(x, n))
-        return outs
+        return super().column(x, names, None)
 
     def _quantize_global(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-token int8 of a K-slice x with the scale of the whole row (docs/tensor-parallel.md)."""
@@ -137,7 +128,7 @@ class ShardedLinears:
         """Row-parallel Linear on this rank's K-slice x; the full output on every rank."""
         m = self.m
         if name not in m.linears:
-            return self._dense(m.comm.all_gather_cols(x), name)
+            return self.dense(m.comm.all_gather_cols(x), name)
         w, s_w = m.linears[name]
         q, s = self._quantize_global(x)
         if m.reduce == "int32":
