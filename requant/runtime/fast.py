@@ -30,6 +30,8 @@ logits it wrote, so the tokens are the same bits eager or replayed. The first de
 
 from __future__ import annotations
 
+import gc
+
 import torch
 
 from requant import kernels
@@ -37,7 +39,7 @@ from requant.qwen3 import LAYER_LINEARS
 from requant.runtime.cache import Generation, KVCache, argmax_choose, generation_capacity, stop_ids
 from requant.runtime.ops import rope_tables
 
-__all__ = ["BUCKETS", "FastEngine", "FastLayout", "fast_supported"]
+__all__ = ["BUCKETS", "FastEngine", "FastLayout", "capture_graph", "fast_supported"]
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 _KEEP_DECODERS = 2
@@ -111,13 +113,29 @@ class _Decoder:
             self._step()
         else:
             if self.graph is None:
-                torch.cuda.synchronize(self.engine.model.device)
-                g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g):
-                    self._step()
-                self.graph = g
+                self.graph = capture_graph(self._step, self.engine.model.device)
             self.graph.replay()
         return self.logits[:b]
+
+
+def capture_graph(fn, device) -> torch.cuda.CUDAGraph:
+    """A CUDA graph of fn(), captured with Python's cyclic garbage collector collected first and
+    paused during the capture. Garbage of the process (an earlier model, a dropped decoder) may
+    hold CUDA graphs; collected during a capture, their destruction is an operation that is not
+    permitted while a stream captures, and it invalidates the capture. torch no longer collects
+    before a capture by default, so any process (a test suite, a server) could reach this."""
+    torch.cuda.synchronize(device)
+    gc.collect()
+    paused = gc.isenabled()
+    gc.disable()
+    try:
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            fn()
+    finally:
+        if paused:
+            gc.enable()
+    return g
 
 
 class FastLayout:

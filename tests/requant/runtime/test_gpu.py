@@ -73,3 +73,36 @@ def test_pow2_pair_is_bitwise_equal(toks):
     a = m.with_backends("cutlass", "triton").generate(toks, 32, keep_logits=True)
     b = m.with_backends("triton", "triton").generate(toks, 32, keep_logits=True)
     assert a.ids == b.ids and all(bitwise_equal(x, y) for x, y in zip(a.step_logits, b.step_logits))
+
+
+def test_decode_graph_capture_survives_garbage_that_holds_graphs(toks):
+    """Garbage left by an earlier model (its decoders sit in a reference cycle and hold captured
+    CUDA graphs) collected during the next capture used to destroy those graphs mid-capture and
+    invalidate it: the suite-order failure. Here the collection is forced inside the capture.
+    Independent reference: the same generation launched eagerly (graphs=False)."""
+    import gc
+
+    from requant.runtime import fast
+
+    old = load_model(DEFAULT_CHECKPOINT, regime="pow2", device="cuda").with_backends("triton", "triton")
+    old.generate(toks[:1], 4)  # eager first step, then a captured graph
+    del old
+    m = load_model(DEFAULT_CHECKPOINT, regime="pow2", device="cuda").with_backends("triton", "triton")
+    forward = fast.FastEngine.forward
+
+    def collecting_forward(self, *args, **kwargs):
+        if torch.cuda.is_current_stream_capturing():
+            gc.collect()  # what an automatic collection at this moment would do
+        return forward(self, *args, **kwargs)
+
+    enabled = gc.isenabled()
+    gc.disable()  # the garbage survives until the capture
+    fast.FastEngine.forward = collecting_forward
+    try:
+        got = m.generate(toks[:2], 8, keep_logits=True)
+    finally:
+        fast.FastEngine.forward = forward
+        if enabled:
+            gc.enable()
+    want = m.generate(toks[:2], 8, keep_logits=True, graphs=False)
+    assert got.ids == want.ids and all(bitwise_equal(a, b) for a, b in zip(got.step_logits, want.step_logits))
