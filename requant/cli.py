@@ -26,7 +26,7 @@ except ImportError:  # pragma: no cover - depends on the installed typer
 
 from requant import __version__
 from requant.commands import audit, checkpoint, conform, determinism, evaluate, generate, publish, replay, tp_check
-from requant.commands._common import EXIT_ERROR, EXIT_INTERRUPTED, debug_traceback, err, plain
+from requant.commands._common import EXIT_ERROR, EXIT_INTERRUPTED, RequantCommand, debug_traceback, err, plain
 
 __all__ = ["app", "RequantGroup"]
 
@@ -126,7 +126,7 @@ _COMMANDS = (
     ("replay", replay.replay, "Re-run a generation record and compare it bit for bit."),
 )
 for _name, _fn, _short in _COMMANDS:
-    app.command(_name, short_help=_short)(_fn)
+    app.command(_name, short_help=_short, cls=RequantCommand)(_fn)
 
 if __name__ == "__main__":
     app()

@@ -29,6 +29,7 @@ from typing import Annotated, Callable, NoReturn, Optional
 import typer
 from rich.console import Console
 from rich.markup import escape
+from typer.core import TyperCommand
 
 from requant.errors import CheckpointError, UsageError
 from requant.links import shown
@@ -57,6 +58,9 @@ __all__ = [
     "check_output_file",
     "check_output_dir",
     "check_not_inside",
+    "check_outputs",
+    "command_paths",
+    "RequantCommand",
     "byte_tokens_option",
     "CkptArg",
     "DeviceOpt",
@@ -289,10 +293,13 @@ def echo_command(name: str, resolved: dict | None = None) -> str:
 
 
 # -- output paths, checked before any work ------------------------------------------------
-def _writable_place(path: Path, option: str) -> None:
-    """The nearest existing directory above `path` (missing ones are made when writing) must be
-    a directory we may write into."""
+def _writable_place(path: Path, option: str, make_parents: bool = False) -> None:
+    """The directory `path` goes into must exist (requant makes no directory the user did not
+    name: a typo in a parent is refused, not created) and be writable. make_parents (convert's
+    -o, created atomically and removed again on failure): the nearest existing one above."""
     d = path.parent
+    if not make_parents and not (d.exists() or d.is_symlink()):
+        raise UsageError(f"{option} {shown(path)}: the directory {shown(d)} does not exist")
     while not (d.exists() or d.is_symlink()) and d != d.parent:
         d = d.parent
     if not d.is_dir():
@@ -318,9 +325,12 @@ def check_output_file(path: Optional[Path], option: str) -> None:
     _writable_place(real, option)
 
 
-def check_output_dir(path: Optional[Path], option: str, files: tuple[str, ...] = ()) -> None:
+def check_output_dir(
+    path: Optional[Path], option: str, files: tuple[str, ...] = (), make_parents: bool = False
+) -> None:
     """UsageError naming `option` unless `path` is (or can be made as) a writable directory
-    in which each of `files` can be written (check_output_file)."""
+    in which each of `files` can be written (check_output_file). Only `path` itself is made,
+    its parent must exist (make_parents: convert's -o, see _writable_place)."""
     if path is None:
         return
     path = Path(path)
@@ -332,7 +342,7 @@ def check_output_dir(path: Optional[Path], option: str, files: tuple[str, ...] =
         for name in files:
             check_output_file(path / name, option)
         return
-    _writable_place(path, option)
+    _writable_place(path, option, make_parents)
 
 
 def check_not_inside(paths: dict[str, Optional[Path]], dirs: dict[str, Optional[Path]]) -> None:
@@ -350,6 +360,105 @@ def check_not_inside(paths: dict[str, Optional[Path]], dirs: dict[str, Optional[
                 raise UsageError(
                     f"{option} {shown(path)}: inside {what} {shown(d)}; requant never writes reports there"
                 )
+
+
+# -- outputs never land on inputs: one check for every command, before its body runs ------
+# Options that name what a command writes: a file (None) or a directory (the module and name of
+# the tuple of files it writes there; () when it is a checkpoint directory: convert's -o).
+OUTPUT_OPTIONS: dict[str, object] = {"--json": None, "--plot": None, "--output": (), "--report": {}, "--export": {}}
+DIR_FILES = {
+    ("audit", "--report"): ("requant.audit.report", "REPORT_FILES"),
+    ("eval", "--report"): ("requant.eval.report", "REPORT_FILES"),
+    ("conform", "--export"): ("requant.audit.vectors", "EXPORT_FILES"),
+}
+# Parameters (str: a local directory or a Hub id) that name a checkpoint the command reads.
+CHECKPOINT_PARAMS = ("ckpt", "src", "checkpoint")
+
+
+def _long_flag(param) -> str:
+    return max((o for o in param.opts if o.startswith("--")), key=len, default=param.opts[0])
+
+
+def _is_path(param) -> bool:
+    """A parameter whose value is a pathlib.Path (or a list of them)."""
+    kind = getattr(param, "type", None)
+    if kind is not None:  # click itself (an older typer)
+        return getattr(kind, "name", "") == "path"
+    ann = getattr(getattr(param, "type_descriptor", None), "annotation", None)
+    return ann is Path or (getattr(ann, "__args__", None) or (None,))[0] is Path
+
+
+def output_params(command) -> dict[str, object]:
+    """{long flag: param} of the options of a click command that name an output path."""
+    return {
+        _long_flag(p): p
+        for p in command.params
+        if p.param_type_name == "option" and _is_path(p) and _long_flag(p) in OUTPUT_OPTIONS
+    }
+
+
+def input_params(command) -> dict[str, object]:
+    """{label: param} of a command's parameters that name something it reads: every other path
+    parameter, and a checkpoint given as a string (a directory or a Hub id)."""
+    found = {}
+    for p in command.params:
+        if p.param_type_name == "option" and _long_flag(p) in output_params(command):
+            continue
+        if _is_path(p) or p.name in CHECKPOINT_PARAMS:
+            found[
+                _long_flag(p) if p.param_type_name == "option" else (getattr(p, "metavar", None) or p.name.upper())
+            ] = p
+    return found
+
+
+def command_paths(command, params: dict, name: str) -> tuple[list, list]:
+    """(outputs, inputs) of one parsed invocation, for requant.output_guard.check_outputs. A
+    command with a checkpoint parameter left out reads the embedded default."""
+    import importlib
+
+    from requant.evidence.manifest import REPORTS
+
+    outputs = []
+    for flag, p in output_params(command).items():
+        value = params.get(p.name)
+        if value is None:
+            continue
+        files = OUTPUT_OPTIONS[flag]
+        if isinstance(files, dict):  # a report directory: the files the command writes there
+            module, attr = DIR_FILES.get((name, flag), (None, None))
+            files = tuple(getattr(importlib.import_module(module), attr)) if module else ()
+        outputs.append((flag, Path(value), files))
+    inputs = []
+    for label, p in input_params(command).items():
+        value = params.get(p.name)
+        checkpoint = p.name in CHECKPOINT_PARAMS
+        if value is None and checkpoint and p.param_type_name == "argument":
+            from requant import DEFAULT_CHECKPOINT
+
+            inputs.append(("the embedded default checkpoint", DEFAULT_CHECKPOINT, ()))
+            continue
+        for v in value if isinstance(value, (list, tuple)) else [value]:
+            if v is not None:
+                inputs.append(("the checkpoint" if checkpoint else label, Path(v), REPORTS if checkpoint else ()))
+    return outputs, inputs
+
+
+def check_outputs(outputs: list, inputs: list) -> None:
+    """requant.output_guard.check_outputs: no output on or inside an input, no two outputs one
+    file (UsageError naming the option and the input)."""
+    from requant.output_guard import check_outputs as check
+
+    check(outputs, inputs)
+
+
+class RequantCommand(TyperCommand):
+    """Every command's class (requant/cli.py): its output options are checked against its
+    inputs before its body runs (command_paths, check_outputs), so a command cannot skip it."""
+
+    def invoke(self, ctx):
+        with cannot_run():
+            check_outputs(*command_paths(ctx.command, ctx.params, ctx.info_name))
+        return super().invoke(ctx)
 
 
 def byte_tokens_option(command: Callable) -> Callable:

@@ -188,7 +188,7 @@ def convert(
     with cannot_run():  # every output path and option before any work: a refusal costs nothing and writes nothing
         _check_reports(src, output, json_report, plot, source)
         if not (output.exists() or output.is_symlink()):  # an existing OUT: the --force rules (requant.output)
-            check_output_dir(output, "-o")
+            check_output_dir(output, "-o", make_parents=True)
         if jobs is not None and jobs < 1:
             raise UsageError(f"--jobs {jobs}: must be at least 1 (leave it out for the CPU count)")
     console = err()

@@ -37,6 +37,7 @@ from requant.commands._common import (
     check_device,
     check_engine,
     check_output_file,
+    check_outputs,
     default_device,
     echo_command,
     err,
@@ -74,6 +75,7 @@ def replay(
         from requant.backends import check_runnable
         from requant.checkpoint import open_checkpoint
         from requant.evidence.identity import with_progress
+        from requant.evidence.manifest import REPORTS
         from requant.generation import (
             filler_prompts,
             first_difference,
@@ -102,6 +104,8 @@ def replay(
         if checkpoint is None and first.get("checkpoint") and Path(str(first.get("checkpoint_path"))).is_dir():
             src = first["checkpoint_path"]  # the directory it ran on (a relative path was relative to that cwd)
         ckpt = open_checkpoint(src, revision=None if checkpoint else first.get("revision"))
+        if json_out is not None:  # the checkpoint named inside the record is an input too
+            check_outputs([("--json", json_out, None)], [("the record's checkpoint", ckpt.path, REPORTS)])
         check_layout(ckpt)
         identity = with_progress(ckpt, console)
         if identity["manifest_digest"] != first["manifest_digest"]:
