@@ -439,7 +439,8 @@ def command_paths(command, params: dict, name: str) -> tuple[list, list]:
             continue
         for v in value if isinstance(value, (list, tuple)) else [value]:
             if v is not None:
-                inputs.append(("the checkpoint" if checkpoint else label, Path(v), REPORTS if checkpoint else ()))
+                what = ("the source" if p.name == "src" else "the checkpoint") if checkpoint else label
+                inputs.append((what, Path(v), REPORTS if checkpoint else ()))
     return outputs, inputs
 
 

@@ -49,9 +49,13 @@ def test_force_replaces_an_empty_directory_and_a_checkpoint(tmp_path, micro):
     out.mkdir()
     convert(micro, out, "nearest", force=True)
     assert tree_bytes(out) == tree_bytes(ref)
-    (out / "extra.txt").write_text("left by a user in a checkpoint: replaced with it")
-    convert(micro, out, "nearest", force=True)
+    convert(micro, out, "nearest", force=True)  # over an earlier conversion: nothing of a user's in it
     assert tree_bytes(out) == tree_bytes(ref)
+    (out / "extra.txt").write_text("left by a user in a checkpoint: never deleted silently")
+    before = tree_bytes(out)
+    with pytest.raises(OutputError, match=r"holds files a conversion did not write \(extra.txt\)"):
+        convert(micro, out, "nearest", force=True)
+    assert tree_bytes(out) == before
 
 
 def test_force_checks_again_before_the_rename(tmp_path, micro):
