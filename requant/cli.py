@@ -26,7 +26,15 @@ except ImportError:  # pragma: no cover - depends on the installed typer
 
 from requant import __version__
 from requant.commands import audit, checkpoint, conform, determinism, evaluate, generate, publish, replay, tp_check
-from requant.commands._common import EXIT_ERROR, EXIT_INTERRUPTED, RequantCommand, debug_traceback, err, plain
+from requant.commands._common import (
+    EXIT_ERROR,
+    EXIT_INTERRUPTED,
+    RequantCommand,
+    debug_traceback,
+    err,
+    guarded_std_streams,
+    plain,
+)
 
 __all__ = ["app", "RequantGroup"]
 
@@ -43,7 +51,8 @@ class RequantGroup(TyperGroup):
         old = signal.signal(signal.SIGTERM, _raise_interrupt) if on_main else None
         try:
             try:
-                rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+                with guarded_std_streams():  # stdout nobody reads: the work and the exit code stand
+                    rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
             except NoArgsIsHelpError as exc:  # `requant` alone: the help, exit 2 as click does
                 print(exc.ctx.get_help() if exc.ctx else str(exc), file=sys.stderr)
                 rv = EXIT_ERROR

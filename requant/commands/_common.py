@@ -59,6 +59,9 @@ __all__ = [
     "check_output_dir",
     "check_not_inside",
     "check_outputs",
+    "guarded_std_streams",
+    "printable",
+    "text_out",
     "command_paths",
     "RequantCommand",
     "byte_tokens_option",
@@ -88,16 +91,39 @@ def out() -> Console:
 
 def err() -> Console:
     """stderr: progress bars, warnings and the error line."""
-    return Console(file=sys.stderr, highlight=False, emoji=False, soft_wrap=True)
+    return Console(file=sys.stderr, highlight=False, emoji=False, soft_wrap=True, log_path=False)
+
+
+def _unprintable(c: str) -> bool:
+    o = ord(c)
+    return o < 32 or 127 <= o < 160 or 0xD800 <= o <= 0xDFFF or o in (0x2028, 0x2029)
+
+
+def printable(text: object, keep: str = "") -> str:
+    """`text` with every control character (C0, DEL, C1: an ESC would drive the terminal; a
+    newline would split the line), line separator and lone surrogate shown as its Python escape,
+    but those in `keep` (generate's text keeps "\n\t"). For print(); rich lines use plain()."""
+    s = str(text)
+    if any(_unprintable(c) and c not in keep for c in s):
+        s = "".join(repr(c)[1:-1] if _unprintable(c) and c not in keep else c for c in s)
+    return s
 
 
 def plain(text: object) -> str:
-    """`text` made safe for one rich line: markup escaped, control characters (a newline in a
-    file name, say) shown as escapes instead of breaking the line."""
-    s = str(text)
-    if any(ord(c) < 32 or ord(c) == 127 for c in s):
-        s = "".join(c if ord(c) >= 32 and ord(c) != 127 else repr(c)[1:-1] for c in s)
-    return escape(s)
+    """`text` made safe for one rich line: markup escaped (a name like `[red]` or `[/]` is
+    printed as written), control characters shown as escapes (printable)."""
+    return escape(printable(text))
+
+
+def text_out(text: str) -> str:
+    """Generated (or prompt) text for stdout: exact when piped (the text is the product; a lone
+    surrogate, which no encoding holds, excepted), with control characters but newline and tab
+    escaped on a terminal (model output must not drive the terminal)."""
+    if sys.stdout.isatty():
+        return printable(text, keep="\n\t")
+    if any(0xD800 <= ord(c) <= 0xDFFF for c in text):
+        return "".join(repr(c)[1:-1] if 0xD800 <= ord(c) <= 0xDFFF else c for c in text)
+    return text
 
 
 def fail(msg: str, code: int = EXIT_ERROR) -> NoReturn:
@@ -161,6 +187,96 @@ def sigterm_as_interrupt():
         yield
     finally:
         signal.signal(signal.SIGTERM, old)
+
+
+# -- stdout nobody reads ------------------------------------------------------------------
+class _Discarding:
+    """A standard stream that, once its reader is gone (a closed stdout, `| head` exiting: EPIPE,
+    EBADF, a closed file), discards what is written instead of raising: the command still does
+    its work, writes its files and exits with its verdict's code (the policy in the module
+    docstring). The descriptor is pointed at /dev/null then, so that nothing (the interpreter's
+    flush at exit included) fails on it again."""
+
+    def __init__(self, stream, fd: int):
+        self._stream, self._fd, self.lost = stream, fd, stream is None
+
+    def _drop(self) -> None:
+        self.lost = True
+        try:
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, self._fd)
+            os.close(null)
+        except OSError:
+            pass
+
+    def write(self, text):
+        if not self.lost:
+            try:
+                return self._stream.write(text)
+            except (BrokenPipeError, OSError):
+                self._drop()
+            except ValueError:  # a closed file; anything else (an encoding error) is a bug to see
+                if not getattr(self._stream, "closed", False):
+                    raise
+                self._drop()
+        return len(text)
+
+    def flush(self):
+        if not self.lost:
+            try:
+                self._stream.flush()
+            except (BrokenPipeError, OSError):
+                self._drop()
+            except ValueError:
+                if not getattr(self._stream, "closed", False):
+                    raise
+                self._drop()
+
+    def isatty(self) -> bool:
+        try:
+            return not self.lost and self._stream.isatty()
+        except (ValueError, OSError):
+            return False
+
+    def __getattr__(self, name):
+        return getattr(self._stream if self._stream is not None else sys.__stdout__, name)
+
+
+@contextlib.contextmanager
+def guarded_std_streams():
+    """Inside the block stdout and stderr are _Discarding streams, and a standard descriptor
+    that was closed when requant started is /dev/null (so that no output file can get fd 1 or
+    2 and receive what is printed)."""
+    for fd in (1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            try:
+                null = os.open(os.devnull, os.O_WRONLY)
+                if null != fd:
+                    os.dup2(null, fd)
+                    os.close(null)
+            except OSError:
+                pass
+    old = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _Discarding(sys.stdout, 1), _Discarding(sys.stderr, 2)
+    try:
+        yield
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        sys.stdout, sys.stderr = old
+        for fd, stream in ((1, old[0]), (2, old[1])):
+            try:
+                if stream is not None:
+                    stream.flush()
+            except (BrokenPipeError, ValueError, OSError):
+                try:
+                    null = os.open(os.devnull, os.O_WRONLY)
+                    os.dup2(null, fd)
+                    os.close(null)
+                except OSError:
+                    pass
 
 
 # -- devices and threads -----------------------------------------------------------------

@@ -118,7 +118,7 @@ def _print_summary(result: dict) -> None:
 
     warn = matrix_warning(result)
     if warn:
-        out.print(f"[bold red]{warn}[/bold red]")
+        out.print(f"[bold red]{plain(warn)}[/bold red]")
     _print_detection(result["detection"], "detection, prefill (detected / observable)")
     dec = result.get("decode")
     if dec:
@@ -329,7 +329,7 @@ def audit(
     if "decode" in phase_list:
         total += len(checkpoint.quantized_linears) * CELLS_PER_LAYER * len(batch_list) * decode_tokens
     console.print(
-        f"auditing {plain(checkpoint.path)} with {pair[0]} vs {pair[1]} on {dev}: {len(checkpoint.quantized_linears)} Linears, {total} cells"
+        f"auditing {plain(checkpoint.path)} with {plain(pair[0])} vs {plain(pair[1])} on {dev}: {len(checkpoint.quantized_linears)} Linears, {total} cells"
     )
     with cannot_run():  # a tensor that turned out unreadable while running
         with progress_bar(console) as progress:

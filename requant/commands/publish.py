@@ -296,4 +296,4 @@ def push(
     written = _run(lambda: push_mod.write_back(p))
     for path in written:
         err().print(f"wrote {plain(str(path))} (as pushed)")
-    stdout.print(url)
+    stdout.print(plain(url))

@@ -41,6 +41,8 @@ from requant.commands._common import (
     default_device,
     echo_command,
     err,
+    plain,
+    printable,
     set_threads,
     write_json_atomic,
 )
@@ -149,7 +151,7 @@ def replay(
         diff = first_difference(rec, s)
         token_step = first_token_difference(rec, s)
         line = describe_difference(i, rec, diff, token_step)
-        print(line)
+        print(printable(line))
         results.append(
             {
                 "index": i,
@@ -165,7 +167,7 @@ def replay(
     if len(records) > 1:
         print(f"replay: {sum(r['match'] for r in results)}/{len(records)} records match bit for bit")
     console.print(
-        f"replayed {len(records)} record(s) with {be} ({engine_ran} engine) on {dev}, "
+        f"replayed {len(records)} record(s) with {plain(be)} ({engine_ran} engine) on {dev}, "
         f"batch of {batch_with + len(records)}, in {wall:.2f} s"
     )
     if json_out is not None:
@@ -186,6 +188,6 @@ def replay(
         }
         with cannot_run():
             write_json_atomic(json_out, result)
-        console.print(f"wrote {json_out}")
+        console.print(f"wrote {plain(json_out)}")
     if not ok:
         raise typer.Exit(EXIT_FAILED)
