@@ -339,6 +339,11 @@ def check_engine(engine: str, device: str) -> str:
     interpret = triton_interpreter_on_cpu(str(device), engine == "fast")
     if engine == "fast" and not str(device).startswith("cuda") and not interpret:
         raise UsageError("--engine fast needs a CUDA GPU (or TRITON_INTERPRET=1 on CPU); on CPU use --engine reference")
+    if engine == "fast" and not str(device).startswith("cuda"):  # said before the wait, not after it
+        warn(
+            "--engine fast on a CPU runs its Triton kernels in the interpreter: minutes for a few tokens "
+            "(143 s for 64 tokens of the embedded default); --engine reference is the CPU engine"
+        )
     return engine
 
 

@@ -141,7 +141,7 @@ def convert(
     src: Annotated[
         Optional[str],
         typer.Argument(
-            help="Checkpoint directory or Hub repo id (default: the embedded tiny Qwen3 W8A8 checkpoint).",
+            help="Checkpoint directory or Hub repo id (default: the embedded default, a small trained Qwen3 W8A8).",
             show_default=False,
             metavar="SRC",
         ),
