@@ -15,7 +15,7 @@ one with a baseline row for the cublas backend's fused-scale order) or v1 (the s
 reproduction, C1..C7); v3 has v2's cells and the injection predictions (always scored from v3).
 `--phases decode` adds the decode phase (audit/decode.py; the default); `--injection` injects
 every fault kernel into the generating model (audit/injection.py; off by default: 44 greedy
-runs, about two minutes of CPU on the embedded default, minutes more than the audit on a GPU). A MODULE:FUNCTION member of
+runs, about 14 s of CPU time on the embedded default, minutes more than the audit on a GPU). A MODULE:FUNCTION member of
 --backends declares `--order`, or the order conform's fingerprint names (requant.backends).
 
 Exit status: 0 when the audit ran against the pinned prediction matrix, the scorecard has no
@@ -255,7 +255,7 @@ def audit(
         Optional[bool],
         typer.Option(
             "--injection/--no-injection",
-            help="Inject each fault kernel into the generating model (default: no; ~2 min on CPU for the default).",
+            help="Inject each fault kernel into the generating model (default: no; ~14 s of CPU for the default).",
         ),
     ] = None,
     injection_tokens: Annotated[
