@@ -9,6 +9,10 @@ EXIT CODES (one policy for every command)
        does not match before a run. One line `error: ...` on stderr, no traceback.
   130  interrupted (Ctrl-C or SIGTERM); what was being written is removed.
 
+A stdout (or stderr) that nobody reads, closed or a pipe whose reader left (`| head`), is
+discarded (guarded_std_streams): the command still does its work, writes its files and exits
+with its verdict's code, with no error line and no traceback.
+
 Messages are single lines whatever the terminal: the consoles soft-wrap (rich never
 inserts a newline into a long line) and control characters in names are escaped.
 Importing this module does not import torch (`requant --help` stays fast).
