@@ -202,7 +202,8 @@ class _Discarding:
     flush at exit included) fails on it again."""
 
     def __init__(self, stream, fd: int):
-        self._stream, self._fd, self.lost = stream, fd, stream is None
+        self._fd, self.lost = fd, stream is None  # None: the descriptor was closed when Python started
+        self._stream = stream if stream is not None else open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115
 
     def _drop(self) -> None:
         self.lost = True
@@ -243,7 +244,7 @@ class _Discarding:
             return False
 
     def __getattr__(self, name):
-        return getattr(self._stream if self._stream is not None else sys.__stdout__, name)
+        return getattr(self._stream, name)
 
 
 @contextlib.contextmanager
