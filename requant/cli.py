@@ -26,15 +26,8 @@ except ImportError:  # pragma: no cover - depends on the installed typer
 
 from requant import __version__
 from requant.commands import audit, checkpoint, conform, determinism, evaluate, generate, publish, replay, tp_check
-from requant.commands._common import (
-    EXIT_ERROR,
-    EXIT_INTERRUPTED,
-    RequantCommand,
-    debug_traceback,
-    err,
-    guarded_std_streams,
-    plain,
-)
+from requant.commands._common import EXIT_ERROR, EXIT_INTERRUPTED, debug_traceback, err, plain
+from requant.commands._guards import RequantCommand, guarded_std_streams
 
 __all__ = ["app", "RequantGroup"]
 

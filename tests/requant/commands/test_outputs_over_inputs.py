@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 import requant.checkpoint
 from requant import DEFAULT_CHECKPOINT
 from requant.cli import app
-from requant.commands._common import RequantCommand, input_params, output_params
+from requant.commands._guards import RequantCommand, input_params, output_params
 
 from ..conftest import tree_bytes
 
