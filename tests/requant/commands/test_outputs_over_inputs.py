@@ -66,7 +66,9 @@ def test_generate_json_on_the_checkpoints_config(ck, no_work):
 def test_generate_json_through_a_symlink_into_the_checkpoint(ck, tmp_path, no_work):
     link = tmp_path / "record.jsonl"
     link.symlink_to(ck / "model.safetensors")
-    _refused(["generate", ck, "--prompt", "x", "--json", link], "--json", str(link), inputs=[ck])
+    _refused(
+        ["generate", ck, "--prompt", "x", "--json", link], "--json", str(link), "inside the checkpoint", inputs=[ck]
+    )
 
 
 def test_generate_json_over_its_prompts_file(tmp_path, no_work):
