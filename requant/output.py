@@ -37,7 +37,8 @@
   and nothing is touched: `-o ~/models --force` must never delete a directory of models.
   Nor does it delete what a user wrote into an earlier output (not_replaced_silently): the
   card and the audit, eval and determinism reports at its top level, or, when it has a
-  SHA256SUMS, any file it does not list; such an OUT is refused, naming those files.
+  SHA256SUMS, any file it does not list; such an OUT is refused, naming those files, before any
+  work and again at the rename.
 """
 
 from __future__ import annotations
@@ -242,14 +243,19 @@ def check_output(src: Path, out: Path, force: bool) -> None:
         if not force:
             raise OutputError("already exists; pass --force to replace it", file=out)
         refuse_unless_replaceable(out, output_path(out))
-        kept = not_replaced_silently(output_path(out), src)
-        if kept:
-            more = f" and {len(kept) - 5} more" if len(kept) > 5 else ""
-            raise OutputError(
-                f"holds files a conversion did not write ({', '.join(shown(k) for k in kept[:5])}{more}): "
-                "--force never deletes them; move them out of it first, or choose another output",
-                file=out,
-            )
+        refuse_users_files(out, output_path(out), src)
+
+
+def refuse_users_files(out: Path, final: Path, src: Path) -> None:
+    """OutputError naming the files of an existing OUT that --force must not delete (not_replaced_silently)."""
+    kept = not_replaced_silently(final, src)
+    if kept:
+        more = f" and {len(kept) - 5} more" if len(kept) > 5 else ""
+        raise OutputError(
+            f"holds files a conversion did not write ({', '.join(shown(k) for k in kept[:5])}{more}): "
+            "--force never deletes them; move them out of it first, or choose another output",
+            file=out,
+        )
 
 
 def output_path(output: str | os.PathLike) -> Path:
@@ -293,8 +299,9 @@ class AtomicOutput:
     moved-aside OUT back; leaving it after commit() removes the old OUT and fsyncs the
     parent directories. `out` is the spelling used in messages."""
 
-    def __init__(self, out: Path, force: bool, on_note: Callable[[str], None] | None = None):
+    def __init__(self, out: Path, force: bool, on_note: Callable[[str], None] | None = None, src: Path | None = None):
         self.out = out
+        self.src = src  # a conversion's SRC: an OUT replaced with force is checked again for a user's files
         self.on_note = on_note or _default_note
         self._lock_fd: int | None = None
         self.final = output_path(out)  # every filesystem operation uses this spelling
@@ -343,6 +350,8 @@ class AtomicOutput:
             if not self.force:  # it appeared while we were converting: never replace it silently
                 raise OutputError("appeared while converting; pass --force to replace it", file=out)
             refuse_unless_replaceable(out, final)  # it may have changed meanwhile
+            if self.src is not None:
+                refuse_users_files(out, final, self.src)
             old = final.parent / f".{final.name}.requant-old-{uuid.uuid4().hex[:12]}"
             try:
                 os.rename(final, old)

@@ -69,3 +69,16 @@ def test_force_checks_again_before_the_rename(tmp_path, micro):
     with pytest.raises(OutputError, match="is not a checkpoint"):
         convert(micro, out, "nearest", force=True, on_start=make_it_unrelated)
     assert tree_bytes(out) == {"keep.txt": b"mine"} and leftovers(tmp_path, "out") == ["out"]
+
+
+def test_force_checks_for_a_users_files_again_before_the_rename(tmp_path, micro):
+    # a report written into OUT while the conversion runs is not deleted either (reference: its bytes)
+    out = convert(micro, tmp_path / "out", "nearest").output
+
+    def write_a_report(total):  # after the first check, before the rename
+        (out / "requant-audit.json").write_text('{"written": "meanwhile"}\n')
+
+    with pytest.raises(OutputError, match=r"holds files a conversion did not write \(requant-audit.json\)"):
+        convert(micro, out, "nearest", force=True, on_start=write_a_report)
+    assert (out / "requant-audit.json").read_text() == '{"written": "meanwhile"}\n'
+    assert leftovers(tmp_path, "out") == ["out"]
