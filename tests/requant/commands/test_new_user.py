@@ -80,8 +80,15 @@ def test_importing_from_the_directory_holding_a_clone_says_what_happened(tmp_pat
     assert res.returncode == 1
     last = res.stderr.strip().splitlines()[-1]
     assert last.startswith("ImportError: `import requant` found the directory") and "python -P" in last, last
-    ok = subprocess.run([sys.executable, "-P", "-c", code], cwd=tmp_path, capture_output=True, text=True)
-    assert ok.returncode == 0 and ok.stdout.strip() == __import__("requant").__version__, ok.stderr
+    # the advice works: from another directory, and (Python 3.11+) with -P from the same one
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    runs = [([sys.executable, "-c", code], elsewhere)]
+    if sys.version_info >= (3, 11):
+        runs.append(([sys.executable, "-P", "-c", code], tmp_path))
+    for argv, cwd in runs:
+        ok = subprocess.run(argv, cwd=cwd, capture_output=True, text=True)
+        assert ok.returncode == 0 and ok.stdout.strip() == __import__("requant").__version__, ok.stderr
 
 
 def test_convert_help_names_the_embedded_default():
