@@ -83,9 +83,9 @@ def check_outputs(
             what = f"{option} {shown(path)}"
             if real == top:
                 raise UsageError(f"{what}: is {label} {shown(given)}; requant never writes over an input")
-            if is_dir and top in real.parents:
-                if kind == "file" and real.parent == top and real.name in slots:
-                    continue  # a report slot beside the checkpoint's bytes (not covered by its manifest)
+            # a report slot beside the checkpoint's bytes (not covered by its manifest) is allowed
+            slot = kind == "file" and real.parent == top and real.name in slots
+            if is_dir and top in real.parents and not slot:
                 raise UsageError(f"{what}: inside {label} {shown(given)}; requant never writes into an input")
             if kind == "tree" and real in top.parents:  # a directory output replaced whole
                 raise UsageError(f"{what}: contains {label} {shown(given)}; requant never writes over an input")
@@ -97,10 +97,13 @@ def check_outputs(
                     raise UsageError(f"{what}: is the same file as {label} {shown(given)} (a hard link)")
                 continue
             if inodes is None:
-                inodes = {_inode(f): f for f in _files_of(top)}
-            if ino in inodes:
+                inodes = {}
+                for f in _files_of(top):
+                    inodes.setdefault(_inode(f), []).append(f)
+            others = [f for f in inodes.get(ino, []) if real_path(f) != real]  # a slot is one of them itself
+            if others:
                 raise UsageError(
-                    f"{what}: is the same file as {shown(inodes[ino])} of {label} {shown(given)} (a hard link)"
+                    f"{what}: is the same file as {shown(others[0])} of {label} {shown(given)} (a hard link)"
                 )
     seen: dict = {}
     for option, path, real, kind in rows:

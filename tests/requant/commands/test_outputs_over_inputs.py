@@ -199,3 +199,8 @@ def test_every_output_option_is_refused_on_an_input(name, flag, ck, tmp_path, no
     else:
         target = ck / ("config.json" if flag in ("--json", "--plot") else "sub")
     _refused(args + [flag, target], flag if flag != "--output" else "-o", inputs=[ck])
+
+
+def test_a_report_slot_hard_linked_to_the_weights_is_refused(ck, no_work):
+    os.link(ck / "model.safetensors", ck / "requant-determinism.json")
+    _refused(["determinism", ck, "--json", ck / "requant-determinism.json"], "--json", "hard link", inputs=[ck])
