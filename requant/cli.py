@@ -27,6 +27,7 @@ except ImportError:  # pragma: no cover - depends on the installed typer
 from requant import __version__
 from requant.commands import audit, checkpoint, conform, determinism, evaluate, generate, publish, replay, tp_check
 from requant.commands._common import EXIT_ERROR, EXIT_INTERRUPTED, debug_traceback, err, plain
+from requant.commands._guards import RequantCommand, guarded_std_streams
 
 __all__ = ["app", "RequantGroup"]
 
@@ -43,7 +44,8 @@ class RequantGroup(TyperGroup):
         old = signal.signal(signal.SIGTERM, _raise_interrupt) if on_main else None
         try:
             try:
-                rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+                with guarded_std_streams():  # stdout nobody reads: the work and the exit code stand
+                    rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
             except NoArgsIsHelpError as exc:  # `requant` alone: the help, exit 2 as click does
                 print(exc.ctx.get_help() if exc.ctx else str(exc), file=sys.stderr)
                 rv = EXIT_ERROR
@@ -126,7 +128,7 @@ _COMMANDS = (
     ("replay", replay.replay, "Re-run a generation record and compare it bit for bit."),
 )
 for _name, _fn, _short in _COMMANDS:
-    app.command(_name, short_help=_short)(_fn)
+    app.command(_name, short_help=_short, cls=RequantCommand)(_fn)
 
 if __name__ == "__main__":
     app()

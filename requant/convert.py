@@ -238,7 +238,7 @@ def convert(
     constrained = arm != "unconstrained"
     # every source byte is read after this (or after src_states, when src_entries were hashed earlier)
     before = src_states if src_states is not None else file_states(ckpt)
-    with AtomicOutput(out, force, on_note) as dest:
+    with AtomicOutput(out, force, on_note, src=ckpt.path) as dest:
         source_hashes = shard_hashes = None
         try:
             if src_entries is None:  # plain sha256 of every source file, beside the units

@@ -9,6 +9,21 @@ non-zero; anything else escaping is a bug in requant and keeps its traceback.
 from __future__ import annotations
 
 import os
+import sys
+
+# Python puts the current directory first on sys.path, and setuptools' editable finder comes after
+# the path finder: run from the directory that holds a clone named `requant`, `import requant`
+# finds the clone's top directory (no __init__.py there, so a namespace package) and the real
+# package's modules then fail on attributes it lacks. Nothing of requant runs at that `import`;
+# the first requant module imported after it (each imports this one) says so in one line.
+_pkg = sys.modules.get("requant")
+if _pkg is not None and getattr(_pkg, "__file__", None) is None:
+    _where = ", ".join(str(p) for p in getattr(_pkg, "__path__", []))
+    raise ImportError(
+        f"`import requant` found the directory {_where} (a clone of the repository in the current "
+        "directory, imported as a namespace package) instead of the installed package: run Python from "
+        "another directory, or as `python -P` (PYTHONSAFEPATH=1)"
+    )
 
 
 class CheckpointError(Exception):

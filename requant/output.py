@@ -35,6 +35,10 @@
   symlink, which is replaced as a link and whose target is left alone). Anything else (a
   file, a directory of other things) is refused, before any work and again at the rename,
   and nothing is touched: `-o ~/models --force` must never delete a directory of models.
+  Nor does it delete what a user wrote into an earlier output (not_replaced_silently): the
+  card and the audit, eval and determinism reports at its top level, or, when it has a
+  SHA256SUMS, any file it does not list; such an OUT is refused, naming those files, before any
+  work and again at the rename.
 """
 
 from __future__ import annotations
@@ -182,6 +186,53 @@ def refuse_unless_replaceable(out: Path, final: Path) -> None:
         )
 
 
+# What a conversion writes itself (besides the files it copies or rewrites from SRC).
+CONVERSION_FILES = frozenset({"SHA256SUMS", "SHA256SUMS.source", "requant-convert.json", ".gitattributes"})
+# Evidence written about an output after it was made: the card and the reports of audit, eval, determinism.
+EVIDENCE_FILES = ("README.md", "requant-audit.json", "requant-eval.json", "requant-determinism.json")
+
+
+def _written_by_conversion(path: Path, theirs: Path) -> bool:
+    """An evidence-named file of an old OUT that a conversion put there: SRC's own file copied,
+    or the README stub a constrained arm writes (requant.streaming.readme_stub)."""
+    from requant.scales import ARMS
+    from requant.streaming import readme_stub
+
+    try:
+        if path.stat().st_size > 1 << 20:
+            return False
+        data = path.read_bytes()
+        if theirs.is_file() and theirs.read_bytes() == data:
+            return True
+    except OSError:
+        return False
+    return path.name == "README.md" and any(data.endswith(readme_stub(b"", arm)) for arm in ARMS)
+
+
+def not_replaced_silently(final: Path, src: Path) -> list[str]:
+    """The files of an existing OUT that --force must not delete (see the module docstring):
+    the evidence written about it (EVIDENCE_FILES at its top level, unless a conversion wrote it:
+    _written_by_conversion) and, when OUT has a
+    SHA256SUMS, every file it neither lists nor wrote itself (CONVERSION_FILES)."""
+    from requant.evidence import manifest as mf
+
+    if final.is_symlink() or not final.is_dir():
+        return []
+    files = mf.walk_files(final, skip_dirs=frozenset())
+    stored = mf.read(final)
+    listed = set(stored[0]) if stored is not None else None
+    kept = []
+    for rel, path in sorted(files.items()):
+        if rel in CONVERSION_FILES:
+            continue
+        if rel in EVIDENCE_FILES:
+            if not _written_by_conversion(path, src / rel):
+                kept.append(rel)
+        elif listed is not None and rel not in listed:
+            kept.append(rel)
+    return kept
+
+
 def check_output(src: Path, out: Path, force: bool) -> None:
     s, o = src.resolve(), out.resolve()
     if o == s or s in o.parents:
@@ -192,6 +243,19 @@ def check_output(src: Path, out: Path, force: bool) -> None:
         if not force:
             raise OutputError("already exists; pass --force to replace it", file=out)
         refuse_unless_replaceable(out, output_path(out))
+        refuse_users_files(out, output_path(out), src)
+
+
+def refuse_users_files(out: Path, final: Path, src: Path) -> None:
+    """OutputError naming the files of an existing OUT that --force must not delete (not_replaced_silently)."""
+    kept = not_replaced_silently(final, src)
+    if kept:
+        more = f" and {len(kept) - 5} more" if len(kept) > 5 else ""
+        raise OutputError(
+            f"holds files a conversion did not write ({', '.join(shown(k) for k in kept[:5])}{more}): "
+            "--force never deletes them; move them out of it first, or choose another output",
+            file=out,
+        )
 
 
 def output_path(output: str | os.PathLike) -> Path:
@@ -235,8 +299,9 @@ class AtomicOutput:
     moved-aside OUT back; leaving it after commit() removes the old OUT and fsyncs the
     parent directories. `out` is the spelling used in messages."""
 
-    def __init__(self, out: Path, force: bool, on_note: Callable[[str], None] | None = None):
+    def __init__(self, out: Path, force: bool, on_note: Callable[[str], None] | None = None, src: Path | None = None):
         self.out = out
+        self.src = src  # a conversion's SRC: an OUT replaced with force is checked again for a user's files
         self.on_note = on_note or _default_note
         self._lock_fd: int | None = None
         self.final = output_path(out)  # every filesystem operation uses this spelling
@@ -285,6 +350,8 @@ class AtomicOutput:
             if not self.force:  # it appeared while we were converting: never replace it silently
                 raise OutputError("appeared while converting; pass --force to replace it", file=out)
             refuse_unless_replaceable(out, final)  # it may have changed meanwhile
+            if self.src is not None:
+                refuse_users_files(out, final, self.src)
             old = final.parent / f".{final.name}.requant-old-{uuid.uuid4().hex[:12]}"
             try:
                 os.rename(final, old)

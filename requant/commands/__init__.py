@@ -9,6 +9,8 @@ publish.py      manifest, card, push
 tp_check.py     tp-check
 generate.py     generate (greedy or seeded sampling, a record per prompt)
 replay.py       replay (re-run a generation record, compared bit for bit)
+_guards.py      RequantCommand (outputs checked against inputs before any command body) and
+                the standard streams nobody reads (guarded_std_streams)
 _common.py      consoles, the error line, exit codes, the atomic JSON writer, shared options,
                 the echoed command line (echo_command)
 """

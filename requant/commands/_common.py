@@ -9,6 +9,10 @@ EXIT CODES (one policy for every command)
        does not match before a run. One line `error: ...` on stderr, no traceback.
   130  interrupted (Ctrl-C or SIGTERM); what was being written is removed.
 
+A stdout (or stderr) that nobody reads, closed or a pipe whose reader left (`| head`), is
+discarded (guarded_std_streams): the command still does its work, writes its files and exits
+with its verdict's code, with no error line and no traceback.
+
 Messages are single lines whatever the terminal: the consoles soft-wrap (rich never
 inserts a newline into a long line) and control characters in names are escaped.
 Importing this module does not import torch (`requant --help` stays fast).
@@ -57,6 +61,9 @@ __all__ = [
     "check_output_file",
     "check_output_dir",
     "check_not_inside",
+    "check_outputs",
+    "printable",
+    "text_out",
     "byte_tokens_option",
     "CkptArg",
     "DeviceOpt",
@@ -84,16 +91,39 @@ def out() -> Console:
 
 def err() -> Console:
     """stderr: progress bars, warnings and the error line."""
-    return Console(file=sys.stderr, highlight=False, emoji=False, soft_wrap=True)
+    return Console(file=sys.stderr, highlight=False, emoji=False, soft_wrap=True, log_path=False)
+
+
+def _unprintable(c: str) -> bool:
+    o = ord(c)
+    return o < 32 or 127 <= o < 160 or 0xD800 <= o <= 0xDFFF or o in (0x2028, 0x2029)
+
+
+def printable(text: object, keep: str = "") -> str:
+    """`text` with every control character (C0, DEL, C1: an ESC would drive the terminal; a
+    newline would split the line), line separator and lone surrogate shown as its Python escape,
+    but those in `keep` (generate's text keeps "\n\t"). For print(); rich lines use plain()."""
+    s = str(text)
+    if any(_unprintable(c) and c not in keep for c in s):
+        s = "".join(repr(c)[1:-1] if _unprintable(c) and c not in keep else c for c in s)
+    return s
 
 
 def plain(text: object) -> str:
-    """`text` made safe for one rich line: markup escaped, control characters (a newline in a
-    file name, say) shown as escapes instead of breaking the line."""
-    s = str(text)
-    if any(ord(c) < 32 or ord(c) == 127 for c in s):
-        s = "".join(c if ord(c) >= 32 and ord(c) != 127 else repr(c)[1:-1] for c in s)
-    return escape(s)
+    """`text` made safe for one rich line: markup escaped (a name like `[red]` or `[/]` is
+    printed as written), control characters shown as escapes (printable)."""
+    return escape(printable(text))
+
+
+def text_out(text: str) -> str:
+    """Generated (or prompt) text for stdout: exact when piped (the text is the product; a lone
+    surrogate, which no encoding holds, excepted), with control characters but newline and tab
+    escaped on a terminal (model output must not drive the terminal)."""
+    if sys.stdout.isatty():
+        return printable(text, keep="\n\t")
+    if any(0xD800 <= ord(c) <= 0xDFFF for c in text):
+        return "".join(repr(c)[1:-1] if 0xD800 <= ord(c) <= 0xDFFF else c for c in text)
+    return text
 
 
 def fail(msg: str, code: int = EXIT_ERROR) -> NoReturn:
@@ -219,6 +249,11 @@ def check_engine(engine: str, device: str) -> str:
     interpret = triton_interpreter_on_cpu(str(device), engine == "fast")
     if engine == "fast" and not str(device).startswith("cuda") and not interpret:
         raise UsageError("--engine fast needs a CUDA GPU (or TRITON_INTERPRET=1 on CPU); on CPU use --engine reference")
+    if engine == "fast" and not str(device).startswith("cuda"):  # said before the wait, not after it
+        warn(
+            "--engine fast on a CPU runs its Triton kernels in the interpreter: minutes for a few tokens "
+            "(143 s for 64 tokens of the embedded default); --engine reference is the CPU engine"
+        )
     return engine
 
 
@@ -289,10 +324,13 @@ def echo_command(name: str, resolved: dict | None = None) -> str:
 
 
 # -- output paths, checked before any work ------------------------------------------------
-def _writable_place(path: Path, option: str) -> None:
-    """The nearest existing directory above `path` (missing ones are made when writing) must be
-    a directory we may write into."""
+def _writable_place(path: Path, option: str, make_parents: bool = False) -> None:
+    """The directory `path` goes into must exist (requant makes no directory the user did not
+    name: a typo in a parent is refused, not created) and be writable. make_parents (convert's
+    -o, created atomically and removed again on failure): the nearest existing one above."""
     d = path.parent
+    if not make_parents and not (d.exists() or d.is_symlink()):
+        raise UsageError(f"{option} {shown(path)}: the directory {shown(d)} does not exist")
     while not (d.exists() or d.is_symlink()) and d != d.parent:
         d = d.parent
     if not d.is_dir():
@@ -318,9 +356,12 @@ def check_output_file(path: Optional[Path], option: str) -> None:
     _writable_place(real, option)
 
 
-def check_output_dir(path: Optional[Path], option: str, files: tuple[str, ...] = ()) -> None:
+def check_output_dir(
+    path: Optional[Path], option: str, files: tuple[str, ...] = (), make_parents: bool = False
+) -> None:
     """UsageError naming `option` unless `path` is (or can be made as) a writable directory
-    in which each of `files` can be written (check_output_file)."""
+    in which each of `files` can be written (check_output_file). Only `path` itself is made,
+    its parent must exist (make_parents: convert's -o, see _writable_place)."""
     if path is None:
         return
     path = Path(path)
@@ -332,7 +373,7 @@ def check_output_dir(path: Optional[Path], option: str, files: tuple[str, ...] =
         for name in files:
             check_output_file(path / name, option)
         return
-    _writable_place(path, option)
+    _writable_place(path, option, make_parents)
 
 
 def check_not_inside(paths: dict[str, Optional[Path]], dirs: dict[str, Optional[Path]]) -> None:
@@ -350,6 +391,14 @@ def check_not_inside(paths: dict[str, Optional[Path]], dirs: dict[str, Optional[
                 raise UsageError(
                     f"{option} {shown(path)}: inside {what} {shown(d)}; requant never writes reports there"
                 )
+
+
+def check_outputs(outputs: list, inputs: list) -> None:
+    """requant.output_guard.check_outputs: no output on or inside an input, no two outputs one
+    file (UsageError naming the option and the input)."""
+    from requant.output_guard import check_outputs as check
+
+    check(outputs, inputs)
 
 
 def byte_tokens_option(command: Callable) -> Callable:

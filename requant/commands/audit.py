@@ -15,7 +15,7 @@ one with a baseline row for the cublas backend's fused-scale order) or v1 (the s
 reproduction, C1..C7); v3 has v2's cells and the injection predictions (always scored from v3).
 `--phases decode` adds the decode phase (audit/decode.py; the default); `--injection` injects
 every fault kernel into the generating model (audit/injection.py; off by default: 44 greedy
-runs, about two minutes of CPU on the embedded default, minutes more than the audit on a GPU). A MODULE:FUNCTION member of
+runs, about 14 s of CPU time on the embedded default, minutes more than the audit on a GPU). A MODULE:FUNCTION member of
 --backends declares `--order`, or the order conform's fingerprint names (requant.backends).
 
 Exit status: 0 when the audit ran against the pinned prediction matrix, the scorecard has no
@@ -118,7 +118,7 @@ def _print_summary(result: dict) -> None:
 
     warn = matrix_warning(result)
     if warn:
-        out.print(f"[bold red]{warn}[/bold red]")
+        out.print(f"[bold red]{plain(warn)}[/bold red]")
     _print_detection(result["detection"], "detection, prefill (detected / observable)")
     dec = result.get("decode")
     if dec:
@@ -255,7 +255,7 @@ def audit(
         Optional[bool],
         typer.Option(
             "--injection/--no-injection",
-            help="Inject each fault kernel into the generating model (default: no; ~2 min on CPU for the default).",
+            help="Inject each fault kernel into the generating model (default: no; ~14 s of CPU for the default).",
         ),
     ] = None,
     injection_tokens: Annotated[
@@ -329,7 +329,7 @@ def audit(
     if "decode" in phase_list:
         total += len(checkpoint.quantized_linears) * CELLS_PER_LAYER * len(batch_list) * decode_tokens
     console.print(
-        f"auditing {plain(checkpoint.path)} with {pair[0]} vs {pair[1]} on {dev}: {len(checkpoint.quantized_linears)} Linears, {total} cells"
+        f"auditing {plain(checkpoint.path)} with {plain(pair[0])} vs {plain(pair[1])} on {dev}: {len(checkpoint.quantized_linears)} Linears, {total} cells"
     )
     with cannot_run():  # a tensor that turned out unreadable while running
         with progress_bar(console) as progress:

@@ -73,6 +73,11 @@ def _check_reports(
     """--json and --plot before the conversion: writable regular-file targets, a plot format
     matplotlib writes, and neither inside SRC (a local directory) nor inside OUT (the manifests
     list every file there)."""
+    src_dir = Path(src) if src is not None and Path(src).is_dir() else None
+    check_not_inside(
+        {"--json": json_report, "--plot": plot},
+        {"the source": src_dir, "the output": output, "--source": source if source and source.is_dir() else None},
+    )
     check_output_file(json_report, "--json")
     check_output_file(plot, "--plot")
     if plot is not None and plot.suffix.lower().lstrip(".") not in PLOT_FORMATS:
@@ -80,11 +85,6 @@ def _check_reports(
             f"--plot {plain(plot)}: the extension names the image format; use one of "
             + ", ".join("." + f for f in PLOT_FORMATS)
         )
-    src_dir = Path(src) if src is not None and Path(src).is_dir() else None
-    check_not_inside(
-        {"--json": json_report, "--plot": plot},
-        {"the source": src_dir, "the output": output, "--source": source if source and source.is_dir() else None},
-    )
 
 
 def _write_reports(result, report: dict, output: Path, json_report: Optional[Path], plot: Optional[Path]) -> None:
@@ -141,7 +141,7 @@ def convert(
     src: Annotated[
         Optional[str],
         typer.Argument(
-            help="Checkpoint directory or Hub repo id (default: the embedded tiny Qwen3 W8A8 checkpoint).",
+            help="Checkpoint directory or Hub repo id (default: the embedded default, a small trained Qwen3 W8A8).",
             show_default=False,
             metavar="SRC",
         ),
@@ -188,7 +188,7 @@ def convert(
     with cannot_run():  # every output path and option before any work: a refusal costs nothing and writes nothing
         _check_reports(src, output, json_report, plot, source)
         if not (output.exists() or output.is_symlink()):  # an existing OUT: the --force rules (requant.output)
-            check_output_dir(output, "-o")
+            check_output_dir(output, "-o", make_parents=True)
         if jobs is not None and jobs < 1:
             raise UsageError(f"--jobs {jobs}: must be at least 1 (leave it out for the CPU count)")
     console = err()

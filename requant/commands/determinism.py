@@ -42,6 +42,7 @@ from requant.commands._common import (
     echo_command,
     err,
     plain,
+    printable,
     progress_bar,
     set_threads,
     write_json_atomic,
@@ -100,7 +101,7 @@ def determinism(
         )  # before the long run: a SHA256SUMS that does not match fails here
 
     console.print(
-        f"determinism of {checkpoint.path}: {pair[0]} vs {pair[1]} on {dev}, {prompts} prompts x {new_tokens} tokens"
+        f"determinism of {plain(checkpoint.path)}: {plain(pair[0])} vs {plain(pair[1])} on {dev}, {prompts} prompts x {new_tokens} tokens"
     )
     with cannot_run():  # e.g. a tokenizer the model cannot embed, an unknown act backend
         with progress_bar(console) as progress:
@@ -124,7 +125,7 @@ def determinism(
         console.print(f"wrote {plain(json_out)}")
     from requant.determinism import markdown
 
-    print(markdown(result, result["command"]))
+    print(printable(markdown(result, result["command"]), keep="\n"))
     print(result["summary"])
     if not result["ok"]:
         raise typer.Exit(EXIT_FAILED)

@@ -42,7 +42,9 @@ from requant.commands._common import (
     default_device,
     echo_command,
     err,
+    plain,
     set_threads,
+    text_out,
 )
 
 __all__ = ["generate", "read_prompt_file", "default_backend", "Streamer"]
@@ -96,7 +98,7 @@ class Streamer:
 
     def __init__(self, tokenizer, eos: set, write=None):
         self.tok, self.eos, self.ids, self.shown, self.done = tokenizer, eos, [], "", False
-        self.write = write or (lambda s: (sys.stdout.write(s), sys.stdout.flush()))
+        self.write = write or (lambda s: (sys.stdout.write(text_out(s)), sys.stdout.flush()))
 
     def __call__(self, row: int, step: int, token: int) -> None:
         if self.done:
@@ -190,7 +192,7 @@ def generate(
 
     stream = None
     if len(ids) == 1:
-        print(tok.decode(ids[0]), end="", flush=True)
+        print(text_out(tok.decode(ids[0])), end="", flush=True)
         stream = Streamer(tok, set(eos_ids))
     t0 = time.perf_counter()
     with cannot_run():
@@ -200,15 +202,15 @@ def generate(
         )
     wall = time.perf_counter() - t0
     if stream is not None:
-        print(tok.decode(out[0].ids)[len(stream.shown) :])
+        print(text_out(tok.decode(out[0].ids)[len(stream.shown) :]))
     else:
         for pids, s in zip(ids, out):
-            print(tok.decode(pids) + tok.decode(s.ids))
+            print(text_out(tok.decode(pids) + tok.decode(s.ids)))
             print()
     n_new = sum(len(s.ids) for s in out)
     mode = "greedy" if all(p.greedy for p in params) else "sampled"
     console.print(
-        f"{len(ids)} prompt(s), {n_new} new tokens in {wall:.2f} s; {model.engine} engine, {be}, {regime}, {mode}"
+        f"{len(ids)} prompt(s), {n_new} new tokens in {wall:.2f} s; {model.engine} engine, {plain(be)}, {regime}, {mode}"
     )
     if json_out is not None:
         cmd = echo_command("generate")
@@ -232,4 +234,4 @@ def generate(
 
         with cannot_run():
             write_bytes_atomic(json_out, ("\n".join(lines) + "\n").encode("utf-8"))
-        console.print(f"wrote {json_out} ({len(lines)} record{'s' if len(lines) > 1 else ''})")
+        console.print(f"wrote {plain(json_out)} ({len(lines)} record{'s' if len(lines) > 1 else ''})")

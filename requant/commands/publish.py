@@ -203,8 +203,17 @@ def card(
                 check_repo_id(repo_id)
             except PublishError as exc:
                 raise UsageError(f"--repo-id {repo_id!r}: {exc.detail}") from None
-    if not stdout:  # a README.md that is not a file: refused before any work (SHA256SUMS included)
+    if not stdout:  # a README.md that is not a file, or one read as a report: refused before any work
+        from requant.commands._common import check_outputs
+
         _run(lambda: report_target(ckpt / mf.CARD))
+        reports = [("--audit", audit), ("--eval", eval_report), ("--determinism", determinism)]
+        _run(
+            lambda: check_outputs(
+                [("the card", ckpt / mf.CARD, None), ("the manifest", ckpt / mf.MANIFEST, None)],
+                [(option, path, ()) for option, path in reports + [("--convert", convert_report)]],
+            )
+        )
     with _hashing(ckpt, "sha256") as cb:
         facts = _run(lambda: checkpoint_facts(ckpt, progress=cb))
     rendered = _run(
@@ -287,4 +296,4 @@ def push(
     written = _run(lambda: push_mod.write_back(p))
     for path in written:
         err().print(f"wrote {plain(str(path))} (as pushed)")
-    stdout.print(url)
+    stdout.print(plain(url))

@@ -37,9 +37,12 @@ from requant.commands._common import (
     check_device,
     check_engine,
     check_output_file,
+    check_outputs,
     default_device,
     echo_command,
     err,
+    plain,
+    printable,
     set_threads,
     write_json_atomic,
 )
@@ -74,6 +77,7 @@ def replay(
         from requant.backends import check_runnable
         from requant.checkpoint import open_checkpoint
         from requant.evidence.identity import with_progress
+        from requant.evidence.manifest import REPORTS
         from requant.generation import (
             filler_prompts,
             first_difference,
@@ -102,6 +106,8 @@ def replay(
         if checkpoint is None and first.get("checkpoint") and Path(str(first.get("checkpoint_path"))).is_dir():
             src = first["checkpoint_path"]  # the directory it ran on (a relative path was relative to that cwd)
         ckpt = open_checkpoint(src, revision=None if checkpoint else first.get("revision"))
+        if json_out is not None:  # the checkpoint named inside the record is an input too
+            check_outputs([("--json", json_out, None)], [("the record's checkpoint", ckpt.path, REPORTS)])
         check_layout(ckpt)
         identity = with_progress(ckpt, console)
         if identity["manifest_digest"] != first["manifest_digest"]:
@@ -145,7 +151,7 @@ def replay(
         diff = first_difference(rec, s)
         token_step = first_token_difference(rec, s)
         line = describe_difference(i, rec, diff, token_step)
-        print(line)
+        print(printable(line))
         results.append(
             {
                 "index": i,
@@ -161,7 +167,7 @@ def replay(
     if len(records) > 1:
         print(f"replay: {sum(r['match'] for r in results)}/{len(records)} records match bit for bit")
     console.print(
-        f"replayed {len(records)} record(s) with {be} ({engine_ran} engine) on {dev}, "
+        f"replayed {len(records)} record(s) with {plain(be)} ({engine_ran} engine) on {dev}, "
         f"batch of {batch_with + len(records)}, in {wall:.2f} s"
     )
     if json_out is not None:
@@ -182,6 +188,6 @@ def replay(
         }
         with cannot_run():
             write_json_atomic(json_out, result)
-        console.print(f"wrote {json_out}")
+        console.print(f"wrote {plain(json_out)}")
     if not ok:
         raise typer.Exit(EXIT_FAILED)

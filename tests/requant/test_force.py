@@ -49,9 +49,13 @@ def test_force_replaces_an_empty_directory_and_a_checkpoint(tmp_path, micro):
     out.mkdir()
     convert(micro, out, "nearest", force=True)
     assert tree_bytes(out) == tree_bytes(ref)
-    (out / "extra.txt").write_text("left by a user in a checkpoint: replaced with it")
-    convert(micro, out, "nearest", force=True)
+    convert(micro, out, "nearest", force=True)  # over an earlier conversion: nothing of a user's in it
     assert tree_bytes(out) == tree_bytes(ref)
+    (out / "extra.txt").write_text("left by a user in a checkpoint: never deleted silently")
+    before = tree_bytes(out)
+    with pytest.raises(OutputError, match=r"holds files a conversion did not write \(extra.txt\)"):
+        convert(micro, out, "nearest", force=True)
+    assert tree_bytes(out) == before
 
 
 def test_force_checks_again_before_the_rename(tmp_path, micro):
@@ -65,3 +69,16 @@ def test_force_checks_again_before_the_rename(tmp_path, micro):
     with pytest.raises(OutputError, match="is not a checkpoint"):
         convert(micro, out, "nearest", force=True, on_start=make_it_unrelated)
     assert tree_bytes(out) == {"keep.txt": b"mine"} and leftovers(tmp_path, "out") == ["out"]
+
+
+def test_force_checks_for_a_users_files_again_before_the_rename(tmp_path, micro):
+    # a report written into OUT while the conversion runs is not deleted either (reference: its bytes)
+    out = convert(micro, tmp_path / "out", "nearest").output
+
+    def write_a_report(total):  # after the first check, before the rename
+        (out / "requant-audit.json").write_text('{"written": "meanwhile"}\n')
+
+    with pytest.raises(OutputError, match=r"holds files a conversion did not write \(requant-audit.json\)"):
+        convert(micro, out, "nearest", force=True, on_start=write_a_report)
+    assert (out / "requant-audit.json").read_text() == '{"written": "meanwhile"}\n'
+    assert leftovers(tmp_path, "out") == ["out"]

@@ -65,9 +65,17 @@ def test_a_json_path_that_is_a_directory_is_refused(tmp_path, no_work):
     assert "is a directory" in res.stderr
 
 
-def test_missing_parent_directories_are_fine(tmp_path):
-    # checked, not refused: the writer makes them (reference: the file appears)
+def test_a_missing_parent_directory_of_a_report_is_refused_not_created(tmp_path, no_work):
+    # requant makes no directory the user did not name: the error names the missing one
     out = tmp_path / "a" / "b" / "c.json"
     res = runner.invoke(app, ["convert", "-o", str(tmp_path / "out"), "--json", str(out)])
+    _refused(res, "--json", tmp_path, [])
+    assert f"the directory {tmp_path / 'a' / 'b'} does not exist" in res.stderr
+
+
+def test_convert_output_directory_parents_are_made(tmp_path):
+    # -o (a checkpoint, made atomically) keeps making its missing parents, as the Quickstart's
+    # `convert -o out/pow2` needs in a fresh directory (reference: the directory appears)
+    res = runner.invoke(app, ["convert", "-o", str(tmp_path / "a" / "pow2"), "-q"])
     assert res.exit_code == 0, res.output
-    assert out.is_file()
+    assert (tmp_path / "a" / "pow2" / "config.json").is_file()
