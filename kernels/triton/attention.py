@@ -8,7 +8,7 @@ positions; blocks int32 [NB, 3] = (first token, count <= BLOCK_M // G, cache row
 tokens of one sequence. A block's BLOCK_M rows are (token, query head) pairs: the G = H / KV heads
 of one KV head for BLOCK_M / G tokens (GQA packing); rows beyond its tokens are padding.
 
-Two kernels. _split_kernel, one program per (block, KV head, split j): split j is the absolute
+Split + combine, two kernels. _split_kernel, one program per (block, KV head, split j): split j is the absolute
 positions [j * SPLIT, (j + 1) * SPLIT), SPLIT a constant (a multiple of BLOCK_N); the grid's
 third axis is ceil(capacity / SPLIT), programs past the block's last position do nothing. Inside
 its split a program walks KV tiles of BLOCK_N ascending (flash online softmax, fp32):
@@ -24,6 +24,16 @@ exp2 is the device's (an approximation on a GPU). P is rounded to bf16 before P 
 One split (every position < SPLIT) is the fold's identity: out = bf16(acc_0 / l_0), the
 arithmetic of the unsplit walk. The torch emulation: kernels/triton/emulation.py attention_ref.
 
+The fused fold, _fold_kernel, one program per (block, KV head): the same computation without the
+partials' round trip through memory. It walks split 0 (the state), then each split j = 1, 2, ...
+of the block in ascending order and folds it into the state at once, with the fillers and row
+selection of the combine kernel: _split_kernel's walk (_walk) and _combine_kernel's fold step
+(_fold) are the same jit functions in both, so each row gets the same fp32 operations in the
+same order and the same bits (an fp32 partial stored and loaded is the same value). `fold_path`
+picks it from the launch's shape (blocks of several tokens, FOLD_MIN_PROGRAMS programs or more:
+prefill, chunked prefill); decode and small launches keep split + combine, whose parallelism
+over splits matters there. The grid is (blocks, KV heads), longest blocks first.
+
 INVARIANCE (prefill == chunked prefill == decode, batch invariance), by construction:
   * every launch uses the same BLOCK_M, BLOCK_N, SPLIT, warps and stages, so a row's MMA and
     reduction instructions are the same whether its program holds 1 token or BLOCK_M / G;
@@ -33,10 +43,13 @@ INVARIANCE (prefill == chunked prefill == decode, batch invariance), by construc
     m' = m, alpha = 1 forced, p = 0, l * 1 + 0 = l, acc * 1 + 0 @ v = acc, v finite), and a
     split past its position is never folded (selected out, not added);
   * K/V always come from the cache; walk bounds and split counts are read from device memory
-    (pos, blocks) and the grid depends on the capacity only, so a CUDA graph replays it.
+    (pos, blocks) and the grid depends on the capacity and the number of blocks only, so a
+    CUDA graph replays it; the path (fold or split + combine) is a function of the launch's
+    shape, and both give the same bits for every row.
 Launch groups of blocks (PARTIAL_BUDGET bytes of partials each) change nothing: a block's
 programs read only their own partials. Tests: tests/requant/runtime/test_fast.py (CPU, against
-the emulation and across split boundaries) and test_fast_gpu.py.
+the emulation and across split boundaries), test_attention_fold.py (the fused fold against
+split + combine and the emulation), test_fast_gpu.py and test_attention_fold_gpu.py.
 """
 
 import torch

@@ -84,11 +84,13 @@ def test_fold_equals_split_combine_and_emulation(tile, monkeypatch):
     split = attention(q, kc, vc, pos, blocks, scale, tile=tile, path="split")
     assert same(split, ref)
     assert same(fold, split)
-    single = torch.tensor([(i, 1, 0 if i < 200 else 1) for i in range(270)], dtype=torch.int32)
+    picked = [0, 9, 62, 63, 64, 65, 127, 128, 129, 199, 200, 263, 264, 269]  # split edges, both sequences
+    single = torch.tensor([(i, 1, 0 if i < 200 else 1) for i in picked], dtype=torch.int32)
     fold1 = attention(q, kc, vc, pos, single, scale, tile=tile, path="fold")
-    assert same(fold1, attention_ref(q, kc, vc, pos, single, scale, SMALL_SPLIT, block_m=bm, block_n=bn))
-    assert same(fold1, attention(q, kc, vc, pos, single, scale, tile=tile, path="split"))
-    assert same(fold1, fold)  # decode-shaped blocks: the same rows' bits (a row depends on its position only)
+    fold1 = fold1[picked]
+    assert same(fold1, attention_ref(q, kc, vc, pos, single, scale, SMALL_SPLIT, block_m=bm, block_n=bn)[picked])
+    assert same(fold1, attention(q, kc, vc, pos, single, scale, tile=tile, path="split")[picked])
+    assert same(fold1, fold[picked])  # decode-shaped blocks: a row depends on its position only
     # rows of several splits do fold: not the one-split walk of the production SPLIT
     monkeypatch.setattr(attention_module, "SPLIT", 512)
     assert not same(attention(q, kc, vc, pos, blocks, scale, tile=tile, path="fold"), fold)
