@@ -5,6 +5,8 @@ References, each independent of the fused-fold kernel:
     inputs, bit for bit, at 1,100 and 8,192 tokens (Qwen3-8B's attention shape: 32 query heads,
     8 KV heads, 128 dims), prefilled whole and in chunks straddling split boundaries, at the
     production SPLIT and at 64, and the same rows as one-token (decode) blocks;
+  * a CUDA graph of the fused fold captured at one set of positions and replayed at others
+    (new contents of pos and blocks, the same shapes) against eager launches, bit for bit;
   * the model (embedded default, 1,100 tokens, every multi-token launch folding): logits against
     the same prompt with every launch on split + combine, prefilled whole, in chunks and decoded.
 Run: python3 -m pytest -q -m gpu tests/requant/runtime/test_attention_fold_gpu.py
@@ -69,6 +71,30 @@ def test_fold_equals_split_combine(n, split, monkeypatch):
     one = attention(q, kc, vc, pos, single, scale, path="fold")[picked]
     assert same(one, fold[picked])
     assert same(one, attention(q, kc, vc, pos, single, scale, path="split")[picked])
+
+
+def test_fold_graph_replays_at_other_positions():
+    """The fold's bounds come from device memory: a graph captured for 64 tokens at positions
+    0 .. 63 replays them at 1000 .. 1063 and 1500 .. 1563 (other splits) like eager launches."""
+    g = torch.Generator("cuda").manual_seed(5)
+    heads, kv, dim, cap = 32, 8, 128, 2048
+    per = tokens_per_block(heads, kv)
+
+    def bf(*shape):
+        return torch.randn(shape, generator=g, device="cuda").to(torch.bfloat16)
+
+    q, kc, vc = bf(64, heads, dim), bf(1, kv, cap, dim), bf(1, kv, cap, dim)
+    pos = torch.arange(64, dtype=torch.int32, device="cuda")
+    blocks = _blocks([64], per)
+    out = attention(q, kc, vc, pos, blocks, dim**-0.5, path="fold")  # compiled outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = attention(q, kc, vc, pos, blocks, dim**-0.5, path="fold")
+    for start in (1000, 1500):
+        pos.copy_(torch.arange(start, start + 64, dtype=torch.int32, device="cuda"))
+        graph.replay()
+        want = attention(q, kc, vc, pos, blocks, dim**-0.5, path="fold")
+        assert same(out, want) and same(out, attention(q, kc, vc, pos, blocks, dim**-0.5, path="split"))
 
 
 @pytest.fixture(scope="module")
