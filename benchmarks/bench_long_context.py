@@ -1,6 +1,7 @@
 """Long contexts on the fast engine (split-KV attention at fixed boundaries), one H200.
 
     python3 benchmarks/bench_long_context.py --synthetic qwen3-8b --out DIR [--reps 5] [--no-transformers]
+        [--parts paths,sweep,decode,prefill]
     python3 benchmarks/bench_long_context.py --smoke --out DIR     # CPU: TRITON_INTERPRET=1, tiny shapes
 
 Measured (CUDA-synchronised perf_counter, median [min-max] of --reps after a warm-up), on random
@@ -11,11 +12,16 @@ W8A8 weights at the preset's shapes (bench_runtime_fast.random_model):
     to the first context (goals: 4096 >= 0.9x, 16384 >= 0.75x of 128);
   * prefill tok/s at 1 x 8192 and 1 x 32768 (--prefill; last logits only), and transformers'
     bf16 Qwen3ForCausalLM (SDPA) on the same shapes in the same process;
+  * the attention kernel alone, decode-shaped and prefill-shaped at the production SPLIT, on each
+    of its two paths (the fused fold and split + combine, forced), whether the two give the same
+    bits, and which one the runtime's dispatch (attention.fold_path) picks ("paths");
+  * prefill tok/s also with every attention launch on split + combine (FOLD_MIN_PROGRAMS above
+    any launch): the fused fold's gain on the model ("requant_split_only");
   * the attention kernel alone, decode-shaped (1 token at each context) and prefill-shaped, at
-    the production SPLIT and at every --split-sweep value (one split = the unsplit walk): the
+    the production SPLIT and at every --split-sweep value, the path chosen by the dispatch (one split = the unsplit walk): the
     price of the fixed split against the best of the sweep at each shape (a free split); at a
     context within one split, whether the production output equals the unsplit one bit for bit.
-JSON and Markdown under --out (bench_long_context.json, .md).
+--parts picks what runs (default: all four). JSON and Markdown under --out (bench_long_context.json, .md).
 """
 
 from __future__ import annotations
@@ -116,6 +122,24 @@ def split_prices(shapes, splits, reps: int, calls: int) -> dict:
     return {"production_split": production, "ms": rows}
 
 
+def path_prices(shapes, reps: int, calls: int) -> dict:
+    """ms per attention call on each path at the production SPLIT, per shape; fold == split bitwise."""
+    import requant.kernels.triton.attention as att
+
+    rows = {}
+    for name, q, kc, vc, pos, blocks in shapes:
+        row, outs = {}, {}
+        for path in ("split", "fold"):
+            secs = _per_call(lambda: att.attention(q, kc, vc, pos, blocks, q.shape[-1] ** -0.5, path=path), reps, calls)
+            row[path] = 1e3 * _median(secs)
+            outs[path] = att.attention(q, kc, vc, pos, blocks, q.shape[-1] ** -0.5, path=path)
+        row["split_over_fold"] = row["split"] / row["fold"]
+        row["dispatch"] = "fold" if att.fold_path(q.shape[0], blocks.shape[0], kc.shape[1]) else "split"
+        row["fold_equals_split"] = torch.equal(outs["fold"].view(torch.int16), outs["split"].view(torch.int16))
+        rows[name] = row
+    return {"split": att.SPLIT, "fold_min_programs": att.FOLD_MIN_PROGRAMS, "ms": rows}
+
+
 def decode_at_contexts(model, contexts, steps: int, reps: int) -> dict:
     from bench_runtime_fast import requant_decoder
 
@@ -147,11 +171,19 @@ def decode_at_contexts(model, contexts, steps: int, reps: int) -> dict:
 def prefill_lengths(model, hf, lengths, reps: int) -> dict:
     from bench_runtime_fast import hf_prefill, requant_prefill
 
+    import requant.kernels.triton.attention as att
+
     out = {}
     g = torch.Generator().manual_seed(2)
     for n in lengths:
         ids = torch.randint(0, model.arch.vocab, (n,), generator=g).to("cuda")
         row = {"requant": _stats(n, _per_call(lambda: requant_prefill(model, [ids]), reps, 1))}
+        fold_min = att.FOLD_MIN_PROGRAMS
+        att.FOLD_MIN_PROGRAMS = 1 << 62  # every launch on split + combine
+        try:
+            row["requant_split_only"] = _stats(n, _per_call(lambda: requant_prefill(model, [ids]), reps, 1))
+        finally:
+            att.FOLD_MIN_PROGRAMS = fold_min
         if hf is not None:
             row["transformers_bf16"] = _stats(n, _per_call(lambda: hf_prefill(hf, [ids]), reps, 1))
             row["ratio"] = row["requant"]["median"] / row["transformers_bf16"]["median"]
@@ -175,22 +207,43 @@ def markdown(rec: dict) -> str:
             )
         lines.append("")
     if "prefill" in rec:
-        lines += ["| prefill 1 x n | requant tok/s | transformers bf16 tok/s | ratio |", "|---:|---:|---:|---:|"]
+        lines += [
+            "| prefill 1 x n | requant tok/s | split + combine only | transformers bf16 tok/s | ratio |",
+            "|---:|---:|---:|---:|---:|",
+        ]
         for n, r in rec["prefill"].items():
             hf = r.get("transformers_bf16")
+            so = f"{r['requant_split_only']['median']:.0f}"
             lines.append(
-                f"| {n} | {r['requant']['median']:.0f} | {hf['median']:.0f} | {r['ratio']:.2f}x |"
+                f"| {n} | {r['requant']['median']:.0f} | {so} | {hf['median']:.0f} | {r['ratio']:.2f}x |"
                 if hf
-                else f"| {n} | {r['requant']['median']:.0f} | - | - |"
+                else f"| {n} | {r['requant']['median']:.0f} | {so} | - | - |"
             )
         lines.append("")
-    sp = rec["split_prices"]
-    lines += [f"Attention alone, ms per call (production SPLIT {sp['production_split']}):", ""]
-    for name, row in sp["ms"].items():
-        cells = ", ".join(f"{k}: {v:.4g}" for k, v in row.items() if isinstance(v, float) and k != "fixed_over_best")
-        same = row.get("one_split_equals_unsplit")
-        tail = "" if same is None else f"; one split == unsplit, bitwise: {same}"
-        lines.append(f"- {name}: {cells}; fixed / best ({row['best']}) = {row['fixed_over_best']:.2f}{tail}")
+    if "paths" in rec:
+        pp = rec["paths"]
+        lines += [
+            f"Attention alone by path, ms per call (SPLIT {pp['split']}, FOLD_MIN_PROGRAMS {pp['fold_min_programs']}):",
+            "",
+            "| shape | split + combine | fused fold | split / fold | dispatch | fold == split, bitwise |",
+            "|---|---:|---:|---:|---|---|",
+        ]
+        for name, r in pp["ms"].items():
+            lines.append(
+                f"| {name} | {r['split']:.4g} | {r['fold']:.4g} | {r['split_over_fold']:.2f}x | {r['dispatch']} "
+                f"| {r['fold_equals_split']} |"
+            )
+        lines.append("")
+    if "split_prices" in rec:
+        sp = rec["split_prices"]
+        lines += [f"Attention alone, ms per call (production SPLIT {sp['production_split']}):", ""]
+        for name, row in sp["ms"].items():
+            cells = ", ".join(
+                f"{k}: {v:.4g}" for k, v in row.items() if isinstance(v, float) and k != "fixed_over_best"
+            )
+            same = row.get("one_split_equals_unsplit")
+            tail = "" if same is None else f"; one split == unsplit, bitwise: {same}"
+            lines.append(f"- {name}: {cells}; fixed / best ({row['best']}) = {row['fixed_over_best']:.2f}{tail}")
     return "\n".join(lines) + "\n"
 
 
@@ -205,15 +258,23 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--no-transformers", action="store_true")
+    ap.add_argument("--parts", default="paths,sweep,decode,prefill", help="what to run (comma-separated)")
     ap.add_argument("--smoke", action="store_true", help="CPU, interpreter: the split sweep on tiny shapes only")
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     sweep = [int(x) for x in args.split_sweep.split(",")]
+    parts = set(args.parts.split(","))
+    if parts - {"paths", "sweep", "decode", "prefill"}:
+        print(f"error: --parts {args.parts}: expected some of paths, sweep, decode, prefill", file=sys.stderr)
+        return 2
     if args.smoke:
         shapes = attention_shapes(4, 2, 16, [200], [130], "cpu")
         rec = {"shape": "smoke 4 heads / 2 KV / dim 16", "device": "cpu (TRITON_INTERPRET=1)"}
-        rec["split_prices"] = split_prices(shapes, [64, 128, UNSPLIT], reps=1, calls=1)
+        if "paths" in parts:
+            rec["paths"] = path_prices(shapes, reps=1, calls=1)
+        if "sweep" in parts:
+            rec["split_prices"] = split_prices(shapes, [64, 128, UNSPLIT], reps=1, calls=1)
     else:
         if not torch.cuda.is_available():
             print("error: the benchmark needs CUDA (--smoke runs the CPU path)", file=sys.stderr)
@@ -225,12 +286,18 @@ def main(argv=None) -> int:
         model = random_model(args.synthetic, args.backend)
         a = model.arch
         rec = {"shape": args.synthetic, "device": torch.cuda.get_device_name(), "backend": args.backend}
-        shapes = attention_shapes(a.heads, a.kv_heads, a.head_dim, contexts, prefill, "cuda")
-        rec["split_prices"] = split_prices(shapes, sweep, args.reps, calls=10)
-        del shapes
-        rec["decode"] = decode_at_contexts(model, contexts, args.steps, args.reps)
-        hf = None if args.no_transformers else hf_random(model)
-        rec["prefill"] = prefill_lengths(model, hf, prefill, args.reps)
+        if parts & {"paths", "sweep"}:
+            shapes = attention_shapes(a.heads, a.kv_heads, a.head_dim, contexts, prefill, "cuda")
+            if "paths" in parts:
+                rec["paths"] = path_prices(shapes, args.reps, calls=10)
+            if "sweep" in parts:
+                rec["split_prices"] = split_prices(shapes, sweep, args.reps, calls=10)
+            del shapes
+        if "decode" in parts:
+            rec["decode"] = decode_at_contexts(model, contexts, args.steps, args.reps)
+        if "prefill" in parts:
+            hf = None if args.no_transformers else hf_random(model)
+            rec["prefill"] = prefill_lengths(model, hf, prefill, args.reps)
     (out / "bench_long_context.json").write_text(json.dumps(rec, indent=1, default=str))
     (out / "bench_long_context.md").write_text(markdown(rec))
     print(markdown(rec))

@@ -8,7 +8,7 @@ positions; blocks int32 [NB, 3] = (first token, count <= BLOCK_M // G, cache row
 tokens of one sequence. A block's BLOCK_M rows are (token, query head) pairs: the G = H / KV heads
 of one KV head for BLOCK_M / G tokens (GQA packing); rows beyond its tokens are padding.
 
-Two kernels. _split_kernel, one program per (block, KV head, split j): split j is the absolute
+Split + combine, two kernels. _split_kernel, one program per (block, KV head, split j): split j is the absolute
 positions [j * SPLIT, (j + 1) * SPLIT), SPLIT a constant (a multiple of BLOCK_N); the grid's
 third axis is ceil(capacity / SPLIT), programs past the block's last position do nothing. Inside
 its split a program walks KV tiles of BLOCK_N ascending (flash online softmax, fp32):
@@ -24,6 +24,16 @@ exp2 is the device's (an approximation on a GPU). P is rounded to bf16 before P 
 One split (every position < SPLIT) is the fold's identity: out = bf16(acc_0 / l_0), the
 arithmetic of the unsplit walk. The torch emulation: kernels/triton/emulation.py attention_ref.
 
+The fused fold, _fold_kernel, one program per (block, KV head): the same computation without the
+partials' round trip through memory. It walks split 0 (the state), then each split j = 1, 2, ...
+of the block in ascending order and folds it into the state at once, with the fillers and row
+selection of the combine kernel: _split_kernel's walk (_walk) and _combine_kernel's fold step
+(_fold) are the same jit functions in both, so each row gets the same fp32 operations in the
+same order and the same bits (an fp32 partial stored and loaded is the same value). `fold_path`
+picks it from the launch's shape (blocks of several tokens, FOLD_MIN_PROGRAMS programs or more:
+prefill, chunked prefill); decode and small launches keep split + combine, whose parallelism
+over splits matters there. The grid is (blocks, KV heads), longest blocks first.
+
 INVARIANCE (prefill == chunked prefill == decode, batch invariance), by construction:
   * every launch uses the same BLOCK_M, BLOCK_N, SPLIT, warps and stages, so a row's MMA and
     reduction instructions are the same whether its program holds 1 token or BLOCK_M / G;
@@ -33,10 +43,13 @@ INVARIANCE (prefill == chunked prefill == decode, batch invariance), by construc
     m' = m, alpha = 1 forced, p = 0, l * 1 + 0 = l, acc * 1 + 0 @ v = acc, v finite), and a
     split past its position is never folded (selected out, not added);
   * K/V always come from the cache; walk bounds and split counts are read from device memory
-    (pos, blocks) and the grid depends on the capacity only, so a CUDA graph replays it.
+    (pos, blocks) and the grid depends on the capacity and the number of blocks only, so a
+    CUDA graph replays it; the path (fold or split + combine) is a function of the launch's
+    shape, and both give the same bits for every row.
 Launch groups of blocks (PARTIAL_BUDGET bytes of partials each) change nothing: a block's
 programs read only their own partials. Tests: tests/requant/runtime/test_fast.py (CPU, against
-the emulation and across split boundaries) and test_fast_gpu.py.
+the emulation and across split boundaries), test_attention_fold.py (the fused fold against
+split + combine and the emulation), test_fast_gpu.py and test_attention_fold_gpu.py.
 """
 
 import torch
@@ -49,11 +62,13 @@ from requant.kernels.triton._bf16 import bf16_rne_bits
 __all__ = [
     "BLOCK_M",
     "BLOCK_N",
+    "FOLD_MIN_PROGRAMS",
     "NUM_STAGES",
     "NUM_WARPS",
     "PARTIAL_BUDGET",
     "SPLIT",
     "attention",
+    "fold_path",
     "n_splits",
     "tokens_per_block",
 ]
@@ -68,6 +83,9 @@ SPLIT = 512
 # Bytes of fp32 partials one launch may hold; more blocks are launched in groups (a block's
 # bits never depend on its group).
 PARTIAL_BUDGET = 1 << 29
+# The fused fold's launches (fold_path): at least this many (block, KV head) programs, about two
+# per SM of an H200, so a launch with fewer keeps the splits' parallelism. Changes no bits.
+FOLD_MIN_PROGRAMS = 256
 _LOG2E = 1.4426950408889634
 
 
@@ -99,6 +117,61 @@ def _rows(blocks_ptr, pos_ptr, blk, kvh, G: tl.constexpr, BLOCK_M: tl.constexpr)
 
 
 @triton.jit
+def _walk(
+    q,
+    k_ptr,
+    v_ptr,
+    base,
+    lo,
+    top,
+    hi,
+    pos,
+    qk_scale,
+    D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):
+    """One split's partial (m, l, acc): the online-softmax walk of KV tiles [lo, top) from
+    (-inf, 0, 0). The one walk both paths run (_split_kernel stores it, _fold_kernel folds it)."""
+    d = tl.arange(0, D)
+    m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+    l_sum = tl.zeros((BLOCK_M,), tl.float32)
+    acc = tl.zeros((BLOCK_M, D), tl.float32)
+    for n0 in range(lo, top, BLOCK_N):
+        n = n0 + tl.arange(0, BLOCK_N)
+        live = n < hi
+        kv_off = base + n.to(tl.int64)[:, None] * D + d[None, :]
+        k = tl.load(k_ptr + kv_off, mask=live[:, None], other=0.0)
+        s = _dot(q, tl.trans(k), tl.zeros((BLOCK_M, BLOCK_N), tl.float32), INTERPRET) * qk_scale
+        causal = n[None, :] <= pos[:, None]
+        s = tl.where(causal, s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, 1))
+        alpha = tl.where(m_new == m, 1.0, tl.exp2(m - m_new))
+        p = tl.where(causal, tl.exp2(s - m_new[:, None]), 0.0)
+        l_sum = l_sum * alpha + tl.sum(p, 1)
+        pb = bf16_rne_bits(p).to(tl.bfloat16, bitcast=True)
+        v = tl.load(v_ptr + kv_off, mask=live[:, None], other=0.0)
+        acc = acc * alpha[:, None]
+        acc = _dot(pb, v, acc, INTERPRET)
+        m = m_new
+    return m, l_sum, acc
+
+
+@triton.jit
+def _fold(m, l_sum, acc, mj, lj, aj, inc):
+    """Fold split j's partial (mj, lj, aj) into the running (m, l, acc) for the rows `inc` (the
+    others keep their state): the one fold step both paths run."""
+    m_new = tl.maximum(m, mj)
+    alpha = tl.where(m_new == m, 1.0, tl.exp2(m - m_new))
+    beta = tl.where(m_new == mj, 1.0, tl.exp2(mj - m_new))
+    l_sum = tl.where(inc, l_sum * alpha + lj * beta, l_sum)
+    acc = tl.where(inc[:, None], acc * alpha[:, None] + aj * beta[:, None], acc)
+    m = tl.where(inc, m_new, m)
+    return m, l_sum, acc
+
+
+@triton.jit
 def _split_kernel(
     q_ptr,
     k_ptr,
@@ -127,30 +200,12 @@ def _split_kernel(
     r, valid, tok, head, pos, hi, crow = _rows(blocks_ptr, pos_ptr, blk0 + b, kvh, G, BLOCK_M)
     lo = j * SPLIT
     if lo < hi:  # else no row of the block reaches split j: nothing to do
-        top = tl.minimum(lo + SPLIT, hi)
         d = tl.arange(0, D)
         q = tl.load(q_ptr + (tok[:, None] * H + head[:, None]) * D + d[None, :])
         base = (crow * KV + kvh) * cap * D
-        m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
-        l_sum = tl.zeros((BLOCK_M,), tl.float32)
-        acc = tl.zeros((BLOCK_M, D), tl.float32)
-        for n0 in range(lo, top, BLOCK_N):
-            n = n0 + tl.arange(0, BLOCK_N)
-            live = n < hi
-            kv_off = base + n.to(tl.int64)[:, None] * D + d[None, :]
-            k = tl.load(k_ptr + kv_off, mask=live[:, None], other=0.0)
-            s = _dot(q, tl.trans(k), tl.zeros((BLOCK_M, BLOCK_N), tl.float32), INTERPRET) * qk_scale
-            causal = n[None, :] <= pos[:, None]
-            s = tl.where(causal, s, float("-inf"))
-            m_new = tl.maximum(m, tl.max(s, 1))
-            alpha = tl.where(m_new == m, 1.0, tl.exp2(m - m_new))
-            p = tl.where(causal, tl.exp2(s - m_new[:, None]), 0.0)
-            l_sum = l_sum * alpha + tl.sum(p, 1)
-            pb = bf16_rne_bits(p).to(tl.bfloat16, bitcast=True)
-            v = tl.load(v_ptr + kv_off, mask=live[:, None], other=0.0)
-            acc = acc * alpha[:, None]
-            acc = _dot(pb, v, acc, INTERPRET)
-            m = m_new
+        m, l_sum, acc = _walk(
+            q, k_ptr, v_ptr, base, lo, tl.minimum(lo + SPLIT, hi), hi, pos, qk_scale, D, BLOCK_M, BLOCK_N, INTERPRET
+        )
         # only the rows that include split j (pos >= lo) keep a partial
         keep = valid & (pos >= lo)
         slot = ((b * KV + kvh) * nsplit + j) * BLOCK_M + r
@@ -191,12 +246,57 @@ def _combine_kernel(
         mj = tl.load(m_ptr + sj, mask=inc, other=0.0)
         lj = tl.load(l_ptr + sj, mask=inc, other=0.0)
         aj = tl.load(acc_ptr + sj.to(tl.int64)[:, None] * D + d[None, :], mask=inc[:, None], other=0.0)
-        m_new = tl.maximum(m, mj)
-        alpha = tl.where(m_new == m, 1.0, tl.exp2(m - m_new))
-        beta = tl.where(m_new == mj, 1.0, tl.exp2(mj - m_new))
-        l_sum = tl.where(inc, l_sum * alpha + lj * beta, l_sum)
-        acc = tl.where(inc[:, None], acc * alpha[:, None] + aj * beta[:, None], acc)
-        m = tl.where(inc, m_new, m)
+        m, l_sum, acc = _fold(m, l_sum, acc, mj, lj, aj, inc)
+    out = tl.math.div_rn(acc, l_sum[:, None])
+    tl.store(
+        o_ptr + (tok[:, None] * H + head[:, None]) * D + d[None, :],
+        bf16_rne_bits(out),
+        mask=valid[:, None],
+    )
+
+
+@triton.jit
+def _fold_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    o_ptr,
+    pos_ptr,
+    blocks_ptr,
+    nb,
+    cap,
+    qk_scale,
+    H: tl.constexpr,
+    KV: tl.constexpr,
+    D: tl.constexpr,
+    G: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    SPLIT: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):
+    # the last blocks (the longest walks) first; the order changes no row's bits
+    blk = nb - 1 - tl.program_id(0)
+    kvh = tl.program_id(1)
+    r, valid, tok, head, pos, hi, crow = _rows(blocks_ptr, pos_ptr, blk, kvh, G, BLOCK_M)
+    d = tl.arange(0, D)
+    q = tl.load(q_ptr + (tok[:, None] * H + head[:, None]) * D + d[None, :])
+    base = (crow * KV + kvh) * cap * D
+    # split 0 (every row has it) is the state, as the combine kernel loads it
+    m, l_sum, acc = _walk(
+        q, k_ptr, v_ptr, base, 0, tl.minimum(SPLIT, hi), hi, pos, qk_scale, D, BLOCK_M, BLOCK_N, INTERPRET
+    )
+    for j in range(1, (hi - 1) // SPLIT + 1):  # the combine kernel's left fold, ascending j
+        lo = j * SPLIT
+        mj, lj, aj = _walk(
+            q, k_ptr, v_ptr, base, lo, tl.minimum(lo + SPLIT, hi), hi, pos, qk_scale, D, BLOCK_M, BLOCK_N, INTERPRET
+        )
+        inc = valid & (pos >= lo)
+        # the combine kernel's fillers for rows without split j (selected out by the fold)
+        mj = tl.where(inc, mj, 0.0)
+        lj = tl.where(inc, lj, 0.0)
+        aj = tl.where(inc[:, None], aj, 0.0)
+        m, l_sum, acc = _fold(m, l_sum, acc, mj, lj, aj, inc)
     out = tl.math.div_rn(acc, l_sum[:, None])
     tl.store(
         o_ptr + (tok[:, None] * H + head[:, None]) * D + d[None, :],
@@ -219,6 +319,13 @@ def n_splits(capacity: int, split: int | None = None) -> int:
     return -(-capacity // s)
 
 
+def fold_path(tokens: int, nblocks: int, kv_heads: int) -> bool:
+    """Whether a launch of `tokens` query tokens in `nblocks` blocks takes the fused fold (else
+    split + combine): blocks of several tokens on average (prefill, chunked prefill) and at least
+    FOLD_MIN_PROGRAMS programs. A function of the launch's shape only; the bits do not depend on it."""
+    return tokens > nblocks and nblocks * kv_heads >= FOLD_MIN_PROGRAMS
+
+
 def attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -227,11 +334,15 @@ def attention(
     blocks: torch.Tensor,
     scale: float,
     tile: tuple[int, int, int, int] | None = None,
+    path: str | None = None,
 ) -> torch.Tensor:
-    """See the module docstring. Returns bf16 [T, H * D]. `tile` = (BLOCK_M, BLOCK_N, warps,
+    """See the module docstring. Returns bf16 [T, H * D]. `path` = "fold" or "split" forces one
+    path (tests, benchmarks); None chooses by `fold_path`. `tile` = (BLOCK_M, BLOCK_N, warps,
     stages) overrides the fixed tile for the benchmark's price-of-invariance sweep only (blocks
     must then hold BLOCK_M // G tokens at most; BLOCK_N must divide SPLIT); the runtime never
     passes it."""
+    if path not in (None, "fold", "split"):
+        raise ValueError(f"path {path!r}: expected 'fold', 'split' or None")
     bm, bn, warps, stages = tile or (BLOCK_M, BLOCK_N, NUM_WARPS, NUM_STAGES)
     split = SPLIT
     if split % bn:
@@ -245,12 +356,7 @@ def attention(
     g = heads // kv
     tokens_per_block(heads, kv)
     cap = k_cache.shape[2]
-    ns = n_splits(cap, split)
     nb = blocks.shape[0]
-    group = max(1, min(nb, PARTIAL_BUDGET // (kv * ns * bm * (d + 2) * 4)))
-    m_part = torch.empty((group, kv, ns, bm), dtype=torch.float32, device=q.device)
-    l_part = torch.empty_like(m_part)
-    acc_part = torch.empty((group, kv, ns, bm, d), dtype=torch.float32, device=q.device)
     qk_scale = float(scale * _LOG2E)
     split_consts = {
         "H": heads,
@@ -262,8 +368,23 @@ def attention(
         "SPLIT": split,
         "INTERPRET": _launch.INTERPRET,
     }
-    combine_consts = {"H": heads, "KV": kv, "D": d, "G": g, "BLOCK_M": bm, "SPLIT": split}
     cached = index is not None and not _launch.INTERPRET
+    opts = {"num_warps": warps, "num_stages": stages}
+    if path == "fold" or (path is None and fold_path(t, nb, kv)):
+        args = (q, k_cache, v_cache, out.view(torch.int16), pos, blocks, nb, cap, qk_scale)
+        key = (
+            _launch.launch_key("attention_fold", (warps, stages), index, args, tuple(split_consts.values()))
+            if cached
+            else None
+        )
+        _launch.launch(_fold_kernel, (nb, kv, 1), args, split_consts, opts, key, index)
+        return out
+    ns = n_splits(cap, split)
+    group = max(1, min(nb, PARTIAL_BUDGET // (kv * ns * bm * (d + 2) * 4)))
+    m_part = torch.empty((group, kv, ns, bm), dtype=torch.float32, device=q.device)
+    l_part = torch.empty_like(m_part)
+    acc_part = torch.empty((group, kv, ns, bm, d), dtype=torch.float32, device=q.device)
+    combine_consts = {"H": heads, "KV": kv, "D": d, "G": g, "BLOCK_M": bm, "SPLIT": split}
     for b0 in range(0, nb, group):
         n = min(group, nb - b0)
         args = (q, k_cache, v_cache, m_part, l_part, acc_part, pos, blocks, b0, ns, cap, qk_scale)
@@ -272,7 +393,6 @@ def attention(
             if cached
             else None
         )
-        opts = {"num_warps": warps, "num_stages": stages}
         _launch.launch(_split_kernel, (n, kv, ns), args, split_consts, opts, key, index)
         args = (m_part, l_part, acc_part, out.view(torch.int16), pos, blocks, b0, ns)
         key = (

@@ -14,6 +14,9 @@ Numerics guaranteed, and why:
     anyway, so no future edit of the epilogue can fuse silently.
   * The bf16 rounding is done on the fp32 bits (see _bf16.py), so the kernel gives the
     same bits on a GPU and under TRITON_INTERPRET=1, whose float->bf16 cast truncates.
+  * Split-K (decode rows, "decode_splitk"): the K axis cut into splits whose int32 partials
+    are stored and added by a second kernel before the same epilogue; integer addition is
+    exact, so the sum is the unsplit accumulator whatever the number of splits.
 The result equals kernels.reference.scaled_mm_triton_order bit for bit (the CI oracle).
 
 Shapes: any M, N, K (masks on every edge; M = 1 decode works). M = 0 or N = 0 returns an
@@ -38,7 +41,10 @@ from requant.kernels.triton._launch import TensorDescriptor
 #   "ptr"     pointer loads;
 #   "tma"     a and w through tensor descriptors (Hopper's bulk tensor copies; the
 #             interpreter emulates them), one program per output tile;
-#   "persist" the same loads, one program per SM looping over tiles (flattened loop).
+#   "persist" the same loads, one program per SM looping over tiles (flattened loop);
+#   "splitk"  pointer loads, each output tile's K cut into splits (split_k) whose exact int32
+#             partials a second kernel adds up before the epilogue: the same int32 sum, so
+#             the same bits, with more programs in flight for the weight stream at decode M.
 # Descriptors need 16-byte aligned rows (K % 16 == 0, a row stride that is a multiple of
 # 16 and a 16-byte aligned base); other operands fall back to the pointer kernel with the
 # same tile. Out-of-range rows, columns and K are zero-filled by the copy engine, which adds
@@ -49,6 +55,7 @@ from requant.kernels.triton._launch import TensorDescriptor
 # benchmarks/tune_triton.py.
 CONFIGS = {
     "decode": (16, 64, 256, 1, 4, 4, "ptr"),
+    "decode_splitk": (16, 64, 256, 1, 4, 4, "splitk"),
     "small": (64, 64, 128, 8, 4, 4, "tma"),
     "small_s6": (64, 64, 128, 8, 4, 6, "tma"),
     "mid": (64, 128, 128, 8, 4, 4, "tma"),
@@ -66,6 +73,17 @@ SLOTS = 2 * SMS
 # 128x128 tiles over 64x128 ones, both in full waves. Assumed from the measured 1.07-1.15x of
 # 128x256 over 64x128 (kernels_triton_tune.json); bench_speed.py's sweep measures it.
 MEDIUM_TILE_GAIN = 1.1
+# Decode rows (M at most this) split K when the output has fewer than SMS column tiles.
+SPLIT_K_MAX_M = 8
+
+
+def split_k(tiles: int, k: int, block_k: int) -> tuple[int, int]:
+    """(splits, K per split): about SLOTS programs over `tiles` output tiles, each split a
+    whole number of BLOCK_K slices. Shapes only; the int32 sum, hence the bits, never depend
+    on it."""
+    blocks = _cdiv(k, block_k)
+    per = _cdiv(blocks, max(1, min(blocks, _cdiv(SLOTS, tiles))))
+    return _cdiv(blocks, per), per * block_k
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -81,6 +99,8 @@ def _wave_fill(tiles: int, slots: int = SMS) -> float:
 def config_for(m: int, n: int) -> str:
     """The tile for an [m, n] output (any choice gives the same bits; this is speed alone).
 
+      * M <= SPLIT_K_MAX_M with fewer than SMS tiles of 64 columns: "decode_splitk" (the
+        decode tile, K split so that about SLOTS programs stream the weights; split_k);
       * M <= 16: "decode" (the weight stream); M <= 128: "small" (64x64 keeps enough
         programs for N = 1024).
       * 129 <= M <= 1024: "mid", 64x128x128 with 4 warps and 4 stages (96 KiB of shared
@@ -93,6 +113,8 @@ def config_for(m: int, n: int) -> str:
     The measurements behind each rule (benchmarks/tune_triton.py, bench_speed.py; one H200)
     are in docs/kernels.md.
     """
+    if m <= SPLIT_K_MAX_M and _cdiv(n, 64) < SMS:
+        return "decode_splitk"
     if m <= 16:
         return "decode"
     if m <= 128:
@@ -253,6 +275,74 @@ def _scaled_mm_kernel(
     _epilogue(acc, sa_ptr, sw_ptr, out_ptr, M, N, stride_om, offs_m, offs_n)
 
 
+@triton.jit
+def _splitk_partial_kernel(
+    a_ptr,
+    w_ptr,
+    ws_ptr,
+    M,
+    N,
+    K,
+    K_PER,
+    stride_am,
+    stride_wn,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    # One program per (column tile, row tile, split s): the exact int32 sum over K in
+    # [s * K_PER, min(K, (s + 1) * K_PER)), stored to ws[s] (int32 [S, M, N]).
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    sp = tl.program_id(2)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    rows = (offs_m % M).to(tl.int64)  # wrapped, as the pointer kernel: never stored
+    cols = (offs_n % N).to(tl.int64)
+    k_lo = sp * K_PER
+    k_hi = tl.minimum(K, k_lo + K_PER)
+    a_ptrs = a_ptr + rows[:, None] * stride_am + (k_lo + offs_k)[None, :]
+    w_ptrs = w_ptr + cols[None, :] * stride_wn + (k_lo + offs_k)[:, None]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        k_left = k_hi - k0
+        a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0)
+        b = tl.load(w_ptrs, mask=offs_k[:, None] < k_left, other=0)
+        acc = tl.dot(a, b, acc, out_dtype=tl.int32)
+        a_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+    mn = offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
+    tl.store(ws_ptr + sp.to(tl.int64) * M * N + mn, acc, mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+
+
+@triton.jit
+def _splitk_epilogue_kernel(
+    ws_ptr,
+    sa_ptr,
+    sw_ptr,
+    out_ptr,
+    M,
+    N,
+    S,
+    stride_om,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    # The splits' int32 partials added (integer addition: exact in any order), then the
+    # Triton-order epilogue of the other kernels.
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    inside = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    mn = offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+    for sp in range(0, S):
+        acc += tl.load(ws_ptr + sp * M * N + mn, mask=inside, other=0)
+    _epilogue(acc, sa_ptr, sw_ptr, out_ptr, M, N, stride_om, offs_m, offs_n)
+
+
 _A_DESC = "a_desc"  # launch-key markers of the two descriptor arguments (see _launch.launch_key)
 _W_DESC = "w_desc"
 _FIXED: dict = {}  # (config name, CONFIGS entry) -> what its launches share (_fixed)
@@ -269,6 +359,10 @@ def _fixed(name: str):
         consts = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": group_m}
         f = _FIXED[(name, cfg)] = (bm, bn, bk, kind, options, consts, tuple(consts.values()))
     return f
+
+
+def _splitk_consts(consts: dict) -> dict:
+    return {"BLOCK_M": consts["BLOCK_M"], "BLOCK_N": consts["BLOCK_N"], "BLOCK_K": consts["BLOCK_K"]}
 
 
 def scaled_mm(
@@ -319,7 +413,7 @@ def scaled_mm(
     # Descriptors need a 16-byte aligned base and 16-byte aligned row strides (int8: in
     # elements); K % 16 alone is not enough for a row-strided view such as big[:, :272].
     if (
-        kind != "ptr"
+        kind in ("tma", "persist")
         and TensorDescriptor is not None
         and k > 0
         and not (k & 15 or a_ptr & 15 or w_ptr & 15 or a_rs & 15 or w_rs & 15)
@@ -338,6 +432,18 @@ def scaled_mm(
         else:
             descs = (TensorDescriptor.from_tensor(a, [bm, bk]), TensorDescriptor.from_tensor(w, [bn, bk]))
         _launch.launch(kernel, grid, descs + tail, consts, options, key, index, ck)
+        return out
+    if kind == "splitk" and k > 0 and _cdiv(k, bk) * m * n < 2**31:  # int32 offsets into the partials
+        tn, tm = _cdiv(n, bn), _cdiv(m, bm)
+        splits, k_per = split_k(tiles, k, bk)
+        ws = torch.empty((splits, m, n), dtype=torch.int32, device=a.device)
+        args = (a, w, ws, m, n, k, k_per, a_rs, w_rs)
+        key = _launch.launch_key("splitk", name, index, args, const_vals[:3]) if fast else None
+        _launch.launch(_splitk_partial_kernel, (tn, tm, splits), args, _splitk_consts(consts), options, key, index)
+        args = (ws, s_a, s_w, out, m, n, splits, n)
+        key = _launch.launch_key("splitk_epilogue", name, index, args, const_vals[:2]) if fast else None
+        ep_consts = {"BLOCK_M": bm, "BLOCK_N": bn}
+        _launch.launch(_splitk_epilogue_kernel, (tn, tm, 1), args, ep_consts, options, key, index)
         return out
     consts = dict(consts, EVEN_K=k % bk == 0)
     args = (a, w, s_a, s_w, out, m, n, k, a_rs, w_rs, n)

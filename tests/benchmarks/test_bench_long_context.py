@@ -1,8 +1,8 @@
-"""benchmarks/bench_long_context.py on the CPU: its --smoke path (the split sweep of the
-attention on tiny shapes under TRITON_INTERPRET=1). Checks the record's structure, that each
-fixed / best ratio is the two recorded times divided (recomputed here) and that a context within
-one split gives the unsplit walk's bits; speeds themselves are not asserted (the GPU run is the
-integrator's)."""
+"""benchmarks/bench_long_context.py on the CPU: its --smoke path (the attention's two paths and
+the split sweep on tiny shapes under TRITON_INTERPRET=1). Checks the record's structure, that each
+ratio is the two recorded times divided (recomputed here), that a context within one split gives
+the unsplit walk's bits and that the fused fold gives split + combine's; speeds themselves are
+not asserted (the GPU run is the integrator's)."""
 
 import importlib.util
 import json
@@ -42,4 +42,16 @@ def test_smoke_run(tmp_path):
         assert row["best"] == min(times, key=times.get)
         assert row["fixed_over_best"] == times["512"] / times[row["best"]]
         assert row["one_split_equals_unsplit"] is True  # contexts < 512: one split
-    assert "Attention alone" in (out / "bench_long_context.md").read_text()
+    pp = rec["paths"]
+    assert pp["split"] == 512 and set(pp["ms"]) == {"decode@200", "prefill@130"}
+    for name, row in pp["ms"].items():
+        assert row["split_over_fold"] == row["split"] / row["fold"]
+        assert row["fold_equals_split"] is True
+        assert row["dispatch"] == "split"  # the smoke shapes have fewer programs than FOLD_MIN_PROGRAMS
+    md = (out / "bench_long_context.md").read_text()
+    assert "Attention alone," in md and "Attention alone by path" in md
+
+
+def test_bad_parts_is_refused(tmp_path, capsys):
+    assert _bench().main(["--smoke", "--out", str(tmp_path), "--parts", "paths,nope"]) == 2
+    assert capsys.readouterr().err.startswith("error: --parts paths,nope")

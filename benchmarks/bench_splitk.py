@@ -1,0 +1,118 @@
+"""Split-K of the Triton W8A8 GEMM at decode M, one GPU: "decode_splitk" against the unsplit
+"decode" tile on the fast engine's Qwen3-8B Linears (q,k,v and gate,up stacked along N).
+
+    python3 benchmarks/bench_splitk.py --out DIR [--rep-ms 200] [--m 1,4,8]
+    python3 benchmarks/bench_splitk.py --smoke --out DIR     # CPU: TRITON_INTERPRET=1, tiny shapes
+
+Per (M, Linear): ms per call of each config captured in a CUDA graph over rotated weight copies
+(at least 256 MiB, so the weights stream from HBM as in a model; _timing.graph_ms), the weight
+bytes per second, the split count split_k picks, the config config_for picks, and whether the
+two configs give the same bits (they must: the int32 sum is exact). JSON and Markdown under --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+from pathlib import Path
+
+if "--smoke" in sys.argv:  # before Triton is imported
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import torch  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+# the fast engine's Linears at Qwen3-8B: (name, N, K)
+LINEARS_8B = [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 24576, 4096), ("down", 4096, 12288)]
+SMOKE = [("tiny", 130, 600), ("tiny_k", 64, 1024)]
+
+
+def measure(ms, shapes, device: str, rep_ms: float, timed: bool) -> list[dict]:
+    mm = importlib.import_module("requant.kernels.triton.scaled_mm")
+    g = torch.Generator().manual_seed(0)
+    rows = []
+    for m in ms:
+        for name, n, k in shapes:
+            copies = max(1, min(32, (256 << 20) // (n * k))) if timed else 1
+            ws = [torch.randint(-128, 128, (n, k), dtype=torch.int8, generator=g).to(device) for _ in range(copies)]
+            a = torch.randint(-128, 128, (m, k), dtype=torch.int8, generator=g).to(device)
+            s_a = torch.rand(m, 1, generator=g).to(device) + 0.5
+            s_w = torch.ldexp(torch.ones(n, 1), torch.randint(-14, -3, (n, 1), generator=g)).to(device)
+            row = {
+                "m": m,
+                "linear": name,
+                "n": n,
+                "k": k,
+                "config_for": mm.config_for(m, n),
+                "splits": mm.split_k(-(-n // 64), k, 256)[0],
+            }
+            outs = {c: mm.scaled_mm(a, ws[0], s_a, s_w, config=c) for c in ("decode", "decode_splitk")}
+            row["same_bits"] = torch.equal(outs["decode"].view(torch.int16), outs["decode_splitk"].view(torch.int16))
+            if timed:
+                from _timing import graph_ms
+
+                for c in ("decode", "decode_splitk"):
+                    fns = [lambda w=w, c=c: mm.scaled_mm(a, w, s_a, s_w, config=c) for w in ws]
+                    t, method = graph_ms(fns, rep_ms)
+                    row[f"{c}_ms"] = t
+                    row[f"{c}_weight_gb_s"] = n * k / (t * 1e-3) / 1e9
+                    row["method"] = method
+                row["speedup"] = row["decode_ms"] / row["decode_splitk_ms"]
+            rows.append(row)
+            del ws
+    return rows
+
+
+def markdown(rec: dict) -> str:
+    lines = [f"# Split-K at decode M ({rec['device']})", ""]
+    timed = any("speedup" in r for r in rec["rows"])
+    head = "| M | Linear | N x K | config_for | splits | same bits |"
+    if timed:
+        head += " decode ms | decode_splitk ms | speedup | split-K weight GB/s |"
+    lines += [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in rec["rows"]:
+        line = (
+            f"| {r['m']} | {r['linear']} | {r['n']} x {r['k']} | {r['config_for']} | {r['splits']} | {r['same_bits']} |"
+        )
+        if timed:
+            line += (
+                f" {r['decode_ms']:.4f} | {r['decode_splitk_ms']:.4f} | {r['speedup']:.2f}x "
+                f"| {r['decode_splitk_weight_gb_s']:.0f} |"
+            )
+        lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--m", default="1,4,8", help="decode rows (comma-separated)")
+    ap.add_argument("--rep-ms", type=float, default=200.0)
+    ap.add_argument("--smoke", action="store_true", help="CPU, interpreter: tiny shapes, bits only")
+    args = ap.parse_args(argv)
+    try:
+        ms = [int(x) for x in args.m.split(",")]
+    except ValueError:
+        print(f"error: --m {args.m}: expected comma-separated integers", file=sys.stderr)
+        return 2
+    if args.smoke:
+        rec = {"device": "cpu (TRITON_INTERPRET=1)", "rows": measure(ms, SMOKE, "cpu", 0, timed=False)}
+    else:
+        if not torch.cuda.is_available():
+            print("error: the benchmark needs CUDA (--smoke runs the CPU path)", file=sys.stderr)
+            return 2
+        rec = {"device": torch.cuda.get_device_name(), "rows": measure(ms, LINEARS_8B, "cuda", args.rep_ms, True)}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench_splitk.json").write_text(json.dumps(rec, indent=1))
+    (out / "bench_splitk.md").write_text(markdown(rec))
+    print(markdown(rec))
+    return 0 if all(r["same_bits"] for r in rec["rows"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
