@@ -23,6 +23,7 @@ from collections.abc import Callable
 import torch
 
 from requant import kernels
+from requant.audit.batched import Pending, Segment, evaluate_linear, per_cell_forced, resolve_all
 from requant.audit.capture import Capture, prompts, run_prompts
 from requant.audit.checks import CHECK_IDS, c7_token_risk, run_checks, token_risk
 from requant.audit.compare import compare_layer, summarize_layers
@@ -102,6 +103,23 @@ def evaluate_cell(case: LayerCase, variant: str, family: str, severity: str, tes
     )
 
 
+def layer_cells(
+    name: str, regime: str, act: Activations, wt: Weights, backends: tuple[str, str], checks=CHECK_IDS, outs=None
+) -> tuple[dict, list[CellResult]]:
+    """The per-cell path (the oracle of audit/batched.py): pair row, baseline rows and the 21
+    fault cells of one (layer, regime), each cell evaluated on its own."""
+    case = reference_case(name, regime, act, wt)
+    if outs is None:
+        outs = {b: kernels.scaled_mm(act.a, wt.w, act.s_a, wt.s_w, backend=b) for b in dict.fromkeys(backends)}
+    row = compare_layer(name, regime, outs[backends[0]], outs[backends[1]], case.shape)
+    cells = [
+        evaluate_cell(case, baseline_variant(b), "B", "none", Run(act, wt, None, outs[b], backend_kernel(b)), checks)
+        for b in dict.fromkeys(backends)
+    ]
+    cells += [evaluate_cell(case, v.id, v.family, v.severity, inject(v, case), checks) for v in VARIANTS]
+    return row, cells
+
+
 def audit_layer(
     name: str,
     regime: str,
@@ -111,21 +129,58 @@ def audit_layer(
     scorer: Scorer,
     advance: Callable[[int], None] | None = None,
 ) -> dict:
-    """Pair comparison, baseline rows and the 21 fault cells of one (layer, regime)."""
-    case = reference_case(name, regime, act, wt)
-    outs = {b: kernels.scaled_mm(act.a, wt.w, act.s_a, wt.s_w, backend=b) for b in dict.fromkeys(backends)}
-    row = compare_layer(name, regime, outs[backends[0]], outs[backends[1]], case.shape)
-    for b in dict.fromkeys(backends):
-        scorer.add(
-            evaluate_cell(
-                case, baseline_variant(b), "B", "none", Run(act, wt, None, outs[b], backend_kernel(b)), scorer.checks
-            )
-        )
-    for v in VARIANTS:
-        scorer.add(evaluate_cell(case, v.id, v.family, v.severity, inject(v, case), scorer.checks))
-        if advance is not None:
-            advance(1)
+    """Pair comparison, baseline rows and the 21 fault cells of one (layer, regime), per cell."""
+    row, cells = layer_cells(name, regime, act, wt, backends, scorer.checks)
+    for cell in cells:
+        scorer.add(cell)
+    if advance is not None:
+        advance(len(VARIANTS))
     return row
+
+
+class LinearQueue:
+    """Evaluates Linears through audit/batched.py (or per cell when REQUANT_AUDIT_PER_CELL is set,
+    or when a Linear needs it), reading results back once per `window` Linears.
+
+    put(key, labelled, wt): labelled = [(label, Activations)], one per segment; results() then
+    maps each key to [(per_layer row, cells)] in segment order."""
+
+    def __init__(self, regime: str, backends: tuple[str, str], checks, advance=None, window: int = 16):
+        self.regime, self.backends, self.checks, self.advance, self.window = regime, backends, checks, advance, window
+        self.per_cell = per_cell_forced()
+        self.queued: list = []
+        self.done: dict = {}
+
+    def put(self, key, labelled: list, wt: Weights) -> None:
+        pair = tuple(dict.fromkeys(self.backends))
+        outs = [{b: kernels.scaled_mm(act.a, wt.w, act.s_a, wt.s_w, backend=b) for b in pair} for _, act in labelled]
+        pending = None
+        if not self.per_cell:
+            segs = [Segment(label, act, o) for (label, act), o in zip(labelled, outs)]
+            pending = evaluate_linear(self.regime, segs, wt, self.backends, backend_kernel)
+        if pending is None:
+            res = [
+                layer_cells(label, self.regime, act, wt, self.backends, self.checks, o)
+                for (label, act), o in zip(labelled, outs)
+            ]
+            self.queued.append((key, res, len(labelled)))
+        else:
+            self.queued.append((key, pending, len(labelled)))
+        if sum(isinstance(r, Pending) for _, r, _ in self.queued) >= self.window:
+            self.flush()
+
+    def flush(self) -> None:
+        pendings = [r for _, r, _ in self.queued if isinstance(r, Pending)]
+        resolved = iter(resolve_all(pendings, self.checks))
+        for key, r, n_seg in self.queued:
+            self.done[key] = next(resolved) if isinstance(r, Pending) else r
+            if self.advance is not None:
+                self.advance(len(VARIANTS) * n_seg)
+        self.queued = []
+
+    def results(self) -> dict:
+        self.flush()
+        return self.done
 
 
 def converted_info(config: dict) -> dict | None:
@@ -221,11 +276,16 @@ def run_audit(
         timings[f"{regime}_capture_s"] = round(time.perf_counter() - t_r, 3)
         t_c = time.perf_counter()
         say(f"{regime}: cells")
+        queue = LinearQueue(regime, backends, scorer.checks, advance)
         for name in ckpt.quantized_linears:
             wt = Weights(*linears[name])
             if regime == "native" and wt.all_scales_power_of_two():
                 native_pow2_layers += 1
-            per_layer.append(audit_layer(name, regime, ops[name], wt, backends, scorer, advance))
+            queue.put(name, [(name, ops[name])], wt)
+        for name, [(row, cells)] in queue.results().items():
+            for cell in cells:
+                scorer.add(cell)
+            per_layer.append(row)
         if device != "cpu" and torch.cuda.is_available():
             torch.cuda.synchronize()
         timings[f"{regime}_cells_s"] = round(time.perf_counter() - t_c, 3)
@@ -299,6 +359,7 @@ class DecodePhase:
 
     def run(self, regime, model, linears, names, token_lists, backends, advance) -> None:
         t0 = time.perf_counter()
+        captured = {}
         for batch in self.batches:
             toks = batch_prompts(token_lists, batch)
             ops, fed, logits_a = decode_operands(model.with_backends(backends[0]), toks, self.steps)
@@ -312,14 +373,23 @@ class DecodePhase:
             expected = self.scorer.add_end_to_end("C7", regime, outcome, observable=not risk["bitwise_equal"])
             risk.update({"outcome": outcome, "expected": expected})
             self.e2e.setdefault(regime, {})[str(batch)] = risk
-            for step, step_ops in enumerate(ops):
-                for name in names:
-                    wt = Weights(*linears[name])
-                    row = audit_layer(f"{name}@b{batch}.t{step}", regime, step_ops[name], wt, backends, self.scorer)
-                    row.update(name=name, batch=batch, step=step)
-                    self.rows.append(row)
-                    if advance is not None:
-                        advance(len(VARIANTS))
+            captured[batch] = ops
+        self.timings[f"{regime}_capture_s"] = round(time.perf_counter() - t0, 3)
+        # Every (batch, step) operand set of one Linear is evaluated together (audit/batched.py);
+        # rows and cells are then recorded in (batch, step, Linear) order, as one step at a time would.
+        queue = LinearQueue(regime, backends, self.scorer.checks, advance)
+        keys = [(b, t) for b in self.batches for t in range(len(captured[b]))]
+        for name in names:
+            labelled = [(f"{name}@b{b}.t{t}", captured[b][t][name]) for b, t in keys]
+            queue.put(name, labelled, Weights(*linears[name]))
+        done = queue.results()
+        for i, (batch, step) in enumerate(keys):
+            for name in names:
+                row, cells = done[name][i]
+                for cell in cells:
+                    self.scorer.add(cell)
+                row.update(name=name, batch=batch, step=step)
+                self.rows.append(row)
         self.timings[f"{regime}_s"] = round(time.perf_counter() - t0, 3)
 
     def result(self, keep_cells: bool | str, native_is_pow2: bool = False) -> dict:
