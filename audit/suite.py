@@ -36,6 +36,7 @@ from requant.audit.decode import (
     decode_risk,
 )
 from requant.audit.faults import VARIANTS, LayerCase, inject, reference_case
+from requant.audit.linears import load_audit_linears
 from requant.audit.matrix import REGIMES, Matrix, baseline_variant, load_matrix
 from requant.audit.records import (
     BACKEND_KERNELS,
@@ -51,7 +52,7 @@ from requant.audit.scoring import CellResult, Scorer, ulp_histogram
 from requant.backends import environment
 from requant.evidence.identity import checkpoint_identity
 from requant.qwen3 import Qwen3Arch
-from requant.runtime import Model, load_dense, load_linears
+from requant.runtime import Model, load_dense
 from requant.tokenizer import load_tokenizer
 
 CELLS_PER_LAYER = len(VARIANTS) * len(REGIMES)
@@ -183,6 +184,13 @@ class LinearQueue:
         return self.done
 
 
+def _lap(t: float, device) -> float:
+    """Seconds since t, the device's queued work included (a stage's wall time)."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+    return round(time.perf_counter() - t, 3)
+
+
 def converted_info(config: dict) -> dict | None:
     """The provenance of a checkpoint that `requant convert` made (config.json "requant"), or None.
 
@@ -233,6 +241,9 @@ def run_audit(
             one_layer) to inject each fault family into the generating model.
     """
     t0 = time.perf_counter()
+    cuda = torch.device(device).type == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(device)
     identity = identity if identity is not None else checkpoint_identity(ckpt)
     matrix = matrix or load_matrix()
     scorer = Scorer(matrix)
@@ -244,15 +255,17 @@ def run_audit(
     say = on_phase or (lambda msg: None)
     say(f"loading dense tensors to {device}")
     dense = load_dense(ckpt, device)
+    timings = {"load_dense_s": round(time.perf_counter() - t0, 3)}
     per_layer, e2e = [], {}
     decode = DecodePhase(matrix, decode_batches, decode_steps) if "decode" in phases else None
     inj = {}
     native_pow2_layers = 0
-    timings = {}
     for regime in REGIMES:
         t_r = time.perf_counter()
         say(f"{regime}: loading quantized Linears")
-        linears = load_linears(ckpt, regime, device)
+        linears = load_audit_linears(ckpt, regime, device)
+        timings[f"{regime}_linears_s"] = _lap(t_r, device)
+        t_r = time.perf_counter()
         # The reference engine for both backends: the capture records its operands, and the two
         # prefills compared end to end (C7) must differ in the GEMM backend alone.
         model = Model(
@@ -273,7 +286,7 @@ def run_audit(
         risk.update({"outcome": outcome, "expected": expected})
         e2e[regime] = risk
         ops = cap.operands()
-        timings[f"{regime}_capture_s"] = round(time.perf_counter() - t_r, 3)
+        timings[f"{regime}_capture_s"] = _lap(t_r, device)
         t_c = time.perf_counter()
         say(f"{regime}: cells")
         queue = LinearQueue(regime, backends, scorer.checks, advance)
@@ -286,18 +299,20 @@ def run_audit(
             for cell in cells:
                 scorer.add(cell)
             per_layer.append(row)
-        if device != "cpu" and torch.cuda.is_available():
-            torch.cuda.synchronize()
-        timings[f"{regime}_cells_s"] = round(time.perf_counter() - t_c, 3)
+        timings[f"{regime}_cells_s"] = _lap(t_c, device)
         del ops, cap
         if decode is not None:
+            t_d = time.perf_counter()
             say(f"{regime}: decode, batches {','.join(map(str, decode.batches))} x {decode.steps} steps")
             decode.run(regime, model, linears, ckpt.quantized_linears, token_lists, backends, advance)
+            timings[f"{regime}_decode_s"] = _lap(t_d, device)
         if injection is not None:
             from requant.audit.injection import run_injection
 
+            t_i = time.perf_counter()
             say(f"{regime}: faults injected into the generating model")
             inj[regime] = run_injection(model, token_lists, backends, **injection)
+            timings[f"{regime}_injection_s"] = _lap(t_i, device)
         del model, linears
     summary = scorer.summary()
     from requant.audit.faults import FAULT_KERNELS
@@ -333,6 +348,7 @@ def run_audit(
         },
         "environment": environment(device),
         "timings": timings,
+        "peak_gpu_memory_bytes": torch.cuda.max_memory_allocated(device) if cuda else None,
         "wall_seconds": round(time.perf_counter() - t0, 3),
     }
     if decode is not None:

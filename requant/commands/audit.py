@@ -187,6 +187,7 @@ def _print_rest(result: dict) -> None:
     print("end to end (C7 tokens flagged): " + ", ".join(f"{r}: {e['flagged']}/{e['tokens']}" for r, e in e2e.items()))
     print(
         f"matrix sha256: {card['matrix_sha256']} ({'pinned' if card['matrix_pinned'] else 'NOT PINNED'})  wall: {result['wall_seconds']} s"
+        + (f"  peak GPU memory: {peak / 2**30:.1f} GiB" if (peak := result.get("peak_gpu_memory_bytes")) else "")
     )
     print(
         f"manifest digest: {result.get('manifest_digest')} ({result.get('manifest') or 'computed; no SHA256SUMS'})  "
