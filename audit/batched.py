@@ -28,13 +28,13 @@ from dataclasses import dataclass
 import torch
 
 from requant.audit.checks import CHECKS, FIRE, NOT_APPLICABLE, ORDER_EPILOGUES, SILENT
+from requant.audit.f6_tiles import f6_accumulator
 from requant.audit.faults import (
     _EPILOGUE_FAULTS,
     F9A_FACTOR,
     FAULT_KERNELS,
     VARIANTS,
     LayerCase,
-    accumulate_bf16_tiles,
     seed_for,
     shift_int8_by_one,
     wrap_int16,
@@ -250,6 +250,9 @@ def evaluate_linear(
         for f in _EPI
     ]
     counts.append(_seg_reduce((s_a.reshape(1, -1) != 0).to(torch.int64), seg, n_seg, "sum"))
+    # Data-independent draws (1pct, F9b) on the host while the device works, then the one read-back.
+    pct = {f: _draw_indices(segments, regime, f"{f}.1pct", ms, r0, n, dev) for f in _EPI}
+    pct["F9"] = _draw_indices(segments, regime, "F9.1pct", ms, r0, k, dev)
     counts = torch.cat(counts).tolist()  # [6][S]
 
     cells: list[_Cell] = []
@@ -260,12 +263,12 @@ def evaluate_linear(
     by_variant = {}
     for i, fam in enumerate(_EPI):
         kd = FAULT_KERNELS[fam]
-        ys = _severities(fam, faulty[fam], ref_y, counts[i], segments, regime, ms, r0, n)
+        ys = _severities(fam, faulty[fam], ref_y, counts[i], pct[fam], segments, regime, ms, r0, n)
         for sev, y in ys.items():
             by_variant[f"{fam}.{sev}"] = _Cell(
                 f"{fam}.{sev}", fam, sev, kd, y, declared(kd.declared_order), None, None, True
             )
-    acc6 = accumulate_bf16_tiles(a, wt.w)
+    acc6 = f6_accumulator(a, wt.w)  # one Triton launch on CUDA (audit/f6_tiles.py)
     kd = FAULT_KERNELS["F6"]
     y6 = epilogue_triton_order(acc6, s_a, wt.s_w)
     by_variant["F6.all"] = _Cell(
@@ -280,7 +283,7 @@ def evaluate_linear(
     kd = FAULT_KERNELS["F8"]
     y8 = epilogue_triton_order(acc, s_a, wt.s_w)
     by_variant["F8.all"] = _Cell("F8.all", "F8", "all", kd, y8, declared(kd.declared_order), None, None, True)
-    by_variant.update(_operand_faults(regime, segments, a, s_a, acc, wt, counts[5], ms, r0, seg, n_seg, k))
+    by_variant.update(_operand_faults(regime, segments, a, s_a, acc, wt, counts[5], pct["F9"], ms, r0, seg, n_seg))
     cells += [by_variant[v.id] for v in VARIANTS]
 
     y_a = torch.cat([sg.outs[backends[0]] for sg in segments]) if n_seg > 1 else segments[0].outs[backends[0]]
@@ -306,11 +309,23 @@ def evaluate_linear(
     return Pending(regime, segments, cells, packed, k, wt)
 
 
-def _severities(fam, y_fault, ref_y, changed, segments, regime, ms, r0, n) -> dict:
+def _draw_indices(segments, regime, variant_id, ms, r0, width, dev) -> torch.Tensor:
+    """The `1pct` draws of every segment (ceil(1% of M * width) seeded indices of its [M, width]
+    block, faults.severity_mask / F9b), as flat indices of the concatenation, on the device.
+    F9b's torch.unique is left out: assigning a shifted value twice writes the same bits."""
+    draws = []
+    for s, sg in enumerate(segments):
+        g = _gen(sg.label, regime, variant_id)
+        size = ms[s] * width
+        draws.append(torch.randint(0, size, (math.ceil(0.01 * size),), generator=g) + r0[s] * width)
+    return _to_device(torch.cat(draws), dev)
+
+
+def _severities(fam, y_fault, ref_y, changed, idx, segments, regime, ms, r0, n) -> dict:
     """F1..F5 at `one`, `1pct` and `all` (faults.severity_mask's draws, per segment)."""
     dev = ref_y.device
     flat_f = y_fault.reshape(-1)
-    one_pos, draws = [], []
+    one_pos = []
     need_search, targets = [], []
     base = 0
     for s, sg in enumerate(segments):
@@ -324,8 +339,6 @@ def _severities(fam, y_fault, ref_y, changed, segments, regime, ms, r0, n) -> di
         else:
             one_pos.append(r0[s] * n + int(torch.randint(0, mn, (1,), generator=g)))
         base += changed[s]
-        g = _gen(sg.label, regime, f"{fam}.1pct")
-        draws.append(torch.randint(0, mn, (math.ceil(0.01 * mn),), generator=g) + r0[s] * n)
     pos = torch.tensor([p if p is not None else 0 for p in one_pos], dtype=torch.int64)
     pos = _to_device(pos, dev)
     if need_search:
@@ -335,13 +348,12 @@ def _severities(fam, y_fault, ref_y, changed, segments, regime, ms, r0, n) -> di
         pos = pos.index_copy(0, _to_device(torch.tensor(need_search, dtype=torch.int64), dev), found)
     y_one = ref_y.clone().reshape(-1)
     y_one[pos] = flat_f[pos]
-    idx = _to_device(torch.cat(draws), dev)
     y_pct = ref_y.clone().reshape(-1)
     y_pct[idx] = flat_f[idx]
     return {"one": y_one.view_as(ref_y), "1pct": y_pct.view_as(ref_y), "all": y_fault}
 
 
-def _operand_faults(regime, segments, a, s_a, acc, wt, nonzero, ms, r0, seg, n_seg, k) -> dict:
+def _operand_faults(regime, segments, a, s_a, acc, wt, nonzero, idx, ms, r0, seg, n_seg) -> dict:
     """F9a, F9b, F9c (faults._operand_fault's draws, per segment) on the concatenation."""
     dev = a.device
     kd = FAULT_KERNELS["F9"]
@@ -371,12 +383,6 @@ def _operand_faults(regime, segments, a, s_a, acc, wt, nonzero, ms, r0, seg, n_s
     want = ORDER_EPILOGUES[kd.declared_order](acc, s_new, wt.s_w)
     out["F9.one"] = _Cell("F9.one", "F9", "one", kd, y, want, c1, None, True)
     # F9b: 1% of the int8 activations shifted by one
-    draws = []
-    for s, sg in enumerate(segments):
-        g = _gen(sg.label, regime, "F9.1pct")
-        mk = ms[s] * k
-        draws.append(torch.unique(torch.randint(0, mk, (math.ceil(0.01 * mk),), generator=g)) + r0[s] * k)
-    idx = _to_device(torch.cat(draws), dev)
     flat = a.reshape(-1).clone()
     flat[idx] = shift_int8_by_one(flat[idx])
     a_b = flat.view_as(a)

@@ -128,3 +128,26 @@ def test_embedded_default_whole_audit_equal_to_the_per_cell_path(monkeypatch):
     got = run_audit(ckpt, REFERENCE_PAIR, 2, "cpu", **kw)
     assert _strip(got) == _strip(want)
     assert got["cell_results"] and got["decode"]["cell_results"] and got["ulp_histograms"]
+
+
+def _sm90() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _sm90(), reason="needs an sm90 GPU (CUTLASS)")
+def test_gpu_batched_equals_per_cell_with_the_real_pair(tmp_path, monkeypatch):
+    """cutlass,triton on a small synthetic (tiny preset) on the GPU, prefill and decode: the batched
+    path (Triton F6 kernel, GPU requantization) equals the per-cell path, every key but timings."""
+    from requant.synthetic import generate
+
+    ckpt = open_checkpoint(generate("tiny", tmp_path / "tiny"))
+    kw = dict(phases=("prefill", "decode"), decode_batches=(1, 8), decode_steps=2, keep_cells="all")
+    monkeypatch.setenv(PER_CELL_ENV, "1")
+    want = run_audit(ckpt, ("cutlass", "triton"), 8, "cuda", **kw)
+    monkeypatch.delenv(PER_CELL_ENV)
+    got = run_audit(ckpt, ("cutlass", "triton"), 8, "cuda", **kw)
+    for res in (got, want):
+        res.pop("peak_gpu_memory_bytes")
+    assert _strip(got) == _strip(want)
+    assert got["per_layer_summary"]["pow2"]["bitwise_equal"] == got["layers"]
