@@ -36,7 +36,7 @@ from requant.audit.decode import (
     decode_risk,
 )
 from requant.audit.faults import VARIANTS, LayerCase, inject, reference_case
-from requant.audit.linears import load_audit_linears
+from requant.audit.linears import AuditLinears
 from requant.audit.matrix import REGIMES, Matrix, baseline_variant, load_matrix
 from requant.audit.records import (
     BACKEND_KERNELS,
@@ -260,10 +260,12 @@ def run_audit(
     decode = DecodePhase(matrix, decode_batches, decode_steps) if "decode" in phases else None
     inj = {}
     native_pow2_layers = 0
+    loader, previous = AuditLinears(ckpt, device), None
     for regime in REGIMES:
         t_r = time.perf_counter()
         say(f"{regime}: loading quantized Linears")
-        linears = load_audit_linears(ckpt, regime, device)
+        linears = loader.load(regime, previous)
+        previous = None
         timings[f"{regime}_linears_s"] = _lap(t_r, device)
         t_r = time.perf_counter()
         # The reference engine for both backends: the capture records its operands, and the two
@@ -313,7 +315,10 @@ def run_audit(
             say(f"{regime}: faults injected into the generating model")
             inj[regime] = run_injection(model, token_lists, backends, **injection)
             timings[f"{regime}_injection_s"] = _lap(t_i, device)
-        del model, linears
+        del model
+        # On CUDA the next regime (pow2) is derived on the device from these tensors (audit/linears.py).
+        previous = linears if cuda else None
+        del linears
     summary = scorer.summary()
     from requant.audit.faults import FAULT_KERNELS
 
