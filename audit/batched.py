@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from requant.audit.checks import CHECKS, FIRE, NOT_APPLICABLE, ORDER_EPILOGUES, SILENT
+from requant.audit.device_acc import exact_accumulate
 from requant.audit.f6_tiles import f6_accumulator
 from requant.audit.faults import (
     _EPILOGUE_FAULTS,
@@ -43,7 +44,7 @@ from requant.audit.matrix import baseline_variant
 from requant.audit.records import REFERENCE_KERNEL, Activations, KernelDesc, Run, Weights
 from requant.audit.scoring import HIST_BINS, CellResult
 from requant.kernels.bf16 import is_power_of_two
-from requant.kernels.reference import accumulate, epilogue_triton_order
+from requant.kernels.reference import epilogue_triton_order
 
 PER_CELL_ENV = "REQUANT_AUDIT_PER_CELL"
 _EPI = ("F1", "F2", "F3", "F4", "F5")
@@ -231,7 +232,7 @@ def evaluate_linear(
     seg = _to_device(seg, dev)
     a = torch.cat([sg.act.a for sg in segments]) if n_seg > 1 else segments[0].act.a
     s_a = torch.cat([sg.act.s_a for sg in segments]) if n_seg > 1 else segments[0].act.s_a
-    acc = accumulate(a, wt.w)
+    acc = exact_accumulate(a, wt.w)
     ref_y = epilogue_triton_order(acc, s_a, wt.s_w)
     case = LayerCase("batched", regime, Activations(a, s_a), wt, acc, Run(None, wt, acc, ref_y, REFERENCE_KERNEL))
     faulty = {fam: _EPILOGUE_FAULTS[fam](case) for fam in _EPI}
@@ -386,7 +387,7 @@ def _operand_faults(regime, segments, a, s_a, acc, wt, nonzero, idx, ms, r0, seg
     flat = a.reshape(-1).clone()
     flat[idx] = shift_int8_by_one(flat[idx])
     a_b = flat.view_as(a)
-    acc_b = accumulate(a_b, wt.w)
+    acc_b = exact_accumulate(a_b, wt.w)
     y = epilogue_triton_order(acc_b, s_a, wt.s_w)
     want = ORDER_EPILOGUES[kd.declared_order](acc_b, s_a, wt.s_w)
     out["F9.1pct"] = _Cell(
@@ -394,7 +395,7 @@ def _operand_faults(regime, segments, a, s_a, acc, wt, nonzero, idx, ms, r0, seg
     )
     # F9c: every int8 activation shifted by one
     a_c = shift_int8_by_one(a)
-    acc_c = accumulate(a_c, wt.w)
+    acc_c = exact_accumulate(a_c, wt.w)
     y = epilogue_triton_order(acc_c, s_a, wt.s_w)
     want = ORDER_EPILOGUES[kd.declared_order](acc_c, s_a, wt.s_w)
     out["F9.all"] = _Cell(
