@@ -165,6 +165,7 @@ class Pending:
 
     def __init__(self, regime, segments, cells, packed, k, wt):
         self.regime, self.packed, self.k, self.wt = regime, packed, k, wt
+        self._static: dict = {}  # (check, kernel) -> outcome of a check that reads K and the kernel only
         # keep what resolve reads, not the [R, N] tensors (a window of Linears waits for one read)
         self.segments = [Segment(s.label, s.act, {}) for s in segments]
         self.cells = [
@@ -212,10 +213,13 @@ class Pending:
                 outcomes[cid] = SILENT
             elif cid == "C8":
                 outcomes[cid] = (FIRE if c8 else SILENT) if cell.want else NOT_APPLICABLE
-            else:  # C3, C7: decided on host metadata by the per-cell functions themselves
-                ref = Run(seg.act, self.wt, None, None, REFERENCE_KERNEL)
-                test = Run(seg.act, self.wt, None, None, cell.kernel)
-                outcomes[cid] = CHECKS[cid](ref, test, cell.kernel).outcome
+            else:  # C3, C7: decided on host metadata (K, the kernel) by the per-cell functions themselves
+                key = (cid, cell.kernel)
+                if key not in self._static:
+                    ref = Run(seg.act, self.wt, None, None, REFERENCE_KERNEL)
+                    test = Run(seg.act, self.wt, None, None, cell.kernel)
+                    self._static[key] = CHECKS[cid](ref, test, cell.kernel).outcome
+                outcomes[cid] = self._static[key]
         hist = list(st[5:]) if observable else []
         return CellResult(
             seg.label, self.regime, cell.variant, cell.family, cell.severity, observable, mism, mx if observable else 0,
