@@ -92,6 +92,13 @@ def _seg_reduce(rows: torch.Tensor, seg: torch.Tensor, n_seg: int, how: str) -> 
 
 
 _BIN_BOUNDS: dict = {}
+# Host shortcuts (read-backs that cost nothing without a device queue): None = on CPU tensors only;
+# False forces the device code path everywhere (the tests run it on the CPU too).
+HOST_SHORTCUTS: bool | None = None
+
+
+def _host(dev: torch.device) -> bool:
+    return dev.type == "cpu" if HOST_SHORTCUTS is None else HOST_SHORTCUTS
 
 
 def _stats(ys: torch.Tensor, ref: torch.Tensor, seg: torch.Tensor, n_seg: int, subset: bool = True) -> torch.Tensor:
@@ -102,7 +109,7 @@ def _stats(ys: torch.Tensor, ref: torch.Tensor, seg: torch.Tensor, n_seg: int, s
     dev = ys.device
     yb, rb = ys.view(torch.int16), ref.view(torch.int16)
     neq = _seg_reduce((yb != rb).sum(dim=2), seg, n_seg, "sum")
-    if dev.type == "cpu" and subset:  # no device to keep busy: distances only for cells that changed
+    if _host(dev) and subset:  # no device to keep busy: distances only for cells that changed
         changed = (neq > 0).any(dim=1).nonzero().reshape(-1)
         out = torch.zeros(c, n_seg, 2 + HIST_BINS, dtype=torch.int64)
         out[:, :, 0] = neq
@@ -119,7 +126,7 @@ def _stats(ys: torch.Tensor, ref: torch.Tensor, seg: torch.Tensor, n_seg: int, s
     b = torch.bucketize(d, _BIN_BOUNDS[dev], right=True).masked_fill_(nan, 31)
     row_key = (torch.arange(c, device=dev).view(c, 1) * n_seg + seg.view(1, r)) * HIST_BINS  # [C, R]
     keep = (d > 0) | nan
-    if dev.type == "cpu":  # only the changed elements (few); no device to keep busy
+    if _host(dev):  # only the changed elements (few); no device to keep busy
         key = (row_key.unsqueeze(2) + b)[keep]
         hist = torch.bincount(key, minlength=c * n_seg * HIST_BINS)
     else:  # every element, the unchanged ones into a spare bin: no host synchronisation

@@ -68,9 +68,17 @@ def _compare(regime, labelled, wt, backends, checks):
     return want
 
 
+@pytest.fixture(params=[None, False], ids=["host-shortcuts", "device-path"])
+def shortcuts(request, monkeypatch):
+    """The CPU's shortcuts, and the code path a GPU runs (no host read-back), both on the CPU."""
+    from requant.audit import batched
+
+    monkeypatch.setattr(batched, "HOST_SHORTCUTS", request.param)
+
+
 @pytest.mark.parametrize("pow2", [False, True])
 @pytest.mark.parametrize("craft", [False, True])
-def test_crafted_layers_every_family_equal_cell_by_cell(pow2, craft):
+def test_crafted_layers_every_family_equal_cell_by_cell(pow2, craft, shortcuts):
     seen, observable = set(), set()
     for seed, (k, n) in enumerate([(96, 40), (256, 64), (200, 33)]):
         labelled, wt = _segments(seed, [1, 8, 24], k, n, pow2, craft)
@@ -84,7 +92,7 @@ def test_crafted_layers_every_family_equal_cell_by_cell(pow2, craft):
     assert ("F9", "C1") in seen and ("F7", "C3") in seen and ("F6", "C4") in seen
 
 
-def test_other_pairs_checks_and_a_faulty_backend_equal_cell_by_cell(wrong_kernel):
+def test_other_pairs_checks_and_a_faulty_backend_equal_cell_by_cell(wrong_kernel, shortcuts):
     labelled, wt = _segments(7, [1, 8, 24], 128, 48, True, True)
     for backends, checks in [
         (("reference-triton-order", "reference-fused-order"), CHECKS_V2),
