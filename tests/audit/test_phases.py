@@ -167,6 +167,23 @@ def test_device_fault_kernels_name_the_same_variants_as_fault_kernels():
     assert {f: fn.__name__ for f, fn in FAULTS.items()} == {f: v.replace(".", "_") for f, v in _VARIANT_OF.items()}
 
 
+def test_lean_fault_kernels_give_the_fault_kernels_bits():
+    """audit.injection.lean_faults (no reference output, the accumulators passed in) equals
+    audit/fault_kernels.py's kernels bit for bit, on the definitions' accumulators (CPU)."""
+    from requant.audit.fault_kernels import FAULTS
+    from requant.audit.faults import accumulate_bf16_tiles
+    from requant.audit.injection import lean_faults
+    from requant.kernels.reference import accumulate
+    from tests.audit.conftest import make_operands
+
+    lean = lean_faults(accumulate, accumulate_bf16_tiles)
+    for m in (1, 8, 40):
+        act, wt = make_operands(m, m=m, k=160, n=48)
+        ops = (act.a, wt.w, act.s_a, wt.s_w)
+        for f, fn in FAULTS.items():
+            assert torch.equal(lean[f](*ops).view(torch.int16), fn(*ops).view(torch.int16)), (f, m)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_device_fault_kernels_on_cuda_give_the_definitions_bits():
