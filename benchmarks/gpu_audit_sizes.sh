@@ -8,22 +8,29 @@
 #     OUT=/some/dir bash benchmarks/gpu_audit_sizes.sh
 #
 # STEPS (default "build generate audit equality injection") picks the steps; SIZES (default
-# "0.6b 1.7b 8b 14b 32b") the presets; TOTAL_S (default 480) the budget: a step that would start
-# with less than its estimate left is skipped (the summary says so). Checkpoints are made on the
-# GPU (python -m requant.synthetic --device cuda, 4 GB shards) under $CKPT_ROOT (default /tmp) and
-# reused when present; the 32B one (~33 GB) is made last, after the 14B one was removed when the
-# disk would not hold both. Files in $OUT: env.txt, timings.txt, audit_<preset>.json and .log (and
-# time_<preset>.txt from /usr/bin/time -v where it exists), equality_<preset>.json and .log,
-# injection_<preset>.json and .log, summary.txt.
+# "0.6b 1.7b 8b 14b 32b") the presets generated and audited; EQ_SIZES (default "1.7b 14b") where the
+# batched path is checked against the per-cell one; INJ_SIZES (default "8b 1.7b") where the
+# injection runs; TOTAL_S (default 540) the budget: a step that would start with less than its
+# estimate left is skipped (the summary says so). Checkpoints are made on the GPU (python -m
+# requant.synthetic --device cuda, 4 GB shards) under $CKPT_ROOT (default /tmp) and reused when
+# present; the 32B one (~33 GB) is made last, after removing the sizes not in SIZES while fewer than
+# 40 GB are free (a 64 GiB disk does not hold all five). One call may not hold everything in 10
+# minutes; three that do (the machine kept warm between them, checkpoints reused):
+#     STEPS="build generate audit equality" SIZES="0.6b 1.7b 8b 14b"
+#     STEPS="build equality injection" SIZES="" EQ_SIZES="14b"   (EQ_SIZES: what the first call skipped)
+#     STEPS="build generate audit" SIZES="32b" EQ_SIZES="" INJ_SIZES=""
+# Files in $OUT: env.txt, timings.txt, audit_<preset>.json and .log (and time_<preset>.txt from
+# /usr/bin/time -v where it exists), equality_<preset>.json and .log, injection_<preset>.json and
+# .log, summary.txt (the table).
 set -uo pipefail
 source "$(dirname "$0")/_gpu_common.sh" || exit 1
 gpu_out
 if ls .whl/*.whl > /dev/null 2>&1; then  # wheels carried: install them and this checkout (gpu_setup.sh)
     source benchmarks/gpu_setup.sh || exit 1
 fi
-STEPS="${STEPS:-build generate audit equality injection}"
-SIZES="${SIZES:-0.6b 1.7b 8b 14b 32b}"
-TOTAL_S="${TOTAL_S:-480}"
+STEPS="${STEPS-build generate audit equality injection}"
+SIZES="${SIZES-0.6b 1.7b 8b 14b 32b}"
+TOTAL_S="${TOTAL_S:-540}"
 CKPT_ROOT="${CKPT_ROOT:-/tmp}"
 TIMINGS="$OUT/timings.txt"
 : > "$TIMINGS"
@@ -71,27 +78,17 @@ if has audit; then
         budget "audit_$size" "$est" && audit_size "$size" 300
     done
 fi
+in_sizes() { case " $SIZES " in *" $1 "*) return 0 ;; esac; return 1; }
 if has equality; then
-    for spec in "1.7b 1" "14b 1"; do
-        set -- $spec
-        [ -f "$(ckpt "$1")/config.json" ] || { skip "equality_$1" "no checkpoint"; continue; }
-        budget "equality_$1" "$([ "$1" = 14b ] && echo 200 || echo 90)" || continue
-        step "equality_$1" 420 bash -c "python3 benchmarks/audit_equality.py '$(ckpt "$1")' --decode-tokens $2 \
-            --json '$OUT/equality_$1.json' > '$OUT/equality_$1.log' 2>&1; rc=\$?; tail -n 3 '$OUT/equality_$1.log'; exit \$rc"
+    for size in ${EQ_SIZES-1.7b 14b}; do
+        [ -f "$(ckpt "$size")/config.json" ] || { skip "equality_$size" "no checkpoint"; continue; }
+        budget "equality_$size" "$([ "$size" = 14b ] && echo 200 || echo 90)" || continue
+        step "equality_$size" 420 bash -c "python3 benchmarks/audit_equality.py '$(ckpt "$size")' --decode-tokens 1 \
+            --json '$OUT/equality_$size.json' > '$OUT/equality_$size.log' 2>&1; rc=\$?; tail -n 3 '$OUT/equality_$size.log'; exit \$rc"
     done
 fi
-case " $SIZES " in *" 32b "*)
-    d32=$(ckpt 32b)
-    if [ ! -f "$d32/config.json" ] && has generate && [ "$(free_gb)" -lt 40 ]; then
-        echo "disk: $(free_gb) GB free; removing $(ckpt 14b) for the 32B checkpoint"
-        rm -rf "$(ckpt 14b)"
-    fi
-    budget synthetic_32b 60 && generate 32b 300
-    has audit && budget audit_32b 90 && audit_size 32b 420
-    ;;
-esac
 if has injection; then
-    for size in 8b 1.7b; do
+    for size in ${INJ_SIZES-8b 1.7b}; do
         d=$(ckpt "$size")
         [ -f "$d/config.json" ] || { skip "injection_$size" "no checkpoint"; continue; }
         budget "injection_$size" "$([ "$size" = 8b ] && echo 150 || echo 60)" || continue
@@ -100,8 +97,20 @@ if has injection; then
             > '$OUT/injection_$size.log' 2>&1; rc=\$?; tail -n 16 '$OUT/injection_$size.log'; exit \$rc"
     done
 fi
+if in_sizes 32b; then
+    d32=$(ckpt 32b)
+    if [ ! -f "$d32/config.json" ] && has generate; then
+        for other in 14b 8b 1.7b 0.6b; do  # the disk (64 GiB) does not hold every size at once
+            [ "$(free_gb)" -ge 40 ] && break
+            in_sizes "$other" && continue
+            [ -d "$(ckpt "$other")" ] && echo "disk: $(free_gb) GB free; removing $(ckpt "$other")" && rm -rf "$(ckpt "$other")"
+        done
+    fi
+    budget synthetic_32b 60 && generate 32b 300
+    has audit && budget audit_32b 90 && audit_size 32b 420
+fi
 
-python3 - "$OUT" $SIZES <<'EOF' | tee "$OUT/summary.txt"
+python3 - "$OUT" 0.6b 1.7b 8b 14b 32b <<'EOF' | tee "$OUT/summary.txt"
 import json
 import pathlib
 import sys
