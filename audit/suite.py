@@ -1,10 +1,10 @@
 """Runs the audit: capture operands per regime, compare the pair per layer, run the
 baseline rows and the 21 fault variants on every layer, score everything.
 
-Per (layer, regime) the exact accumulator is computed once (audit.faults.reference_case)
-and reused by every variant; each family's faulty output is computed once and shared by
-its three severities. Everything stays on the operands' device (a GPU when there is one),
-only scalars come back to the host.
+A Linear's cells are evaluated together (audit/batched.py: every variant, check and decode
+step at once on the operands' device, one small tensor read back per window of Linears);
+the per-cell path (layer_cells: each cell on its own through audit.faults.reference_case and
+audit/checks.py) is the oracle it equals, kept and forced by REQUANT_AUDIT_PER_CELL=1.
 
 Cells: 21 variants x 2 regimes per quantized Linear (a Qwen3-1.7B config: 196 Linears,
 8,232 cells). Baseline rows (each backend of the pair as the kernel under test, no fault)
