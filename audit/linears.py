@@ -61,7 +61,8 @@ class AuditLinears:
         return out
 
     def _place(self, q: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return q.contiguous(), s.to(torch.float32).reshape(-1, 1).to(self.device).contiguous()
+        s = s.to(torch.float32).reshape(-1, 1).contiguous()  # exact upcast, on the host
+        return q.contiguous(), s.pin_memory().to(self.device, non_blocking=True)  # no stream sync per Linear
 
 
 def load_audit_linears(ckpt, regime: str, device) -> dict:

@@ -32,6 +32,8 @@ def requantize_nearest(q: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tens
     s_new = pow2_scale(e, s_host.dtype)
     cdt = torch.float32 if s_host.dtype in (torch.bfloat16, torch.float16) else torch.float64
     ratio = (s_host.to(torch.float64) / s_new.to(torch.float64)).to(cdt)  # exact: exponent shift only
+    if q.device.type == "cuda":  # pinned, non-blocking: no stream synchronisation per Linear
+        ratio = ratio.pin_memory().to(q.device, non_blocking=True)
     x = q.to(cdt) * ratio.to(q.device)
     q_new = torch.round(x).clamp_(-128, 127).to(torch.int8)
     return q_new, s_new
