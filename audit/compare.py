@@ -23,6 +23,11 @@ def compare_layer(name: str, regime: str, y_a: torch.Tensor, y_b: torch.Tensor, 
     else:
         mismatches = int((y_a.view(torch.int16) != y_b.view(torch.int16)).sum())
         max_ulp = int(ulp_distance(y_a, y_b).max())
+    return layer_row(name, regime, equal, mismatches, max_ulp, shape)
+
+
+def layer_row(name: str, regime: str, equal: bool, mismatches: int, max_ulp: int, shape) -> dict:
+    """The per_layer row from its figures (compare_layer's, or audit/batched.py's)."""
     m, k, n = shape
     return {
         "name": name,

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import math
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -111,6 +112,10 @@ class LayerCase:
     acc: torch.Tensor
     ref: Run
     cache: dict = field(default_factory=dict)
+    # How exact accumulators are formed (F9b/F9c) and F6's: the definitions by default; a caller
+    # may pass exact equivalents (audit/device_acc.py: torch._int_mm, the Triton F6 kernel).
+    acc_fn: Callable = accumulate
+    f6_fn: Callable | None = None
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -118,11 +123,13 @@ class LayerCase:
         return m, k, self.wt.w.shape[0]
 
 
-def reference_case(name: str, regime: str, act: Activations, wt: Weights) -> LayerCase:
+def reference_case(
+    name: str, regime: str, act: Activations, wt: Weights, acc_fn: Callable = accumulate, f6_fn=None
+) -> LayerCase:
     """The exact reference pipeline on shared operands (accumulator computed once)."""
-    acc = accumulate(act.a, wt.w)
+    acc = acc_fn(act.a, wt.w)
     y = epilogue_triton_order(acc, act.s_a, wt.s_w)
-    return LayerCase(name, regime, act, wt, acc, Run(act, wt, acc, y, REFERENCE_KERNEL))
+    return LayerCase(name, regime, act, wt, acc, Run(act, wt, acc, y, REFERENCE_KERNEL), acc_fn=acc_fn, f6_fn=f6_fn)
 
 
 def seed_for(*parts: str) -> int:
@@ -240,10 +247,10 @@ def _operand_fault(case: LayerCase, severity: str, gen: torch.Generator) -> Run:
         )
         flat[idx] = shift_int8_by_one(flat[idx])
         act = Activations(flat.view_as(a), s_a)
-        acc = accumulate(act.a, wt.w)
+        acc = case.acc_fn(act.a, wt.w)
     elif severity == "all":  # F9c: every int8 activation shifted by one
         act = Activations(shift_int8_by_one(a), s_a)
-        acc = accumulate(act.a, wt.w)
+        acc = case.acc_fn(act.a, wt.w)
     else:
         raise ValueError(f"unknown severity {severity!r}")
     y = epilogue_triton_order(acc, act.s_a, wt.s_w)
@@ -263,7 +270,7 @@ def inject(variant: Variant, case: LayerCase) -> Run:
         y = y_fault if mask is None else torch.where(mask, y_fault, ref.y)
         return Run(case.act, case.wt, case.acc, y, FAULT_KERNELS[fam])
     if fam == "F6":
-        acc = accumulate_bf16_tiles(case.act.a, case.wt.w)
+        acc = (case.f6_fn or accumulate_bf16_tiles)(case.act.a, case.wt.w)
         return Run(case.act, case.wt, acc, epilogue_triton_order(acc, case.act.s_a, case.wt.s_w), FAULT_KERNELS[fam])
     if fam == "F7":
         acc = wrap_int16(case.acc)

@@ -102,6 +102,48 @@ def _measure(ref_logits, ref_tokens, logits) -> dict:
     }
 
 
+# The variant each kernel of audit/fault_kernels.py runs (FAULTS' names).
+_VARIANT_OF = {f"F{i}": f"F{i}.all" for i in range(1, 9)} | {"F9a": "F9.one", "F9b": "F9.1pct", "F9c": "F9.all"}
+
+
+def device_faults(device) -> dict:
+    """audit/fault_kernels.py's kernels, with exact accumulators suited to the device: on CUDA
+    cuBLASLt's int8 GEMM and F6's Triton kernel (audit/device_acc.py, audit/f6_tiles.py) instead
+    of the float64 definition and F6's per-tile torch loop. The same bits: every accumulator is
+    the exact integer (F6: the same bf16 register, tile by tile); elsewhere FAULTS itself."""
+    if torch.device(device).type != "cuda":
+        return dict(FAULTS)
+    from requant.audit.device_acc import exact_accumulate
+    from requant.audit.f6_tiles import f6_accumulator
+
+    return lean_faults(exact_accumulate, f6_accumulator)
+
+
+def lean_faults(acc_fn, f6_fn) -> dict:
+    """FAULTS' kernels built on the given accumulators, without the reference output: none of
+    these 11 variants reads it (severity `all` replaces every element; F9's operand faults form
+    their own output), so the generating model pays one epilogue less per faulted GEMM."""
+    from requant.audit.faults import VARIANT_BY_ID, LayerCase, inject
+    from requant.audit.records import REFERENCE_KERNEL, Activations, Run, Weights
+    from requant.kernels.reference import check_operands
+
+    def wrap(variant):
+        assert variant.severity == "all" or variant.family == "F9", variant.id
+
+        def kernel(a, w, s_a, s_w):
+            check_operands(a, w, s_a, s_w)
+            act, wt = Activations(a, s_a), Weights(w, s_w)
+            acc = acc_fn(a, w)
+            case = LayerCase(
+                "conform", "native", act, wt, acc, Run(act, wt, acc, None, REFERENCE_KERNEL), acc_fn=acc_fn, f6_fn=f6_fn
+            )
+            return inject(variant, case).y
+
+        return kernel
+
+    return {f: wrap(VARIANT_BY_ID[_VARIANT_OF[f]]) for f in FAULTS}
+
+
 def run_injection(model, token_lists, backends: tuple[str, str], tokens: int | None = None, prompts: int | None = None):
     """Every fault kernel in both scopes on one regime's model: {fault: {scope: measures}}."""
     tokens = tokens or DEFAULT_TOKENS["cuda" if model.device.type == "cuda" else "cpu"]
@@ -117,7 +159,7 @@ def run_injection(model, token_lists, backends: tuple[str, str], tokens: int | N
             "one_layer": {m.linears[n][0].data_ptr() for n in one_layer_names(m)},
         }
         out = {}
-        for fault, fn in FAULTS.items():
+        for fault, fn in device_faults(model.device).items():
             out[fault] = {}
             for scope, targets in scopes.items():
                 injector.fault, injector.targets = fn, targets

@@ -1,10 +1,10 @@
 """Runs the audit: capture operands per regime, compare the pair per layer, run the
 baseline rows and the 21 fault variants on every layer, score everything.
 
-Per (layer, regime) the exact accumulator is computed once (audit.faults.reference_case)
-and reused by every variant; each family's faulty output is computed once and shared by
-its three severities. Everything stays on the operands' device (a GPU when there is one),
-only scalars come back to the host.
+A Linear's cells are evaluated together (audit/batched.py: every variant, check and decode
+step at once on the operands' device, one small tensor read back per window of Linears);
+the per-cell path (layer_cells: each cell on its own through audit.faults.reference_case and
+audit/checks.py) is the oracle it equals, kept and forced by REQUANT_AUDIT_PER_CELL=1.
 
 Cells: 21 variants x 2 regimes per quantized Linear (a Qwen3-1.7B config: 196 Linears,
 8,232 cells). Baseline rows (each backend of the pair as the kernel under test, no fault)
@@ -23,6 +23,7 @@ from collections.abc import Callable
 import torch
 
 from requant import kernels
+from requant.audit.batched import Pending, Segment, evaluate_linear, per_cell_forced, resolve_all
 from requant.audit.capture import Capture, prompts, run_prompts
 from requant.audit.checks import CHECK_IDS, c7_token_risk, run_checks, token_risk
 from requant.audit.compare import compare_layer, summarize_layers
@@ -35,6 +36,7 @@ from requant.audit.decode import (
     decode_risk,
 )
 from requant.audit.faults import VARIANTS, LayerCase, inject, reference_case
+from requant.audit.linears import AuditLinears
 from requant.audit.matrix import REGIMES, Matrix, baseline_variant, load_matrix
 from requant.audit.records import (
     BACKEND_KERNELS,
@@ -50,7 +52,7 @@ from requant.audit.scoring import CellResult, Scorer, ulp_histogram
 from requant.backends import environment
 from requant.evidence.identity import checkpoint_identity
 from requant.qwen3 import Qwen3Arch
-from requant.runtime import Model, load_dense, load_linears
+from requant.runtime import Model, load_dense
 from requant.tokenizer import load_tokenizer
 
 CELLS_PER_LAYER = len(VARIANTS) * len(REGIMES)
@@ -102,6 +104,23 @@ def evaluate_cell(case: LayerCase, variant: str, family: str, severity: str, tes
     )
 
 
+def layer_cells(
+    name: str, regime: str, act: Activations, wt: Weights, backends: tuple[str, str], checks=CHECK_IDS, outs=None
+) -> tuple[dict, list[CellResult]]:
+    """The per-cell path (the oracle of audit/batched.py): pair row, baseline rows and the 21
+    fault cells of one (layer, regime), each cell evaluated on its own."""
+    case = reference_case(name, regime, act, wt)
+    if outs is None:
+        outs = {b: kernels.scaled_mm(act.a, wt.w, act.s_a, wt.s_w, backend=b) for b in dict.fromkeys(backends)}
+    row = compare_layer(name, regime, outs[backends[0]], outs[backends[1]], case.shape)
+    cells = [
+        evaluate_cell(case, baseline_variant(b), "B", "none", Run(act, wt, None, outs[b], backend_kernel(b)), checks)
+        for b in dict.fromkeys(backends)
+    ]
+    cells += [evaluate_cell(case, v.id, v.family, v.severity, inject(v, case), checks) for v in VARIANTS]
+    return row, cells
+
+
 def audit_layer(
     name: str,
     regime: str,
@@ -111,21 +130,65 @@ def audit_layer(
     scorer: Scorer,
     advance: Callable[[int], None] | None = None,
 ) -> dict:
-    """Pair comparison, baseline rows and the 21 fault cells of one (layer, regime)."""
-    case = reference_case(name, regime, act, wt)
-    outs = {b: kernels.scaled_mm(act.a, wt.w, act.s_a, wt.s_w, backend=b) for b in dict.fromkeys(backends)}
-    row = compare_layer(name, regime, outs[backends[0]], outs[backends[1]], case.shape)
-    for b in dict.fromkeys(backends):
-        scorer.add(
-            evaluate_cell(
-                case, baseline_variant(b), "B", "none", Run(act, wt, None, outs[b], backend_kernel(b)), scorer.checks
-            )
-        )
-    for v in VARIANTS:
-        scorer.add(evaluate_cell(case, v.id, v.family, v.severity, inject(v, case), scorer.checks))
-        if advance is not None:
-            advance(1)
+    """Pair comparison, baseline rows and the 21 fault cells of one (layer, regime), per cell."""
+    row, cells = layer_cells(name, regime, act, wt, backends, scorer.checks)
+    for cell in cells:
+        scorer.add(cell)
+    if advance is not None:
+        advance(len(VARIANTS))
     return row
+
+
+class LinearQueue:
+    """Evaluates Linears through audit/batched.py (or per cell when REQUANT_AUDIT_PER_CELL is set,
+    or when a Linear needs it), reading results back once per `window` Linears.
+
+    put(key, labelled, wt): labelled = [(label, Activations)], one per segment; results() then
+    maps each key to [(per_layer row, cells)] in segment order."""
+
+    def __init__(self, regime: str, backends: tuple[str, str], checks, advance=None, window: int = 16):
+        self.regime, self.backends, self.checks, self.advance, self.window = regime, backends, checks, advance, window
+        self.per_cell = per_cell_forced()
+        self.queued: list = []
+        self.done: dict = {}
+
+    def put(self, key, labelled: list, wt: Weights) -> None:
+        pair = tuple(dict.fromkeys(self.backends))
+        outs = [{b: kernels.scaled_mm(act.a, wt.w, act.s_a, wt.s_w, backend=b) for b in pair} for _, act in labelled]
+        pending = None
+        if not self.per_cell:
+            segs = [Segment(label, act, o) for (label, act), o in zip(labelled, outs)]
+            pending = evaluate_linear(self.regime, segs, wt, self.backends, backend_kernel)
+        if pending is None:
+            res = [
+                layer_cells(label, self.regime, act, wt, self.backends, self.checks, o)
+                for (label, act), o in zip(labelled, outs)
+            ]
+            self.queued.append((key, res, len(labelled)))
+        else:
+            self.queued.append((key, pending, len(labelled)))
+        if sum(isinstance(r, Pending) for _, r, _ in self.queued) >= self.window:
+            self.flush()
+
+    def flush(self) -> None:
+        pendings = [r for _, r, _ in self.queued if isinstance(r, Pending)]
+        resolved = iter(resolve_all(pendings, self.checks))
+        for key, r, n_seg in self.queued:
+            self.done[key] = next(resolved) if isinstance(r, Pending) else r
+            if self.advance is not None:
+                self.advance(len(VARIANTS) * n_seg)
+        self.queued = []
+
+    def results(self) -> dict:
+        self.flush()
+        return self.done
+
+
+def _lap(t: float, device) -> float:
+    """Seconds since t, the device's queued work included (a stage's wall time)."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+    return round(time.perf_counter() - t, 3)
 
 
 def converted_info(config: dict) -> dict | None:
@@ -178,6 +241,9 @@ def run_audit(
             one_layer) to inject each fault family into the generating model.
     """
     t0 = time.perf_counter()
+    cuda = torch.device(device).type == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(device)
     identity = identity if identity is not None else checkpoint_identity(ckpt)
     matrix = matrix or load_matrix()
     scorer = Scorer(matrix)
@@ -189,15 +255,19 @@ def run_audit(
     say = on_phase or (lambda msg: None)
     say(f"loading dense tensors to {device}")
     dense = load_dense(ckpt, device)
+    timings = {"load_dense_s": round(time.perf_counter() - t0, 3)}
     per_layer, e2e = [], {}
     decode = DecodePhase(matrix, decode_batches, decode_steps) if "decode" in phases else None
     inj = {}
     native_pow2_layers = 0
-    timings = {}
+    loader, previous = AuditLinears(ckpt, device), None
     for regime in REGIMES:
         t_r = time.perf_counter()
         say(f"{regime}: loading quantized Linears")
-        linears = load_linears(ckpt, regime, device)
+        linears = loader.load(regime, previous)
+        previous = None
+        timings[f"{regime}_linears_s"] = _lap(t_r, device)
+        t_r = time.perf_counter()
         # The reference engine for both backends: the capture records its operands, and the two
         # prefills compared end to end (C7) must differ in the GEMM backend alone.
         model = Model(
@@ -218,27 +288,37 @@ def run_audit(
         risk.update({"outcome": outcome, "expected": expected})
         e2e[regime] = risk
         ops = cap.operands()
-        timings[f"{regime}_capture_s"] = round(time.perf_counter() - t_r, 3)
+        timings[f"{regime}_capture_s"] = _lap(t_r, device)
         t_c = time.perf_counter()
         say(f"{regime}: cells")
+        queue = LinearQueue(regime, backends, scorer.checks, advance)
         for name in ckpt.quantized_linears:
             wt = Weights(*linears[name])
             if regime == "native" and wt.all_scales_power_of_two():
                 native_pow2_layers += 1
-            per_layer.append(audit_layer(name, regime, ops[name], wt, backends, scorer, advance))
-        if device != "cpu" and torch.cuda.is_available():
-            torch.cuda.synchronize()
-        timings[f"{regime}_cells_s"] = round(time.perf_counter() - t_c, 3)
+            queue.put(name, [(name, ops[name])], wt)
+        for name, [(row, cells)] in queue.results().items():
+            for cell in cells:
+                scorer.add(cell)
+            per_layer.append(row)
+        timings[f"{regime}_cells_s"] = _lap(t_c, device)
         del ops, cap
         if decode is not None:
+            t_d = time.perf_counter()
             say(f"{regime}: decode, batches {','.join(map(str, decode.batches))} x {decode.steps} steps")
             decode.run(regime, model, linears, ckpt.quantized_linears, token_lists, backends, advance)
+            timings[f"{regime}_decode_s"] = _lap(t_d, device)
         if injection is not None:
             from requant.audit.injection import run_injection
 
+            t_i = time.perf_counter()
             say(f"{regime}: faults injected into the generating model")
             inj[regime] = run_injection(model, token_lists, backends, **injection)
-        del model, linears
+            timings[f"{regime}_injection_s"] = _lap(t_i, device)
+        del model
+        # On CUDA the next regime (pow2) is derived on the device from these tensors (audit/linears.py).
+        previous = linears if cuda else None
+        del linears
     summary = scorer.summary()
     from requant.audit.faults import FAULT_KERNELS
 
@@ -273,6 +353,7 @@ def run_audit(
         },
         "environment": environment(device),
         "timings": timings,
+        "peak_gpu_memory_bytes": torch.cuda.max_memory_allocated(device) if cuda else None,
         "wall_seconds": round(time.perf_counter() - t0, 3),
     }
     if decode is not None:
@@ -299,6 +380,7 @@ class DecodePhase:
 
     def run(self, regime, model, linears, names, token_lists, backends, advance) -> None:
         t0 = time.perf_counter()
+        captured = {}
         for batch in self.batches:
             toks = batch_prompts(token_lists, batch)
             ops, fed, logits_a = decode_operands(model.with_backends(backends[0]), toks, self.steps)
@@ -312,14 +394,23 @@ class DecodePhase:
             expected = self.scorer.add_end_to_end("C7", regime, outcome, observable=not risk["bitwise_equal"])
             risk.update({"outcome": outcome, "expected": expected})
             self.e2e.setdefault(regime, {})[str(batch)] = risk
-            for step, step_ops in enumerate(ops):
-                for name in names:
-                    wt = Weights(*linears[name])
-                    row = audit_layer(f"{name}@b{batch}.t{step}", regime, step_ops[name], wt, backends, self.scorer)
-                    row.update(name=name, batch=batch, step=step)
-                    self.rows.append(row)
-                    if advance is not None:
-                        advance(len(VARIANTS))
+            captured[batch] = ops
+        self.timings[f"{regime}_capture_s"] = round(time.perf_counter() - t0, 3)
+        # Every (batch, step) operand set of one Linear is evaluated together (audit/batched.py);
+        # rows and cells are then recorded in (batch, step, Linear) order, as one step at a time would.
+        queue = LinearQueue(regime, backends, self.scorer.checks, advance)
+        keys = [(b, t) for b in self.batches for t in range(len(captured[b]))]
+        for name in names:
+            labelled = [(f"{name}@b{b}.t{t}", captured[b][t][name]) for b, t in keys]
+            queue.put(name, labelled, Weights(*linears[name]))
+        done = queue.results()
+        for i, (batch, step) in enumerate(keys):
+            for name in names:
+                row, cells = done[name][i]
+                for cell in cells:
+                    self.scorer.add(cell)
+                row.update(name=name, batch=batch, step=step)
+                self.rows.append(row)
         self.timings[f"{regime}_s"] = round(time.perf_counter() - t0, 3)
 
     def result(self, keep_cells: bool | str, native_is_pow2: bool = False) -> dict:

@@ -15,13 +15,18 @@ per-channel weights, in the weight's own dtype (bf16):
 (round and clamp commute because the bounds are integers.) The absmax element maps to
 about +-127.5, so positive maxima land on 127 and negative ones on -128.
 
-Presets: tiny (the old random default: 4 layers, byte-level vocab 512), qwen3-1.7b, qwen3-8b, qwen3-14b (the real configs).
+Presets: tiny (the old random default: 4 layers, byte-level vocab 512), qwen3-0.6b, qwen3-1.7b,
+qwen3-8b, qwen3-14b, qwen3-32b (the real configs).
 Weights ~ normal(0, 0.02) (embeddings and Linears), norms are ones; optional outlier
 channels (rows scaled up) and outlier weights (single elements scaled up) give a
 realistic spread of scales. One torch.Generator, seeded, draws every tensor in model
 order, so the files are reproducible bit for bit and independent of the sharding.
+`--device cuda` draws and quantizes on the GPU (a CUDA generator: another reproducible stream,
+so other bytes than the CPU's) and writes each shard while the next is drawn: the way to make
+the 32B shape (~33 GB) in about a minute; give it --shard-size so that a shard, not the model,
+is held in memory.
 
-Usage: python -m requant.synthetic PRESET OUT [--seed N] [--shard-size BYTES]
+Usage: python -m requant.synthetic PRESET OUT [--seed N] [--shard-size BYTES] [--device DEV]
                                     [--no-outliers] [--keep-source DIR] [--force]
 
 Output: written atomically (requant.output.AtomicOutput: a temporary directory beside OUT,
@@ -64,9 +69,11 @@ class Preset(Qwen3Arch):
 PRESETS: dict[str, Preset] = {
     # Byte-level vocabulary: token id = UTF-8 byte value; 256.. are specials (bos 256, eos 257).
     "tiny": Preset(256, 768, 4, 4, 2, 64, 512, False, 2048, 256, 257),
+    "qwen3-0.6b": Preset(1024, 3072, 28, 16, 8, 128, 151936, True, 40960, 151643, 151645),
     "qwen3-1.7b": Preset(2048, 6144, 28, 16, 8, 128, 151936, True, 40960, 151643, 151645),
     "qwen3-8b": Preset(4096, 12288, 36, 32, 8, 128, 151936, False, 40960, 151643, 151645),
     "qwen3-14b": Preset(5120, 17408, 40, 40, 8, 128, 151936, False, 40960, 151643, 151645),
+    "qwen3-32b": Preset(5120, 25600, 64, 64, 8, 128, 151936, False, 40960, 151643, 151645),
 }
 
 
@@ -91,35 +98,39 @@ def plan(p: Preset) -> list[tuple[str, str, tuple[int, ...]]]:
 
 
 def _bf16_weight(gen: torch.Generator, shape, outliers: bool) -> torch.Tensor:
-    w = torch.randn(shape, generator=gen, dtype=torch.float32).mul_(LINEAR_STD)
+    dev = gen.device
+    w = torch.randn(shape, generator=gen, dtype=torch.float32, device=dev).mul_(LINEAR_STD)
     if outliers:
         out, inp = shape
         # ~2% of output channels scaled by 4..16 (outlier channels: a wide spread of scales)
         n_rows = max(1, out // 50)
-        rows = torch.randperm(out, generator=gen)[:n_rows]
-        factors = 4.0 + 12.0 * torch.rand(n_rows, 1, generator=gen)
+        rows = torch.randperm(out, generator=gen, device=dev)[:n_rows]
+        factors = 4.0 + 12.0 * torch.rand(n_rows, 1, generator=gen, device=dev)
         w[rows] *= factors
         # ~5% of channels get one outlier weight (x6): heavy tails, where clipping pays
         n_el = max(1, out // 20)
-        r = torch.randint(0, out, (n_el,), generator=gen)
-        c = torch.randint(0, inp, (n_el,), generator=gen)
+        r = torch.randint(0, out, (n_el,), generator=gen, device=dev)
+        c = torch.randint(0, inp, (n_el,), generator=gen, device=dev)
         w[r, c] *= 6.0
     return w.to(torch.bfloat16)
 
 
 def _tensors_for(gen: torch.Generator, name: str, kind: str, shape, outliers: bool):
-    """Yield (tensor name, quantized tensor, bf16 original or None) for one plan entry."""
+    """Yield (tensor name, quantized tensor, bf16 original or None) for one plan entry, on the
+    host (drawn on the generator's device)."""
     if kind == "norm":
         t = torch.ones(shape, dtype=torch.bfloat16)
         yield name, t, t
     elif kind in ("embed", "head"):
-        t = torch.randn(shape, generator=gen, dtype=torch.float32).mul_(LINEAR_STD).to(torch.bfloat16)
+        t = torch.randn(shape, generator=gen, dtype=torch.float32, device=gen.device).mul_(LINEAR_STD)
+        t = t.to(torch.bfloat16).cpu()
         yield name, t, t
     else:
         w = _bf16_weight(gen, shape, outliers)
         q, s = rtn_quantize(w)
-        yield name + ".weight", q, w
-        yield name + ".weight_scale", s, None
+        w = w.cpu()
+        yield name + ".weight", q.cpu(), w
+        yield name + ".weight_scale", s.cpu(), None
 
 
 def _nbytes(kind: str, shape) -> tuple[int, int]:
@@ -203,6 +214,7 @@ def generate(
     outliers: bool = True,
     keep_source: str | os.PathLike | None = None,
     force: bool = False,
+    device: str = "cpu",
 ) -> Path:
     """Write a W8A8 checkpoint (and optionally its bf16 original) and return its path (see the
     module docstring for what may be replaced). OutputError when out or keep_source may not be."""
@@ -215,24 +227,39 @@ def generate(
     with contextlib.ExitStack() as stack:
         dest = stack.enter_context(AtomicOutput(out, force=True))  # refused above unless empty or replaceable
         src = stack.enter_context(AtomicOutput(src_dir, force=True)) if src_dir is not None else None
-        _write(p, dest.tmp, None if src is None else src.tmp, seed, shard_size, outliers)
+        _write(p, dest.tmp, None if src is None else src.tmp, seed, shard_size, outliers, device)
         if src is not None:
             src.commit(synced=set())
         dest.commit(synced=set())
     return out
 
 
-def _write(p: Preset, out: Path, src_dir: Path | None, seed: int, shard_size: int | None, outliers: bool) -> None:
+def _write(
+    p: Preset, out: Path, src_dir: Path | None, seed: int, shard_size: int | None, outliers: bool, device: str = "cpu"
+) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
     from safetensors.torch import save_file
 
     entries = plan(p)
     q_sizes = [_nbytes(k, s)[0] for _, k, s in entries]
     b_sizes = [_nbytes(k, s)[1] for _, k, s in entries]
     groups = _shard_groups(entries, q_sizes, shard_size)
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator(device=device).manual_seed(seed)
     n = len(groups)
     names = [f"model-{i + 1:05d}-of-{n:05d}.safetensors" if n > 1 else "model.safetensors" for i in range(n)]
     weight_map: dict[str, str] = {}
+
+    def save(tensors, originals, fname):
+        save_file(tensors, str(out / fname), metadata={"format": "pt"})
+        os.chmod(out / fname, file_mode())  # safetensors writes 0600; others may read a checkpoint, as after cp
+        if src_dir is not None:  # the bf16 originals, sharded alike
+            save_file(originals, str(src_dir / fname), metadata={"format": "pt"})
+            os.chmod(src_dir / fname, file_mode())
+
+    # One writer thread: shard i is written while shard i + 1 is drawn (at most two in memory).
+    writer = ThreadPoolExecutor(max_workers=1)
+    written = None
     for fname, group in zip(names, groups):
         tensors: dict[str, torch.Tensor] = {}
         originals: dict[str, torch.Tensor] = {}
@@ -243,12 +270,13 @@ def _write(p: Preset, out: Path, src_dir: Path | None, seed: int, shard_size: in
                 weight_map[tname] = fname
                 if src_dir is not None and orig is not None:
                     originals[tname] = orig
-        save_file(tensors, str(out / fname), metadata={"format": "pt"})
-        os.chmod(out / fname, file_mode())  # safetensors writes 0600; others may read a checkpoint, as after cp
-        if src_dir is not None:  # the bf16 originals, sharded alike (one shard in memory at a time)
-            save_file(originals, str(src_dir / fname), metadata={"format": "pt"})
-            os.chmod(src_dir / fname, file_mode())
+        if written is not None:
+            written.result()
+        written = writer.submit(save, tensors, originals, fname)
         del tensors, originals
+    if written is not None:
+        written.result()
+    writer.shutdown()
     if n > 1:
         write_json(
             out / "model.safetensors.index.json",
@@ -272,6 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("out")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--shard-size", type=int, default=None, help="max bytes per shard (default: one file)")
+    ap.add_argument("--device", default="cpu", help="draw the tensors on this torch device (cuda: fast, other bytes)")
     ap.add_argument("--no-outliers", action="store_true")
     ap.add_argument("--keep-source", default=None, help="also write the bf16 originals here (for convert --source)")
     ap.add_argument(
@@ -287,6 +316,7 @@ def main(argv: list[str] | None = None) -> int:
             outliers=not a.no_outliers,
             keep_source=a.keep_source,
             force=a.force,
+            device=a.device,
         )
     except CheckpointError as exc:
         print(f"error: {exc}", file=sys.stderr)

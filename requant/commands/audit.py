@@ -187,6 +187,7 @@ def _print_rest(result: dict) -> None:
     print("end to end (C7 tokens flagged): " + ", ".join(f"{r}: {e['flagged']}/{e['tokens']}" for r, e in e2e.items()))
     print(
         f"matrix sha256: {card['matrix_sha256']} ({'pinned' if card['matrix_pinned'] else 'NOT PINNED'})  wall: {result['wall_seconds']} s"
+        + (f"  peak GPU memory: {peak / 2**30:.1f} GiB" if (peak := result.get("peak_gpu_memory_bytes")) else "")
     )
     print(
         f"manifest digest: {result.get('manifest_digest')} ({result.get('manifest') or 'computed; no SHA256SUMS'})  "
@@ -287,8 +288,9 @@ def audit(
             return
         from requant import DEFAULT_CHECKPOINT
         from requant.audit.capture import prompts as prompt_list
+        from requant.audit.custom_orders import declare_custom_orders
         from requant.audit.suite import CELLS_PER_LAYER
-        from requant.backends import check_runnable, declare_orders, parse_backends
+        from requant.backends import check_runnable, parse_backends
         from requant.checkpoint import open_checkpoint
         from requant.evidence.identity import with_progress
         from requant.runtime import check_layout
@@ -303,7 +305,9 @@ def audit(
         if injection_tokens is not None and injection_tokens < 1:
             raise UsageError("--injection-tokens must be at least 1")
         set_threads(threads, dev)
-        custom = declare_orders(pair, order, dev)
+        custom, no_formula = declare_custom_orders(pair, order, dev)
+        if no_formula is not None:  # a finding, not a refusal: recorded, then exit 1
+            _fail_fingerprint(no_formula, custom, ckpt, spec, pair, dev, json_out)
         from requant.audit.matrix import baseline_variant, load_matrix, matrix_path
 
         pred = load_matrix(matrix_path(matrix))
@@ -357,6 +361,29 @@ def audit(
     _print_summary(result)
     if not audit_passed(result):
         raise typer.Exit(EXIT_FAILED)
+
+
+def _fail_fingerprint(fail: dict, custom: dict, ckpt, spec: str, pair, dev: str, json_out: Optional[Path]) -> None:
+    """A MODULE:FUNCTION kernel whose fingerprint names no legal formula: the JSON records the
+    verdict (written first), one line says it, exit 1 (requant.audit.custom_orders)."""
+    from requant.audit.custom_orders import failure_line
+
+    line = failure_line(fail)
+    if json_out is not None:
+        result = {
+            "tool": "requant audit",
+            "checkpoint": str(ckpt) if ckpt is not None else "(embedded default)",
+            "backends": list(pair),
+            "device": dev,
+            "verdict": "failed: a kernel implements no legal epilogue formula",
+            "fingerprint_failure": {**fail, "line": line},
+            "custom_kernels": custom,
+            "command": echo_command("audit", {"--backends": spec}),
+        }
+        write_json_atomic(json_out, result)
+        console.print(f"wrote {plain(json_out)}")
+    print(line)
+    raise typer.Exit(EXIT_FAILED)
 
 
 def audit_passed(result: dict) -> bool:

@@ -101,3 +101,30 @@ def test_determinism_takes_a_module_function_backend(tmp_path):
     data = json.loads(out.read_text())
     assert data["backends"] == ["reference-triton-order", LEGAL]
     assert LEGAL in kernels.scaled_mm_backends()
+
+
+DOUBLE = "tests.audit.custom_kernels:double_rounds"
+
+
+def test_a_kernel_matching_no_legal_formula_is_a_failed_audit(tmp_path):
+    """Independent reference: tests/audit/custom_kernels.double_rounds, written from the definition
+    of double rounding; conform's crafted vectors tell it from every legal order."""
+    res, data = _run(tmp_path, "--backends", f"reference-cutlass-order,{DOUBLE}")
+    assert res.exit_code == 1, res.output
+    lines = [ln for ln in res.stdout.splitlines() if ln.startswith("audit failed")]
+    assert len(lines) == 1 and DOUBLE in lines[0] and "nearest: triton-order" in lines[0]
+    assert "first at case" in lines[0] and "Traceback" not in res.output
+    fail = data["fingerprint_failure"]
+    assert fail["kernel"] == DOUBLE and fail["nearest"] == "triton-order" and fail["mismatches"] > 0
+    assert fail["first_difference"]["got"] != fail["first_difference"]["want"]
+    assert data["custom_kernels"][DOUBLE]["order"] is None and data["verdict"].startswith("failed")
+    # --order still audits it as that order: it runs, and the native C8 of its baseline fires
+    res, data = _run(tmp_path, "--backends", f"reference-cutlass-order,{DOUBLE}", "--order", "triton-order")
+    assert res.exit_code == 1 and "per_layer" in data and data["custom_kernels"][DOUBLE]["source"] == "--order"
+    assert data["scorecard"]["false_positives"] > 0
+
+
+def test_a_kernel_that_cannot_run_stays_exit_2(tmp_path):
+    res, data = _run(tmp_path, "--backends", "reference-cutlass-order,tests.audit.custom_kernels:two_args")
+    assert res.exit_code == 2 and res.output.count("error:") == 1 and "Traceback" not in res.output
+    assert data is None

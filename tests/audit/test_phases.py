@@ -6,6 +6,7 @@ the bits unchanged under power-of-two scales; the prefill-only audit (conftest.d
 for the prefill keys, which the decode phase must leave exactly as they were.
 """
 
+import pytest
 import torch
 
 from requant import DEFAULT_CHECKPOINT, kernels
@@ -153,3 +154,48 @@ def test_the_injector_faults_only_its_target_weights():
     )
     miss = inj(act.a, w2.w, act.s_a, w2.s_w)
     assert torch.equal(miss.view(torch.int16), scaled_mm_triton_order(act.a, w2.w, act.s_a, w2.s_w).view(torch.int16))
+
+
+def test_device_fault_kernels_name_the_same_variants_as_fault_kernels():
+    """audit.injection.device_faults: on CPU the kernels of audit/fault_kernels.py themselves; its
+    variant table names each kernel's own variant (fault_kernels' function names are the variant
+    ids)."""
+    from requant.audit.fault_kernels import FAULTS
+    from requant.audit.injection import _VARIANT_OF, device_faults
+
+    assert device_faults("cpu") == FAULTS
+    assert {f: fn.__name__ for f, fn in FAULTS.items()} == {f: v.replace(".", "_") for f, v in _VARIANT_OF.items()}
+
+
+def test_lean_fault_kernels_give_the_fault_kernels_bits():
+    """audit.injection.lean_faults (no reference output, the accumulators passed in) equals
+    audit/fault_kernels.py's kernels bit for bit, on the definitions' accumulators (CPU)."""
+    from requant.audit.fault_kernels import FAULTS
+    from requant.audit.faults import accumulate_bf16_tiles
+    from requant.audit.injection import lean_faults
+    from requant.kernels.reference import accumulate
+    from tests.audit.conftest import make_operands
+
+    lean = lean_faults(accumulate, accumulate_bf16_tiles)
+    for m in (1, 8, 40):
+        act, wt = make_operands(m, m=m, k=160, n=48)
+        ops = (act.a, wt.w, act.s_a, wt.s_w)
+        for f, fn in FAULTS.items():
+            assert torch.equal(lean[f](*ops).view(torch.int16), fn(*ops).view(torch.int16)), (f, m)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_device_fault_kernels_on_cuda_give_the_definitions_bits():
+    """On CUDA the injection's kernels (cuBLASLt accumulator, Triton F6) equal audit/fault_kernels.py's
+    (float64 accumulator, F6's torch tile loop) bit for bit, at decode and prefill sizes."""
+    from requant.audit.fault_kernels import FAULTS
+    from requant.audit.injection import device_faults
+    from tests.audit.conftest import make_operands
+
+    fast = device_faults("cuda")
+    for m in (1, 8, 40):
+        act, wt = make_operands(m, m=m, k=512, n=256)
+        ops = (act.a.cuda(), wt.w.cuda(), act.s_a.cuda(), wt.s_w.cuda())
+        for f, fn in FAULTS.items():
+            assert torch.equal(fast[f](*ops).view(torch.int16), fn(*ops).view(torch.int16)), (f, m)

@@ -1,0 +1,70 @@
+"""The audit's quantized Linears on its device, each regime's (requant.runtime.load_linears' bytes).
+
+On CUDA the checkpoint is read once: a pool of reader threads (pread: thread-safe) reads ahead
+while each Linear is copied to the GPU, and the pow2 regime is derived there from the native
+tensors already on the device (requant.scales.device.requantize_nearest: the nearest arm's bytes,
+computed on the GPU from the stored scales), freeing each native Linear as its pow2 twin is made.
+Elsewhere: requant.runtime.load_linears (numpy, a thread pool). A converted checkpoint's scales
+are powers of two already: the nearest arm returns them unchanged, as on the CPU.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+
+from requant.runtime import load_linears
+
+READ_AHEAD = 4
+
+
+class AuditLinears:
+    """load(regime, previous) -> {name: (int8 w [N, K], fp32 s_w [N, 1])} on the device."""
+
+    def __init__(self, ckpt, device):
+        self.ckpt = ckpt
+        self.device = torch.device(device)
+        self.stored: dict[str, torch.Tensor] = {}  # the native scales in their stored dtype (host)
+
+    def load(self, regime: str, previous: dict | None = None) -> dict:
+        """previous: the native regime's dict (emptied here) when deriving pow2 on the GPU."""
+        from requant.runtime.weights import REGIMES
+
+        if regime not in REGIMES:
+            raise ValueError(f"unknown regime {regime!r}; known: {', '.join(REGIMES)}")
+        if self.device.type != "cuda":
+            return load_linears(self.ckpt, regime, self.device)
+        from requant.scales.device import requantize_nearest
+
+        names = list(self.ckpt.quantized_linears)
+        if regime == "pow2" and previous is not None and set(self.stored) == set(names):
+            out = {}
+            for n in names:
+                q, _ = previous.pop(n)
+                out[n] = self._place(*requantize_nearest(q, self.stored[n]))
+            return out
+        out = {}
+        with ThreadPoolExecutor(max_workers=READ_AHEAD) as pool:
+            reads = {n: pool.submit(self.ckpt.weight_and_scale, n) for n in names[:READ_AHEAD]}
+            for i, n in enumerate(names):
+                q, s = reads.pop(n).result()
+                if i + READ_AHEAD < len(names):  # bounded: READ_AHEAD Linears read ahead of the one placed
+                    nxt = names[i + READ_AHEAD]
+                    reads[nxt] = pool.submit(self.ckpt.weight_and_scale, nxt)
+                q = q.pin_memory().to(self.device, non_blocking=True)
+                if regime == "pow2":
+                    q, s = requantize_nearest(q, s)
+                else:
+                    self.stored[n] = s
+                out[n] = self._place(q, s)
+        return out
+
+    def _place(self, q: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        s = s.to(torch.float32).reshape(-1, 1).contiguous()  # exact upcast, on the host
+        return q.contiguous(), s.pin_memory().to(self.device, non_blocking=True)  # no stream sync per Linear
+
+
+def load_audit_linears(ckpt, regime: str, device) -> dict:
+    """One regime's Linears (AuditLinears(ckpt, device).load(regime))."""
+    return AuditLinears(ckpt, device).load(regime)

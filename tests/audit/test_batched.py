@@ -1,0 +1,161 @@
+"""audit/batched.py equals the per-cell path (suite.layer_cells, evaluate_cell on each cell), cell by
+cell: every field of every CellResult (observable, mismatches, max_ulp, each check's outcome, the
+ULP histogram) and every per_layer row, on crafted layers that exercise every fault family and on
+the embedded default (prefill and decode, whole audit). The per-cell path is the independent
+reference: it evaluates each cell on its own with audit/faults.py and audit/checks.py.
+"""
+
+import pytest
+import torch
+
+from requant import DEFAULT_CHECKPOINT, kernels
+from requant.audit.batched import PER_CELL_ENV, Segment, evaluate_linear, resolve_all
+from requant.audit.matrix import load_matrix, matrix_path
+from requant.audit.records import Activations
+from requant.audit.suite import backend_kernel, layer_cells, run_audit
+from requant.backends import REFERENCE_PAIR
+from requant.checkpoint import open_checkpoint
+from tests.audit.conftest import make_operands
+from tests.audit.custom_kernels import wrong_at_decode
+
+CHECKS_V2 = load_matrix(matrix_path("v2")).checks
+CHECKS_V1 = load_matrix(matrix_path("v1")).checks
+WRONG = "tests-batched-wrong-at-decode"
+
+
+@pytest.fixture
+def wrong_kernel():
+    kernels.register_scaled_mm(WRONG, wrong_at_decode, order="triton-order")
+    yield WRONG
+    kernels.unregister_scaled_mm(WRONG)
+
+
+def _segments(seed, ms, k, n, pow2, craft):
+    """Operand sets sharing one weight: decode-like (M = 1, 8) and prefill-like (M = 24) rows."""
+    act0, wt = make_operands(seed, m=sum(ms), k=k, n=n, pow2=pow2)
+    a, s_a = act0.a.clone(), act0.s_a.clone()
+    if craft:
+        s_a[0] = 0.0  # a zero scale row (F9a draws among the others)
+        a[0] = 0
+        s_a[2] = float("nan")  # a poisoned row: NaN outputs, distance 2**31
+        a[3, : k // 2] = 127  # large accumulators: F7 wraps, F6 loses bits
+        a[4] = -a[4]
+    out, at = [], 0
+    for i, m in enumerate(ms):
+        rows = slice(at, at + m)
+        act = Activations(a[rows].clone(), s_a[rows].clone())
+        if craft and m == 1 and i == 0:
+            act = Activations(act.a, torch.zeros_like(act.s_a))  # every scale zero: F9a draws among all rows
+        out.append((f"layer{seed}@s{i}", act))
+        at += m
+    return out, wt
+
+
+def _compare(regime, labelled, wt, backends, checks):
+    pair = tuple(dict.fromkeys(backends))
+    outs = [{b: kernels.scaled_mm(act.a, wt.w, act.s_a, wt.s_w, backend=b) for b in pair} for _, act in labelled]
+    want = [layer_cells(lb, regime, act, wt, backends, checks, o) for (lb, act), o in zip(labelled, outs)]
+    segs = [Segment(lb, act, o) for (lb, act), o in zip(labelled, outs)]
+    pending = evaluate_linear(regime, segs, wt, backends, backend_kernel)
+    assert pending is not None
+    [got] = resolve_all([pending], checks)
+    assert len(got) == len(want)
+    for (row_g, cells_g), (row_w, cells_w) in zip(got, want):
+        assert row_g == row_w
+        assert len(cells_g) == len(cells_w) == 21 + len(pair)
+        for cg, cw in zip(cells_g, cells_w):
+            assert cg == cw, (cg.variant, cg.layer)
+    return want
+
+
+@pytest.fixture(params=[None, False], ids=["host-shortcuts", "device-path"])
+def shortcuts(request, monkeypatch):
+    """The CPU's shortcuts, and the code path a GPU runs (no host read-back), both on the CPU."""
+    from requant.audit import batched
+
+    monkeypatch.setattr(batched, "HOST_SHORTCUTS", request.param)
+
+
+@pytest.mark.parametrize("pow2", [False, True])
+@pytest.mark.parametrize("craft", [False, True])
+def test_crafted_layers_every_family_equal_cell_by_cell(pow2, craft, shortcuts):
+    seen, observable = set(), set()
+    for seed, (k, n) in enumerate([(96, 40), (256, 64), (200, 33)]):
+        labelled, wt = _segments(seed, [1, 8, 24], k, n, pow2, craft)
+        regime = "pow2" if pow2 else "native"
+        for segment_cells in _compare(regime, labelled, wt, REFERENCE_PAIR, CHECKS_V2):
+            for cell in segment_cells[1]:
+                seen.update((cell.family, cid) for cid, o in cell.outcomes.items() if o == "fire")
+                observable.update([cell.family] if cell.observable else [])
+    assert {"F4", "F6", "F7", "F9"} <= observable and "F8" not in observable
+    assert pow2 or "F2" in observable  # F1, F3, F5 change a few outputs per million: rare here
+    assert ("F9", "C1") in seen and ("F7", "C3") in seen and ("F6", "C4") in seen
+
+
+def test_other_pairs_checks_and_a_faulty_backend_equal_cell_by_cell(wrong_kernel, shortcuts):
+    labelled, wt = _segments(7, [1, 8, 24], 128, 48, True, True)
+    for backends, checks in [
+        (("reference-triton-order", "reference-fused-order"), CHECKS_V2),
+        (("reference-cutlass-order", wrong_kernel), CHECKS_V2),
+        (REFERENCE_PAIR, CHECKS_V1),
+        (("reference-triton-order", "reference-triton-order"), CHECKS_V2),
+    ]:
+        want = _compare("pow2", labelled, wt, backends, checks)
+        if wrong_kernel in backends:  # its baseline row fires at M <= 8 (C5, C8), not at M = 24
+            fired = [cells[1].outcomes["C5"] for _, cells in want]
+            assert (
+                fired == ["silent", "fire", "silent"] and want[0][1][1].variant == "B.triton-order"
+            )  # M = 1: zero scales
+
+
+def test_unsuitable_outputs_fall_back_to_the_per_cell_path():
+    act, wt = make_operands(1, m=4, k=32, n=8)
+    bad = {"reference-cutlass-order": torch.zeros(4, 8), "reference-triton-order": torch.zeros(4, 8)}
+    assert evaluate_linear("native", [Segment("l", act, bad)], wt, REFERENCE_PAIR, backend_kernel) is None
+    empty = Activations(act.a[:0], act.s_a[:0])
+    outs = {b: torch.zeros(0, 8, dtype=torch.bfloat16) for b in REFERENCE_PAIR}
+    assert evaluate_linear("native", [Segment("l", empty, outs)], wt, REFERENCE_PAIR, backend_kernel) is None
+
+
+def _strip(res):
+    res = dict(res)
+    for key in ("timings", "wall_seconds"):
+        res.pop(key, None)
+    if "decode" in res:
+        res["decode"] = {k: v for k, v in res["decode"].items() if k != "timings"}
+    return res
+
+
+def test_embedded_default_whole_audit_equal_to_the_per_cell_path(monkeypatch):
+    """Prefill and decode (M = 1 and 3, 2 steps), every cell row kept, reference pair."""
+    ckpt = open_checkpoint(DEFAULT_CHECKPOINT)
+    kw = dict(phases=("prefill", "decode"), decode_batches=(1, 3), decode_steps=2, keep_cells="all")
+    monkeypatch.setenv(PER_CELL_ENV, "1")
+    want = run_audit(ckpt, REFERENCE_PAIR, 2, "cpu", **kw)
+    monkeypatch.delenv(PER_CELL_ENV)
+    got = run_audit(ckpt, REFERENCE_PAIR, 2, "cpu", **kw)
+    assert _strip(got) == _strip(want)
+    assert got["cell_results"] and got["decode"]["cell_results"] and got["ulp_histograms"]
+
+
+def _sm90() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _sm90(), reason="needs an sm90 GPU (CUTLASS)")
+def test_gpu_batched_equals_per_cell_with_the_real_pair(tmp_path, monkeypatch):
+    """cutlass,triton on a small synthetic (tiny preset) on the GPU, prefill and decode: the batched
+    path (Triton F6 kernel, GPU requantization) equals the per-cell path, every key but timings."""
+    from requant.synthetic import generate
+
+    ckpt = open_checkpoint(generate("tiny", tmp_path / "tiny"))
+    kw = dict(phases=("prefill", "decode"), decode_batches=(1, 8), decode_steps=2, keep_cells="all")
+    monkeypatch.setenv(PER_CELL_ENV, "1")
+    want = run_audit(ckpt, ("cutlass", "triton"), 8, "cuda", **kw)
+    monkeypatch.delenv(PER_CELL_ENV)
+    got = run_audit(ckpt, ("cutlass", "triton"), 8, "cuda", **kw)
+    for res in (got, want):
+        res.pop("peak_gpu_memory_bytes")
+    assert _strip(got) == _strip(want)
+    assert got["per_layer_summary"]["pow2"]["bitwise_equal"] == got["layers"]

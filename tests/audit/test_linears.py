@@ -1,0 +1,37 @@
+"""audit/linears.py: the audit's Linears equal requant.runtime.load_linears (the converter's numpy
+requantizer on the CPU) bit for bit, native and pow2; on CUDA pow2 is derived on the GPU from the
+native tensors (marker gpu)."""
+
+import pytest
+import torch
+
+from requant.audit.linears import AuditLinears
+from requant.checkpoint import open_checkpoint
+from requant.runtime import load_linears
+from requant.synthetic import generate
+
+
+def _equal(got: dict, want: dict) -> None:
+    assert list(got) == list(want)
+    for n, (q, s) in want.items():
+        assert torch.equal(got[n][0].cpu(), q) and torch.equal(got[n][1].cpu().view(torch.int32), s.view(torch.int32))
+
+
+def test_cpu_loader_is_the_runtime_loader(tmp_path):
+    ckpt = open_checkpoint(generate("tiny", tmp_path / "tiny"))
+    loader = AuditLinears(ckpt, "cpu")
+    for regime in ("native", "pow2"):
+        _equal(loader.load(regime), load_linears(ckpt, regime, "cpu"))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_loader_derives_pow2_on_the_gpu_equal_to_the_cpu_requantizer(tmp_path):
+    ckpt = open_checkpoint(generate("tiny", tmp_path / "tiny"))
+    loader = AuditLinears(ckpt, "cuda")
+    native = loader.load("native")
+    _equal(native, load_linears(ckpt, "native", "cpu"))
+    pow2 = loader.load("pow2", native)
+    assert not native  # each native Linear freed as its pow2 twin was made
+    _equal(pow2, load_linears(ckpt, "pow2", "cpu"))
+    _equal(AuditLinears(ckpt, "cuda").load("pow2"), load_linears(ckpt, "pow2", "cpu"))  # read, then requantized
