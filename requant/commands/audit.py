@@ -39,6 +39,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from requant.backends import is_custom
 from requant.commands._common import (
     EXIT_FAILED,
     BackendsOpt,
@@ -63,6 +64,7 @@ from requant.commands._common import (
     set_threads,
     write_json_atomic,
 )
+from requant.commands._isolate import deliver, needs_child, run_in_child
 
 console = err()  # progress and phase lines
 out = Console(highlight=False, soft_wrap=True)  # tables and the summary: stdout, one stream
@@ -273,6 +275,8 @@ def audit(
 ) -> None:
     """Bitwise CUTLASS-vs-Triton comparison per Linear on real activations, and the
     fault-injection suite scored against the pinned prediction matrix."""
+    if not plan and needs_child(is_custom(backends or "")):
+        run_in_child("audit")  # a user kernel runs in a child; the verdict is given here
     with cannot_run():
         check_output_file(json_out, "--json")  # before any work: a bad path costs nothing and writes nothing
         _check_report_dir(report)
@@ -355,8 +359,7 @@ def audit(
     for f in _write_outputs(result, json_out, report, command):
         console.print(f"wrote {plain(f)}")
     _print_summary(result)
-    if not audit_passed(result):
-        raise typer.Exit(EXIT_FAILED)
+    raise deliver(0 if audit_passed(result) else EXIT_FAILED)
 
 
 def audit_passed(result: dict) -> bool:

@@ -22,6 +22,7 @@ from typing import Annotated
 
 import typer
 
+from requant.backends import is_custom
 from requant.commands._common import (
     EXIT_FAILED,
     BackendsOpt,
@@ -46,6 +47,7 @@ from requant.commands._common import (
     set_threads,
     write_json_atomic,
 )
+from requant.commands._isolate import deliver, needs_child, run_in_child
 
 
 @byte_tokens_option
@@ -72,11 +74,13 @@ def determinism(
 ) -> None:
     """Greedy generations with each backend of the pair, native and pow2: byte-identical or not,
     and each prompt alone vs inside the batch."""
+    if needs_child(is_custom(backends or "")):
+        run_in_child("determinism")  # a user kernel runs in a child; the verdict is given here
     console = err()
     with cannot_run():
         check_output_file(json_out, "--json")  # before any work: a bad path costs nothing and writes nothing
         from requant import DEFAULT_CHECKPOINT
-        from requant.backends import check_runnable, parse_backends
+        from requant.backends import check_runnable, declare_orders, parse_backends
         from requant.checkpoint import open_checkpoint
         from requant.determinism import all_scales_pow2, run_determinism, work_units
         from requant.evidence.identity import with_progress
@@ -92,6 +96,8 @@ def determinism(
         check_engine(engine, dev)
         prompt_list(prompts)  # validate N before loading (or downloading) anything big
         set_threads(threads, dev)
+        # a MODULE:FUNCTION kernel runs conform's cases first: one that cannot run is refused here
+        custom = declare_orders(pair, None, dev, require=False)
         checkpoint = open_checkpoint(DEFAULT_CHECKPOINT if ckpt is None else ckpt, revision=revision)
         check_layout(checkpoint)
         units = work_units(prompts, 1 if all_scales_pow2(checkpoint) else 2)
@@ -117,6 +123,8 @@ def determinism(
                 advance=lambda n=1: progress.advance(task, n),
                 on_phase=lambda msg: progress.console.log(plain(msg)),
             )
+    if custom:
+        result["custom_kernels"] = custom
     result["command"] = echo_command("determinism", {"--backends": spec})
     if json_out is not None:
         with cannot_run():
@@ -126,5 +134,4 @@ def determinism(
 
     print(markdown(result, result["command"]))
     print(result["summary"])
-    if not result["ok"]:
-        raise typer.Exit(EXIT_FAILED)
+    raise deliver(0 if result["ok"] else EXIT_FAILED)
