@@ -322,7 +322,10 @@ def audit(
         check_layout(checkpoint)
         # a tokenizer that cannot encode the prompts is a usage error, before the run
         tok = load_tokenizer(checkpoint.path, int(checkpoint.config["vocab_size"]))
-        [tok.encode(t) for t in prompt_list(prompts)]
+        longest = max(len(tok.encode(t)) for t in prompt_list(prompts))
+        _check_limits(
+            checkpoint.config, dev, longest, prompts, phase_list, batch_list, decode_tokens, do_inject, injection_tokens
+        )
         identity = with_progress(
             checkpoint, console
         )  # before the long run: a SHA256SUMS that does not match fails here
@@ -377,6 +380,24 @@ def audit_passed(result: dict) -> bool:
     return inj is None or (inj["matrix_pinned"] and inj["false_positives"] == 0 and inj["false_negatives"] == 0)
 
 
+def _check_limits(config, dev, longest, prompts, phases, batches, decode_tokens, inject, injection_tokens) -> None:
+    """Positions and memory of the decode phase and the injection, before any work (requant.limits)."""
+    from requant.audit.injection import DEFAULT_TOKENS
+    from requant.limits import check_generation_memory, check_positions
+
+    if "decode" in phases:
+        what = f"the longest audit prompt ({longest} tokens) + {decode_tokens} decode steps"
+        check_positions(config, longest + decode_tokens, f"--decode-tokens {decode_tokens}", what)
+        opt = f"--decode-batches {max(batches)} with --decode-tokens {decode_tokens}"
+        # per step both backends' logits rows, and the operands of every Linear (about as many bytes)
+        check_generation_memory(config, max(batches), longest + decode_tokens, dev, opt, kept_steps=3 * decode_tokens)
+    if inject:
+        n = injection_tokens or DEFAULT_TOKENS["cuda" if str(dev).startswith("cuda") else "cpu"]
+        what = f"the longest audit prompt ({longest} tokens) + {n} injection tokens"
+        check_positions(config, longest + n, f"--injection-tokens {n}", what)
+        check_generation_memory(config, prompts, longest + n, dev, f"--injection-tokens {n}", kept_steps=2 * n)
+
+
 def _parse_phases(phases: str, batches: str, tokens: int) -> tuple[tuple[str, ...], tuple[int, ...]]:
     names = tuple(p.strip() for p in phases.split(",") if p.strip())
     if not names or "prefill" not in names or any(p not in ("prefill", "decode") for p in names):
@@ -387,6 +408,10 @@ def _parse_phases(phases: str, batches: str, tokens: int) -> tuple[tuple[str, ..
         raise UsageError(f"--decode-batches takes comma-separated integers, got {batches!r}") from None
     if "decode" in names and (not ms or min(ms) < 1 or len(set(ms)) != len(ms)):
         raise UsageError(f"--decode-batches takes distinct sizes >= 1, got {batches!r}")
+    from requant.limits import MAX_BATCH
+
+    if "decode" in names and max(ms) > MAX_BATCH:
+        raise UsageError(f"--decode-batches {max(ms)}: more than the {MAX_BATCH:,} sequences requant runs at once")
     if "decode" in names and tokens < 1:
         raise UsageError("--decode-tokens must be at least 1")
     return tuple(dict.fromkeys(names)), ms

@@ -84,12 +84,18 @@ def replay(
         from requant.runtime import check_layout, load_model
         from requant.tokenizer import summary
 
-        if not record.is_file():
+        if not (record.exists() or record.is_symlink()):
             raise UsageError(f"{record}: no such file")
         records = read_records(record)
         first = records[0]
         if batch_with < 0:
             raise UsageError("--batch-with must be >= 0")
+        from requant.limits import MAX_BATCH
+
+        if batch_with + len(records) > MAX_BATCH:
+            raise UsageError(
+                f"--batch-with {batch_with}: a batch of more than the {MAX_BATCH:,} sequences requant runs"
+            )
         dev = check_device(device or default_device())
         be = backend or first["backend"]
         if be not in kernels.scaled_mm_backends():
@@ -103,6 +109,12 @@ def replay(
             src = first["checkpoint_path"]  # the directory it ran on (a relative path was relative to that cwd)
         ckpt = open_checkpoint(src, revision=None if checkpoint else first.get("revision"))
         check_layout(ckpt)
+        from requant.generation import check_against_model
+        from requant.limits import check_generation_memory, max_positions
+
+        check_against_model(records, int(ckpt.config["vocab_size"]), max_positions(ckpt.config))
+        longest = max(len(r["prompt_ids"]) for r in records) + first["max_new_tokens"]
+        check_generation_memory(ckpt.config, batch_with + len(records), longest, dev, f"--batch-with {batch_with}")
         identity = with_progress(ckpt, console)
         if identity["manifest_digest"] != first["manifest_digest"]:
             raise UsageError(
@@ -125,7 +137,7 @@ def replay(
                 f"{summary(first['tokenizer'])} in the record"
             )
         fill_ids, fill_params = filler_prompts(tok, batch_with)
-        params = [record_params(r, f"{record}:{i + 1}") for i, r in enumerate(records)]
+        params = [record_params(r, r["where"]) for r in records]
 
     from requant.generation import describe_difference
     from requant.sampling import generate as sample
