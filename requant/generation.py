@@ -119,22 +119,22 @@ def _ints(value, where: str, lo: int = 0, hi: int = MAX_ID) -> list[int]:
 
 def _check_steps(rec: dict, where: str) -> None:
     for i, s in enumerate(rec["steps"]):
-        at = f"{where}: field 'steps[{i}]'"
+        at = f"{where}: field 'steps[{i}]"
         if not isinstance(s, dict) or not {"position", "token", "logits_sha256", "logprob"} <= set(s):
-            raise ValueError(f"{at} needs position, token, logits_sha256 and logprob")
+            raise ValueError(f"{at}' needs position, token, logits_sha256 and logprob")
         for k in ("position", "token"):
             if isinstance(s[k], bool) or not isinstance(s[k], int) or not 0 <= s[k] <= MAX_ID:
-                raise ValueError(f"{at}.{k} must be an integer in 0..{MAX_ID}, got {str(s[k])[:40]}")
+                raise ValueError(f"{at}.{k}' must be an integer in 0..{MAX_ID}, got {str(s[k])[:40]}")
         if not isinstance(s["logits_sha256"], str) or not _HEX64.fullmatch(s["logits_sha256"]):
-            raise ValueError(f"{at}.logits_sha256 must be 64 lowercase hex digits (a sha256)")
+            raise ValueError(f"{at}.logits_sha256' must be 64 lowercase hex digits (a sha256)")
         if not isinstance(s["logprob"], str) or len(s["logprob"]) > 64:
-            raise ValueError(f"{at}.logprob must be a hex float string (float.hex)")
+            raise ValueError(f"{at}.logprob' must be a hex float string (float.hex)")
         try:
             float.fromhex(s["logprob"])
         except ValueError:
-            raise ValueError(f"{at}.logprob must be a hex float string (float.hex)") from None
+            raise ValueError(f"{at}.logprob' must be a hex float string (float.hex)") from None
         if s["position"] != len(rec["prompt_ids"]) + i:
-            raise ValueError(f"{at}.position is {s['position']}, expected {len(rec['prompt_ids']) + i}")
+            raise ValueError(f"{at}.position' is {s['position']}, expected {len(rec['prompt_ids']) + i}")
 
 
 def check_record(rec, where: str) -> dict:
