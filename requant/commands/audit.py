@@ -4,7 +4,7 @@
                   [--order ORDER] [--phases prefill,decode] [--decode-batches 1,8] [--decode-tokens 4]
                   [--injection/--no-injection] [--injection-tokens N] [--prompts N]
                   [--json OUT] [--report DIR] [--plan] [--device DEV] [--revision REV]
-                  [--threads N] [--matrix v1|v2|v3]
+                  [--threads N] [--matrix v1|v2|v3|v4]
 
 No CKPT: the embedded default (requant.DEFAULT_CHECKPOINT). `--backends reference` is the
 pair reference-cutlass-order,reference-triton-order, the default where no CUDA GPU is
@@ -12,7 +12,8 @@ present; with one, the default pair is cutlass,triton. `--plan` prints the cell 
 the GEMM shapes from config.json alone (CKPT may be the directory or the config.json file).
 `--matrix` picks the pinned prediction matrix: v2 (default: v1's cells plus C8, and the only
 one with a baseline row for the cublas backend's fused-scale order) or v1 (the seed paper's
-reproduction, C1..C7); v3 has v2's cells and the injection predictions (always scored from v3).
+reproduction, C1..C7); v3 and v4 have v2's cells and the injection predictions (always scored
+from v4, which corrects v3's F9c claim: docs/audit.md).
 `--phases decode` adds the decode phase (audit/decode.py; the default); `--injection` injects
 every fault kernel into the generating model (audit/injection.py; off by default: 44 greedy
 runs, about two minutes of CPU on the embedded default, minutes more than the audit on a GPU). A MODULE:FUNCTION member of
@@ -240,7 +241,7 @@ def audit(
         str,
         typer.Option(
             "--matrix",
-            help="Pinned prediction matrix: v2 (C1..C8, default), v1 (C1..C7, the paper's) or v3 (v2 + injection).",
+            help="Pinned prediction matrix: v2 (C1..C8, default), v1 (C1..C7, the paper's), v3 or v4 (v2 + injection).",
         ),
     ] = "v2",
     phases: Annotated[
