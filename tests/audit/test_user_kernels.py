@@ -8,6 +8,12 @@ no --json written.
 """
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -173,3 +179,32 @@ def test_determinism_refuses_a_kernel_that_cannot_run_before_the_run(tmp_path, k
 def test_conform_kernel_os_exit_is_exit_2(tmp_path):
     res, out = _run(tmp_path, "conform", "--kernel", f"{K}os_exits_at_once")
     _refused(res, out, "without giving a verdict")
+
+
+# -- a real process: SIGTERM while the child hangs inside the kernel ---------------------------------
+def test_sigterm_while_the_kernel_hangs_is_130_with_nothing_written(tmp_path):
+    root = Path(__file__).resolve().parents[2]
+    marker, out = tmp_path / "in-kernel", tmp_path / "a.json"
+    env = dict(os.environ, REQUANT_TEST_MARKER=str(marker), PYTHONPATH=str(root))
+    args = [*AUDIT, "--backends", f"reference-cutlass-order,{K}sleeps_later", "--order", "triton-order"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "requant.cli", *args, "--json", str(out)],
+        cwd=root,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + 180
+    while not marker.exists() or not marker.read_text():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.2)
+    child = int(marker.read_text())
+    assert child != proc.pid  # the kernel runs in another process than the one giving the verdict
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err.decode()
+    assert not out.exists() and b"Traceback" not in err
+    with pytest.raises(ProcessLookupError):  # the child was stopped, not left running
+        for _ in range(50):
+            os.kill(child, 0)
+            time.sleep(0.1)

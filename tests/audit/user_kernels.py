@@ -10,6 +10,7 @@ prefill 28 Linears per prompt.
 
 import os
 import sys
+import time
 
 import torch
 
@@ -74,3 +75,14 @@ def always_raises(a, w, s_a, s_w):
 def os_exits_at_once(a, w, s_a, s_w):
     sys.stdout.flush()
     os._exit(0)
+
+
+def _sleep(*_):
+    marker = os.environ.get("REQUANT_TEST_MARKER")
+    if marker:  # tell the test this process is inside the kernel, and which process it is
+        with open(marker, "w") as f:
+            f.write(str(os.getpid()))
+    time.sleep(600)
+
+
+sleeps_later = _bad_after(_sleep)
