@@ -11,4 +11,6 @@ generate.py     generate (greedy or seeded sampling, a record per prompt)
 replay.py       replay (re-run a generation record, compared bit for bit)
 _common.py      consoles, the error line, exit codes, the atomic JSON writer, shared options,
                 the echoed command line (echo_command)
+_isolate.py     a command that runs a user kernel re-runs itself in a child process; the
+                parent gives the verdict (docs/audit.md)
 """
