@@ -35,20 +35,34 @@ _GRACE_S = 2.0  # a terminal's Ctrl-C reaches the child too: let it stop by itse
 _STOP_S = 10.0
 
 
+_verdict_fd: list[int] = []  # in the child: the pipe to the parent, taken out of the environment
+
+
 def needs_child(user_code: bool) -> bool:
-    """True in the parent of a command that will run user code (the child has ENV set)."""
-    return user_code and ENV not in os.environ
+    """True in the parent of a command that will run user code. In the child (ENV set) the pipe
+    is taken from the environment, so that the user's code and its subprocesses do not see it."""
+    fd = os.environ.pop(ENV, None)
+    if fd is not None:
+        try:
+            _verdict_fd.append(int(fd))
+        except ValueError:
+            pass
+        return False
+    return user_code and not _verdict_fd
 
 
 def deliver(code: int) -> typer.Exit:
     """In the child: write the verdict `code` (0 or 1) to the parent's pipe (nothing outside a
-    child), and return the typer.Exit to raise with it."""
-    fd = os.environ.get(ENV)
-    if fd is not None:
+    child, or when that descriptor is not a pipe), and return the typer.Exit to raise with it."""
+    import stat
+
+    while _verdict_fd:
+        fd = _verdict_fd.pop()
         try:
-            os.write(int(fd), f"verdict {code}\n".encode())
-            os.close(int(fd))
-        except (OSError, ValueError):
+            if stat.S_ISFIFO(os.fstat(fd).st_mode):
+                os.write(fd, f"verdict {code}\n".encode())
+            os.close(fd)
+        except OSError:
             pass  # no pipe: the parent reports "no verdict" (exit 2), never a pass
     return typer.Exit(code)
 
