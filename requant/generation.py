@@ -105,6 +105,7 @@ _HEX64 = re.compile(r"[0-9a-f]{64}")
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 # Optional fields that, when present, have one type (None allowed).
 _OPTIONAL_STR = ("checkpoint", "checkpoint_path", "revision", "manifest", "device", "prompt", "text", "stop")
+_KNOWN = {"engine": ("fast", "reference"), "reduction": ("tree", "torch"), "regime": ("native", "pow2")}
 MAX_ID = 2**31 - 1  # a token id beyond any vocabulary (the checkpoint's own bound is checked when it is loaded)
 
 
@@ -153,6 +154,9 @@ def check_record(rec, where: str) -> dict:
         raise ValueError(f"{where}: field 'format' is {rec['format'][:40]!r}; this requant replays {FORMAT!r}")
     if not _DIGEST.fullmatch(rec["manifest_digest"]):
         raise ValueError(f"{where}: field 'manifest_digest' must be 'sha256:' and 64 lowercase hex digits")
+    for name, known in _KNOWN.items():
+        if rec[name] not in known:
+            raise ValueError(f"{where}: field {name!r} is {rec[name][:40]!r}; known: {', '.join(known)}")
     method = rec["sampling"].get("method")
     if method not in ("greedy", METHOD):
         raise ValueError(f"{where}: field 'sampling.method' is {str(method)[:40]!r}; known: greedy, {METHOD}")

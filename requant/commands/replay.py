@@ -98,8 +98,18 @@ def replay(
             )
         dev = check_device(device or default_device())
         be = backend or first["backend"]
+        known = ", ".join(kernels.scaled_mm_backends())
         if be not in kernels.scaled_mm_backends():
-            raise UsageError(f"--backend: unknown backend {be!r}; known: {', '.join(kernels.scaled_mm_backends())}")
+            if backend is None:  # the record's: say where it came from
+                raise UsageError(
+                    f"{first['where']}: field 'backend' is {be[:40]!r}, not a backend here (known: {known}); give --backend"
+                )
+            raise UsageError(f"--backend: unknown backend {be!r}; known: {known}")
+        if first["act_backend"] not in kernels.quantize_backends():
+            raise UsageError(
+                f"{first['where']}: field 'act_backend' is {first['act_backend'][:40]!r}; known: "
+                f"{', '.join(kernels.quantize_backends())}"
+            )
         check_runnable((be,), dev, first["act_backend"], option="--backend")
         eng = engine or first["engine"]
         check_engine(eng, dev)

@@ -192,3 +192,18 @@ def test_record_fifo_and_device(tmp_path):
     os.mkfifo(fifo)
     refused(invoke("replay", fifo), "FIFO")
     refused(invoke("replay", "/dev/zero"), "device")
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("engine", "bogus"), ("backend", "nope"), ("act_backend", "x"), ("reduction", "x"), ("regime", "x")],
+)
+def test_record_unknown_names_say_file_line_and_field(tmp_path, record, field, value):
+    res, p = replay_of(tmp_path, dict(record, **{field: value}))
+    refused(res, f"{p}:1", f"'{field}'", value)
+
+
+@pytest.mark.parametrize("field", ["revision", "checkpoint_path"])
+def test_record_optional_strings_of_another_type(tmp_path, record, field):
+    res, p = replay_of(tmp_path, dict(record, **{field: 5}))
+    refused(res, f"{p}:1", f"'{field}'")
