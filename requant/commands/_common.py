@@ -140,8 +140,10 @@ def cannot_run(interrupted: str = "interrupted; nothing was written"):
         fail(str(exc), EXIT_INTERRUPTED)
     except MemoryError:
         fail("out of memory (a value past what requant.limits estimates, or other processes took the memory)")
-    except RuntimeError as exc:  # torch's allocators: OutOfMemoryError, "can't allocate memory"
+    except RuntimeError as exc:  # torch's allocators; a thread the system would not start
         text = str(exc)
+        if "can't start new thread" in text:
+            fail("the system refused to start a thread (memory or process limits); try again with fewer running")
         if type(exc).__name__ != "OutOfMemoryError" and "can't allocate memory" not in text:
             raise
         fail(f"out of memory: {text.splitlines()[0] if text else type(exc).__name__}")

@@ -121,3 +121,32 @@ def test_manifest_hashing_when_no_thread_can_start(tmp_path, monkeypatch):
     assert {k: e.sha256 for k, e in got.items()} == want
     bg = manifest.BackgroundHashes(tmp_path, jobs=4)
     assert {k: e.sha256 for k, e in bg.result().items()} == want
+
+
+@pytest.mark.parametrize(
+    "exc, words",
+    [
+        (MemoryError(), "out of memory"),
+        (RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 16 GB"), "out of memory"),
+        (RuntimeError("can't start new thread"), "refused to start a thread"),
+    ],
+)
+def test_running_out_of_memory_or_threads_is_one_error_line(exc, words, capsys):
+    import typer
+
+    from requant.commands._common import cannot_run
+
+    with pytest.raises(typer.Exit) as e:
+        with cannot_run():
+            raise exc
+    assert e.value.exit_code == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("error:") and words in line
+
+
+def test_another_runtime_error_keeps_its_traceback():
+    from requant.commands._common import cannot_run
+
+    with pytest.raises(RuntimeError, match="a bug"):
+        with cannot_run():
+            raise RuntimeError("a bug")
