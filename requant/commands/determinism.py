@@ -100,6 +100,13 @@ def determinism(
         custom = declare_orders(pair, None, dev, require=False)
         checkpoint = open_checkpoint(DEFAULT_CHECKPOINT if ckpt is None else ckpt, revision=revision)
         check_layout(checkpoint)
+        from requant.limits import check_positions
+        from requant.tokenizer import load_tokenizer
+
+        tok = load_tokenizer(checkpoint.path, int(checkpoint.config["vocab_size"]))
+        longest = max(len(tok.encode(t)) for t in prompt_list(prompts))
+        what = f"the longest prompt ({longest} tokens) + {new_tokens} new tokens"
+        check_positions(checkpoint.config, longest + new_tokens, f"--new-tokens {new_tokens}", what)
         units = work_units(prompts, 1 if all_scales_pow2(checkpoint) else 2)
         identity = with_progress(
             checkpoint, console

@@ -86,6 +86,10 @@ def read_prompt_file(path: Path) -> list[dict]:
         reqs.append(obj)
     if not reqs:
         raise UsageError(f"{label}: no prompts")
+    from requant.limits import MAX_BATCH
+
+    if len(reqs) > MAX_BATCH:  # before any of them is tokenized
+        raise UsageError(f"{label}: {len(reqs):,} prompts, more than the {MAX_BATCH:,} requant runs as one batch")
     return reqs
 
 

@@ -208,3 +208,17 @@ def test_sigterm_while_the_kernel_hangs_is_130_with_nothing_written(tmp_path):
         for _ in range(50):
             os.kill(child, 0)
             time.sleep(0.1)
+
+
+def test_guarded_hands_the_kernel_copies_of_the_operands():
+    ops = _ops()
+    before = [t.clone() for t in ops]
+
+    def scribbles(a, w, s_a, s_w):
+        y = triton_order(a, w, s_a, s_w)
+        for t in (a, w, s_a, s_w):
+            t.zero_()
+        return y
+
+    guarded("k", scribbles)(*ops)
+    assert all(torch.equal(x, y) for x, y in zip(ops, before))  # the caller's operands are untouched

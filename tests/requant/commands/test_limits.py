@@ -150,3 +150,14 @@ def test_another_runtime_error_keeps_its_traceback():
     with pytest.raises(RuntimeError, match="a bug"):
         with cannot_run():
             raise RuntimeError("a bug")
+
+
+def test_determinism_new_tokens_past_the_models_positions():
+    refused(invoke("determinism", "--prompts", 1, "--new-tokens", 2**70), "--new-tokens", "2,048")
+
+
+def test_generate_more_prompts_than_one_batch_holds_refused_before_tokenizing(tmp_path, monkeypatch):
+    monkeypatch.setattr(limits, "MAX_BATCH", 3)  # the cap itself is 2**20 lines; the rule is the same
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"prompt": "a"}\n' * 4)
+    refused(invoke("generate", "--prompts", f), f"--prompts {f}", "4 prompts", "more than the 3")
