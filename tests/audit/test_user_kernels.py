@@ -181,8 +181,9 @@ def test_conform_kernel_os_exit_is_exit_2(tmp_path):
     _refused(res, out, "without giving a verdict")
 
 
-# -- a real process: SIGTERM while the child hangs inside the kernel ---------------------------------
-def test_sigterm_while_the_kernel_hangs_is_130_with_nothing_written(tmp_path):
+# -- a real process: SIGTERM / Ctrl-C while the child hangs inside the kernel -------------------------
+@pytest.mark.parametrize("how", ["sigterm-to-the-command", "ctrl-c-to-the-process-group"])
+def test_interrupt_while_the_kernel_hangs_is_130_with_nothing_written(tmp_path, how):
     root = Path(__file__).resolve().parents[2]
     marker, out = tmp_path / "in-kernel", tmp_path / "a.json"
     env = dict(os.environ, REQUANT_TEST_MARKER=str(marker), PYTHONPATH=str(root))
@@ -193,6 +194,7 @@ def test_sigterm_while_the_kernel_hangs_is_130_with_nothing_written(tmp_path):
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
+        start_new_session=True,  # its own process group, as a terminal's foreground job
     )
     deadline = time.monotonic() + 180
     while not marker.exists() or not marker.read_text():
@@ -200,10 +202,14 @@ def test_sigterm_while_the_kernel_hangs_is_130_with_nothing_written(tmp_path):
         time.sleep(0.2)
     child = int(marker.read_text())
     assert child != proc.pid  # the kernel runs in another process than the one giving the verdict
-    proc.send_signal(signal.SIGTERM)
+    if how == "sigterm-to-the-command":
+        proc.send_signal(signal.SIGTERM)
+    else:  # a terminal's Ctrl-C reaches every process of the group: parent and child
+        os.killpg(proc.pid, signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err.decode()
     assert not out.exists() and b"Traceback" not in err
+    assert len([ln for ln in err.decode().splitlines() if ln.startswith("error:")]) == 1, err.decode()
     with pytest.raises(ProcessLookupError):  # the child was stopped, not left running
         for _ in range(50):
             os.kill(child, 0)
