@@ -20,13 +20,13 @@ import os
 import re
 
 from requant.errors import CheckpointError
-from requant.inputs import MAX_TEXT_BYTES, read_small
+from requant.inputs import read_small
 from requant.links import shown
 
 __all__ = ["MAX_FILE_BYTES", "MAX_LINE_BYTES", "MAX_DEPTH", "read_json_lines", "where", "has_surrogate"]
 
-MAX_FILE_BYTES = MAX_TEXT_BYTES  # 64 MiB: 300 records of 2,048 steps are under 100 MB... of which few are real
-MAX_LINE_BYTES = 16 << 20  # a record of 2,048 positions is about 0.4 MB
+MAX_FILE_BYTES = 256 << 20  # a record of 2,048 steps is about 0.3 MB: 800 of them fit
+MAX_LINE_BYTES = 16 << 20  # one record, or one prompt of 2,048 positions, is far less
 MAX_DEPTH = 32  # a record nests 3 deep
 
 _SURROGATE = re.compile("[\ud800-\udfff]")

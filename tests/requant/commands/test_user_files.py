@@ -14,6 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from requant.cli import app
+from requant.jsonlines import MAX_FILE_BYTES, MAX_LINE_BYTES
 
 runner = CliRunner()
 
@@ -111,8 +112,15 @@ def test_prompts_fifo_is_refused_without_waiting(tmp_path):
 def test_prompts_file_past_the_size_cap(tmp_path):
     p = tmp_path / "big.jsonl"
     with open(p, "wb") as f:
-        f.truncate(100 << 20)  # a 100 MB line; sparse, costs no disk
-    refused(gen("--prompts", p), f"--prompts {p}", "bytes, more than")
+        f.truncate(MAX_FILE_BYTES + 1)  # sparse, costs no disk
+    refused(gen("--prompts", p), f"--prompts {p}:", f"more than the {MAX_FILE_BYTES:,}")
+
+
+def test_prompts_100_mb_line(tmp_path):
+    p = tmp_path / "big.jsonl"
+    with open(p, "wb") as f:
+        f.truncate(100 << 20)  # one line of 100 MB; sparse, costs no disk
+    refused(gen("--prompts", p), f"--prompts {p}:1", f"more than the {MAX_LINE_BYTES:,}")
 
 
 def test_prompts_line_past_the_line_cap(tmp_path):
