@@ -40,12 +40,9 @@ from requant.audit.formulas import (
     model_accumulator,
 )
 from requant.audit.vectors import VectorSet
+from requant.user_kernel import KernelError, call, check_output, message
 
 __all__ = ["KernelError", "resolve_kernel", "run_cases", "fingerprint", "declared_order"]
-
-
-class KernelError(Exception):
-    """The kernel under test could not be run as a scaled_mm (refused request: exit 2)."""
 
 
 def declared_order(backend: str) -> str | None:
@@ -76,40 +73,18 @@ def resolve_kernel(backend: str | None, kernel: str | None):
     except SystemExit as exc:  # never a verdict: a module that exits on import is not a kernel
         raise ValueError(f"--kernel {kernel}: importing {module} called sys.exit({exc.code!r})") from None
     except Exception as exc:  # any import failure of user code is a refused request
-        raise ValueError(f"--kernel {kernel}: cannot import {module}: {type(exc).__name__}: {_message(exc)}") from None
+        raise ValueError(f"--kernel {kernel}: cannot import {module}: {type(exc).__name__}: {message(exc)}") from None
     fn = getattr(mod, attr, None)
     if not callable(fn):
         raise ValueError(f"--kernel {kernel}: {module} has no callable {attr!r}")
     return kernel, fn
 
 
-def _message(exc: BaseException) -> str:
-    """The first line of an exception's message; one whose __str__ itself fails says so."""
-    try:
-        text = str(exc).strip()
-    except Exception as inner:
-        return f"(its message could not be rendered: {type(inner).__name__})"
-    return text.splitlines()[0] if text else ""
-
-
 def _call(name: str, fn, case, device: str) -> torch.Tensor:
     ops = [t.to(device, copy=True) for t in (case.a, case.w, case.s_a, case.s_w)]  # the kernel may not touch ours
-    try:
-        y = fn(*ops)
-    except SystemExit as exc:  # user code must not end the run without a verdict (exit 0 would read as a pass)
-        raise KernelError(f"kernel {name} called sys.exit({exc.code!r}) on case {case.name}") from None
-    except Exception as exc:
-        raise KernelError(f"kernel {name} raised {type(exc).__name__} on case {case.name}: {_message(exc)}") from None
+    where = f"case {case.name}"
     m, _, n = case.shape
-    if not isinstance(y, torch.Tensor):
-        raise KernelError(f"kernel {name} returned {type(y).__name__} on case {case.name}, not a tensor")
-    if y.is_nested or y.layout != torch.strided or y.device.type == "meta":
-        what = "a nested" if y.is_nested else "a meta" if y.device.type == "meta" else f"a {y.layout}"
-        raise KernelError(f"kernel {name} returned {what} tensor on case {case.name}, not a dense strided one")
-    if y.dtype != torch.bfloat16:
-        raise KernelError(f"kernel {name} returned dtype {y.dtype} on case {case.name}, expected torch.bfloat16")
-    if tuple(y.shape) != (m, n):
-        raise KernelError(f"kernel {name} returned shape {tuple(y.shape)} on case {case.name}, expected ({m}, {n})")
+    y = check_output(name, call(name, fn, tuple(ops), where), m, n, where)  # requant.user_kernel: one rule
     return y.detach().to("cpu").contiguous()
 
 

@@ -19,7 +19,8 @@ the faulted model, so that both runs see the same prefixes and their logits comp
 position by position; up to the first divergence this is the faulted model's own greedy
 run): prompts whose tokens change, the first diverging position, the largest logit
 deviation, and C7's per-token verdict (tokens flagged, top-1 flips). C7's outcome is scored
-against the `injection` predictions of matrix v3 (scored only where the logits differ).
+against the `injection` predictions of matrix v4 (scored only where the logits differ; v4
+corrects v3's F9c claim, docs/audit.md).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import torch
 from requant import kernels
 from requant.audit.checks import FIRE, NOT_APPLICABLE, SILENT, token_risk
 from requant.audit.fault_kernels import FAULTS
-from requant.audit.matrix import MATRIX_V3_PATH, PREDICTED_MISS, load_matrix
+from requant.audit.matrix import INJECTION_MATRIX_PATH, PREDICTED_MISS, load_matrix
 
 __all__ = ["INJECTOR", "SCOPES", "FaultInjector", "base_backend", "one_layer_names", "run_injection", "score_injection"]
 
@@ -180,8 +181,8 @@ def run_injection(model, token_lists, backends: tuple[str, str], tokens: int | N
 
 def score_injection(by_regime: dict, options: dict | None = None) -> tuple[dict, dict]:
     """The JSON's `injection` ({FAULT: {regime: {measures of scope all, one_layer: {...}}}})
-    and its scorecard against matrix v3's injection predictions (same FP/FN rules as C7)."""
-    matrix = load_matrix(MATRIX_V3_PATH)
+    and its scorecard against the injection predictions of matrix v4 (INJECTION_MATRIX_PATH) (same FP/FN rules as C7)."""
+    matrix = load_matrix(INJECTION_MATRIX_PATH)
     fp = fn = mism = scored = 0
     contradictions = []
     table: dict = {}

@@ -6,6 +6,9 @@ Two versions, each pinned by its own sha256 (PINS):
                                        on every row and the baseline row B.fused-order
   v3  audit/prediction_matrix_v3.json  v2's cells unchanged, plus `injection`: C7 on faults
                                        injected into the generating model (audit/injection.py)
+  v4  audit/prediction_matrix_v4.json  v3 unchanged but for one correction: C7 x F9c x all
+                                       is no claim (v3's 'fire' was a claim about the run's
+                                       margins; docs/audit.md). The injection is scored from v4
 A matrix's checks are the ones its cells name (Matrix.checks); the suite runs exactly those.
 
 audit/prediction_matrix.json gives, for every check x variant x regime (the 21 fault
@@ -32,11 +35,14 @@ from requant.audit.checks import FIRE, NOT_APPLICABLE, SILENT
 MATRIX_PATH = Path(__file__).with_name("prediction_matrix.json")
 MATRIX_V2_PATH = Path(__file__).with_name("prediction_matrix_v2.json")
 MATRIX_V3_PATH = Path(__file__).with_name("prediction_matrix_v3.json")
-MATRIX_PATHS = {"v1": MATRIX_PATH, "v2": MATRIX_V2_PATH, "v3": MATRIX_V3_PATH}
+MATRIX_V4_PATH = Path(__file__).with_name("prediction_matrix_v4.json")
+MATRIX_PATHS = {"v1": MATRIX_PATH, "v2": MATRIX_V2_PATH, "v3": MATRIX_V3_PATH, "v4": MATRIX_V4_PATH}
+INJECTION_MATRIX_PATH = MATRIX_V4_PATH  # the injection's predictions: the newest version
 PINNED_SHA256 = "d1c53158c789e7f4e81842650fe8c75a57e847c4a45f553f069a4f5fb7c2fc7d"
 PINNED_SHA256_V2 = "5dca0ec5b15f6426442645e00277fe5e435a89f3beeb4ed0b2f3e7090a508a95"
 PINNED_SHA256_V3 = "800c4ddfa566ce32942bac1f366c0c2a651702a73a33e5c77fade4331487525a"
-PINS = {1: PINNED_SHA256, 2: PINNED_SHA256_V2, 3: PINNED_SHA256_V3}
+PINNED_SHA256_V4 = "276b1cd9d67f22835dbe6ae1a1c3c245cdabb2aa8bb3612cbff04ee2f854e300"
+PINS = {1: PINNED_SHA256, 2: PINNED_SHA256_V2, 3: PINNED_SHA256_V3, 4: PINNED_SHA256_V4}
 
 PREDICTED_MISS = "predicted_miss"
 OUTCOMES = (FIRE, SILENT, NOT_APPLICABLE, PREDICTED_MISS)
@@ -106,7 +112,7 @@ def file_sha256(path: Path) -> str:
 
 
 def matrix_path(name: str) -> Path:
-    """'v1', 'v2' or 'v3' -> the file of that pinned matrix (ValueError for anything else)."""
+    """'v1' .. 'v4' -> the file of that pinned matrix (ValueError for anything else)."""
     try:
         return MATRIX_PATHS[name]
     except KeyError:

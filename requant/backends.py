@@ -5,7 +5,8 @@ documented epilogue orders (what runs without a GPU). A registered backend must 
 order it implements (requant.kernels.EMULATION_OF): a comparison is only meaningful against
 a known formula. Either member may be MODULE:FUNCTION, a kernel with conform's signature
 fn(a, w, s_a, s_w) -> bf16 [M, N] (requant.audit.conform.resolve_kernel): it is registered
-under that name (kernels.register_scaled_mm). Its declared order (the audit's C8 and baseline
+under that name (kernels.register_scaled_mm), wrapped so that every call is checked
+(requant.user_kernel.guarded). Its declared order (the audit's C8 and baseline
 row need one) comes from declare_orders: `--order NAME`, or conform's fingerprint on the
 crafted vectors. `environment(device)` is the versions-and-device record every report keeps.
 """
@@ -30,6 +31,7 @@ def is_custom(name: str) -> bool:
 def _register_custom(name: str) -> None:
     from requant import kernels
     from requant.audit.conform import resolve_kernel
+    from requant.user_kernel import guarded
 
     if name in kernels.scaled_mm_backends():
         return
@@ -37,7 +39,7 @@ def _register_custom(name: str) -> None:
         _, fn = resolve_kernel(None, name)
     except ValueError as exc:
         raise ValueError(str(exc).replace("--kernel", "--backends", 1)) from None
-    kernels.register_scaled_mm(name, fn)
+    kernels.register_scaled_mm(name, guarded(name, fn))  # every call checked: requant.user_kernel
 
 
 def parse_backends(spec: str) -> tuple[str, str]:
@@ -66,13 +68,15 @@ def parse_backends(spec: str) -> tuple[str, str]:
     return names
 
 
-def declare_orders(pair: tuple[str, ...], order: str | None, device: str, vectors=None) -> dict:
+def declare_orders(pair: tuple[str, ...], order: str | None, device: str, vectors=None, require: bool = True) -> dict:
     """The epilogue order each MODULE:FUNCTION member of `pair` declares, registered with it
     (kernels.EMULATION_OF). order: one name of ORDERS for every custom member, or a
     comma-separated list, one per custom member in pair order; None: conform's fingerprint
     (requant.audit.conform, the identification cases of the crafted vectors) names the
     formula the kernel implements, which must be one of ORDERS. Returns {name: {order,
-    source, verdict}} (the JSON's custom_kernels). ValueError naming --order otherwise."""
+    source, verdict}} (the JSON's custom_kernels). ValueError naming --order otherwise.
+    require=False (determinism, which needs no order): a kernel that runs every case but
+    implements no declarable order is registered without one (order None)."""
     from requant import kernels
 
     custom = [n for n in dict.fromkeys(pair) if is_custom(n)]
@@ -89,13 +93,13 @@ def declare_orders(pair: tuple[str, ...], order: str | None, device: str, vector
                 raise ValueError(f"--order {o!r}: known orders are {', '.join(ORDERS)}")
             rec = {"order": o, "source": "--order", "verdict": None}
         else:
-            rec = _fingerprint_order(name, device, vectors)
+            rec = _fingerprint_order(name, device, vectors, require)
         kernels.register_scaled_mm(name, kernels._RESOLVED[("scaled_mm", name)], order=rec["order"])
         out[name] = rec
     return out
 
 
-def _fingerprint_order(name: str, device: str, vectors) -> dict:
+def _fingerprint_order(name: str, device: str, vectors, require: bool = True) -> dict:
     from requant import kernels
     from requant.audit import vectors as V
     from requant.audit.conform import KernelError, fingerprint, run_cases
@@ -103,11 +107,14 @@ def _fingerprint_order(name: str, device: str, vectors) -> dict:
     vs = vectors if vectors is not None else V.build_vectors(batch_ms=())
     ident = {c.name for c in vs.cases if c.kind in ("epilogue", "accumulator")}
     fn = kernels._RESOLVED[("scaled_mm", name)]
+    fn = getattr(fn, "user_fn", fn)  # run_cases checks each case itself and names it
     try:
         rep = fingerprint(name, run_cases(name, fn, vs, device, cases=ident), vs)
     except KernelError as exc:
         raise ValueError(f"--backends {name}: {exc}") from None
     if not rep["identified"] or len(rep["formulas_agreeing"]) != 1 or rep["formula"] not in ORDERS:
+        if not require:
+            return {"order": None, "source": "fingerprint", "verdict": rep["verdict"]}
         raise ValueError(
             f"--backends {name}: conform's fingerprint names no declarable order ({rep['verdict']}); "
             f"give --order ({', '.join(ORDERS)})"

@@ -16,7 +16,7 @@ compares every step: the token, then the logits digest, then the logprob.
 
 from __future__ import annotations
 
-import json
+import re
 from pathlib import Path
 
 from requant.sampling import METHOD, Sampled, SamplingParams
@@ -25,6 +25,8 @@ __all__ = [
     "FORMAT",
     "make_record",
     "read_records",
+    "check_record",
+    "check_against_model",
     "record_params",
     "first_difference",
     "first_token_difference",
@@ -99,59 +101,114 @@ def make_record(*, sampled: Sampled, prompt_ids, prompt_text, model, context: di
     }
 
 
-def _ints(value, where: str) -> list[int]:
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+# Optional fields that, when present, have one type (None allowed).
+_OPTIONAL_STR = ("checkpoint", "checkpoint_path", "revision", "manifest", "device", "prompt", "text", "stop")
+_KNOWN = {"engine": ("fast", "reference"), "reduction": ("tree", "torch"), "regime": ("native", "pow2")}
+MAX_ID = 2**31 - 1  # a token id beyond any vocabulary (the checkpoint's own bound is checked when it is loaded)
+
+
+def _ints(value, where: str, lo: int = 0, hi: int = MAX_ID) -> list[int]:
     if not isinstance(value, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in value):
         raise ValueError(f"{where}: must be a list of integers")
+    bad = next((i for i in value if not lo <= i <= hi), None)
+    if bad is not None:
+        raise ValueError(f"{where}: holds {bad}, outside {lo}..{hi}")
     return value
 
 
-def read_records(path: str | Path) -> list[dict]:
-    """The records of a JSON-lines file, checked: ValueError naming the file, line and field."""
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise ValueError(f"{path}: not UTF-8 text") from None
-    records = []
-    for n, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        where = f"{path}:{n}"
+def _check_steps(rec: dict, where: str) -> None:
+    for i, s in enumerate(rec["steps"]):
+        at = f"{where}: field 'steps[{i}]"
+        if not isinstance(s, dict) or not {"position", "token", "logits_sha256", "logprob"} <= set(s):
+            raise ValueError(f"{at}' needs position, token, logits_sha256 and logprob")
+        for k in ("position", "token"):
+            if isinstance(s[k], bool) or not isinstance(s[k], int) or not 0 <= s[k] <= MAX_ID:
+                raise ValueError(f"{at}.{k}' must be an integer in 0..{MAX_ID}, got {str(s[k])[:40]}")
+        if not isinstance(s["logits_sha256"], str) or not _HEX64.fullmatch(s["logits_sha256"]):
+            raise ValueError(f"{at}.logits_sha256' must be 64 lowercase hex digits (a sha256)")
+        if not isinstance(s["logprob"], str) or len(s["logprob"]) > 64:
+            raise ValueError(f"{at}.logprob' must be a hex float string (float.hex)")
         try:
-            rec = json.loads(line)
-        except ValueError as exc:
-            raise ValueError(f"{where}: not valid JSON: {exc}") from None
-        if not isinstance(rec, dict):
-            raise ValueError(f"{where}: a record must be a JSON object")
-        for name, kind in _REQUIRED.items():
-            if name not in rec:
-                raise ValueError(f"{where}: field {name!r} is missing")
-            if not isinstance(rec[name], kind) or isinstance(rec[name], bool):
-                raise ValueError(f"{where}: field {name!r} must be a {kind.__name__}")
-        if rec["format"] != FORMAT:
-            raise ValueError(f"{where}: field 'format' is {rec['format']!r}; this requant replays {FORMAT!r}")
-        method = rec["sampling"].get("method")
-        if method not in ("greedy", METHOD):
-            raise ValueError(f"{where}: field 'sampling.method' is {method!r}; known: greedy, {METHOD}")
-        _ints(rec["prompt_ids"], f"{where}: field 'prompt_ids'")
-        _ints(rec["ids"], f"{where}: field 'ids'")
-        _ints(rec["eos_ids"], f"{where}: field 'eos_ids'")
-        if not rec["prompt_ids"]:
-            raise ValueError(f"{where}: field 'prompt_ids' is empty")
-        for i, s in enumerate(rec["steps"]):
-            if not isinstance(s, dict) or not {"position", "token", "logits_sha256", "logprob"} <= set(s):
-                raise ValueError(f"{where}: field 'steps[{i}]' needs position, token, logits_sha256 and logprob")
-        if [s["token"] for s in rec["steps"]] != rec["ids"]:
-            raise ValueError(f"{where}: field 'steps' does not hold the tokens of field 'ids'")
-        record_params(rec, where)
+            float.fromhex(s["logprob"])
+        except ValueError:
+            raise ValueError(f"{at}.logprob' must be a hex float string (float.hex)") from None
+        if s["position"] != len(rec["prompt_ids"]) + i:
+            raise ValueError(f"{at}.position' is {s['position']}, expected {len(rec['prompt_ids']) + i}")
+
+
+def check_record(rec, where: str) -> dict:
+    """One record's fields, each of its type and range: ValueError naming `where` and the field."""
+    if not isinstance(rec, dict):
+        raise ValueError(f"{where}: a record must be a JSON object")
+    for name, kind in _REQUIRED.items():
+        if name not in rec:
+            raise ValueError(f"{where}: field {name!r} is missing")
+        if not isinstance(rec[name], kind) or isinstance(rec[name], bool):
+            raise ValueError(f"{where}: field {name!r} must be a {kind.__name__}")
+    for name in _OPTIONAL_STR:
+        if rec.get(name) is not None and not isinstance(rec[name], str):
+            raise ValueError(f"{where}: field {name!r} must be a string or null")
+    if rec["format"] != FORMAT:
+        raise ValueError(f"{where}: field 'format' is {rec['format'][:40]!r}; this requant replays {FORMAT!r}")
+    if not _DIGEST.fullmatch(rec["manifest_digest"]):
+        raise ValueError(f"{where}: field 'manifest_digest' must be 'sha256:' and 64 lowercase hex digits")
+    for name, known in _KNOWN.items():
+        if rec[name] not in known:
+            raise ValueError(f"{where}: field {name!r} is {rec[name][:40]!r}; known: {', '.join(known)}")
+    method = rec["sampling"].get("method")
+    if method not in ("greedy", METHOD):
+        raise ValueError(f"{where}: field 'sampling.method' is {str(method)[:40]!r}; known: greedy, {METHOD}")
+    if not 1 <= rec["max_new_tokens"] <= MAX_ID:
+        raise ValueError(f"{where}: field 'max_new_tokens' must be in 1..{MAX_ID}, got {rec['max_new_tokens']}")
+    _ints(rec["prompt_ids"], f"{where}: field 'prompt_ids'")
+    _ints(rec["ids"], f"{where}: field 'ids'")
+    _ints(rec["eos_ids"], f"{where}: field 'eos_ids'")
+    if not rec["prompt_ids"]:
+        raise ValueError(f"{where}: field 'prompt_ids' is empty")
+    if len(rec["ids"]) > rec["max_new_tokens"]:
+        raise ValueError(f"{where}: field 'ids' holds more than max_new_tokens ({rec['max_new_tokens']}) tokens")
+    _check_steps(rec, where)
+    if [s["token"] for s in rec["steps"]] != rec["ids"]:
+        raise ValueError(f"{where}: field 'steps' does not hold the tokens of field 'ids'")
+    record_params(rec, where)
+    return rec
+
+
+def read_records(path: str | Path) -> list[dict]:
+    """The records of a JSON-lines file (requant.jsonlines: bounded, strict), each checked
+    (check_record): ValueError naming the file, line and field."""
+    from requant.jsonlines import read_json_lines, where
+
+    records = []
+    label = str(path)
+    for n, rec in read_json_lines(path, label=label):
+        at = where(label, n)
+        check_record(rec, at)
         if records:
             for name in SHARED:
                 if rec.get(name) != records[0].get(name):
-                    raise ValueError(f"{where}: field {name!r} differs from the first record's (one run per file)")
+                    raise ValueError(f"{at}: field {name!r} differs from the first record's (one run per file)")
+        rec["where"] = at
         records.append(rec)
     if not records:
-        raise ValueError(f"{path}: no records")
+        raise ValueError(f"{label}: no records")
     return records
+
+
+def check_against_model(records: list[dict], vocab: int, max_positions: int) -> None:
+    """Every id of every record inside the loaded model's vocabulary, every record's prompt plus
+    max_new_tokens inside its positions: ValueError naming the record's file and line."""
+    for rec in records:
+        for field in ("prompt_ids", "ids", "eos_ids"):
+            _ints(rec[field], f"{rec['where']}: field {field!r}", 0, vocab - 1)
+        need = len(rec["prompt_ids"]) + rec["max_new_tokens"]
+        if need > max_positions:
+            raise ValueError(
+                f"{rec['where']}: prompt_ids ({len(rec['prompt_ids'])}) + max_new_tokens ({rec['max_new_tokens']}) "
+                f"= {need} positions, more than the model's {max_positions}"
+            )
 
 
 def record_params(rec: dict, where: str = "record") -> SamplingParams:

@@ -100,7 +100,7 @@ def _sample(rows: torch.Tensor, top: torch.Tensor, reqs, positions) -> torch.Ten
     ids = torch.arange(vocab, device=dev)
     keys = torch.where(live, _descending_keys(rows) << _ID_BITS, _DEAD) | ids
     facts = torch.stack([w.sum(1), live.sum(1)], 1).tolist()  # W over the row, live tokens
-    k_all = [p.top_k or vocab for p in reqs]
+    k_all = [min(p.top_k, vocab) if p.top_k else vocab for p in reqs]  # a k past the vocabulary keeps all
     tokens = torch.empty(n_rows, dtype=torch.int64, device=dev)
     todo, m = list(range(n_rows)), min(_PREFIX, vocab)
     while todo:

@@ -13,4 +13,6 @@ _guards.py      RequantCommand (outputs checked against inputs before any comman
                 the standard streams nobody reads (guarded_std_streams)
 _common.py      consoles, the error line, exit codes, the atomic JSON writer, shared options,
                 the echoed command line (echo_command)
+_isolate.py     a command that runs a user kernel re-runs itself in a child process; the
+                parent gives the verdict (docs/audit.md)
 """

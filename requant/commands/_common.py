@@ -168,6 +168,15 @@ def cannot_run(interrupted: str = "interrupted; nothing was written"):
         fail(_os_message(exc))
     except OutputInterrupted as exc:  # after the output was renamed into place: say that it is complete
         fail(str(exc), EXIT_INTERRUPTED)
+    except MemoryError:
+        fail("out of memory (a value past what requant.limits estimates, or other processes took the memory)")
+    except RuntimeError as exc:  # torch's allocators; a thread the system would not start
+        text = str(exc)
+        if "can't start new thread" in text:
+            fail("the system refused to start a thread (memory or process limits); try again with fewer running")
+        if type(exc).__name__ != "OutOfMemoryError" and "can't allocate memory" not in text:
+            raise
+        fail(f"out of memory: {text.splitlines()[0] if text else type(exc).__name__}")
     except KeyboardInterrupt:
         fail(interrupted, EXIT_INTERRUPTED)
 
@@ -264,6 +273,9 @@ def set_threads(threads: Optional[int], device: str) -> None:
     n = threads if threads is not None else (1 if str(device) == "cpu" else 0)
     if n < 0:
         raise UsageError("--threads must be >= 0")
+    from requant.limits import check_threads
+
+    check_threads(n)  # before torch starts them: past the cap, thread creation fails mid-run
     if n:
         import torch
 

@@ -4,7 +4,7 @@
                   [--order ORDER] [--phases prefill,decode] [--decode-batches 1,8] [--decode-tokens 4]
                   [--injection/--no-injection] [--injection-tokens N] [--prompts N]
                   [--json OUT] [--report DIR] [--plan] [--device DEV] [--revision REV]
-                  [--threads N] [--matrix v1|v2|v3]
+                  [--threads N] [--matrix v1|v2|v3|v4]
 
 No CKPT: the embedded default (requant.DEFAULT_CHECKPOINT). `--backends reference` is the
 pair reference-cutlass-order,reference-triton-order, the default where no CUDA GPU is
@@ -12,7 +12,8 @@ present; with one, the default pair is cutlass,triton. `--plan` prints the cell 
 the GEMM shapes from config.json alone (CKPT may be the directory or the config.json file).
 `--matrix` picks the pinned prediction matrix: v2 (default: v1's cells plus C8, and the only
 one with a baseline row for the cublas backend's fused-scale order) or v1 (the seed paper's
-reproduction, C1..C7); v3 has v2's cells and the injection predictions (always scored from v3).
+reproduction, C1..C7); v3 and v4 have v2's cells and the injection predictions (always scored
+from v4, which corrects v3's F9c claim: docs/audit.md).
 `--phases decode` adds the decode phase (audit/decode.py; the default); `--injection` injects
 every fault kernel into the generating model (audit/injection.py; off by default: 44 greedy
 runs, about 14 s of CPU time on the embedded default, minutes more than the audit on a GPU). A MODULE:FUNCTION member of
@@ -39,6 +40,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from requant.backends import is_custom
 from requant.commands._common import (
     EXIT_FAILED,
     BackendsOpt,
@@ -63,6 +65,7 @@ from requant.commands._common import (
     set_threads,
     write_json_atomic,
 )
+from requant.commands._isolate import deliver, needs_child, run_in_child
 
 console = err()  # progress and phase lines
 out = Console(highlight=False, soft_wrap=True)  # tables and the summary: stdout, one stream
@@ -239,7 +242,7 @@ def audit(
         str,
         typer.Option(
             "--matrix",
-            help="Pinned prediction matrix: v2 (C1..C8, default), v1 (C1..C7, the paper's) or v3 (v2 + injection).",
+            help="Pinned prediction matrix: v2 (C1..C8, default), v1 (C1..C7, the paper's), v3 or v4 (v2 + injection).",
         ),
     ] = "v2",
     phases: Annotated[
@@ -274,6 +277,8 @@ def audit(
 ) -> None:
     """Bitwise CUTLASS-vs-Triton comparison per Linear on real activations, and the
     fault-injection suite scored against the pinned prediction matrix."""
+    if not plan and needs_child(is_custom(backends or "")):
+        run_in_child("audit")  # a user kernel runs in a child; the verdict is given here
     with cannot_run():
         check_output_file(json_out, "--json")  # before any work: a bad path costs nothing and writes nothing
         _check_report_dir(report)
@@ -322,7 +327,10 @@ def audit(
         check_layout(checkpoint)
         # a tokenizer that cannot encode the prompts is a usage error, before the run
         tok = load_tokenizer(checkpoint.path, int(checkpoint.config["vocab_size"]))
-        [tok.encode(t) for t in prompt_list(prompts)]
+        longest = max(len(tok.encode(t)) for t in prompt_list(prompts))
+        _check_limits(
+            checkpoint.config, dev, longest, prompts, phase_list, batch_list, decode_tokens, do_inject, injection_tokens
+        )
         identity = with_progress(
             checkpoint, console
         )  # before the long run: a SHA256SUMS that does not match fails here
@@ -359,8 +367,7 @@ def audit(
     for f in _write_outputs(result, json_out, report, command):
         console.print(f"wrote {plain(f)}")
     _print_summary(result)
-    if not audit_passed(result):
-        raise typer.Exit(EXIT_FAILED)
+    raise deliver(0 if audit_passed(result) else EXIT_FAILED)
 
 
 def _fail_fingerprint(fail: dict, custom: dict, ckpt, spec: str, pair, dev: str, json_out: Optional[Path]) -> None:
@@ -383,7 +390,7 @@ def _fail_fingerprint(fail: dict, custom: dict, ckpt, spec: str, pair, dev: str,
         write_json_atomic(json_out, result)
         console.print(f"wrote {plain(json_out)}")
     print(line)
-    raise typer.Exit(EXIT_FAILED)
+    raise deliver(EXIT_FAILED)
 
 
 def audit_passed(result: dict) -> bool:
@@ -401,6 +408,24 @@ def audit_passed(result: dict) -> bool:
     return inj is None or (inj["matrix_pinned"] and inj["false_positives"] == 0 and inj["false_negatives"] == 0)
 
 
+def _check_limits(config, dev, longest, prompts, phases, batches, decode_tokens, inject, injection_tokens) -> None:
+    """Positions and memory of the decode phase and the injection, before any work (requant.limits)."""
+    from requant.audit.injection import DEFAULT_TOKENS
+    from requant.limits import check_generation_memory, check_positions
+
+    if "decode" in phases:
+        what = f"the longest audit prompt ({longest} tokens) + {decode_tokens} decode steps"
+        check_positions(config, longest + decode_tokens, f"--decode-tokens {decode_tokens}", what)
+        opt = f"--decode-batches {max(batches)} with --decode-tokens {decode_tokens}"
+        # per step both backends' logits rows, and the operands of every Linear (about as many bytes)
+        check_generation_memory(config, max(batches), longest + decode_tokens, dev, opt, kept_steps=3 * decode_tokens)
+    if inject:
+        n = injection_tokens or DEFAULT_TOKENS["cuda" if str(dev).startswith("cuda") else "cpu"]
+        what = f"the longest audit prompt ({longest} tokens) + {n} injection tokens"
+        check_positions(config, longest + n, f"--injection-tokens {n}", what)
+        check_generation_memory(config, prompts, longest + n, dev, f"--injection-tokens {n}", kept_steps=2 * n)
+
+
 def _parse_phases(phases: str, batches: str, tokens: int) -> tuple[tuple[str, ...], tuple[int, ...]]:
     names = tuple(p.strip() for p in phases.split(",") if p.strip())
     if not names or "prefill" not in names or any(p not in ("prefill", "decode") for p in names):
@@ -411,6 +436,10 @@ def _parse_phases(phases: str, batches: str, tokens: int) -> tuple[tuple[str, ..
         raise UsageError(f"--decode-batches takes comma-separated integers, got {batches!r}") from None
     if "decode" in names and (not ms or min(ms) < 1 or len(set(ms)) != len(ms)):
         raise UsageError(f"--decode-batches takes distinct sizes >= 1, got {batches!r}")
+    from requant.limits import MAX_BATCH
+
+    if "decode" in names and max(ms) > MAX_BATCH:
+        raise UsageError(f"--decode-batches {max(ms)}: more than the {MAX_BATCH:,} sequences requant runs at once")
     if "decode" in names and tokens < 1:
         raise UsageError("--decode-tokens must be at least 1")
     return tuple(dict.fromkeys(names)), ms

@@ -43,6 +43,7 @@ from requant.commands._common import (
     set_threads,
     warn,
 )
+from requant.commands._isolate import deliver, needs_child, run_in_child
 
 __all__ = ["conform"]
 
@@ -85,6 +86,8 @@ def conform(
     ] = None,
 ) -> None:
     """Identify the epilogue formula, accumulator and batch invariance of a W8A8 kernel."""
+    if needs_child(kernel is not None):
+        run_in_child("conform")  # a user kernel runs in a child; the verdict is given here
     with cannot_run():
         _check_outputs(json_out, export_dir)
         from requant.audit import vectors as V
@@ -129,4 +132,4 @@ def conform(
         f"vectors: {len(vs.cases)} cases, sha256 {digest} ({'pinned' if result['vectors']['pinned'] else 'NOT PINNED'})"
         + "".join(f"; wrote {plain(p)}" for p in written)
     )
-    raise typer.Exit(EXIT_OK if rep["conforms"] else EXIT_FAILED)
+    raise deliver(EXIT_OK if rep["conforms"] else EXIT_FAILED)

@@ -22,6 +22,7 @@ from typing import Annotated
 
 import typer
 
+from requant.backends import is_custom
 from requant.commands._common import (
     EXIT_FAILED,
     BackendsOpt,
@@ -47,6 +48,7 @@ from requant.commands._common import (
     set_threads,
     write_json_atomic,
 )
+from requant.commands._isolate import deliver, needs_child, run_in_child
 
 
 @byte_tokens_option
@@ -73,11 +75,13 @@ def determinism(
 ) -> None:
     """Greedy generations with each backend of the pair, native and pow2: byte-identical or not,
     and each prompt alone vs inside the batch."""
+    if needs_child(is_custom(backends or "")):
+        run_in_child("determinism")  # a user kernel runs in a child; the verdict is given here
     console = err()
     with cannot_run():
         check_output_file(json_out, "--json")  # before any work: a bad path costs nothing and writes nothing
         from requant import DEFAULT_CHECKPOINT
-        from requant.backends import check_runnable, parse_backends
+        from requant.backends import check_runnable, declare_orders, parse_backends
         from requant.checkpoint import open_checkpoint
         from requant.determinism import all_scales_pow2, run_determinism, work_units
         from requant.evidence.identity import with_progress
@@ -93,8 +97,17 @@ def determinism(
         check_engine(engine, dev)
         prompt_list(prompts)  # validate N before loading (or downloading) anything big
         set_threads(threads, dev)
+        # a MODULE:FUNCTION kernel runs conform's cases first: one that cannot run is refused here
+        custom = declare_orders(pair, None, dev, require=False)
         checkpoint = open_checkpoint(DEFAULT_CHECKPOINT if ckpt is None else ckpt, revision=revision)
         check_layout(checkpoint)
+        from requant.limits import check_positions
+        from requant.tokenizer import load_tokenizer
+
+        tok = load_tokenizer(checkpoint.path, int(checkpoint.config["vocab_size"]))
+        longest = max(len(tok.encode(t)) for t in prompt_list(prompts))
+        what = f"the longest prompt ({longest} tokens) + {new_tokens} new tokens"
+        check_positions(checkpoint.config, longest + new_tokens, f"--new-tokens {new_tokens}", what)
         units = work_units(prompts, 1 if all_scales_pow2(checkpoint) else 2)
         identity = with_progress(
             checkpoint, console
@@ -118,6 +131,8 @@ def determinism(
                 advance=lambda n=1: progress.advance(task, n),
                 on_phase=lambda msg: progress.console.log(plain(msg)),
             )
+    if custom:
+        result["custom_kernels"] = custom
     result["command"] = echo_command("determinism", {"--backends": spec})
     if json_out is not None:
         with cannot_run():
@@ -127,5 +142,4 @@ def determinism(
 
     print(printable(markdown(result, result["command"]), keep="\n"))
     print(result["summary"])
-    if not result["ok"]:
-        raise typer.Exit(EXIT_FAILED)
+    raise deliver(0 if result["ok"] else EXIT_FAILED)

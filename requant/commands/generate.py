@@ -46,6 +46,7 @@ from requant.commands._common import (
     set_threads,
     text_out,
 )
+from requant.links import shown
 
 __all__ = ["generate", "read_prompt_file", "default_backend", "Streamer"]
 
@@ -57,20 +58,16 @@ def default_backend(device: str) -> str:
 
 
 def read_prompt_file(path: Path) -> list[dict]:
-    """The requests of a prompts file: [{"prompt" or "prompt_ids", overrides...}], checked."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise UsageError(f"--prompts {path}: not UTF-8 text") from None
+    """The requests of a prompts file: [{"prompt" or "prompt_ids", overrides..., "where"}], each
+    field checked (requant.jsonlines reads the file: bounded, strict); UsageError naming the
+    file and line. Token ids are checked against the vocabulary once the model is loaded
+    (check_requests)."""
+    from requant.jsonlines import read_json_lines
+
+    label = f"--prompts {shown(path)}"
     reqs = []
-    for n, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        where = f"--prompts {path}:{n}"
-        try:
-            obj = json.loads(line)
-        except ValueError as exc:
-            raise UsageError(f"{where}: not valid JSON: {exc}") from None
+    for n, obj in read_json_lines(path, label=label, error=UsageError):
+        where = f"{label}:{n}"
         if not isinstance(obj, dict) or ("prompt" in obj) == ("prompt_ids" in obj):
             raise UsageError(f"{where}: an object with exactly one of 'prompt' and 'prompt_ids' is needed")
         if "prompt" in obj and not (isinstance(obj["prompt"], str) and obj["prompt"]):
@@ -80,16 +77,36 @@ def read_prompt_file(path: Path) -> list[dict]:
             isinstance(ids, list) and ids and all(isinstance(i, int) and not isinstance(i, bool) for i in ids)
         ):
             raise UsageError(f"{where}: field 'prompt_ids' must be a non-empty list of integers")
+        if ids is not None and min(ids) < 0:
+            raise UsageError(f"{where}: field 'prompt_ids' holds {min(ids)}; token ids are >= 0")
         unknown = sorted(set(obj) - {"prompt", "prompt_ids", *_OVERRIDES})
         if unknown:
             raise UsageError(
-                f"{where}: unknown field {unknown[0]!r} (known: prompt, prompt_ids, {', '.join(_OVERRIDES)})"
+                f"{where}: unknown field {unknown[0][:40]!r} (known: prompt, prompt_ids, {', '.join(_OVERRIDES)})"
             )
         obj["where"] = where
         reqs.append(obj)
     if not reqs:
-        raise UsageError(f"--prompts {path}: no prompts")
+        raise UsageError(f"{label}: no prompts")
+    from requant.limits import MAX_BATCH
+
+    if len(reqs) > MAX_BATCH:  # before any of them is tokenized
+        raise UsageError(f"{label}: {len(reqs):,} prompts, more than the {MAX_BATCH:,} requant runs as one batch")
     return reqs
+
+
+def check_requests(ids: list[list[int]], wheres: list[str], vocab: int, max_positions: int, new: int) -> None:
+    """Each prompt's ids inside 0..vocab-1 and its positions (prompt + --max-new-tokens) inside
+    the model's: UsageError naming the prompt (file and line) before any generation."""
+    for pids, where in zip(ids, wheres):
+        bad = next((i for i in pids if not 0 <= i < vocab), None)
+        if bad is not None:
+            raise UsageError(f"{where}: token id {bad} is outside the vocabulary 0..{vocab - 1}")
+        if len(pids) + new > max_positions:
+            raise UsageError(
+                f"{where}: {len(pids)} prompt tokens + --max-new-tokens {new} = {len(pids) + new} positions, "
+                f"more than the model's {max_positions} (max_position_embeddings)"
+            )
 
 
 class Streamer:
@@ -167,6 +184,11 @@ def generate(
         check_runnable((be,), dev, "reference", option="--backend")
         check_engine(engine, dev)
         requests = [{"prompt": p, "where": f"--prompt {i}"} for i, p in enumerate(prompt or [])]
+        from requant.jsonlines import has_surrogate
+
+        for r in requests:  # bytes that are not UTF-8 on the command line arrive as lone surrogates
+            if has_surrogate(r["prompt"]):
+                raise UsageError(f"{r['where']}: the text is not valid UTF-8")
         if prompts_file is not None:
             requests = read_prompt_file(prompts_file)
         set_threads(threads, dev)
@@ -185,6 +207,11 @@ def generate(
             ids.append(pids)
             params.append(p)
             texts.append(r.get("prompt"))
+        check_requests(ids, [r["where"] for r in requests], model.arch.vocab, model.max_length, max_new_tokens)
+        from requant.limits import check_generation_memory
+
+        longest = max(len(p) for p in ids) + max_new_tokens
+        check_generation_memory(checkpoint.config, len(ids), longest, dev, f"{len(ids)} prompts")
         eos_ids = list(tok.eos_ids) if eos else []
 
     from requant.generation import make_record

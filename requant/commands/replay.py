@@ -88,16 +88,32 @@ def replay(
         from requant.runtime import check_layout, load_model
         from requant.tokenizer import summary
 
-        if not record.is_file():
+        if not (record.exists() or record.is_symlink()):
             raise UsageError(f"{record}: no such file")
         records = read_records(record)
         first = records[0]
         if batch_with < 0:
             raise UsageError("--batch-with must be >= 0")
+        from requant.limits import MAX_BATCH
+
+        if batch_with + len(records) > MAX_BATCH:
+            raise UsageError(
+                f"--batch-with {batch_with}: a batch of more than the {MAX_BATCH:,} sequences requant runs"
+            )
         dev = check_device(device or default_device())
         be = backend or first["backend"]
+        known = ", ".join(kernels.scaled_mm_backends())
         if be not in kernels.scaled_mm_backends():
-            raise UsageError(f"--backend: unknown backend {be!r}; known: {', '.join(kernels.scaled_mm_backends())}")
+            if backend is None:  # the record's: say where it came from
+                raise UsageError(
+                    f"{first['where']}: field 'backend' is {be[:40]!r}, not a backend here (known: {known}); give --backend"
+                )
+            raise UsageError(f"--backend: unknown backend {be!r}; known: {known}")
+        if first["act_backend"] not in kernels.quantize_backends():
+            raise UsageError(
+                f"{first['where']}: field 'act_backend' is {first['act_backend'][:40]!r}; known: "
+                f"{', '.join(kernels.quantize_backends())}"
+            )
         check_runnable((be,), dev, first["act_backend"], option="--backend")
         eng = engine or first["engine"]
         check_engine(eng, dev)
@@ -109,6 +125,12 @@ def replay(
         if json_out is not None:  # the checkpoint named inside the record is an input too
             check_outputs([("--json", json_out, None)], [("the record's checkpoint", ckpt.path, REPORTS)])
         check_layout(ckpt)
+        from requant.generation import check_against_model
+        from requant.limits import check_generation_memory, max_positions
+
+        check_against_model(records, int(ckpt.config["vocab_size"]), max_positions(ckpt.config))
+        longest = max(len(r["prompt_ids"]) for r in records) + first["max_new_tokens"]
+        check_generation_memory(ckpt.config, batch_with + len(records), longest, dev, f"--batch-with {batch_with}")
         identity = with_progress(ckpt, console)
         if identity["manifest_digest"] != first["manifest_digest"]:
             raise UsageError(
@@ -131,7 +153,7 @@ def replay(
                 f"{summary(first['tokenizer'])} in the record"
             )
         fill_ids, fill_params = filler_prompts(tok, batch_with)
-        params = [record_params(r, f"{record}:{i + 1}") for i, r in enumerate(records)]
+        params = [record_params(r, r["where"]) for r in records]
 
     from requant.generation import describe_difference
     from requant.sampling import generate as sample

@@ -145,16 +145,40 @@ def file_sha256(
     return h.hexdigest(), size
 
 
+MAX_HASH_THREADS = 4  # sequential reads of a few files at once; more only contend for the disk
+
+
+def _workers(jobs: int | None, n_files: int) -> int:
+    return max(1, min(jobs or MAX_HASH_THREADS, os.cpu_count() or 1, MAX_HASH_THREADS, n_files or 1))
+
+
+def _submit_all(pool: cf.ThreadPoolExecutor, files: dict[str, Path], *args) -> tuple[dict[str, cf.Future], bool]:
+    """({file: future}, True) with every file submitted to `pool`; when a thread could not be
+    started (memory pressure: "can't start new thread"), nothing is left queued, the futures
+    that a started thread finished are returned with False, and the caller hashes the rest
+    itself, in turn."""
+    futures = {}
+    try:
+        for rel, p in files.items():
+            futures[rel] = pool.submit(file_sha256, p, *args)
+    except RuntimeError:
+        pool.shutdown(wait=True, cancel_futures=True)
+        return {rel: f for rel, f in futures.items() if f.done() and not f.cancelled()}, False
+    return futures, True
+
+
 def _hash_all(files: dict[str, Path], jobs: int | None, progress) -> dict[str, Entry]:
     if not files:
         return {}
-    workers = max(1, min(jobs or min(4, os.cpu_count() or 1), len(files)))
-    if workers == 1:
-        hashed = {rel: file_sha256(p, progress) for rel, p in files.items()}
-    else:
+    hashed: dict[str, tuple[str, int]] = {}
+    workers = _workers(jobs, len(files))
+    if workers > 1:
         with cf.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="requant-sha256") as pool:
-            futures = {rel: pool.submit(file_sha256, p, progress) for rel, p in files.items()}
+            futures, _ = _submit_all(pool, files, progress)
             hashed = {rel: fut.result() for rel, fut in futures.items()}
+    for rel, p in files.items():  # one thread, or no thread could be started: here, in turn
+        if rel not in hashed:
+            hashed[rel] = file_sha256(p, progress)
     return {rel: Entry(rel, h, n) for rel, (h, n) in hashed.items()}
 
 
@@ -179,15 +203,20 @@ class BackgroundHashes:
     on the same files meanwhile (`requant convert` hashes its source while converting it)."""
 
     def __init__(self, root: str | os.PathLike, jobs: int | None = None, only: set[str] | None = None):
-        files = {rel: p for rel, p in covered_files(root).items() if only is None or rel in only}
-        workers = max(1, min(jobs or min(4, os.cpu_count() or 1), len(files) or 1))
+        self._files = {rel: p for rel, p in covered_files(root).items() if only is None or rel in only}
         self._stop = threading.Event()
-        self._pool = cf.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="requant-sha256")
-        self._futures = {rel: self._pool.submit(file_sha256, p, None, self._stop) for rel, p in files.items()}
+        self._pool = cf.ThreadPoolExecutor(
+            max_workers=_workers(jobs, len(self._files)), thread_name_prefix="requant-sha256"
+        )
+        self._futures, _ = _submit_all(self._pool, self._files, None, self._stop)
 
     def result(self) -> dict[str, Entry]:
         try:
-            return {rel: Entry(rel, *fut.result()) for rel, fut in self._futures.items()}
+            out = {rel: Entry(rel, *fut.result()) for rel, fut in self._futures.items()}
+            for rel, p in self._files.items():  # no thread could be started for these: here, in turn
+                if rel not in out:
+                    out[rel] = Entry(rel, *file_sha256(p, None, self._stop))
+            return dict(sorted(out.items(), key=lambda kv: kv[0].encode("utf-8")))
         finally:
             self._pool.shutdown(wait=True)
 

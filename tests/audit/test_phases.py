@@ -6,6 +6,8 @@ the bits unchanged under power-of-two scales; the prefill-only audit (conftest.d
 for the prefill keys, which the decode phase must leave exactly as they were.
 """
 
+import json
+
 import pytest
 import torch
 
@@ -80,8 +82,8 @@ def test_injection_scored_on_both_regimes(tmp_path):
         assert runs[regime]["reference_tokens"] == model.greedy(toks, 2)  # the unfaulted run is the greedy run
     assert INJECTOR not in kernels.scaled_mm_backends()  # unregistered afterwards
     table, card = score_injection(runs)
-    assert card["matrix_version"] == 3 and card["matrix_pinned"] and card["matrix_sha256"] == PINS[3]
-    assert card["scored"] == 18 and card["false_positives"] == 0 and card["false_negatives"] == 0, card
+    assert card["matrix_version"] == 4 and card["matrix_pinned"] and card["matrix_sha256"] == PINS[4]
+    assert card["scored"] == 16 and card["false_positives"] == 0 and card["false_negatives"] == 0, card
     for regime in ("native", "pow2"):
         for scope in ("all", "one_layer"):
             f8, f7 = (table[f][regime] if scope == "all" else table[f][regime][scope] for f in ("F8", "F7"))
@@ -96,7 +98,7 @@ def test_injection_scored_on_both_regimes(tmp_path):
     result = {"injection": table, "injection_scorecard": card}
     md = "\n".join(injection_markdown(result))
     f7 = table["F7"]["pow2"]
-    assert f"| F7 | pow2 | {f7['changed_prompts']}/2 |" in md and "18 scored verdicts" in md
+    assert f"| F7 | pow2 | {f7['changed_prompts']}/2 |" in md and "16 scored verdicts" in md
     assert plot_injection(result, tmp_path / "i.png").read_bytes()[:4] == b"\x89PNG"
     assert all(n.startswith("model.layers.3.") for n in runs["pow2"]["one_layer"])
 
@@ -199,3 +201,47 @@ def test_device_fault_kernels_on_cuda_give_the_definitions_bits():
         ops = (act.a.cuda(), wt.w.cuda(), act.s_a.cuda(), wt.s_w.cuda())
         for f, fn in FAULTS.items():
             assert torch.equal(fast[f](*ops).view(torch.int16), fn(*ops).view(torch.int16)), (f, m)
+
+
+def test_matrix_v4_is_v3_but_the_f9c_claim():
+    v3, v4 = load_matrix(matrix_path("v3")), load_matrix(matrix_path("v4"))
+    assert v4.pinned and v4.version == 4 and v3.pinned
+    assert v4.cells == v3.cells and v4.end_to_end == v3.end_to_end
+    moved = {("C7", "F9c", r, "all") for r in ("native", "pow2")}
+    assert {k: v for k, v in v3.injection.items() if k not in moved} == v4.injection
+    assert all(v3.injection[k] == "fire" for k in moved)
+
+
+def test_injection_one_prompt_one_token_is_scored_without_false_negatives(tmp_path):
+    """The run that contradicted v3: 1 prompt, 1 greedy token. F9c moves the logits by less than
+    that one token's top-1 margin (margin and deviation computed here from the run's own logits),
+    so C7 is silent there: v3's 'fire' was a claim about the run, which v4 no longer makes."""
+    from typer.testing import CliRunner
+
+    from requant.audit.checks import token_risk
+    from requant.audit.fault_kernels import FAULTS
+    from requant.audit.injection import INJECTOR, FaultInjector, base_backend
+    from requant.cli import app
+
+    out = tmp_path / "a.json"
+    args = ["audit", "--prompts", "1", "--phases", "prefill", "--injection", "--injection-tokens", "1", "--json", out]
+    res = CliRunner().invoke(app, [str(a) for a in args])
+    assert res.exit_code == 0, res.output
+    card = json.loads(out.read_text())["injection_scorecard"]
+    assert card["matrix_version"] == 4 and card["false_negatives"] == 0 and card["false_positives"] == 0
+    # the reference for C7's silence: F9c's logits against the unfaulted ones at the one token
+    model = load_model(DEFAULT_CHECKPOINT, regime="native", engine="reference")
+    toks = _tokens(model, 1)
+    injector = FaultInjector(base_backend(REFERENCE_PAIR))
+    kernels.register_scaled_mm(INJECTOR, injector, order="triton-order")
+    try:
+        m = model.with_backends(INJECTOR, engine="reference")
+        ref = m.logits(toks)[0][-1:]
+        injector.fault, injector.targets = FAULTS["F9c"], {m.linears[n][0].data_ptr() for n in m.linears}
+        bad = m.logits(toks)[0][-1:]
+    finally:
+        kernels.unregister_scaled_mm(INJECTOR)
+    top2 = torch.topk(ref.double(), 2).values[0]
+    deviation = float((ref.double() - bad.double()).abs().max())
+    assert 0 < deviation < float(top2[0] - top2[1])  # the logits moved, by less than the margin
+    assert token_risk(ref, bad)["flagged"] == 0
