@@ -313,7 +313,7 @@ EXPORT_FILES = ("vectors.safetensors", "vectors.json")
 def export_items(vs: VectorSet, directory: Path | str) -> list:
     """The (destination, render) pairs of DIR/vectors.safetensors and DIR/vectors.json, for
     requant.output.write_files_atomic (so that they can be published with other files as one set)."""
-    from requant.safetensors_io import TORCH_TO_ST, serialize_header, tensor_to_bytes
+    from requant.io.safetensors_io import TORCH_TO_ST, serialize_header, tensor_to_bytes
 
     d = Path(directory)
     tensors = tensors_of(vs)
@@ -339,6 +339,6 @@ def export(vs: VectorSet, directory: Path | str) -> list[Path]:
     """DIR/vectors.safetensors and DIR/vectors.json, both rendered to temporaries in DIR
     first and renamed only when both are complete (requant.output.write_files_atomic): a
     reader sees the old pair or the new pair, never a partial file."""
-    from requant.output import write_files_atomic
+    from requant.io.output import write_files_atomic
 
     return write_files_atomic(export_items(vs, directory))

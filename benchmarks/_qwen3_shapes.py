@@ -9,8 +9,8 @@ Checked against the published configs in tests/benchmarks/test_plumbing.py.
 
 from __future__ import annotations
 
-from requant.qwen3 import LAYER_LINEARS, Qwen3Arch
-from requant.synthetic import PRESETS
+from requant.models.qwen3 import LAYER_LINEARS, Qwen3Arch
+from requant.models.synthetic import PRESETS
 
 __all__ = ["MODELS", "QWEN3", "linear_groups"]
 

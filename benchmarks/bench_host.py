@@ -44,8 +44,8 @@ from triton.compiler import make_backend  # noqa: E402
 from triton.runtime.jit import compute_cache_key, create_function_from_signature  # noqa: E402
 
 import requant.kernels as K  # noqa: E402
+from requant.io.output import write_json_atomic  # noqa: E402
 from requant.kernels.triton import _launch  # noqa: E402
-from requant.output import write_json_atomic  # noqa: E402
 
 BEFORE = "7b4df52"  # the last commit before the host-overhead work
 BACKEND = make_backend(GPUTarget("cuda", 90, 32))

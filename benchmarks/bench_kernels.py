@@ -39,10 +39,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _qwen3_shapes import QWEN3  # noqa: E402
 from _timing import GRAPH, graph_ms  # noqa: E402
 
+from requant.io.output import write_bytes_atomic, write_json_atomic  # noqa: E402
 from requant.kernels import cutlass as ck  # noqa: E402
 from requant.kernels import triton as tk  # noqa: E402
 from requant.kernels.triton.scaled_mm import CONFIGS as TRITON_CONFIGS  # noqa: E402
-from requant.output import write_bytes_atomic, write_json_atomic  # noqa: E402
 
 MS = [1, 16, 128, 512, 2048, 4096, 8192]
 BACKENDS = ["cutlass", "triton", "int_mm", "int_mm+s", "bf16"]

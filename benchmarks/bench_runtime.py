@@ -54,7 +54,7 @@ for _p in (ROOT, ROOT / "benchmarks"):
 
 from _timing import Stopwatch, summary, sync, transformers_decode  # noqa: E402
 
-from requant.output import write_bytes_atomic, write_json_atomic  # noqa: E402
+from requant.io.output import write_bytes_atomic, write_json_atomic  # noqa: E402
 
 T0 = time.perf_counter()
 
@@ -133,7 +133,7 @@ def hf_decode(model, prompts: list[torch.Tensor], new_tokens: int) -> float:
 
 
 def bench_checkpoint(path: str, args, record: dict, flush) -> None:
-    from requant.tokenizer import byte_ids_allowed
+    from requant.models.tokenizer import byte_ids_allowed
 
     with byte_ids_allowed():  # the synthetic Qwen3-shaped checkpoints have no tokenizer: byte ids, as their reports say
         _bench_checkpoint(path, args, record, flush)

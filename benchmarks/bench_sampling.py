@@ -28,8 +28,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _timing import repeat, summary  # noqa: E402
 
-from requant.output import write_json_atomic  # noqa: E402
-from requant.sampling import Chooser, SamplingParams  # noqa: E402
+from requant.io.output import write_json_atomic  # noqa: E402
+from requant.runtime.sampling import Chooser, SamplingParams  # noqa: E402
 
 MODES = {
     "greedy": dict(temperature=0.0),

@@ -54,11 +54,11 @@ from _qwen3_shapes import QWEN3  # noqa: E402
 from bench_speed_report import markdown  # noqa: E402
 
 import requant.kernels as K  # noqa: E402
+from requant.io.output import write_bytes_atomic, write_json_atomic  # noqa: E402
 from requant.kernels import cutlass as ck  # noqa: E402
 from requant.kernels import reference as ref  # noqa: E402
 from requant.kernels.bf16 import bitwise_equal  # noqa: E402
 from requant.kernels.triton import scaled_mm as t_scaled_mm  # noqa: E402
-from requant.output import write_bytes_atomic, write_json_atomic  # noqa: E402
 
 MS_MAIN = [512, 2048, 8192]
 MS_DECODE = [1, 16, 128]

@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from requant.output import write_bytes_atomic, write_files_atomic  # noqa: E402
+from requant.io.output import write_bytes_atomic, write_files_atomic  # noqa: E402
 
 CUTLASS_TILES = {"decode": (16, 64), "small": (64, 64), "mid": (64, 128), "medium": (128, 128), "large": (128, 256)}
 GEMM = ["cutlass", "triton", "triton_before", "plain", "int_mm", "bf16"]

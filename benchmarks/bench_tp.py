@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from requant.output import write_bytes_atomic, write_json_atomic  # noqa: E402
+from requant.io.output import write_bytes_atomic, write_json_atomic  # noqa: E402
 
 T0 = time.perf_counter()
 NCCL_DEFAULT = "default;ALGO=Ring,NCHANNELS=1;ALGO=Tree,NCHANNELS=1;ALGO=Ring,NCHANNELS=8"

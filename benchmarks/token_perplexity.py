@@ -21,7 +21,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from requant.eval.heldout import DEFAULT_OUTPUT  # noqa: E402
-from requant.tokenizer import load_tokenizer  # noqa: E402
+from requant.models.tokenizer import load_tokenizer  # noqa: E402
 
 
 def token_perplexity(result: dict, ckpt: Path) -> dict:

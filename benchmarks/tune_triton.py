@@ -33,11 +33,11 @@ from _qwen3_shapes import QWEN3  # noqa: E402
 from _timing import GRAPH, graph_ms  # noqa: E402
 from bench_kernels import _copies, operands  # noqa: E402
 
+from requant.io.output import write_json_atomic  # noqa: E402
 from requant.kernels import reference as ref  # noqa: E402
 from requant.kernels.bf16 import bitwise_equal  # noqa: E402
 from requant.kernels.triton import scaled_mm as tsm  # noqa: E402
 from requant.kernels.triton.scaled_mm import CONFIGS  # noqa: E402
-from requant.output import write_json_atomic  # noqa: E402
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages, kind)
 CANDIDATES = {

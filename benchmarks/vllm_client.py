@@ -41,9 +41,9 @@ OFFLINE = {
 
 
 def prompt_ids(model_dir: Path, n: int) -> list[list[int]]:
-    from requant.prompts import prompts
+    from requant.models.prompts import prompts
+    from requant.models.tokenizer import load_tokenizer
     from requant.runtime.weights import arch_from_config
-    from requant.tokenizer import load_tokenizer
 
     cfg = json.loads((model_dir / "config.json").read_text())
     tok = load_tokenizer(model_dir, arch_from_config(cfg).vocab, byte_level=True)

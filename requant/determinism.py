@@ -29,7 +29,7 @@ import time
 import numpy as np
 
 from requant.kernels.bf16 import is_power_of_two
-from requant.prompts import prompts as calibration_prompts
+from requant.models.prompts import prompts as calibration_prompts
 
 SHA_ENCODING = "sha256 of the new token ids as little-endian int64 bytes"
 CONSTRAINED_ARMS = ("nearest", "ceiling", "mse", "probe")
@@ -219,7 +219,7 @@ def _cell(text: str, width: int = 60) -> str:
 def markdown(result: dict, command: str | None = None) -> str:
     """A Markdown summary for people (the JSON is the record)."""
     from requant.evidence.identity import markdown_lines as identity_lines
-    from requant.tokenizer import summary as tokenizer_summary
+    from requant.models.tokenizer import summary as tokenizer_summary
 
     a, b = result["backends"]
     lines = ["# requant determinism", ""]

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from requant.synthetic import Preset, model_config
+from requant.models.synthetic import Preset, model_config
 
 EOT_ID = 0
 DEFAULT = Preset(

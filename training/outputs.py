@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from requant.output import write_bytes_atomic, write_files_atomic
+from requant.io.output import write_bytes_atomic, write_files_atomic
 
 
 def atomic_write(path: Path, write) -> None:

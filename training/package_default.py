@@ -52,8 +52,8 @@ import torch
 if __package__ in (None, ""):  # run as a script: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from requant.models.synthetic import model_config, plan, write_json  # noqa: E402
 from requant.scales.from_source import rtn_quantize  # noqa: E402
-from requant.synthetic import model_config, plan, write_json  # noqa: E402
 from training import arch  # noqa: E402
 from training.train_tokenizer import TOKENIZER_DIR, TOKENIZER_SHA256, sha256_file  # noqa: E402
 

@@ -58,7 +58,7 @@ def _check_outputs(json_out: Optional[Path], export_dir: Optional[Path]) -> None
 def _write_outputs(result: dict, vs, json_out: Optional[Path], export_dir: Optional[Path]) -> None:
     """The --export pair and the --json record as one set, once the verdict is known: all or nothing."""
     from requant.audit.vectors import export_items
-    from requant.output import json_bytes, write_files_atomic
+    from requant.io.output import json_bytes, write_files_atomic
 
     items = export_items(vs, export_dir) if export_dir is not None else []
     if json_out is not None:

@@ -74,15 +74,15 @@ def replay(
         from requant.backends import check_runnable
         from requant.checkpoint import open_checkpoint
         from requant.evidence.identity import with_progress
-        from requant.generation import (
+        from requant.models.tokenizer import summary
+        from requant.runtime import check_layout, load_model
+        from requant.runtime.generation import (
             filler_prompts,
             first_difference,
             first_token_difference,
             read_records,
             record_params,
         )
-        from requant.runtime import check_layout, load_model
-        from requant.tokenizer import summary
 
         if not record.is_file():
             raise UsageError(f"{record}: no such file")
@@ -127,8 +127,8 @@ def replay(
         fill_ids, fill_params = filler_prompts(tok, batch_with)
         params = [record_params(r, f"{record}:{i + 1}") for i, r in enumerate(records)]
 
-    from requant.generation import describe_difference
-    from requant.sampling import generate as sample
+    from requant.runtime.generation import describe_difference
+    from requant.runtime.sampling import generate as sample
 
     t0 = time.perf_counter()
     with cannot_run():

@@ -34,7 +34,7 @@ import re
 import sys
 from pathlib import Path
 
-from requant.output import write_bytes_atomic
+from requant.io.output import write_bytes_atomic
 
 TITLE_LINE = "SENSE AND SENSIBILITY"
 TITLE_LINENO = 60799  # 1-based line of the title in the pinned corpus

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from requant.output import json_bytes, write_files_atomic, write_json_atomic
+from requant.io.output import json_bytes, write_files_atomic, write_json_atomic
 
 
 def fmt_number(v, digits=4) -> str:

@@ -42,7 +42,7 @@ import torch
 
 from requant.checkpoint import Checkpoint, read_weight_files
 from requant.errors import LayoutError, TensorError, os_reason
-from requant.safetensors_io import DTYPES, SafetensorsFile, TensorInfo, pread_exact
+from requant.io.safetensors_io import DTYPES, SafetensorsFile, TensorInfo, pread_exact
 from requant.scales.from_source import rtn_at_scale, rtn_scale
 
 CHUNK = 1 << 20  # bytes per piece of a pass-through comparison

@@ -37,7 +37,7 @@ import requant
 from requant.checkpoint import CONFIG, Checkpoint
 from requant.errors import OutputError, os_reason
 from requant.evidence import manifest as mf
-from requant.output import write_bytes_atomic
+from requant.io.output import write_bytes_atomic
 from requant.scales import SERVABLE
 
 PROVENANCE_KEY = "requant"

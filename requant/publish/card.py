@@ -44,7 +44,7 @@ from pathlib import Path
 import torch
 
 from requant.evidence import manifest as mf
-from requant.output import write_bytes_atomic
+from requant.io.output import write_bytes_atomic
 from requant.publish import PublishError
 from requant.publish.reports import Reports, collect
 

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from requant.evidence import manifest as mf
-from requant.output import write_bytes_atomic
+from requant.io.output import write_bytes_atomic
 from requant.publish import PublishError, PushRefused
 from requant.publish.card import audit_ok, card_marker, checkpoint_facts, render
 from requant.publish.reports import DEFAULT_NAMES, collect

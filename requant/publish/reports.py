@@ -143,7 +143,7 @@ def tie_of(data: dict, this_digest: str, source_digest: str | None) -> str:
 
 
 def load_report(kind: str, path: Path, explicit: bool, this_digest: str, source_digest: str | None) -> Report:
-    from requant.inputs import load_json  # a regular file, bounded; too deep a nesting is malformed JSON
+    from requant.io.inputs import load_json  # a regular file, bounded; too deep a nesting is malformed JSON
 
     data = load_json(path, what=f"the {kind} report", error=PublishError)
     validate(kind, data, Path(path))

@@ -38,20 +38,38 @@ blocks), weights.py (loading a regime, or a bf16 directory). The fast kernels' t
 emulations: kernels/triton/emulation.py.
 """
 
-from requant.runtime.cache import Generation, KVCache
-from requant.runtime.model import ENGINES, Model, load_model
-from requant.runtime.ops import (
-    DENSE_CHUNK,
-    apply_rope,
-    attend_decode,
-    attend_prompt,
-    dense_rows,
-    rms_norm,
-    rope,
-    rope_tables,
-    tree_sum_halves,
-)
-from requant.runtime.weights import REGIMES, arch_from_config, check_layout, dense_names, load_dense, load_linears
+import importlib
+
+# Lazy (PEP 562): `import requant.runtime.sampling` must not import torch kernels or Triton.
+_EXPORTS = {
+    "Generation": "cache",
+    "KVCache": "cache",
+    "ENGINES": "model",
+    "Model": "model",
+    "load_model": "model",
+    "DENSE_CHUNK": "ops",
+    "apply_rope": "ops",
+    "attend_decode": "ops",
+    "attend_prompt": "ops",
+    "dense_rows": "ops",
+    "rms_norm": "ops",
+    "rope": "ops",
+    "rope_tables": "ops",
+    "tree_sum_halves": "ops",
+    "REGIMES": "weights",
+    "arch_from_config": "weights",
+    "check_layout": "weights",
+    "dense_names": "weights",
+    "load_dense": "weights",
+    "load_linears": "weights",
+}
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f"requant.runtime.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module 'requant.runtime' has no attribute {name!r}")
+
 
 __all__ = [
     "load_model",

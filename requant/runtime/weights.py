@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from requant.qwen3 import Qwen3Arch
+from requant.models.qwen3 import Qwen3Arch
 
 REGIMES = ("native", "pow2")
 BF16 = "bf16"  # the regime name of a bf16 model (every Linear dense)
@@ -211,7 +211,7 @@ class Bf16Dir:
 
     def __init__(self, path: Path, config: dict):
         from requant.checkpoint import check_qwen3
-        from requant.links import check_inside
+        from requant.io.links import check_inside
 
         self.path = path
         self.config = config

@@ -16,7 +16,7 @@ from requant.audit.matrix import PINS, load_matrix, matrix_path
 from requant.audit.suite import run_audit
 from requant.backends import REFERENCE_PAIR
 from requant.checkpoint import open_checkpoint
-from requant.prompts import prompts
+from requant.models.prompts import prompts
 from requant.runtime import load_model
 
 PREFILL_KEYS = ("per_layer", "per_layer_summary", "cells", "scorecard", "detection", "baseline", "end_to_end")

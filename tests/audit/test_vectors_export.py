@@ -151,7 +151,7 @@ def test_export_is_atomic(exported, tmp_path, monkeypatch):
     _, vs = exported
     V.export(vs, tmp_path)
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
-    import requant.safetensors_io as sio
+    import requant.io.safetensors_io as sio
 
     calls = {"n": 0}
     real = sio.tensor_to_bytes

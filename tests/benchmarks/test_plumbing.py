@@ -50,7 +50,7 @@ def test_linear_groups_keep_distinct_shapes_apart():
     """A model whose attention width differs from hidden (Qwen3-0.6B: hidden 1024, 16 x 128
     heads) has q and o of different shapes: they are not merged."""
     shapes = _load("_qwen3_shapes")
-    from requant.qwen3 import Qwen3Arch
+    from requant.models.qwen3 import Qwen3Arch
 
     arch = Qwen3Arch(1024, 3072, 28, 16, 8, 128, 151936, True)
     assert shapes.linear_groups(arch) == [

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from requant.checkpoint import open_checkpoint
 from requant.convert import convert
 from requant.errors import CheckpointError, SchemeError
-from requant.safetensors_io import read_header, write_file
+from requant.io.safetensors_io import read_header, write_file
 
 from .conftest import leftovers, load_all
 

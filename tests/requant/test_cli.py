@@ -1,6 +1,6 @@
 """The checkpoint commands (requant/commands/checkpoint.py) through the assembled app
 (requant.cli.app). Reference for values: the library functions (requant.convert.convert,
-requant.inspect, requant.verify) and the input files."""
+requant.checkpoint.inspect, requant.evidence.verify) and the input files."""
 
 import json
 import signal

@@ -17,8 +17,8 @@ from requant.checkpoint import open_checkpoint
 from requant.convert import PROVENANCE_KEY, convert
 from requant.errors import OutputError
 from requant.kernels.bf16 import is_power_of_two
+from requant.models.synthetic import generate
 from requant.scales.arms import requantize
-from requant.synthetic import generate
 
 from .conftest import MICRO, leftovers, load_all, tree_bytes, write_custom
 
@@ -313,7 +313,7 @@ def test_mse_costs_less_than_nearest_and_ceiling(tmp_path, default_copy):
 
 def test_fp32_scales(tmp_path, micro):
     """fp32 scales (24-bit mantissas: the float64 path) convert exactly and stay fp32."""
-    from requant.safetensors_io import library_order, write_file
+    from requant.io.safetensors_io import library_order, write_file
 
     tensors = load_all(micro / "model.safetensors")
     for n in list(tensors):
@@ -425,10 +425,10 @@ def test_output_appearing_during_conversion(tmp_path, monkeypatch, micro, force)
     """OUT created by someone else after the initial check: without force it is an error
     and that OUT is left exactly as it is; with force it is replaced (when it is a checkpoint:
     anything else is refused, tests/requant/test_force.py)."""
-    import requant.output
+    import requant.io.output
 
     out = tmp_path / "out"
-    real = requant.output.fsync_tree
+    real = requant.io.output.fsync_tree
 
     def racing(root, skip):
         out.mkdir()
@@ -438,7 +438,7 @@ def test_output_appearing_during_conversion(tmp_path, monkeypatch, micro, force)
             (out / "model.safetensors").write_bytes(b"")
         return real(root, skip)
 
-    monkeypatch.setattr(requant.output, "fsync_tree", racing)
+    monkeypatch.setattr(requant.io.output, "fsync_tree", racing)
     if not force:
         with pytest.raises(OutputError, match="appeared while converting"):
             convert(micro, out, "nearest")
@@ -457,16 +457,16 @@ def test_write_error_names_the_output_shard(tmp_path, monkeypatch, micro_sharded
     import errno
     import re
 
-    import requant.streaming
+    import requant.convert._streaming
 
-    real = requant.streaming._pwrite_all
+    real = requant.convert._streaming._pwrite_all
 
     def full(fd, data, offset):
         if offset > 0:  # headers go through, tensor data does not
             raise OSError(errno.ENOSPC, "No space left on device")
         return real(fd, data, offset)
 
-    monkeypatch.setattr(requant.streaming, "_pwrite_all", full)
+    monkeypatch.setattr(requant.convert._streaming, "_pwrite_all", full)
     parent = tmp_path / "outs"
     with pytest.raises(OutputError) as ei:
         convert(micro_sharded, parent / "out", "nearest", jobs=jobs)
@@ -513,7 +513,7 @@ def test_tiny_pieces_and_parallel_units_give_the_same_bytes(tmp_path, monkeypatc
     many pieces per tensor), with 1 and 4 workers: the same bytes as each other and as the
     run with the default sizes (reference), the manifests and statistics included (plain
     sha256 of whole files: nothing depends on how the work was cut)."""
-    import requant.streaming as conv
+    import requant.convert._streaming as conv
 
     ref = tmp_path / "ref"
     convert(micro_sharded, ref, arm)

@@ -4,7 +4,7 @@ cp would leave it; interrupted writers leave nothing.
 * A source shard rewritten in place while convert runs (between the reads of the conversion
   and those of the hasher) is refused, naming the shard, and nothing is written; untouched,
   SHA256SUMS.source lists hashlib's sha256 of each source file (the independent reference).
-* Files of requant.synthetic, of a converted checkpoint and of `manifest --write` get
+* Files of requant.models.synthetic, of a converted checkpoint and of `manifest --write` get
   0666 & ~umask, as `cp` gives a new file (reference: that arithmetic, under two umasks).
 * `manifest --write` interrupted, and eval interrupted while an arm is converted, leave no
   temporary file or directory (reference: the directory listings).
@@ -24,7 +24,7 @@ from requant.cli import app
 from requant.convert import convert
 from requant.errors import CheckpointError
 from requant.evidence import manifest as mf
-from requant.synthetic import generate
+from requant.models.synthetic import generate
 
 from .conftest import MICRO
 
@@ -87,12 +87,12 @@ def test_checkpoint_files_get_0666_less_the_umask_as_cp_gives(tmp_path, umask):
 
 
 def test_manifest_write_interrupted_leaves_no_file(micro, monkeypatch):
-    import requant.output
+    import requant.io.output
 
     def interrupted(path):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(requant.output, "fsync_path", interrupted)
+    monkeypatch.setattr(requant.io.output, "fsync_path", interrupted)
     before = sorted(p.name for p in micro.iterdir())
     res = runner.invoke(app, ["manifest", str(micro), "--write"])
     assert res.exit_code == 130, res.output

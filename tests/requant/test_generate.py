@@ -1,4 +1,4 @@
-"""`requant generate` (requant/commands/generate.py, requant/generation.py) through the CLI app on the
+"""`requant generate` (requant/commands/generate.py, requant/runtime/generation.py) through the CLI app on the
 CPU: the embedded default, the reference engine, a few new tokens.
 
 References: Model.greedy (the runtime's own argmax loop) for greedy ids; hashlib over the fp32
@@ -69,7 +69,7 @@ def test_greedy_record_holds_the_runtimes_tokens_digests_and_identity(tmp_path, 
 
 
 def test_prompts_file_with_per_request_sampling(tmp_path, model):
-    from requant.sampling import SamplingParams, generate
+    from requant.runtime.sampling import SamplingParams, generate
 
     pf = tmp_path / "p.jsonl"
     lines = [

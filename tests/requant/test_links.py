@@ -16,8 +16,8 @@ from requant.cli import app
 from requant.convert import convert
 from requant.errors import CheckpointError
 from requant.evidence import manifest as mf
-from requant.links import LinkError
-from requant.verify import verify
+from requant.evidence.verify import verify
+from requant.io.links import LinkError
 
 from .conftest import leftovers, tree_bytes
 

@@ -81,7 +81,7 @@ def test_native_reports_the_first_difference(tmp_path, mode):
 def test_cuda_chooser_equals_the_cpu_chooser_at_batch_64_and_the_8b_vocabulary():
     import random
 
-    from requant.sampling import Chooser, SamplingParams, choose_row, row_logprob
+    from requant.runtime.sampling import Chooser, SamplingParams, choose_row, row_logprob
 
     rng = random.Random(64)
     g = torch.Generator().manual_seed(64)

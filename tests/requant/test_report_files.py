@@ -1,4 +1,4 @@
-"""requant.output's report writer (write_files_atomic and the writers on it): a target that is
+"""requant.io.output's report writer (write_files_atomic and the writers on it): a target that is
 not a regular file is never replaced, a set of files is published all or nothing, errors name
 the destination, permissions are cp's, JSON has no NaN literal. References: os.lstat of the
 targets before and after, the directory listing (no temporary left), Python's json parser
@@ -12,9 +12,9 @@ import stat
 
 import pytest
 
-import requant.output as output
+import requant.io.output as output
 from requant.errors import CheckpointError
-from requant.output import json_bytes, report_target, write_bytes_atomic, write_files_atomic, write_json_atomic
+from requant.io.output import json_bytes, report_target, write_bytes_atomic, write_files_atomic, write_json_atomic
 
 
 def _listing(d):

@@ -1,4 +1,4 @@
-"""requant.safetensors_io against the safetensors library (reference:
+"""requant.io.safetensors_io against the safetensors library (reference:
 safetensors.torch.save_file / load_file), plus the format checks."""
 
 import json
@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
 
 from requant.errors import SafetensorsFormatError
-from requant.safetensors_io import DTYPES, library_order, read_header, serialize_header, write_file
+from requant.io.safetensors_io import DTYPES, library_order, read_header, serialize_header, write_file
 
 DTS = [
     torch.int8,

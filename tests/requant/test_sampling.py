@@ -1,9 +1,9 @@
-"""requant.sampling: the counter-based sampler, against an independent plain-Python implementation
+"""requant.runtime.sampling: the counter-based sampler, against an independent plain-Python implementation
 of its documented definition (hashlib, math, fractions, bisect; no torch), on fixed keys; the
 chooser alone vs in a batch; greedy against the runtime's own argmax; and the fast engine's
 sampling under the Triton interpreter (one tiny case).
 
-References: `_Independent` below (written from the module docstring of requant/sampling.py: SHA-256
+References: `_Independent` below (written from the module docstring of requant/runtime/sampling.py: SHA-256
 of the documented key bytes, Cody-Waite + Taylor exp from Python floats, a sort by (-logit, id),
 top-k, top-p by exact rationals, inverse CDF by bisect over cumulative integer weights, the
 logprob's exact integer sum); math.exp / math.log for the accuracy of exp64 / log64; Model.greedy
@@ -21,7 +21,7 @@ from fractions import Fraction
 import pytest
 import torch
 
-from requant.sampling import (
+from requant.runtime.sampling import (
     Chooser,
     SamplingParams,
     choose_row,

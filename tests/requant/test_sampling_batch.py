@@ -1,9 +1,9 @@
-"""requant.sampling_batch (the batched chooser that Chooser runs) against the per-row definition,
+"""requant.runtime.sampling_batch (the batched chooser that Chooser runs) against the per-row definition,
 bit for bit, on many random rows: ties, signed zeros, top-k, top-p, temperatures, greedy mixed
 with sampled in one batch, rows whose kept set or draw reaches past the first prefix of the
 order, small vocabularies and the 8B one (151,936).
 
-References: requant.sampling.choose_row, row_logprob and logits_sha256 applied row by row (the
+References: requant.runtime.sampling.choose_row, row_logprob and logits_sha256 applied row by row (the
 per-row definition, itself tested against an independent plain-Python implementation in
 tests/requant/test_sampling.py); hashlib for the digests.
 """
@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from requant import sampling_batch
-from requant.sampling import Chooser, SamplingParams, choose_row, logits_sha256, resolve, row_logprob
-from requant.sampling_batch import choose_batch
+from requant.runtime.sampling import Chooser, SamplingParams, choose_row, logits_sha256, resolve, row_logprob
+from requant.runtime.sampling_batch import choose_batch
 
 TEMPS = [0.0, 0.0, 1e-3, 0.05, 0.7, 1.0, 1.0, 2.0, 50.0]
 TOP_K = [0, 0, 1, 3, 50, 2000, 10**6]

@@ -12,16 +12,16 @@ import textwrap
 
 import pytest
 
-import requant.output
+import requant.io.output
 from requant.convert import convert
-from requant.output import OutputInterrupted
+from requant.io.output import OutputInterrupted
 
 from .conftest import leftovers, tree_bytes
 
 WRITER = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from requant.output import AtomicOutput
+    from requant.io.output import AtomicOutput
     with AtomicOutput(Path(sys.argv[1]), False) as dest:
         (dest.tmp / "model-00001-of-00002.safetensors").write_bytes(b"x" * 100000)
         print(dest.tmp, flush=True)
@@ -84,14 +84,14 @@ def test_an_interrupt_after_the_rename_says_the_output_is_complete(tmp_path, mon
     out = tmp_path / "out"
     if force:
         convert(micro, out, "ceiling")
-    real = requant.output.fsync_path
+    real = requant.io.output.fsync_path
 
     def interrupted(path):
         if path == out.parent and out.is_dir() and (out / "SHA256SUMS").exists():  # after the rename
             raise KeyboardInterrupt
         return real(path)
 
-    monkeypatch.setattr(requant.output, "fsync_path", interrupted)
+    monkeypatch.setattr(requant.io.output, "fsync_path", interrupted)
     with pytest.raises(OutputInterrupted, match="written completely") as exc:
         convert(micro, out, "nearest", force=force)
     assert isinstance(exc.value, KeyboardInterrupt) and "\n" not in str(exc.value)
@@ -104,20 +104,20 @@ def test_the_command_says_which_interrupt_happened(tmp_path, monkeypatch, micro)
     from requant.cli import app
 
     out = tmp_path / "out"
-    real = requant.output.fsync_path
+    real = requant.io.output.fsync_path
 
     def interrupted(path):
         if path == out.parent and out.is_dir():  # after the rename
             raise KeyboardInterrupt
         return real(path)
 
-    monkeypatch.setattr(requant.output, "fsync_path", interrupted)
+    monkeypatch.setattr(requant.io.output, "fsync_path", interrupted)
     res = CliRunner().invoke(app, ["convert", str(micro), "-o", str(out)])
     assert res.exit_code == 130, res.output
     errors = [ln for ln in res.stderr.splitlines() if ln.startswith("error:")]
     assert len(errors) == 1 and "written completely" in errors[0] and "nothing was written" not in res.stderr
     assert (out / "SHA256SUMS").is_file() and leftovers(tmp_path, "out") == ["out"]
-    monkeypatch.setattr(requant.output, "fsync_path", real)
+    monkeypatch.setattr(requant.io.output, "fsync_path", real)
     (tmp_path / ".out2.requant-tmp-0123456789ab").mkdir()  # a leftover that cannot be told: named, as a warning
     res = CliRunner().invoke(app, ["convert", str(micro), "-o", str(tmp_path / "out2")])
     assert res.exit_code == 0 and "warning:" in res.stderr and "no lock" in res.stderr, res.output

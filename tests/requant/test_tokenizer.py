@@ -1,4 +1,4 @@
-"""requant/tokenizer.py. References: Python's str.encode('utf-8') for byte-level ids; the
+"""requant/models/tokenizer.py. References: Python's str.encode('utf-8') for byte-level ids; the
 `tokenizers` library's own encode/decode of the same tokenizer.json; hashlib on the file
 bytes for the digest."""
 
@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from requant.tokenizer import TokenizerError, load_tokenizer, summary
+from requant.models.tokenizer import TokenizerError, load_tokenizer, summary
 from tests.requant.toy_tokenizer import EOT, write_byte_bpe
 
 TEXTS = ("The quick brown fox", "thé 🙂 the\nthe", "", "def f(x):\n    return x")

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from requant import DEFAULT_CHECKPOINT, tokenizer
 from requant.cli import app
-from requant.tokenizer import TokenizerError, load_tokenizer
+from requant.models.tokenizer import TokenizerError, load_tokenizer
 
 runner = CliRunner()
 

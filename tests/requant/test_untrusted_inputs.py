@@ -82,7 +82,7 @@ def test_config_json_that_is_a_fifo_is_refused(micro, watchdog):
 
 
 def test_a_text_input_larger_than_the_cap_is_refused_unread(tmp_path):
-    from requant.inputs import read_small
+    from requant.io.inputs import read_small
 
     p = tmp_path / "big.json"
     with open(p, "wb") as f:
@@ -114,7 +114,7 @@ def test_deeply_nested_json_in_config_json_is_exit_2_one_line(micro, tmp_path, c
 
 
 def test_deeply_nested_safetensors_header_is_refused_naming_the_file(micro):
-    from requant.safetensors_io import read_header
+    from requant.io.safetensors_io import read_header
 
     header = b'{"a":' + DEEP + b"}"
     p = micro / "model.safetensors"
@@ -193,7 +193,7 @@ def test_crlf_manifest_line_is_named_without_a_raw_carriage_return(micro):
 
 
 def test_tokenizer_json_that_is_a_fifo_is_refused_not_read_as_missing(micro, watchdog):
-    from requant.tokenizer import TokenizerError, load_tokenizer
+    from requant.models.tokenizer import TokenizerError, load_tokenizer
 
     os.mkfifo(micro / "tokenizer.json")
     with pytest.raises(TokenizerError, match="tokenizer.json is a FIFO"):

@@ -1,10 +1,10 @@
-"""requant.verify and requant.inspect as library calls. References: the files themselves
+"""requant.evidence.verify and requant.checkpoint.inspect as library calls. References: the files themselves
 (byte comparison), and the tensors read with safetensors.torch.load_file."""
 
 import json
 
-from requant.inspect import inspect_checkpoint
-from requant.verify import verify
+from requant.checkpoint.inspect import inspect_checkpoint
+from requant.evidence.verify import verify
 
 from .conftest import load_all
 
@@ -22,7 +22,7 @@ def test_verify_reports_one_changed_element(tmp_path, micro):
 
     other = tmp_path / "other"
     shutil.copytree(micro, other)
-    from requant.safetensors_io import read_header
+    from requant.io.safetensors_io import read_header
 
     f = read_header(other / "model.safetensors")
     info = f.info("model.layers.0.mlp.down_proj.weight")
@@ -65,7 +65,7 @@ def test_verify_reads_tensors_only_from_differing_files(tmp_path, monkeypatch, m
     not read again, and the one changed element is still reported."""
     import shutil
 
-    from requant.safetensors_io import SafetensorsFile, read_header
+    from requant.io.safetensors_io import SafetensorsFile, read_header
 
     other = tmp_path / "other"
     shutil.copytree(micro_sharded, other)

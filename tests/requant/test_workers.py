@@ -1,4 +1,4 @@
-"""requant.workers: the reported failure is the first failing unit in unit order, whatever
+"""requant.convert._workers: the reported failure is the first failing unit in unit order, whatever
 the timing. The timings are forced with events (a later unit fails first; earlier units
 keep running and fail or finish afterwards), so each test decides one interleaving
 deterministically. Reference: the units' own records of what they saw and did."""
@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from requant.workers import Aborted, run_units
+from requant.convert._workers import Aborted, run_units
 
 WAIT = 20  # seconds; only reached if the code under test deadlocks
 

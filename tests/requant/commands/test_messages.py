@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from requant import DEFAULT_CHECKPOINT
 from requant.cli import app
-from requant.safetensors_io import read_header
+from requant.io.safetensors_io import read_header
 
 runner = CliRunner()
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from requant.sampling import METHOD, Sampled, SamplingParams
+from requant.runtime.sampling import METHOD, Sampled, SamplingParams
 
 __all__ = [
     "FORMAT",
@@ -225,7 +225,7 @@ def describe_difference(index: int, rec: dict, diff: dict | None, token_step: in
 def filler_prompts(tokenizer, n: int) -> tuple[list[list[int]], list[SamplingParams]]:
     """n deterministic filler requests: the calibration prompts (requant.prompts) in turn, a
     number appended from the 17th on, each sampled (FILLER_SAMPLING) with seed i, key filler-i."""
-    from requant.prompts import CALIBRATION_PROMPTS
+    from requant.models.prompts import CALIBRATION_PROMPTS
 
     ids, params = [], []
     for i in range(n):

@@ -49,15 +49,15 @@ from pathlib import Path
 from typing import Callable
 
 import requant
-from requant import streaming
 from requant.checkpoint import open_checkpoint
+from requant.convert import _streaming as streaming
 from requant.errors import CheckpointError, OutputError, os_reason
 from requant.evidence import manifest as mf
 from requant.evidence import provenance
 from requant.evidence.provenance import PROVENANCE_KEY
-from requant.inputs import load_json
-from requant.links import shown
-from requant.output import AtomicOutput, OutputInterrupted, check_output, json_bytes, write_bytes_atomic
+from requant.io.inputs import load_json
+from requant.io.links import shown
+from requant.io.output import AtomicOutput, OutputInterrupted, check_output, json_bytes, write_bytes_atomic
 from requant.scales import ARMS, SERVABLE
 from requant.scales.requantizer import LinearStats
 

@@ -16,8 +16,8 @@ import numpy as np
 
 from requant.checkpoint import Checkpoint, open_checkpoint
 from requant.convert import PROVENANCE_KEY
+from requant.io.safetensors_io import pread_exact
 from requant.kernels.bf16 import is_power_of_two
-from requant.safetensors_io import pread_exact
 from requant.scales.arms import ceil_exponent
 
 CONFIG_KEYS = (

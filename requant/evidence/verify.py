@@ -21,7 +21,7 @@ import torch
 from requant.checkpoint import SKIP_DIRS
 from requant.errors import CheckpointError, LayoutError
 from requant.evidence.manifest import walk_files
-from requant.safetensors_io import SafetensorsFile, read_header
+from requant.io.safetensors_io import SafetensorsFile, read_header
 
 
 def _files(root: Path) -> dict[str, Path]:

@@ -38,7 +38,7 @@ from fractions import Fraction
 
 import torch
 
-from requant.sampling import WEIGHT_BITS, exp64, log64, uniform_int
+from requant.runtime.sampling import WEIGHT_BITS, exp64, log64, uniform_int
 
 __all__ = ["choose_batch", "check_rows", "digests"]
 

@@ -43,11 +43,11 @@ from pathlib import Path
 
 import torch
 
+from requant.checkpoint.scheme import quantization_config
 from requant.errors import CheckpointError, OutputError
-from requant.output import AtomicOutput, file_mode, output_path, refuse_unless_replaceable
-from requant.qwen3 import Qwen3Arch
+from requant.io.output import AtomicOutput, file_mode, output_path, refuse_unless_replaceable
+from requant.models.qwen3 import Qwen3Arch
 from requant.scales.from_source import rtn_quantize
-from requant.scheme import quantization_config
 
 LINEAR_STD = 0.02
 

@@ -263,7 +263,7 @@ class Chooser:
         return self._host
 
     def __call__(self, step: int, logits: torch.Tensor) -> torch.Tensor:
-        from requant.sampling_batch import choose_batch
+        from requant.runtime.sampling_batch import choose_batch
 
         if logits.dim() != 2 or logits.shape[0] != len(self.requests):
             raise ValueError(f"logits of shape {list(logits.shape)} for {len(self.requests)} requests")

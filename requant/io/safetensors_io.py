@@ -40,7 +40,7 @@ from pathlib import Path
 import torch
 
 from requant.errors import SafetensorsFormatError, TensorError, os_reason
-from requant.inputs import not_regular
+from requant.io.inputs import not_regular
 
 # safetensors dtype string -> (torch dtype, item size in bytes)
 DTYPES: dict[str, tuple[torch.dtype, int]] = {

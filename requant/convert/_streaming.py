@@ -31,12 +31,12 @@ from typing import Callable
 import numpy as np
 
 from requant.checkpoint import SKIP_DIRS, Checkpoint
+from requant.convert._workers import Aborted, run_units, shutdown
 from requant.errors import OutputError, TensorError, os_reason
 from requant.evidence.manifest import walk_files
-from requant.safetensors_io import pread_exact, tensor_to_bytes
+from requant.io.safetensors_io import pread_exact, tensor_to_bytes
 from requant.scales.from_source import quantize_from_source
 from requant.scales.requantizer import LinearStats, Requantizer
-from requant.workers import Aborted, run_units, shutdown
 
 # Pieces small enough to stay in the CPU cache between read, requantize and write
 # (measured here: 16 MB pieces made the kernel's copies ~2x slower than 1 MB ones).

@@ -38,7 +38,7 @@ import contextlib
 import hashlib
 from pathlib import Path
 
-from requant.links import check_inside, shown
+from requant.io.links import check_inside, shown
 
 BYTE_LEVEL_MAX_VOCAB = 512
 _byte_ids_allowed = False
@@ -64,7 +64,7 @@ class TokenizerError(ValueError):
 def _read_json(path: Path):
     """A small JSON file beside the tokenizer (requant.inputs: a regular file, bounded, links inside)."""
     from requant.errors import CheckpointError
-    from requant.inputs import load_json
+    from requant.io.inputs import load_json
 
     try:
         return load_json(path, what=path.name, root=path.parent)
@@ -194,7 +194,7 @@ def load_tokenizer(checkpoint_dir, vocab_size: int, *, byte_level: bool = False)
     except ImportError:
         raise TokenizerError(f"{path}: the `tokenizers` library is not installed (pip install tokenizers)") from None
     from requant.errors import CheckpointError
-    from requant.inputs import read_small
+    from requant.io.inputs import read_small
 
     try:  # a regular file, bounded (a FIFO or a device named tokenizer.json is refused, not waited on)
         raw = read_small(path, what="tokenizer.json", root=directory)

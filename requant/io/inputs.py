@@ -17,7 +17,7 @@ import stat
 from pathlib import Path
 
 from requant.errors import CheckpointError, os_reason
-from requant.links import check_inside, shown
+from requant.io.links import check_inside, shown
 
 __all__ = ["MAX_TEXT_BYTES", "read_small", "loads_json", "load_json", "not_regular"]
 

@@ -53,8 +53,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from requant.errors import OutputError, os_reason
-from requant.inputs import not_regular
-from requant.links import LinkError, check_inside, shown
+from requant.io.inputs import not_regular
+from requant.io.links import LinkError, check_inside, shown
 
 LOCK_SUFFIX = ".lock"
 
