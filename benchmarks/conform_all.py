@@ -18,8 +18,8 @@ import time
 import torch
 
 from requant.audit import conform as C
-from requant.audit import fault_kernels as FK
-from requant.audit import vectors as V
+from requant.audit.conform import fault_kernels as FK
+from requant.audit.conform import vectors as V
 from requant.backends import environment
 
 

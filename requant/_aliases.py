@@ -31,6 +31,9 @@ MOVED = {
     "requant.sampling": "requant.runtime.sampling",
     "requant.sampling_batch": "requant.runtime.sampling_batch",
     "requant.generation": "requant.runtime.generation",
+    "requant.audit.formulas": "requant.audit.conform.formulas",
+    "requant.audit.vectors": "requant.audit.conform.vectors",
+    "requant.audit.fault_kernels": "requant.audit.conform.fault_kernels",
 }
 
 

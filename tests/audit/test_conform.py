@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from requant.audit import conform as C
-from requant.audit import fault_kernels as FK
-from requant.audit import vectors as V
+from requant.audit.conform import fault_kernels as FK
+from requant.audit.conform import vectors as V
 from requant.kernels import EMULATION_OF
 from requant.kernels.reference import scaled_mm_cutlass_order, scaled_mm_triton_order
 

@@ -138,7 +138,7 @@ def test_register_scaled_mm():
 
 
 def test_the_injector_faults_only_its_target_weights():
-    from requant.audit.fault_kernels import FAULTS
+    from requant.audit.conform.fault_kernels import FAULTS
     from requant.audit.injection import FaultInjector
     from requant.kernels.reference import scaled_mm_triton_order
     from tests.audit.conftest import make_operands

@@ -12,7 +12,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from requant.audit import vectors as V
+from requant.audit.conform import vectors as V
 
 NP = {"I8": np.int8, "F32": np.float32, "BF16": np.uint16}  # bf16 read as its 16 bits
 

@@ -190,7 +190,7 @@ def _numpy_reference(a, w, s_a, s_w, order: str) -> np.ndarray:
 def operand_sets():
     """The conformance kit's crafted epilogue vectors (on which every two orders give different
     bits: random operands almost never do once rounded to bf16) and seeded random operands."""
-    from requant.audit import vectors as V
+    from requant.audit.conform import vectors as V
 
     (crafted,) = [c for c in V.build_vectors(batch_ms=(1,)).cases if c.name == "epilogue"]
     sets = {"crafted": (crafted.a, crafted.w, crafted.s_a, crafted.s_w)}

@@ -43,7 +43,7 @@ from pathlib import Path
 
 import torch
 
-from requant.audit.formulas import FORMULA_TITLES, FORMULAS, apply_formula, model_accumulator
+from requant.audit.conform.formulas import FORMULA_TITLES, FORMULAS, apply_formula, model_accumulator
 from requant.kernels.reference import accumulate
 
 __all__ = [

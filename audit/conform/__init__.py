@@ -30,7 +30,7 @@ import importlib
 
 import torch
 
-from requant.audit.formulas import (
+from requant.audit.conform.formulas import (
     ACC_MODELS,
     ACC_TITLES,
     FORMULA_TITLES,
@@ -39,7 +39,7 @@ from requant.audit.formulas import (
     apply_formula,
     model_accumulator,
 )
-from requant.audit.vectors import VectorSet
+from requant.audit.conform.vectors import VectorSet
 
 __all__ = ["KernelError", "resolve_kernel", "run_cases", "fingerprint", "declared_order"]
 
