@@ -1,6 +1,6 @@
 """The prediction matrices, pinned before measuring.
 
-Two versions, each pinned by its own sha256 (PINS):
+Three versions, each pinned by its own sha256 (PINS):
   v1  audit/prediction_matrix.json     checks C1..C7; the seed paper's limit, reproduced
   v2  audit/prediction_matrix_v2.json  v1's cells unchanged, plus C8 (declared-order identity)
                                        on every row and the baseline row B.fused-order
