@@ -44,16 +44,12 @@ import torch
 import triton
 import triton.language as tl
 
-from requant.kernels.reference import POISON_SCALE_BITS, TINY
 from requant.kernels.triton import _launch
 from requant.kernels.triton._bf16 import bf16_rne_bits
-from requant.kernels.triton.quantize import _round_half_even
+from requant.kernels.triton.quantize import _POISON, _round_half_even, activation_scales
 
 __all__ = ["add_rms_norm", "qk_norm_rope", "row_block", "silu_mul_quantize"]
 
-_TINY = tl.constexpr(TINY)
-_UP = tl.constexpr(1.0 / TINY)
-_POISON = tl.constexpr(POISON_SCALE_BITS)
 OPTIONS = {"enable_fp_fusion": False}
 SILU_BLOCK_K = 2048  # the SiLU kernel's slice of a row (fixed: never depends on the number of rows)
 
@@ -133,11 +129,7 @@ def _quantize_store(h, mask, q_ptrs, s_ptr):
     mag = tl.max(h.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=1)
     bad = mag >= 0x7F800000
     amax = mag.to(tl.float32, bitcast=True)
-    zero = amax == 0.0
-    up = tl.where(amax < _TINY, _UP, 1.0)
-    safe = tl.where(zero, 1.0, amax)
-    s = tl.where(zero, 0.0, tl.math.div_rn(safe, 127.0 + tl.zeros_like(safe)))
-    inv = tl.where(zero, 0.0, tl.math.div_rn(127.0 + tl.zeros_like(safe), safe * up))
+    s, up, inv = activation_scales(amax)
     poison = tl.full((1,), _POISON, tl.int32).to(tl.float32, bitcast=True)
     tl.store(s_ptr + tl.arange(0, 1), tl.where(bad, poison, s))
     v = _round_half_even((h * up[:, None]) * inv[:, None])
@@ -277,11 +269,7 @@ def _silu_mul_quantize_kernel(gu_ptr, act_ptr, q_ptr, s_ptr, n, BLOCK_K: tl.cons
     mag = tl.max(mag, axis=0)
     bad = mag >= 0x7F800000  # NaN or inf in the row: s = NaN, q = 0
     amax = mag.to(tl.float32, bitcast=True)
-    zero = amax == 0.0
-    up = tl.where(amax < _TINY, _UP, 1.0)
-    safe = tl.where(zero, 1.0, amax)
-    s = tl.where(zero, 0.0, tl.math.div_rn(safe, 127.0 + tl.zeros_like(safe)))
-    inv = tl.where(zero, 0.0, tl.math.div_rn(127.0 + tl.zeros_like(safe), safe * up))
+    s, up, inv = activation_scales(amax)
     poison = tl.full((), _POISON, tl.int32).to(tl.float32, bitcast=True)
     tl.store(s_ptr + t, tl.where(bad, poison, s))
     tl.debug_barrier()
