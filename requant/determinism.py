@@ -28,6 +28,7 @@ import time
 
 import numpy as np
 
+from requant.io.markdown import table
 from requant.kernels.bf16 import is_power_of_two
 from requant.models.prompts import prompts as calibration_prompts
 
@@ -245,27 +246,34 @@ def markdown(result: dict, command: str | None = None) -> str:
         lines += [
             f"## {regime}: {r['identical']}/{r['total']} identical" + (" (same as native)" if r.get("same_as") else ""),
             "",
-            f"| # | identical | first divergence | sha256 {a} | sha256 {b} | text ({a}) | text ({b}), where it differs |",
-            "| ---: | --- | ---: | --- | --- | --- | --- |",
         ]
+        rows = []
         for p in r["prompts"]:
             div = "" if p["first_divergence"] is None else str(p["first_divergence"])
             other = "" if p["identical"] else _cell(p["text"][b])
-            lines.append(
-                f"| {p['index']} | {'yes' if p['identical'] else '**no**'} | {div} | `{p['sha256'][a][:16]}` | "
-                f"`{p['sha256'][b][:16]}` | {_cell(p['text'][a])} | {other} |"
+            same = "yes" if p["identical"] else "**no**"
+            rows.append(
+                [
+                    p["index"],
+                    same,
+                    div,
+                    f"`{p['sha256'][a][:16]}`",
+                    f"`{p['sha256'][b][:16]}`",
+                    _cell(p["text"][a]),
+                    other,
+                ]
             )
-        lines.append("")
+        header = ["#", "identical", "first divergence", f"sha256 {a}", f"sha256 {b}", f"text ({a})"]
+        lines += [*table([*header, f"text ({b}), where it differs"], rows, align="rlr"), ""]
     lines += [
         "## Batch invariance (each prompt alone vs inside the batch, same backend)",
         "",
-        "| regime | backend | identical | differing prompts |",
-        "| --- | --- | ---: | --- |",
     ]
-    for regime in ("native", "pow2"):
-        for backend, v in result["batch_invariance"][regime].items():
-            lines.append(
-                f"| {regime} | {backend} | {v['identical']}/{v['total']} | {', '.join(map(str, v['differing_prompts'])) or '-'} |"
-            )
+    rows = [
+        [regime, backend, f"{v['identical']}/{v['total']}", ", ".join(map(str, v["differing_prompts"])) or "-"]
+        for regime in ("native", "pow2")
+        for backend, v in result["batch_invariance"][regime].items()
+    ]
+    lines += table(["regime", "backend", "identical", "differing prompts"], rows, align="llr")
     lines.append("")
     return "\n".join(lines)

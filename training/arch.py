@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from requant.models.qwen3 import SIZE_KEYS
 from requant.models.synthetic import Preset, model_config
 
 EOT_ID = 0
@@ -56,13 +57,7 @@ def preset_from_config(cfg: dict, file: str = "config.json") -> Preset:
     """The Preset a config.json written by config_dict describes; ValueError names the field
     when the config is not exactly such a config (so that re-writing it changes nothing)."""
     keys = (
-        "hidden_size",
-        "intermediate_size",
-        "num_hidden_layers",
-        "num_attention_heads",
-        "num_key_value_heads",
-        "head_dim",
-        "vocab_size",
+        *SIZE_KEYS,
         "tie_word_embeddings",
         "max_position_embeddings",
         "bos_token_id",

@@ -52,6 +52,7 @@ import torch
 if __package__ in (None, ""):  # run as a script: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from requant.io.markdown import table  # noqa: E402
 from requant.models.synthetic import model_config, plan, write_json  # noqa: E402
 from requant.scales.from_source import rtn_quantize  # noqa: E402
 from training import arch  # noqa: E402
@@ -293,12 +294,13 @@ def main(argv: list[str] | None = None) -> int:
     if a.json:
         print(json.dumps(res, indent=2, sort_keys=True))
         return 0
-    print(f"| file in {a.out_dir} | bytes | sha256 |\n| --- | ---: | --- |")
-    for name, f in res["files"].items():
-        print(f"| {name} | {f['bytes']:,} | {f['sha256'][:16]} |")
-    print(
-        f"| **total** ({res['parameters']:,} parameters) | **{res['total_bytes']:,}** | limit {res['limit_bytes']:,} |"
-    )
+    rows = [[name, f"{f['bytes']:,}", f["sha256"][:16]] for name, f in res["files"].items()]
+    total = [
+        f"**total** ({res['parameters']:,} parameters)",
+        f"**{res['total_bytes']:,}**",
+        f"limit {res['limit_bytes']:,}",
+    ]
+    print("\n".join(table([f"file in {a.out_dir}", "bytes", "sha256"], [*rows, total], align="lr")))
     return 0
 
 

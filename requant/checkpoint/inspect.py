@@ -18,19 +18,10 @@ from requant.checkpoint import Checkpoint, open_checkpoint
 from requant.convert import PROVENANCE_KEY
 from requant.io.safetensors_io import pread_exact
 from requant.kernels.bf16 import is_power_of_two
+from requant.models.qwen3 import SIZE_KEYS
 from requant.scales.arms import ceil_exponent
 
-CONFIG_KEYS = (
-    "hidden_size",
-    "intermediate_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "num_key_value_heads",
-    "head_dim",
-    "vocab_size",
-    "tie_word_embeddings",
-    "torch_dtype",
-)
+CONFIG_KEYS = (*SIZE_KEYS, "tie_word_embeddings", "torch_dtype")
 
 
 def _int8_range(ckpt: Checkpoint, name: str, buf: bytearray) -> tuple[int, int, int]:

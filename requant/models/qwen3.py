@@ -22,8 +22,9 @@ LAYER_LINEARS = (
 )
 
 
-# The sizes a config.json must give as positive integers (each is a divisor or a count).
-_SIZES = (
+# The sizes a config.json must give as positive integers (each is a divisor or a count): the
+# one list of Qwen3 config keys (inspect and training/arch.py build on it).
+SIZE_KEYS = (
     "hidden_size",
     "intermediate_size",
     "num_hidden_layers",
@@ -59,7 +60,7 @@ class Qwen3Arch:
         """Read a transformers-style Qwen3 config.json (dict); ValueError names a missing key or
         a size that is not a positive integer."""
         try:
-            for key in _SIZES:
+            for key in SIZE_KEYS:
                 if key in config and config[key] is not None:
                     _positive(key, config[key])
             hidden = int(config["hidden_size"])
