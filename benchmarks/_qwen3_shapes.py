@@ -1,5 +1,5 @@
 """The GEMM shapes of the real Qwen3 models, for the kernel benchmarks, derived from the presets
-of requant.synthetic (requant.qwen3.Qwen3Arch.layer_linear_shapes) rather than copied.
+of requant.models.synthetic (requant.models.qwen3.Qwen3Arch.layer_linear_shapes) rather than copied.
 
 QWEN3: {"Qwen3-1.7B": [("q,o", N, K, count), ("k,v", ...), ("gate,up", ...), ("down", ...)], ...}:
 per model, each distinct [N, K] = [out, in] of one decoder layer's quantized Linears, the Linears

@@ -1,4 +1,4 @@
-"""One step of requant.sampling's chooser (Chooser(...)(step, logits)) at the 8B vocabulary.
+"""One step of requant.runtime.sampling's chooser (Chooser(...)(step, logits)) at the 8B vocabulary.
 
     python3 benchmarks/bench_sampling.py [--out DIR] [--batches 1,8,64] [--vocab 151936]
                                          [--devices cpu,cuda] [--reps 3] [--threads 1]
@@ -13,7 +13,7 @@ row), both recording (the logits digest and the logprob of every row, as `requan
 rounded to bf16 (ties, as a model's), one fixed seed.
 It runs on any checkout (an older Chooser without `record` is timed in the recording modes),
 so the same script gives the before and after figures: PYTHONPATH=<old tree> for before.
-Writes DIR/sampling.json (requant.output.write_json_atomic) and prints one line per point.
+Writes DIR/sampling.json (requant.io.output.write_json_atomic) and prints one line per point.
 """
 
 import argparse

@@ -1,5 +1,5 @@
 """Fingerprint every registered backend that runs here and every catalogue fault wrapped as a
-kernel (audit/fault_kernels.py), in one process, on one device; check each identification
+kernel (audit/conform/fault_kernels.py), in one process, on one device; check each identification
 against what the kernel is known to compute (kernels.EMULATION_OF for backends, FAULT_FORMULAS
 for faults, both written from the definitions, not from a run).
 

@@ -112,7 +112,7 @@ from pathlib import Path
 
 sys.path.insert(0, ".")
 from benchmarks.bench_tp import markdown
-from requant.output import write_bytes_atomic, write_json_atomic
+from requant.io.output import write_bytes_atomic, write_json_atomic
 
 out = Path(sys.argv[1])
 small, big = out / "bench_tp.json", out / ".big" / "bench_tp.json"

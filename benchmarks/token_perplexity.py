@@ -5,7 +5,7 @@
 lm-eval reports word and byte perplexity only. Its rolling log-likelihood scores every token
 of a document exactly once (requant/eval/lm.py), so exp(-sum ll / sum tokens) over the
 per-document log-likelihoods the eval JSON keeps is the per-token perplexity, with the token
-count from the checkpoint's own tokenizer (requant.tokenizer, what the eval's model used) on
+count from the checkpoint's own tokenizer (requant.models.tokenizer, what the eval's model used) on
 the shipped held-out documents. CKPT defaults to the JSON's `checkpoint`.
 """
 

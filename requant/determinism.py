@@ -1,7 +1,7 @@
 """`requant determinism`: are greedy generations byte-identical across the GEMM pair?
 
 For each regime (native: the checkpoint's scales; pow2: the converter's nearest arm, made
-in memory) the built-in calibration prompts (requant.prompts), tokenized with the
+in memory) the built-in calibration prompts (requant.models.prompts), tokenized with the
 checkpoint's tokenizer, are decoded greedily with the KV cache (requant.runtime), as one
 batch, once with each backend of the pair. Nothing else differs between the two runs: the
 same weights, the same activation quantizer, the same attention and norms; only the

@@ -1,8 +1,8 @@
-"""Fingerprint a W8A8 kernel: which formula of audit/formulas.py it implements, whether it
+"""Fingerprint a W8A8 kernel: which formula of audit/conform/formulas.py it implements, whether it
 accumulates exactly, whether it is batch-invariant; one verdict line and a JSON record.
 
 METHOD
-  The kernel runs on every case of audit/vectors.py (operands copied to the device, outputs
+  The kernel runs on every case of audit/conform/vectors.py (operands copied to the device, outputs
   copied back). Its outputs are compared bit for bit (int16 views of bf16):
   * identity: over the epilogue and accumulator cases, against every (accumulator model,
     formula) candidate. The epilogue cases separate every pair of formulas and the

@@ -1,10 +1,10 @@
 """Every fault of the catalogue (audit/faults.py) wrapped as a scaled_mm kernel, so that
-`requant conform --kernel requant.audit.fault_kernels:F4` can fingerprint it.
+`requant conform --kernel requant.audit.conform.fault_kernels:F4` can fingerprint it.
 
 Each kernel checks the operand contract, forms the exact reference case on its operands
 (audit.faults.reference_case) and returns the output of one variant at severity "all"
 (F9: all three operand variants, F9a one scale, F9b 1% of activations, F9c all of them).
-Expected fingerprints (FAULT_FORMULAS): the formula of audit/formulas.py each implements, with
+Expected fingerprints (FAULT_FORMULAS): the formula of audit/conform/formulas.py each implements, with
 its accumulator model; None for the operand faults, which match no formula.
 """
 

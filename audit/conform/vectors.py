@@ -1,4 +1,4 @@
-"""Crafted conformance vectors: small W8A8 cases on which the formulas of audit/formulas.py
+"""Crafted conformance vectors: small W8A8 cases on which the formulas of audit/conform/formulas.py
 give different bf16 outputs, plus accumulator and batch-invariance cases. Built
 deterministically on CPU from one seed (the same bytes on every machine: seeded torch
 generators, exact integer matmuls in float64, IEEE fp32 elementwise ops), and exportable
@@ -312,7 +312,7 @@ EXPORT_FILES = ("vectors.safetensors", "vectors.json")
 
 def export_items(vs: VectorSet, directory: Path | str) -> list:
     """The (destination, render) pairs of DIR/vectors.safetensors and DIR/vectors.json, for
-    requant.output.write_files_atomic (so that they can be published with other files as one set)."""
+    requant.io.output.write_files_atomic (so that they can be published with other files as one set)."""
     from requant.io.safetensors_io import TORCH_TO_ST, serialize_header, tensor_to_bytes
 
     d = Path(directory)
@@ -337,7 +337,7 @@ def export_items(vs: VectorSet, directory: Path | str) -> list:
 
 def export(vs: VectorSet, directory: Path | str) -> list[Path]:
     """DIR/vectors.safetensors and DIR/vectors.json, both rendered to temporaries in DIR
-    first and renamed only when both are complete (requant.output.write_files_atomic): a
+    first and renamed only when both are complete (requant.io.output.write_files_atomic): a
     reader sees the old pair or the new pair, never a partial file."""
     from requant.io.output import write_files_atomic
 

@@ -7,11 +7,11 @@ then checks, before any tensor data is used by anyone:
 
   * config.json exists, is JSON, describes a Qwen3 (architectures ["Qwen3ForCausalLM"],
     model_type "qwen3": check_qwen3), and its quantization_config is the W8A8 scheme
-    (requant.scheme, which names the offending field);
+    (requant.checkpoint.scheme, which names the offending field);
   * the weights are either one `model.safetensors` or the shards that
     `model.safetensors.index.json` names (plain file names only: no path traversal),
-    every shard exists and its header is valid (requant.safetensors_io), and none of
-    these files is a link out of the checkpoint (requant.links);
+    every shard exists and its header is valid (requant.io.safetensors_io), and none of
+    these files is a link out of the checkpoint (requant.io.links);
   * the index and the shards agree tensor for tensor, and no tensor is stored twice;
   * every quantized Linear `X` has `X.weight` int8 [out, in] and `X.weight_scale`
     [out, 1] in bf16/fp16/fp32, and no zero points or static input scales;
@@ -243,7 +243,7 @@ def _hub_miss(exc: Exception, repo_id: str, revision: str | None) -> str:
 
 
 def _load_json(path: Path, what: str):
-    """A small JSON file of the checkpoint: a regular file, bounded, links inside it only (requant.inputs)."""
+    """A small JSON file of the checkpoint: a regular file, bounded, links inside it only (requant.io.inputs)."""
     from requant.io.inputs import load_json
 
     if not (path.exists() or path.is_symlink()):

@@ -4,12 +4,12 @@ How, and why this way (each step in its own module):
   * Validate everything first (requant.checkpoint.open_checkpoint: config, every shard
     header, every scale; with --source, requant.evidence.origin proves the source weights are the
     checkpoint's origin) so that a bad input fails before a byte is written.
-  * Stream (requant.streaming): requantizing never changes a tensor's dtype or shape, so
+  * Stream (requant.convert._streaming): requantizing never changes a tensor's dtype or shape, so
     every output shard keeps its input's header bytes and offsets and is filled with pwrite;
     pass-through tensors are copied in 1 MB pieces, quantized Linears requantized one at a
     time (requant.scales.arms) in blocks of rows. Memory is bounded by one weight per worker plus
     small buffers, not by the model.
-  * In parallel (requant.workers): the work is cut into ~64 MB segments of consecutive
+  * In parallel (requant.convert._workers): the work is cut into ~64 MB segments of consecutive
     tensors (fixed by the headers) run in a bounded thread pool. A failure is reported
     deterministically: the first failing segment in file order, once every worker has
     stopped.
@@ -28,7 +28,7 @@ How, and why this way (each step in its own module):
     (they stop within one 8 MB read) before the temporary output is removed. A source file
     whose inode, size or times change during the run is refused before the rename, so
     SHA256SUMS.source lists the bytes converted (convert.file_states says how).
-  * Atomically (requant.output): written into `.OUT.requant-tmp-*/output` next to OUT, fsynced,
+  * Atomically (requant.io.output): written into `.OUT.requant-tmp-*/output` next to OUT, fsynced,
     renamed; an error or interrupt leaves nothing, and an existing OUT is only replaced
     with force=True.
   * unconstrained reproduces every file byte for byte (config.json and the index are
@@ -201,12 +201,12 @@ def convert(
         src_states: file_states(SRC) taken before src_entries were hashed, so that a source
             changed between that hashing and the end of this conversion is refused too.
         on_note: hears about what dead runs left beside OUTPUT (removed, or left alone and
-            named: requant.output.sweep_stale); a RuntimeWarning by default.
+            named: requant.io.output.sweep_stale); a RuntimeWarning by default.
 
     SRC's own SHA256SUMS, when it has one, must list exactly its files (checked before any
     work) with their bytes (checked once they are hashed, before the rename): a mismatch is a
     ManifestError and nothing is written, as audit, eval, determinism, card and push refuse it.
-    An interrupt once OUTPUT is complete is a requant.output.OutputInterrupted saying so.
+    An interrupt once OUTPUT is complete is a requant.io.output.OutputInterrupted saying so.
 
     Returns:
         ConvertResult: per-layer statistics, the output path, bytes and time.

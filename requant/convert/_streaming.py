@@ -10,8 +10,8 @@
   model.
 * A unit is a segment: ~64 MB (SEGMENT) of consecutive tensors of one shard, fixed by
   the header alone, so the units do not depend on the number of workers.
-  requant.workers runs them in a bounded thread pool.
-* Every source byte is read once here (requant.safetensors_io.pread_exact into reused
+  requant.convert._workers runs them in a bounded thread pool.
+* Every source byte is read once here (requant.io.safetensors_io.pread_exact into reused
   buffers). Nothing is hashed on the way: the provenance is the plain sha256 of whole
   files (requant.evidence.manifest), which cannot be split across parallel segments, so
   requant.convert hashes the source files in background threads beside these units.
@@ -247,7 +247,7 @@ class Job:
 
         Tensors are handled in cache-sized pieces read into reused buffers, and either
         written straight back (pass-through) or requantized. should_stop() is
-        polled after every piece (requant.workers decides who stops)."""
+        polled after every piece (requant.convert._workers decides who stops)."""
         name, infos = unit
         f = self.ckpt.shards[name]
         try:
@@ -278,7 +278,7 @@ class Job:
 
 
 def run(job: Job, units: list[tuple[str, list]], workers: int) -> None:
-    """Run every unit (shard name, tensors) of `job`. Returns or raises (the first failing unit's error, requant.workers) only once
+    """Run every unit (shard name, tensors) of `job`. Returns or raises (the first failing unit's error, requant.convert._workers) only once
     every worker has stopped, so the output fds may then be closed.
 
     Write-back starts as units finish (one thread, fdatasync of that unit's shard), so the

@@ -1,6 +1,6 @@
 """A bounded thread pool for units of work in file order, with a deterministic failure.
 
-The converter cuts its work into units (segments of shards, requant.streaming) and runs
+The converter cuts its work into units (segments of shards, requant.convert._streaming) and runs
 them in threads: numpy, hashing and file I/O release the GIL. What a user is told when
 something fails must not depend on which thread got there first, so:
 

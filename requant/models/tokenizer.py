@@ -16,7 +16,7 @@ Two kinds, and every report says which one it used (describe()):
 
 When byte-level ids are used, and when a missing tokenizer.json is refused:
   * a model vocabulary of at most BYTE_LEVEL_MAX_VOCAB (512) ids is the byte-level one:
-    256 byte values and at most 256 specials, the layout requant.synthetic builds for its
+    256 byte values and at most 256 specials, the layout requant.models.synthetic builds for its
     small models. Byte-level ids are used without asking.
   * a larger vocabulary belongs to a real tokenizer (Qwen3's has 151,936 ids), so a
     checkpoint that has one but no tokenizer.json has lost its tokenizer: byte ids would
@@ -25,7 +25,7 @@ When byte-level ids are used, and when a missing tokenizer.json is refused:
     byte_level=True, or within byte_ids_allowed() (the command line's --byte-tokens; the
     runtime benchmark, whose large synthetic models have no tokenizer).
   * a directory of None (a model built in memory, with no checkpoint) is byte-level.
-Links: a tokenizer file that links out of the checkpoint is refused (requant.links).
+Links: a tokenizer file that links out of the checkpoint is refused (requant.io.links).
 
 eos: generation_config.json's eos_token_id (an int or a list: all are kept in `eos_ids`,
 the first is `eos_id`), else tokenizer_config.json's eos_token looked up in tokenizer.json,
@@ -62,7 +62,7 @@ class TokenizerError(ValueError):
 
 
 def _read_json(path: Path):
-    """A small JSON file beside the tokenizer (requant.inputs: a regular file, bounded, links inside)."""
+    """A small JSON file beside the tokenizer (requant.io.inputs: a regular file, bounded, links inside)."""
     from requant.errors import CheckpointError
     from requant.io.inputs import load_json
 

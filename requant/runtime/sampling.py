@@ -13,7 +13,7 @@ sha256 hex of its prompt ids as little-endian int64).
 
 THE CHOICE, on one fp32 logits row l (every step below is exact integer arithmetic or single
 IEEE-754 float64 operations, so the bits are the same on any machine and device; choose_row is
-the definition, row by row; the Chooser runs requant.sampling_batch on the logits' device):
+the definition, row by row; the Chooser runs requant.runtime.sampling_batch on the logits' device):
   * greedy (temperature 0): the lowest id among the maxima.
   * x_i = (float64(l_i) - float64(max l)) / temperature; w_i = floor(exp64(x_i) * 2**40), an
     integer weight (the top token weighs 2**40; a token below 2**-40 of it weighs 0 and is
@@ -237,7 +237,7 @@ class Sampled:
 
 class Chooser:
     """The `choose` hook of Model.generate for a batch of requests: per step, one batched
-    computation on the logits' device (requant.sampling_batch.choose_batch: the bits of
+    computation on the logits' device (requant.runtime.sampling_batch.choose_batch: the bits of
     choose_row, row_logprob and logits_sha256, row by row), each row by its own params at its
     own position; every row's Step is recorded (Model.generate drops those after a row's eos).
     record=False: Steps carry no logits digest and no logprob (None), which is cheaper."""
@@ -246,7 +246,7 @@ class Chooser:
         self.requests = [p.check(f"request {j}") for j, p in enumerate(requests)]
         for j, p in enumerate(self.requests):
             if p.key is None:
-                raise ValueError(f"request {j}: no key (requant.sampling.resolve fills in the prompt's digest)")
+                raise ValueError(f"request {j}: no key (requant.runtime.sampling.resolve fills in the prompt's digest)")
         self.lengths = [int(n) for n in prompt_lengths]
         if len(self.lengths) != len(self.requests):
             raise ValueError(f"{len(self.requests)} requests but {len(self.lengths)} prompt lengths")

@@ -1,6 +1,6 @@
 """The chooser's batched form: one [B, vocab] computation a step, on the logits' device, giving
-the bits of requant.sampling's per-row definition (choose_row, row_logprob, logits_sha256 are
-the reference; tests/requant/test_sampling_batch.py compares them bit for bit).
+the bits of requant.runtime.sampling's per-row definition (choose_row, row_logprob, logits_sha256 are
+the reference; tests/requant/runtime/test_sampling_batch.py compares them bit for bit).
 
     tokens, ids, logprobs, digests = choose_batch(logits, requests, positions, record=True)
 
@@ -42,7 +42,7 @@ from requant.runtime.sampling import WEIGHT_BITS, exp64, log64, uniform_int
 
 __all__ = ["choose_batch", "check_rows", "digests"]
 
-_WEIGHT_FLOOR = -28.0  # as requant.sampling: below these a weight, a term of the sum, is 0
+_WEIGHT_FLOOR = -28.0  # as requant.runtime.sampling: below these a weight, a term of the sum, is 0
 _SUM_FLOOR = -56.0
 _ID_BITS = 23  # ids < 2**23: the vocabulary limit of check_rows (2**(63 - WEIGHT_BITS))
 _DEAD = 2**62  # the key of a zero-weight token, above every live one (< 2**55)

@@ -217,7 +217,7 @@ class Bf16Dir:
         self.config = config
         index = path / "model.safetensors.index.json"
         single = path / "model.safetensors"
-        for f in (path / "config.json", index, single):  # no link out of the directory (requant.links)
+        for f in (path / "config.json", index, single):  # no link out of the directory (requant.io.links)
             if f.is_symlink():
                 check_inside(path, f)
         check_qwen3(config, path / "config.json")  # after the link rules: nothing read from outside first

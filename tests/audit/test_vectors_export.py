@@ -1,4 +1,4 @@
-"""Exported conformance vectors (audit/vectors.py export) re-checked by a reader that uses
+"""Exported conformance vectors (audit/conform/vectors.py export) re-checked by a reader that uses
 numpy and the standard library only: it parses the safetensors header by hand, recomputes
 every formula of the catalogue from the int8 operands with numpy's IEEE float32 arithmetic
 (exact int64 accumulator; the exact value with Python fractions, or float64 away from bf16

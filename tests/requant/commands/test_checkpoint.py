@@ -13,8 +13,7 @@ from typer.testing import CliRunner
 
 from requant import DEFAULT_CHECKPOINT
 from requant.cli import app
-
-from .conftest import tree_bytes
+from tests.requant.conftest import tree_bytes
 
 runner = CliRunner()
 

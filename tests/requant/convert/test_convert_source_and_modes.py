@@ -25,8 +25,7 @@ from requant.convert import convert
 from requant.errors import CheckpointError
 from requant.evidence import manifest as mf
 from requant.models.synthetic import generate
-
-from .conftest import MICRO
+from tests.requant.conftest import MICRO
 
 runner = CliRunner()
 

@@ -9,8 +9,7 @@ from typer.testing import CliRunner
 from requant.cli import app
 from requant.convert import convert
 from requant.errors import OutputError
-
-from .conftest import leftovers, tree_bytes
+from tests.requant.conftest import leftovers, tree_bytes
 
 runner = CliRunner()
 

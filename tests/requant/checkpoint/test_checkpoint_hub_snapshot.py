@@ -6,8 +6,7 @@ Served by the loopback Hub (tests/hubserver.py) through the real snapshot_downlo
 the file list written here by hand, and the bytes put on the server."""
 
 from requant.checkpoint import open_checkpoint
-
-from .conftest import tree_bytes
+from tests.requant.conftest import tree_bytes
 
 EXTRA = {
     "README.md": b"---\nlicense: apache-2.0\n---\n# card\n",

@@ -15,8 +15,7 @@ from requant.checkpoint import open_checkpoint
 from requant.io.safetensors_io import read_header
 from requant.models.synthetic import PRESETS, generate, plan
 from requant.scales.from_source import rtn_quantize
-
-from .conftest import tree_bytes
+from tests.requant.conftest import tree_bytes
 
 
 def test_default_is_the_packaged_trained_model(tmp_path):
@@ -34,7 +33,7 @@ def test_default_is_the_packaged_trained_model(tmp_path):
     assert package_default.main([str(bf16), "--out-dir", str(out)]) == 0
     assert tree_bytes(out / "default") == tree_bytes(DEFAULT_CHECKPOINT)
     assert tree_bytes(out / "default-bf16") == tree_bytes(bf16)
-    summary = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "train_default" / "summary.json"
+    summary = Path(__file__).resolve().parents[3] / "benchmarks" / "results" / "train_default" / "summary.json"
     for run in (summary, summary.with_name("summary_run2.json")):
         trained = json.loads(run.read_text())["weights_sha256"]
         assert hashlib.sha256((bf16 / "model.safetensors").read_bytes()).hexdigest() == trained
@@ -145,7 +144,7 @@ def test_rtn_matches_float32_restatement():
 
 
 def test_keep_source_writes_bf16_originals(tmp_path):
-    from .conftest import MICRO
+    from tests.requant.conftest import MICRO
 
     generate(MICRO, tmp_path / "q", keep_source=tmp_path / "src")
     cfg = json.loads((tmp_path / "src" / "config.json").read_text())

@@ -12,8 +12,7 @@ import pytest
 from requant import DEFAULT_CHECKPOINT
 from requant.errors import OutputError
 from requant.models.synthetic import generate, main
-
-from .conftest import MICRO, leftovers, tree_bytes
+from tests.requant.conftest import MICRO, leftovers, tree_bytes
 
 
 def test_the_readme_command_cannot_overwrite_the_default(tmp_path):

@@ -21,7 +21,12 @@ from fractions import Fraction
 import pytest
 import torch
 
-from requant.runtime.sampling import (
+# As tests/requant/runtime/test_fast.py: at collection, before any test can import Triton, so that
+# the fast-engine case below runs under the interpreter whatever ran first in this process.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from requant.runtime.sampling import (  # noqa: E402
     Chooser,
     SamplingParams,
     choose_row,
@@ -213,7 +218,6 @@ def test_greedy_generation_is_the_runtimes_argmax_and_batch_invariant(micro):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter case is for CPU machines")
 def test_fast_engine_sampling_under_the_interpreter(micro):
-    os.environ.setdefault("TRITON_INTERPRET", "1")
     from requant.kernels.triton import _launch
 
     if not _launch.INTERPRET:

@@ -15,8 +15,7 @@ import pytest
 import requant.io.output
 from requant.convert import convert
 from requant.io.output import OutputInterrupted
-
-from .conftest import leftovers, tree_bytes
+from tests.requant.conftest import leftovers, tree_bytes
 
 WRITER = textwrap.dedent("""
     import sys, time

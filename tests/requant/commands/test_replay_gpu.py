@@ -7,7 +7,7 @@ kernels' logits with the recorded tokens forced (Model.generate(keep_logits=True
 torch.equal per step) gives the step that replay must report (none: exit 0). The chooser on
 CUDA against the same chooser on the CPU copy of the logits (and choose_row / row_logprob on a
 few rows): the same tokens, logprobs and digests.
-Run: python3 -m pytest -q -m gpu tests/requant/test_replay_gpu.py
+Run: python3 -m pytest -q -m gpu tests/requant/commands/test_replay_gpu.py
 """
 
 import json

@@ -14,8 +14,7 @@ import torch
 from requant.checkpoint import open_checkpoint
 from requant.convert import convert
 from requant.errors import LayoutError
-
-from .conftest import tree_bytes
+from tests.requant.conftest import tree_bytes
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 

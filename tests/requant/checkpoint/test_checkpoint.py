@@ -13,8 +13,7 @@ from requant.checkpoint import open_checkpoint
 from requant.convert import convert
 from requant.errors import CheckpointError, SchemeError
 from requant.io.safetensors_io import read_header, write_file
-
-from .conftest import leftovers, load_all
+from tests.requant.conftest import leftovers, load_all
 
 F = "model.safetensors"
 LIN = "model.layers.1.mlp.up_proj"
@@ -282,7 +281,7 @@ def test_unquantized_linear_not_ignored(tmp_path, micro):
 
 @pytest.mark.parametrize("case", [truncated, scale_nan, missing_config], ids=lambda c: c.__name__)
 def test_cli_reports_without_traceback(tmp_path, micro, case):
-    from .test_cli import app
+    from tests.requant.commands.test_checkpoint import app
 
     file, needle = case(micro)
     res = CliRunner().invoke(app, ["convert", str(micro), "-o", str(tmp_path / "out")])

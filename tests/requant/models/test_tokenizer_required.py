@@ -8,8 +8,9 @@ import shutil
 import pytest
 from typer.testing import CliRunner
 
-from requant import DEFAULT_CHECKPOINT, tokenizer
+from requant import DEFAULT_CHECKPOINT
 from requant.cli import app
+from requant.models import tokenizer
 from requant.models.tokenizer import TokenizerError, load_tokenizer
 
 runner = CliRunner()

@@ -9,8 +9,7 @@ from requant.cli import app
 from requant.convert import convert
 from requant.errors import CheckpointError
 from requant.evidence import manifest as mf
-
-from .conftest import leftovers, tree_bytes
+from tests.requant.conftest import leftovers, tree_bytes
 
 runner = CliRunner()
 

@@ -18,8 +18,7 @@ from requant.errors import CheckpointError
 from requant.evidence import manifest as mf
 from requant.evidence.verify import verify
 from requant.io.links import LinkError
-
-from .conftest import leftovers, tree_bytes
+from tests.requant.conftest import leftovers, tree_bytes
 
 runner = CliRunner()
 SECRET = b"the secret the checkpoint must never carry\n"

@@ -5,7 +5,7 @@ order, small vocabularies and the 8B one (151,936).
 
 References: requant.runtime.sampling.choose_row, row_logprob and logits_sha256 applied row by row (the
 per-row definition, itself tested against an independent plain-Python implementation in
-tests/requant/test_sampling.py); hashlib for the digests.
+tests/requant/runtime/test_sampling.py); hashlib for the digests.
 """
 
 import hashlib

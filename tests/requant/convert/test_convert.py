@@ -19,8 +19,7 @@ from requant.errors import OutputError
 from requant.kernels.bf16 import is_power_of_two
 from requant.models.synthetic import generate
 from requant.scales.arms import requantize
-
-from .conftest import MICRO, leftovers, load_all, tree_bytes, write_custom
+from tests.requant.conftest import MICRO, leftovers, load_all, tree_bytes, write_custom
 
 
 def _all_tensors(ckpt_dir):
@@ -424,7 +423,7 @@ def test_symlinked_output_is_replaced_in_its_own_directory(tmp_path, monkeypatch
 def test_output_appearing_during_conversion(tmp_path, monkeypatch, micro, force):
     """OUT created by someone else after the initial check: without force it is an error
     and that OUT is left exactly as it is; with force it is replaced (when it is a checkpoint:
-    anything else is refused, tests/requant/test_force.py)."""
+    anything else is refused, tests/requant/convert/test_convert_force.py)."""
     import requant.io.output
 
     out = tmp_path / "out"

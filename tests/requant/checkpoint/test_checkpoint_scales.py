@@ -10,9 +10,8 @@ from requant.checkpoint import check_scale_values, open_checkpoint
 from requant.cli import app
 from requant.convert import convert
 from requant.errors import TensorError
-
-from .conftest import leftovers, tree_bytes
-from .test_bad_input import LIN, _set_scale
+from tests.requant.checkpoint.test_checkpoint import LIN, _set_scale
+from tests.requant.conftest import leftovers, tree_bytes
 
 runner = CliRunner()
 

@@ -5,8 +5,7 @@ import json
 
 from requant.checkpoint.inspect import inspect_checkpoint
 from requant.evidence.verify import verify
-
-from .conftest import load_all
+from tests.requant.conftest import load_all
 
 
 def test_verify_matches_tensors_across_different_sharding(micro, micro_sharded):
