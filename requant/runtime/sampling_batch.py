@@ -38,12 +38,10 @@ from fractions import Fraction
 
 import torch
 
-from requant.runtime.sampling import WEIGHT_BITS, exp64, log64, uniform_int
+from requant.runtime._sampling_core import SUM_FLOOR, WEIGHT_BITS, WEIGHT_FLOOR, exp64, log64, uniform_int
 
 __all__ = ["choose_batch", "check_rows", "digests"]
 
-_WEIGHT_FLOOR = -28.0  # as requant.runtime.sampling: below these a weight, a term of the sum, is 0
-_SUM_FLOOR = -56.0
 _ID_BITS = 23  # ids < 2**23: the vocabulary limit of check_rows (2**(63 - WEIGHT_BITS))
 _DEAD = 2**62  # the key of a zero-weight token, above every live one (< 2**55)
 _PREFIX = 1024  # keys taken first; a kept set of real logits rarely reaches past them
@@ -95,7 +93,7 @@ def _sample(rows: torch.Tensor, top: torch.Tensor, reqs, positions) -> torch.Ten
     dev = rows.device
     temp = torch.tensor([float(p.temperature) for p in reqs], dtype=torch.float64, device=dev)[:, None]
     x = (rows.to(torch.float64) - top.to(torch.float64)[:, None]) / temp
-    w = _masked_exp(x, _WEIGHT_FLOOR).mul_(_SCALE).to(torch.int64)
+    w = _masked_exp(x, WEIGHT_FLOOR).mul_(_SCALE).to(torch.int64)
     live = w > 0  # zero-weight tokens change no sum and are never drawn: they sort last
     ids = torch.arange(vocab, device=dev)
     keys = torch.where(live, _descending_keys(rows) << _ID_BITS, _DEAD) | ids
@@ -147,7 +145,7 @@ def _sample(rows: torch.Tensor, top: torch.Tensor, reqs, positions) -> torch.Ten
 def _logprobs(rows: torch.Tensor, top: torch.Tensor, tokens: torch.Tensor) -> list[str]:
     """row_logprob of each row's token (float.hex), the sum's parts as int64 row sums."""
     x = rows.to(torch.float64) - top.to(torch.float64)[:, None]
-    e = _masked_exp(x, _SUM_FLOOR).mul_(_SCALE)
+    e = _masked_exp(x, SUM_FLOOR).mul_(_SCALE)
     hi = e.to(torch.int64)
     lo = e.sub_(hi.to(torch.float64)).mul_(_SCALE).to(torch.int64)  # both steps exact
     parts = torch.stack([hi.sum(1), lo.sum(1)], 1).tolist()

@@ -19,8 +19,8 @@ import pytest
 from typer.testing import CliRunner
 
 import requant.convert
-from requant import streaming
 from requant.cli import app
+from requant.convert import _streaming as streaming
 from requant.convert import convert
 from requant.errors import CheckpointError
 from requant.evidence import manifest as mf

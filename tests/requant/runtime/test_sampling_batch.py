@@ -14,7 +14,7 @@ import random
 import pytest
 import torch
 
-from requant import sampling_batch
+from requant.runtime import sampling_batch
 from requant.runtime.sampling import Chooser, SamplingParams, choose_row, logits_sha256, resolve, row_logprob
 from requant.runtime.sampling_batch import choose_batch
 
