@@ -1,7 +1,7 @@
 """Long contexts on the fast engine (split-KV attention at fixed boundaries), one H200.
 
-    python3 benchmarks/bench_long_context.py --synthetic qwen3-8b --out DIR [--reps 5] [--no-transformers]
-    python3 benchmarks/bench_long_context.py --smoke --out DIR     # CPU: TRITON_INTERPRET=1, tiny shapes
+    python3 -m benchmarks.bench_long_context --synthetic qwen3-8b --out DIR [--reps 5] [--no-transformers]
+    python3 -m benchmarks.bench_long_context --smoke --out DIR     # CPU: TRITON_INTERPRET=1, tiny shapes
 
 Measured (CUDA-synchronised perf_counter, median [min-max] of --reps after a warm-up), on random
 W8A8 weights at the preset's shapes (bench_runtime_fast.random_model):
@@ -32,7 +32,6 @@ if "--smoke" in sys.argv:  # before Triton is imported
 
 import torch  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 UNSPLIT = 1 << 30  # one split at any context: the walk without splits
 
 
@@ -117,7 +116,7 @@ def split_prices(shapes, splits, reps: int, calls: int) -> dict:
 
 
 def decode_at_contexts(model, contexts, steps: int, reps: int) -> dict:
-    from bench_runtime_fast import requant_decoder
+    from benchmarks._runtime_fast import requant_decoder
 
     out = {}
     g = torch.Generator().manual_seed(1)
@@ -145,7 +144,7 @@ def decode_at_contexts(model, contexts, steps: int, reps: int) -> dict:
 
 
 def prefill_lengths(model, hf, lengths, reps: int) -> dict:
-    from bench_runtime_fast import hf_prefill, requant_prefill
+    from benchmarks._runtime_fast import hf_prefill, requant_prefill
 
     out = {}
     g = torch.Generator().manual_seed(2)
@@ -218,7 +217,7 @@ def main(argv=None) -> int:
         if not torch.cuda.is_available():
             print("error: the benchmark needs CUDA (--smoke runs the CPU path)", file=sys.stderr)
             return 2
-        from bench_runtime_fast import hf_random, random_model
+        from benchmarks._runtime_fast import hf_random, random_model
 
         contexts = [int(x) for x in args.contexts.split(",")]
         prefill = [int(x) for x in args.prefill.split(",")]

@@ -3,8 +3,8 @@ both regimes (native scales, pow2 = the nearest arm), against transformers' bf16
 Qwen3ForCausalLM on the same (dequantized) weights; the pow2/native speed ratio with the
 same kernel; and the determinism counts of `requant determinism` on the same models.
 
-    python3 benchmarks/bench_runtime.py CKPT [CKPT ...] --out DIR          # GPU defaults
-    python3 benchmarks/bench_runtime.py --device cpu --backends reference --out DIR \\
+    python3 -m benchmarks.bench_runtime CKPT [CKPT ...] --out DIR          # GPU defaults
+    python3 -m benchmarks.bench_runtime --device cpu --backends reference --out DIR \\
         --prefill 64,128 --batches 1,2 --new-tokens 4 --reps 1              # CPU smoke run
 
 What is measured (every time CUDA-synchronised before and after, perf_counter):
@@ -48,12 +48,8 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-for _p in (ROOT, ROOT / "benchmarks"):
-    if str(_p) not in sys.path:
-        sys.path.insert(0, str(_p))
 
-from _timing import Stopwatch, summary, sync, transformers_decode  # noqa: E402
-
+from benchmarks._timing import Stopwatch, summary, sync, transformers_decode  # noqa: E402
 from requant.io.output import write_bytes_atomic, write_json_atomic  # noqa: E402
 
 T0 = time.perf_counter()
@@ -424,8 +420,7 @@ def main(argv=None) -> int:
 
 
 def main_synthetic(args, argv) -> int:
-    import bench_runtime_fast as fast
-
+    from benchmarks import _runtime_fast as fast
     from requant.backends import environment, parse_backends
 
     args.backends = list(parse_backends(args.backends or "cutlass,triton"))

@@ -1,6 +1,6 @@
 """One step of requant.runtime.sampling's chooser (Chooser(...)(step, logits)) at the 8B vocabulary.
 
-    python3 benchmarks/bench_sampling.py [--out DIR] [--batches 1,8,64] [--vocab 151936]
+    python3 -m benchmarks.bench_sampling [--out DIR] [--batches 1,8,64] [--vocab 151936]
                                          [--devices cpu,cuda] [--reps 3] [--threads 1]
 
 Per device (cuda only when present), batch and mode, the wall time of one chooser call on fp32
@@ -20,14 +20,10 @@ import argparse
 import inspect
 import os
 import platform
-import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from _timing import repeat, summary  # noqa: E402
-
+from benchmarks._timing import repeat, summary  # noqa: E402
 from requant.io.output import write_json_atomic  # noqa: E402
 from requant.runtime.sampling import Chooser, SamplingParams  # noqa: E402
 

@@ -4,7 +4,7 @@ after the `<!-- summary -->` marker is the short summary the GPU script prints l
 figure(result, path) draws graph TOPS per backend on every Qwen3 Linear at M >= 512, and
 eager / graph per backend (what the host path costs) at every point, into a PNG.
 
-    python3 benchmarks/bench_speed_report.py bench_speed.json [--md bench_speed.md] [--png bench_speed.png]
+    python3 -m benchmarks.bench_speed_report bench_speed.json [--md bench_speed.md] [--png bench_speed.png]
 
 Without --md the Markdown goes to stdout. Works on a partial JSON (a run stopped by its budget),
 and on the stored runs that still time the `plain` backend (benchmarks/results/speed_gpu/).
@@ -12,11 +12,8 @@ and on the stored runs that still time the `plain` backend (benchmarks/results/s
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from requant.io.output import write_bytes_atomic, write_files_atomic  # noqa: E402
 

@@ -2,8 +2,8 @@
 int32 all-reduce (exact) against bf16 all-reduce (the usual scheme), per backend and regime,
 with NCCL's algorithm and channel count varied; and whether the bits moved.
 
-    python3 benchmarks/bench_tp.py CKPT [CKPT ...] --out DIR                       # GPU defaults
-    python3 benchmarks/bench_tp.py --device cpu --backends reference-triton-order --tp 1,2 \\
+    python3 -m benchmarks.bench_tp CKPT [CKPT ...] --out DIR                       # GPU defaults
+    python3 -m benchmarks.bench_tp --device cpu --backends reference-triton-order --tp 1,2 \\
         --batch 2 --prompt-len 16 --new-tokens 4 --reps 1 --nccl default --out DIR    # CPU smoke run
 
 What is measured (requant.tp.launch, one launch per checkpoint and NCCL setting; every
@@ -33,8 +33,6 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 from requant.io.output import write_bytes_atomic, write_json_atomic  # noqa: E402
 

@@ -3,7 +3,7 @@ kernel (audit/conform/fault_kernels.py), in one process, on one device; check ea
 against what the kernel is known to compute (kernels.EMULATION_OF for backends, FAULT_FORMULAS
 for faults, both written from the definitions, not from a run).
 
-    python3 benchmarks/conform_all.py [--device cuda] [--json OUT]
+    python3 -m benchmarks.conform_all [--device cuda] [--json OUT]
 
 Exit 0 when every kernel is identified as expected; 1 otherwise.
 """

@@ -1,6 +1,6 @@
 """Detection tables of matrix v1 beside matrix v2, from audit JSONs scored against v2.
 
-    python3 benchmarks/conform_tables.py AUDIT.json [AUDIT.json ...]
+    python3 -m benchmarks.conform_tables AUDIT.json [AUDIT.json ...]
 
 Each JSON must hold `cell_results` (the default of `requant audit --json`) and have been
 scored against matrix v2. The check outcomes of a cell do not depend on the matrix (each

@@ -50,7 +50,7 @@ L=$(left)
 if [ "$L" -gt 150 ]; then
     step synthetic_1.7b 90 python3 -m requant.models.synthetic qwen3-1.7b "$SYN"
     L=$(left)
-    step bench_runtime $((L - 10)) python3 benchmarks/bench_runtime.py "$SYN" --out "$R/runtime_1.7b" --reps 3
+    step bench_runtime $((L - 10)) python3 -m benchmarks.bench_runtime "$SYN" --out "$R/runtime_1.7b" --reps 3
 else
     skip synthetic/bench_runtime "only ${L} s left"
 fi

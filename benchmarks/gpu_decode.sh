@@ -5,7 +5,7 @@
 # pair, the seeded sampler's cost per decode step, and batch-1 decode at long contexts. From the
 # repository root:
 #
-#     OUT=/some/dir bash benchmarks/gpu_serving.sh
+#     OUT=/some/dir bash benchmarks/gpu_decode.sh
 #
 # STEPS (default "build tests audit sampling decode") picks the steps; TESTS (default: tests) the
 # pytest paths; REQUANT_WHEELS (gpu_setup.sh) a smaller folder of wheels (nvidia-cutlass alone: the
@@ -34,7 +34,7 @@ if has audit; then
     [ -f "$SYN/config.json" ] || step synthetic_1.7b 120 python3 -m requant.models.synthetic qwen3-1.7b "$SYN"
     step audit_1.7b 200 requant audit "$SYN" --backends cutlass,triton --byte-tokens --json "$RES/audit_qwen3-1.7b.json"
 fi
-has sampling && step bench_sampling 120 python3 benchmarks/bench_sampling.py --devices cuda,cpu --out "$RES/sampling"
-has decode && step long_context 300 python3 benchmarks/bench_long_context.py --synthetic qwen3-8b --backend triton \
+has sampling && step bench_sampling 120 python3 -m benchmarks.bench_sampling --devices cuda,cpu --out "$RES/sampling"
+has decode && step long_context 300 python3 -m benchmarks.bench_long_context --synthetic qwen3-8b --backend triton \
     --reps 3 --out "$RES/long_context"
 tar -czf "$OUT/results.tgz" -C "$RES" .

@@ -4,7 +4,7 @@
 # audit, whose capture runs the reference engine), and requant tp-check with the real kernels on
 # the one GPU (ranks share it; collectives through gloo). From the repository root:
 #
-#     OUT=/some/dir REQUANT_COMMIT=$(bash benchmarks/commit_id.sh) bash benchmarks/gpu_users.sh
+#     OUT=/some/dir REQUANT_COMMIT=$(bash benchmarks/commit_id.sh) bash benchmarks/gpu_engines.sh
 #
 # STEPS (default "build tests users audit tp") picks the steps; TESTS (default: tests) the
 # pytest paths of the tests step; ENGINES (default "reference fast") the engines of the users step.

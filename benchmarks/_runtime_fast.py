@@ -2,7 +2,7 @@
 requant.runtime's fast engine against transformers' bf16 Qwen3ForCausalLM (SDPA) in the same
 process, the invariance checks bit for bit, and the price of each invariance.
 
-    python3 benchmarks/bench_runtime.py --synthetic qwen3-1.7b,qwen3-8b --out DIR
+    python3 -m benchmarks.bench_runtime --synthetic qwen3-1.7b,qwen3-8b --out DIR
 
 Models: random weights built directly on the GPU at the real Qwen3 shapes (no checkpoint on
 disk: generating an 8B checkpoint takes minutes of CPU): int8 weights uniform in [-127, 127]
@@ -32,8 +32,8 @@ from __future__ import annotations
 import time
 
 import torch
-from _timing import Stopwatch, median_ms, per_call, rates, repeat, sync, transformers_decode
 
+from benchmarks._timing import Stopwatch, median_ms, per_call, rates, repeat, sync, transformers_decode
 from requant.runtime.fast import BUCKETS
 
 GPU = "cuda"  # every timer synchronises this device
