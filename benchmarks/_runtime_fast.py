@@ -34,6 +34,7 @@ import time
 import torch
 
 from benchmarks._timing import Stopwatch, median_ms, per_call, rates, repeat, sync, transformers_decode
+from requant.io.markdown import table
 from requant.runtime.fast import BUCKETS
 
 GPU = "cuda"  # every timer synchronises this device
@@ -527,37 +528,23 @@ def markdown(record: dict) -> str:
         keys = []
         for r in e["rows"].values():
             keys += [k for k in r if k not in keys]
-        lines += [
-            "| engine | " + " | ".join(keys) + " |",
-            "| --- |" + " ---: |" * len(keys),
+        cells = [
+            [name, *(f"{r[k]['median']:.0f} [{r[k]['min']:.0f}-{r[k]['max']:.0f}]" if k in r else "" for k in keys)]
+            for name, r in e["rows"].items()
         ]
-        for name, r in e["rows"].items():
-            lines.append(
-                f"| {name} | "
-                + " | ".join(
-                    f"{r[k]['median']:.0f} [{r[k]['min']:.0f}-{r[k]['max']:.0f}]" if k in r else "" for k in keys
-                )
-                + " |"
-            )
-        lines.append("")
+        lines += [*table(["engine", *keys], cells, align="l" + "r" * len(keys)), ""]
         hf = e["rows"].get("transformers bf16")
         if hf:
             lines += [
                 "Ratio to transformers bf16 (median tokens/s):",
                 "",
-                "| engine | " + " | ".join(keys) + " |",
-                "| --- |" + " ---: |" * len(keys),
             ]
-            for name, r in e["rows"].items():
-                if name != "transformers bf16":
-                    lines.append(
-                        f"| {name} | "
-                        + " | ".join(
-                            f"{r[k]['median'] / hf[k]['median']:.2f}x" if k in r and k in hf else "" for k in keys
-                        )
-                        + " |"
-                    )
-            lines.append("")
+            cells = [
+                [name, *(f"{r[k]['median'] / hf[k]['median']:.2f}x" if k in r and k in hf else "" for k in keys)]
+                for name, r in e["rows"].items()
+                if name != "transformers bf16"
+            ]
+            lines += [*table(["engine", *keys], cells, align="l" + "r" * len(keys)), ""]
         for b, prof in e.get("prefill_profile", {}).items():
             total = sum(v for v in prof.values() if isinstance(v, float))
             lines += [

@@ -4,7 +4,7 @@
     python3 -m benchmarks.bench_long_context --smoke --out DIR     # CPU: TRITON_INTERPRET=1, tiny shapes
 
 Measured (CUDA-synchronised perf_counter, median [min-max] of --reps after a warm-up), on random
-W8A8 weights at the preset's shapes (bench_runtime_fast.random_model):
+W8A8 weights at the preset's shapes (benchmarks/_runtime_fast.py, random_model):
   * batch-1 decode tok/s with CUDA graphs at contexts 128, 4096, 16384 (--contexts): a prompt of
     that many random ids, then --steps greedy steps per repetition, the position reset to the
     context before each repetition (every repetition decodes at the same positions); the ratio

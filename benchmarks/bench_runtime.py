@@ -30,7 +30,7 @@ both give the same bits).
 Writes DIR/bench_runtime.json (as it goes) and DIR/bench_runtime.md; progress on stderr.
 
 --synthetic qwen3-1.7b,qwen3-8b runs the fast engine's benchmark instead (random weights made
-on the GPU, no checkpoint; benchmarks/bench_runtime_fast.py says what it measures): prefill
+on the GPU, no checkpoint; benchmarks/_runtime_fast.py says what it measures): prefill
 1 x 2048 / 8 x 512 / mixed, decode with CUDA graphs and eagerly, transformers bf16 in the same
 process, the invariance checks and the price of each invariance. Writes
 DIR/bench_runtime_fast.json and .md.
@@ -50,6 +50,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 
 from benchmarks._timing import Stopwatch, summary, sync, transformers_decode  # noqa: E402
+from requant.io.markdown import table  # noqa: E402
 from requant.io.output import write_bytes_atomic, write_json_atomic  # noqa: E402
 
 T0 = time.perf_counter()
@@ -298,24 +299,18 @@ def markdown(record: dict) -> str:
         rows = e.get("rows") or {}
         keys = list(next(iter(rows.values()), {}).keys())
         if keys:
-            lines += ["| engine | " + " | ".join(f"{k} tok/s" for k in keys) + " |", "| --- |" + " ---: |" * len(keys)]
-            for name, r in rows.items():
-                lines.append(
-                    f"| {name} | "
-                    + " | ".join(f"{r[k]['median']:.0f} [{r[k]['min']:.0f}-{r[k]['max']:.0f}]" for k in keys)
-                    + " |"
-                )
-            lines.append("")
+            cells = [
+                [name, *(f"{r[k]['median']:.0f} [{r[k]['min']:.0f}-{r[k]['max']:.0f}]" for k in keys)]
+                for name, r in rows.items()
+            ]
+            lines += [*table(["engine", *(f"{k} tok/s" for k in keys)], cells, align="l" + "r" * len(keys)), ""]
         if e.get("pow2_over_native"):
             lines += [
                 "pow2 / native tokens/s, same kernel (the claim: 1.00):",
                 "",
-                "| backend | " + " | ".join(keys) + " |",
-                "| --- |" + " ---: |" * len(keys),
             ]
-            for b, r in e["pow2_over_native"].items():
-                lines.append(f"| {b} | " + " | ".join(f"{r[k]:.3f}" for k in keys) + " |")
-            lines.append("")
+            cells = [[b, *(f"{r[k]:.3f}" for k in keys)] for b, r in e["pow2_over_native"].items()]
+            lines += [*table(["backend", *keys], cells, align="l" + "r" * len(keys)), ""]
         if e.get("determinism"):
             d = e["determinism"]
             lines += [

@@ -20,7 +20,7 @@ Asking for it without an sm90 GPU raises RuntimeError.
 A build that was killed leaves torch's lock file ($REQUANT_CUTLASS_CACHE/lock) behind, and
 every later build would wait on it forever: build() refuses with a RuntimeError naming
 the file once it is older than STALE_LOCK_S (remove it if no build is running;
-benchmarks/gpu_kernels.sh removes it before its build).
+cutlass_build in benchmarks/_gpu_common.sh removes it before its build).
 
 Shapes: TMA needs 16-byte aligned rows, i.e. K % 16 == 0 and N % 8 == 0 (bf16 output).
 Other shapes are zero-padded (K with zero columns of a and w, N with zero rows of w and
