@@ -32,6 +32,8 @@ if "--smoke" in sys.argv:  # before Triton is imported
 
 import torch  # noqa: E402
 
+from requant.io.markdown import table  # noqa: E402
+
 UNSPLIT = 1 << 30  # one split at any context: the walk without splits
 
 
@@ -162,27 +164,26 @@ def prefill_lengths(model, hf, lengths, reps: int) -> dict:
 def markdown(rec: dict) -> str:
     lines = [f"# Long contexts ({rec['shape']}, {rec['device']})", ""]
     if "decode" in rec:
-        lines += [
-            "| decode batch 1, context | tok/s (median [min-max]) | ms/step | vs first |",
-            "|---:|---:|---:|---:|",
+        rows = [
+            [
+                ctx,
+                f"{t['median']:.1f} [{t['min']:.1f}-{t['max']:.1f}]",
+                f"{r['ms_per_step']:.3f}",
+                f"{r['vs_first_context']:.2f}x",
+            ]
+            for ctx, r in rec["decode"].items()
+            for t in (r["tok_s"],)
         ]
-        for ctx, r in rec["decode"].items():
-            t = r["tok_s"]
-            lines.append(
-                f"| {ctx} | {t['median']:.1f} [{t['min']:.1f}-{t['max']:.1f}] | {r['ms_per_step']:.3f} "
-                f"| {r['vs_first_context']:.2f}x |"
-            )
-        lines.append("")
+        header = ["decode batch 1, context", "tok/s (median [min-max])", "ms/step", "vs first"]
+        lines += [*table(header, rows, align="rrrr"), ""]
     if "prefill" in rec:
-        lines += ["| prefill 1 x n | requant tok/s | transformers bf16 tok/s | ratio |", "|---:|---:|---:|---:|"]
+        rows = []
         for n, r in rec["prefill"].items():
             hf = r.get("transformers_bf16")
-            lines.append(
-                f"| {n} | {r['requant']['median']:.0f} | {hf['median']:.0f} | {r['ratio']:.2f}x |"
-                if hf
-                else f"| {n} | {r['requant']['median']:.0f} | - | - |"
-            )
-        lines.append("")
+            rest = [f"{hf['median']:.0f}", f"{r['ratio']:.2f}x"] if hf else ["-", "-"]
+            rows.append([n, f"{r['requant']['median']:.0f}", *rest])
+        header = ["prefill 1 x n", "requant tok/s", "transformers bf16 tok/s", "ratio"]
+        lines += [*table(header, rows, align="rrrr"), ""]
     sp = rec["split_prices"]
     lines += [f"Attention alone, ms per call (production SPLIT {sp['production_split']}):", ""]
     for name, row in sp["ms"].items():
