@@ -4,34 +4,7 @@ deterministically on CPU from one seed (the same bytes on every machine: seeded 
 generators, exact integer matmuls in float64, IEEE fp32 elementwise ops), and exportable
 so that a kernel can be checked with numpy alone (export()).
 
-CASES
-  epilogue          witness elements drawn from a seeded pool (POOL_M x POOL_N outputs,
-                    K = 32, bf16 weight scales and fp32 token scales as a checkpoint and the
-                    quantizer make them): greedily, the element that separates the most
-                    still-unseparated formula pairs, until every pair of FORMULAS differs
-                    somewhere. The case holds the witnesses' rows and columns, so witness i
-                    is output element [i, i]. An output depends only on its row of a / s_a
-                    and its row of w / s_w, so the witnesses keep their outputs in the case.
-  epilogue_random   16 x 64 x 24 seeded random operands, general scales (a plain sanity case)
-  acc_int16         K = 64, positive-heavy operands: |acc| ~ 2**18..2**20 cannot be held by
-                    an int16 accumulator
-  acc_bf16          K = 1024 random operands: sums of 16 K-tiles, far beyond bf16's 8 bits
-  acc_fp32          K = 4096 with cancellation: the running sum of the first half passes
-                    2**24 (fp32 spacing 2), the second half brings it back to a few hundred,
-                    so an fp32 register's roundings survive as a relative error that a bf16
-                    output shows; seeded perturbations, kept where the fp32-tiles model moves
-                    at least a quarter of the outputs
-  batch_mNNNN       probe rows P0 (row 0) and P1 (row M-1) inside seeded filler, for M in
-                    BATCH_MS (tile boundaries 16/32/64/128/256 and M up to 4096; K = 32,
-                    N = 32); batch_m0001 holds P0 alone, batch_m0001b P1 alone. P0 and P1
-                    are witness rows of the epilogue case (P0 separates the CUTLASS and
-                    Triton orders) and w holds its witness columns plus seeded ones, so a
-                    kernel that changes formula with M changes a probe row's bits
-  The accumulator cases use power-of-two scales: there every legal order (and F1, F2) gives
-  the same bits, so a difference is the accumulator's.
-
-INVARIANCE
-  A batch-invariant kernel returns for P0 and P1 the bits it returns for them alone.
+Design notes: docs/internals.md (audit/conform/vectors.py).
 """
 
 from __future__ import annotations

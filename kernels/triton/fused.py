@@ -10,34 +10,7 @@ that covers the whole row (silu_mul_quantize: fixed slices of SILU_BLOCK_K): its
 function of the row length alone (the next power of two), never of the number of rows. So a row's arithmetic is the same code on the same
 data whatever else is in the call: BATCH INVARIANCE by construction, no measurement needed.
 
-NUMERICS (each kernel equals its torch emulation in kernels/triton/emulation.py bit for bit;
-tests/requant/runtime/test_fast.py runs them under TRITON_INTERPRET=1 in CI):
-  * bf16 in and out through their bits (an int16 view): bf16 -> fp32 is `bits << 16` (exact),
-    fp32 -> bf16 is round-to-nearest-even on the bits (_bf16.py). Triton's CPU interpreter
-    truncates in `.to(tl.bfloat16)` and mis-converts bf16 subnormals in `.to(tl.float32)`.
-  * Sums of squares are a fixed pairwise tree over adjacent elements (emulation.tree_sum_adjacent:
-    element 2j plus element 2j + 1, halving down to one; zero padding to a power of two is
-    exact), written as reshapes to [rows, n/2, 2] summed over the last axis: one IEEE add each.
-    Adjacent pairs live in one thread first, then one warp, so the tree needs few block
-    barriers (5 against 23 for the reference path's tree_sum_halves order, which pairs i with i + n/2:
-    measured on the sm90 SASS of a 4096-element row with 8 warps).
-  * RMSNorm: var = ss / n (IEEE division), r = 1 / sqrt_rn(var + eps) (IEEE square root and
-    division, not the approximate rsqrt), h = bf16(w * bf16(x * r)). This differs from the
-    reference path's torch.rsqrt (which on CUDA is an approximation) by at most an ulp of r.
-  * Activation quantization of h (or of the SiLU product) is kernels.reference.
-    quantize_activations on the bf16 values, bit for bit: absmax exact, s = absmax / 127,
-    inv = 127 / (absmax * up) with IEEE divisions, the 2**64 rescaling of tiny rows, round
-    half to even by floor and an exact remainder, saturation, NaN/inf rows poisoned (s = NaN,
-    q = 0). So the GEMM operands are the very bits the unfused path feeds the GEMMs.
-  * RoPE: cos/sin are gathered from tables computed by requant.runtime.ops.rope_tables (the
-    reference path's tables, per position); out = bf16(y * cos + rotate_half(y) * sin) with
-    three separately rounded fp32 operations.
-  * SiLU(g) * u: fp32(g / (1 + exp(-g))) * u, rounded once to bf16. exp is the device's
-    (on a GPU Triton's fast exp; under the interpreter numpy's): the one approximate function
-    here, so the emulation uses numpy's exp and the GPU kernel is compared with itself across
-    batches (row independence) rather than with the CPU.
-Every kernel is compiled with enable_fp_fusion=False: no multiply-add is contracted into an
-FMA, so each fp32 operation rounds once, as in torch.
+Design notes: docs/internals.md (kernels/triton/fused.py).
 """
 
 import torch

@@ -1,43 +1,6 @@
 """`requant convert`: rewrite a W8A8 checkpoint's weight scales under one arm, safely.
 
-How, and why this way (each step in its own module):
-  * Validate everything first (requant.checkpoint.open_checkpoint: config, every shard
-    header, every scale; with --source, requant.evidence.origin proves the source weights are the
-    checkpoint's origin) so that a bad input fails before a byte is written.
-  * Stream (requant.convert._streaming): requantizing never changes a tensor's dtype or shape, so
-    every output shard keeps its input's header bytes and offsets and is filled with pwrite;
-    pass-through tensors are copied in 1 MB pieces, quantized Linears requantized one at a
-    time (requant.scales.arms) in blocks of rows. Memory is bounded by one weight per worker plus
-    small buffers, not by the model.
-  * In parallel (requant.convert._workers): the work is cut into ~64 MB segments of consecutive
-    tensors (fixed by the headers) run in a bounded thread pool. A failure is reported
-    deterministically: the first failing segment in file order, once every worker has
-    stopped.
-  * Provenance anyone can check (requant.evidence.provenance, requant.evidence.manifest): while the units
-    run, background threads compute the plain sha256 of every source file (one sequential
-    pass per file: sha256 cannot be split across parallel segments). Once the shards are
-    written and their sizes checked, they are read back and hashed in background threads
-    while fsync waits for the disk, and the small files after them. A constrained arm
-    writes SHA256SUMS.source (the source's files; its digest is the source digest),
-    config.json with a short "requant" key (arm, version, source, the manifests' names;
-    quantization_config as it was), SHA256SUMS (the output's files, covering config.json
-    and SHA256SUMS.source; its digest is ConvertResult.manifest_digest) and its statistics
-    as requant-convert.json (deterministic: no times, no output path; not covered, it
-    quotes the digest). Files a source converted earlier carries are copied like any other
-    (a report about the source's bytes no longer matches: card sets it aside). On any failure both hashers are cancelled
-    (they stop within one 8 MB read) before the temporary output is removed. A source file
-    whose inode, size or times change during the run is refused before the rename, so
-    SHA256SUMS.source lists the bytes converted (convert.file_states says how).
-  * Atomically (requant.io.output): written into `.OUT.requant-tmp-*/output` next to OUT, fsynced,
-    renamed; an error or interrupt leaves nothing, and an existing OUT is only replaced
-    with force=True.
-  * unconstrained reproduces every file byte for byte (config.json and the index are
-    copied, not re-serialised) and adds nothing: no manifest, no report, so that
-    `requant verify SRC OUT` stays a byte-exact proof of the reader and writer (the
-    output's manifest is the source's; `requant manifest OUT --write` adds one).
-  * With `source` (a directory of the original bf16 weights), quantized Linears are made
-    from those instead of the int8 ones (requant.scales.arms.quantize_from_source); with the
-    unconstrained arm this is llm-compressor's RTN and reproduces an RTN-made SRC.
+Design notes: docs/internals.md (requant/convert/__init__.py).
 """
 
 from __future__ import annotations

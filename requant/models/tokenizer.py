@@ -4,32 +4,7 @@
     tok.encode(text) -> list[int];  tok.decode(ids) -> str;  tok.eos_id -> int | None
     tok.describe() -> {"kind", "sha256", "vocab_size", "model_vocab_size"}
 
-Two kinds, and every report says which one it used (describe()):
-  * "tokenizer.json": the checkpoint directory holds a tokenizer.json; it is loaded with the
-    `tokenizers` library (a core dependency). sha256 is the digest of that file's bytes, so a
-    report names the exact tokenizer. An id the model cannot embed (>= the config's
-    vocab_size) is an error naming the file, never silently clipped.
-  * "byte-level": only for a checkpoint with no tokenizer.json: token id = UTF-8 byte value,
-    clipped to vocab_size - 1 for a model with fewer than 256 ids (a lossy fallback that is
-    then recorded as such); sha256 is None. decode() turns ids >= 256 (the synthetic
-    generator's specials: 256 bos, 257 eos) into "<|N|>".
-
-When byte-level ids are used, and when a missing tokenizer.json is refused:
-  * a model vocabulary of at most BYTE_LEVEL_MAX_VOCAB (512) ids is the byte-level one:
-    256 byte values and at most 256 specials, the layout requant.models.synthetic builds for its
-    small models. Byte-level ids are used without asking.
-  * a larger vocabulary belongs to a real tokenizer (Qwen3's has 151,936 ids), so a
-    checkpoint that has one but no tokenizer.json has lost its tokenizer: byte ids would
-    "work" and report nonsense (a perplexity of 1e43, text like "<|746|>"). That is a
-    TokenizerError naming the missing file, unless the caller says that the ids are bytes:
-    byte_level=True, or within byte_ids_allowed() (the command line's --byte-tokens; the
-    runtime benchmark, whose large synthetic models have no tokenizer).
-  * a directory of None (a model built in memory, with no checkpoint) is byte-level.
-Links: a tokenizer file that links out of the checkpoint is refused (requant.io.links).
-
-eos: generation_config.json's eos_token_id (an int or a list: all are kept in `eos_ids`,
-the first is `eos_id`), else tokenizer_config.json's eos_token looked up in tokenizer.json,
-else config.json's eos_token_id, else None.
+Design notes: docs/internals.md (requant/models/tokenizer.py).
 """
 
 from __future__ import annotations

@@ -11,28 +11,7 @@ len(key) as 8 bytes LE | key (UTF-8) | t as 8 bytes LE): an integer in [0, 2**12
 the request alone, never a stream shared by the batch. key: the request's own name (default: the
 sha256 hex of its prompt ids as little-endian int64).
 
-THE CHOICE, on one fp32 logits row l (every step below is exact integer arithmetic or single
-IEEE-754 float64 operations, so the bits are the same on any machine and device; choose_row is
-the definition, row by row; the Chooser runs requant.runtime.sampling_batch on the logits' device):
-  * greedy (temperature 0): the lowest id among the maxima.
-  * x_i = (float64(l_i) - float64(max l)) / temperature; w_i = floor(exp64(x_i) * 2**40), an
-    integer weight (the top token weighs 2**40; a token below 2**-40 of it weighs 0 and is
-    never drawn). exp64 (below) is a fixed polynomial made of + and *, not the libm exp.
-  * order: tokens sorted by (logit descending, id ascending); top_k > 0 keeps the first k;
-    top_p < 1 keeps the shortest prefix whose cumulative weight C_n >= ceil(top_p * W)
-    (W: the kept total, exact rational comparison); both as in transformers (top-k first).
-  * inverse CDF: r = (U * W') >> 128 over the kept total W'; the token is the first in the
-    order whose cumulative weight exceeds r.
-THE LOGPROB recorded per step is that of the model's distribution (temperature 1, no truncation):
-x_c - log64(Z), Z = sum exp64(x_i) over the vocabulary, each term truncated to a multiple of
-2**-80 and summed exactly in integers, then rounded once to float64 (the order cannot matter).
-
-WHAT HOLDS. The choice is a function of the logits row's bits, the params, the key and t only.
-So wherever the logits are the same bits, the samples are: alone or in any batch, prefill or
-decode, CUDA graph or eager, and under pow2 scales with either kernel (CUTLASS == Triton bit for
-bit). Under native scales the two kernels' logits can differ in the last bits; a sample then
-differs when a difference moves a token across a cumulative-weight boundary (or the argmax), and
-the logits digests differ either way: replay reports the first such position.
+Design notes: docs/internals.md (requant/runtime/sampling.py).
 """
 
 from __future__ import annotations
