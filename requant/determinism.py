@@ -8,17 +8,7 @@ same weights, the same activation quantizer, the same attention and norms; only 
 scaled_mm epilogue order. Every prompt decodes exactly `new_tokens` tokens (no stop at
 eos), so both sides are compared over the same positions.
 
-Per prompt: identical or not, the first diverging position (0 = the first new token),
-the sha256 of each backend's new token ids serialized as little-endian int64 bytes
-(`ids_sha256`), the token ids and their decoded text.
-
-Batch invariance: with each backend and regime, every prompt is also decoded alone and
-compared with its row of the batch (tokens must be identical).
-
-A checkpoint whose weight scales are all powers of two already (a `requant convert`
-output: config.json's "requant" key names a constrained arm) IS its own pow2 regime:
-requantizing it with the nearest arm changes no byte. Then the pair is run once and the
-result is reported for both regimes, marked `same_as: native`.
+Design notes: docs/internals.md (requant/determinism.py).
 """
 
 from __future__ import annotations

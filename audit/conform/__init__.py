@@ -1,27 +1,7 @@
 """Fingerprint a W8A8 kernel: which formula of audit/conform/formulas.py it implements, whether it
 accumulates exactly, whether it is batch-invariant; one verdict line and a JSON record.
 
-METHOD
-  The kernel runs on every case of audit/conform/vectors.py (operands copied to the device, outputs
-  copied back). Its outputs are compared bit for bit (int16 views of bf16):
-  * identity: over the epilogue and accumulator cases, against every (accumulator model,
-    formula) candidate. The epilogue cases separate every pair of formulas and the
-    accumulator cases separate the accumulator models, so at most one candidate matches.
-    A kernel that matches none "matches no known formula": the nearest candidate (fewest
-    differing elements; ties favour exact accumulation, then catalogue order) is named with
-    the first differing case and element and the count.
-  * accumulation: exact when the matching candidate's model is "exact".
-  * batch invariance: the probe rows P0 / P1 of every batch case must give the bits the
-    kernel gives for them alone (batch_m0001 / batch_m0001b); and the batch cases are
-    compared with the identified formula as well.
-  Conforms (exit 0 of `requant conform`) only for a legal order (formulas.LEGAL_ORDERS) with
-  exact accumulation, batch invariance, every case equal to that order, and, for a registered
-  backend, the order it declares (kernels.EMULATION_OF).
-
-ERRORS
-  KernelError: the callable raised (sys.exit included), or returned something that is not a
-  dense bf16 [M, N] tensor (a meta, sparse or nested one is refused); the message names the
-  kernel and the case (a usage error, exit 2). A module that exits on import is refused too.
+Design notes: docs/internals.md (audit/conform/__init__.py).
 """
 
 from __future__ import annotations

@@ -7,24 +7,7 @@ NUMERICS
   product or quotient below is one IEEE fp32 operation (round to nearest even), and
   rne / trunc are the fp32 -> bf16 roundings of kernels.bf16 (to nearest even / toward zero).
 
-  Legal orders (a real kernel documents one of them; kernels/reference.py emulates each):
-    exact            bf16 of the real number acc * s_a * s_w, rounded once
-    cutlass-order    rne(s_a * (s_w * f))                      CUTLASS / vLLM / SGLang sm90
-    triton-order     rne((s_a * f) * s_w)                      requant's Triton kernel
-    fused-order      rne(f * (s_a * s_w))                      TensorRT-LLM SmoothQuant (= fault F5)
-  Faulty variants of the three fp32 orders (audit/faults.py: F1, F2, F4; F5 applied to either
-  two-multiply order *is* fused-order):
-    ORDER+F1         s_w enters through a precomputed fp32 reciprocal r = fp32(1 / s_w):
-                     cutlass rne(s_a * (f / r)), triton rne((s_a * f) / r), fused rne(f * (s_a / r))
-    ORDER+F2         the first product is rounded to bf16 before the second:
-                     cutlass rne(s_a * rne(s_w * f)), triton rne(rne(s_a * f) * s_w),
-                     fused rne(f * rne(s_a * s_w))
-    ORDER+F4         the order's fp32 result truncated instead of rounded: trunc(...)
-  triton-order+F1, +F2, +F4 are exactly the catalogue's F1, F2, F4 (same expressions).
-
-  Accumulator models (audit/faults.py F6, F7, plus an fp32 register), each followed by a
-  formula: int16-wrap (two's complement wrap of the exact sum), bf16-tiles (exact sums of
-  K-tiles of 64 added into a bf16 register), fp32-tiles (the same into an fp32 register).
+Design notes: docs/internals.md (audit/conform/formulas.py).
 """
 
 from __future__ import annotations

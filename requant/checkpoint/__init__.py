@@ -3,26 +3,8 @@
 This is the one place that decides whether a directory is a checkpoint requant accepts.
 `open_checkpoint` resolves the source (a local directory, or a Hub repo id through
 `huggingface_hub.snapshot_download`, which honours HF_HUB_OFFLINE and the local cache),
-then checks, before any tensor data is used by anyone:
-
-  * config.json exists, is JSON, describes a Qwen3 (architectures ["Qwen3ForCausalLM"],
-    model_type "qwen3": check_qwen3), and its quantization_config is the W8A8 scheme
-    (requant.checkpoint.scheme, which names the offending field);
-  * the weights are either one `model.safetensors` or the shards that
-    `model.safetensors.index.json` names (plain file names only: no path traversal),
-    every shard exists and its header is valid (requant.io.safetensors_io), and none of
-    these files is a link out of the checkpoint (requant.io.links);
-  * the index and the shards agree tensor for tensor, and no tensor is stored twice;
-  * every quantized Linear `X` has `X.weight` int8 [out, in] and `X.weight_scale`
-    [out, 1] in bf16/fp16/fp32, and no zero points or static input scales;
-  * every scale is finite, positive and normal (scales are small: they are all read here).
-
-Anything else is a `CheckpointError` naming the file and the tensor. After that,
-tensors are read one at a time with pread, so memory is bounded by what a caller holds.
-
-The public API (a contract other parts of requant code against):
-    Checkpoint.path, .config, .quantized_linears, .tensor(name),
-    .weight_and_scale(linear), .tensor_names(); open_checkpoint(src, revision=None)
+then checks the config, every shard header and every scale before any tensor data is used by
+anyone (the full list, and why: docs/internals.md, requant/checkpoint/__init__.py).
 """
 
 from __future__ import annotations

@@ -1,22 +1,6 @@
 """The converter's units of work: shards streamed, piece by piece, into output shards.
 
-* Requantizing never changes a tensor's dtype or shape, so every output shard keeps its
-  input's header bytes exactly and every tensor keeps its offsets. Each output shard is
-  created with the input's header, then filled with pwrite at the input's offsets:
-  pass-through tensors are copied in 1 MB pieces (CHUNK), quantized Linears are
-  requantized one at a time in blocks of rows of about 1 MB (BLOCK_BYTES); a Linear's
-  weight and scale may even live in different shards. Memory is bounded by one weight
-  per worker (the --source path holds one float weight) plus small buffers, not by the
-  model.
-* A unit is a segment: ~64 MB (SEGMENT) of consecutive tensors of one shard, fixed by
-  the header alone, so the units do not depend on the number of workers.
-  requant.convert._workers runs them in a bounded thread pool.
-* Every source byte is read once here (requant.io.safetensors_io.pread_exact into reused
-  buffers). Nothing is hashed on the way: the provenance is the plain sha256 of whole
-  files (requant.evidence.manifest), which cannot be split across parallel segments, so
-  requant.convert hashes the source files in background threads beside these units.
-* Errors name the file: a failed read names the source shard and tensor (TensorError),
-  a failed write the output shard (as OUT/<shard>) and tensor (OutputError).
+Design notes: docs/internals.md (requant/convert/_streaming.py).
 """
 
 from __future__ import annotations

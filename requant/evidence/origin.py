@@ -8,9 +8,8 @@ the preceding norms, and GPTQ's error feedback moves int8 weights away from RTN.
 a checkpoint, --source would write RTN-of-unsmoothed Linears beside smoothed norms: a
 broken model. So, before anything is written, `prove_origin` checks, tensor by tensor in
 model order, and names the first tensor that disagrees and why (a TensorError naming the
-checkpoint's shard and the tensor, and the source file):
-
-Design notes: docs/internals.md (requant/evidence/origin.py).
+checkpoint's shard and the tensor, and the source file); the checks, in order:
+docs/internals.md (requant/evidence/origin.py).
 """
 
 from __future__ import annotations

@@ -8,24 +8,7 @@ by the same library version. Here the raw header bytes are kept as read, and a c
 file is written as *the same header* followed by new data at the same offsets: requantizing
 never changes a dtype or a shape, so the header stays valid as it is.
 
-The format (https://github.com/huggingface/safetensors):
-    8 bytes     N, little-endian unsigned
-    N bytes     a JSON object, UTF-8; may end in spaces (the library pads to 8 bytes)
-                {"__metadata__": {str: str}?, name: {"dtype", "shape", "data_offsets"}}
-    the rest    the data buffer; data_offsets = [begin, end) relative to its start
-
-Validation (each failure names the file and, where it applies, the tensor):
-  * the file holds the 8-byte length and the whole header; N is at most 100 MB;
-  * the header is UTF-8 JSON, an object, no duplicate keys, starts with '{';
-  * every entry has exactly dtype, shape, data_offsets; a known dtype; a shape of
-    non-negative ints; end - begin == prod(shape) * itemsize;
-  * the data regions, sorted by offset, tile the data buffer exactly: the first starts
-    at 0, each starts where the previous ended (no gap, no overlap), the last ends at
-    the end of the file (no truncation, no trailing bytes).
-
-Reading is lazy: `SafetensorsFile` holds only the header; tensors are read with
-`os.pread` on demand into memory of their own (not mmap: a mapped tensor keeps the file's
-pages in this process's resident set and dies with SIGBUS if the file is rewritten).
+Design notes: docs/internals.md (requant/io/safetensors_io.py).
 """
 
 from __future__ import annotations

@@ -4,28 +4,7 @@ the reference; tests/requant/runtime/test_sampling_batch.py compares them bit fo
 
     tokens, ids, logprobs, digests = choose_batch(logits, requests, positions, record=True)
 
-WHY THE BITS CANNOT MOVE WITH THE DEVICE. Every float step is one float64 + - * / (or a cast,
-a clamp, a round half to even) in its own torch elementwise call. IEEE-754 rounds each of them
-correctly on the CPU and on CUDA alike, and no FMA contraction can join two kernel calls; the one
-contraction a single call can make, a + alpha * b with alpha = +-1 (torch's add and sub), is
-exact. Assumed, and kept: nothing is compiled or fused here (no torch.compile, addcmul, addcdiv,
-lerp, no float reduction); the temperature divides as a [B, 1] tensor on the device, because CUDA
-turns a division by a host scalar into a multiplication by its reciprocal. exp64 runs on every
-entry of the weight's or the sum's range (CUDA: on all, then masked); elementwise, so which
-other entries share the call cannot matter. After the float-to-int casts (truncation) every
-sum, cumulative sum, comparison and search is in int64: exact in any order.
-THE ORDER (logit descending, id ascending) over a row's live tokens (weight > 0) is the
-ascending order of unique int64 keys: row << 55 | the logit's 32 bits mapped to a descending
-integer (-0 made +0 first, as the two compare equal) << 23 | id (ids < 2**23, the chooser's
-vocabulary limit; rows are sorted 256 at a time). Unique keys: any correct sort gives them.
-A row's kept prefix (top_k over the live order, then top_p) lies in a [rows, longest] table
-whose tail is zero weight, so cumsum and searchsorted run per row at once. ceil(top_p * W) and
-the draw (U * W') >> 128 are Python integers on the host (W and W' copied back: a few bytes).
-THE LOGPROB: the sum's hi and lo parts (each term's multiples of 2**-40 and 2**-80) as int64 row
-sums on the device; Z rounded once and log64 on the host, per row.
-THE DIGESTS: the fp32 block is copied to the host once a step and hashed row by row in threads
-(hashlib frees the GIL on large buffers) while the device chooses. record=False skips digests
-and logprobs (requant generate without --json).
+Design notes: docs/internals.md (requant/runtime/sampling_batch.py).
 """
 
 from __future__ import annotations

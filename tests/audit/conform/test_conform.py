@@ -1,6 +1,6 @@
-"""`requant conform`'s fingerprint (audit/conform.py) on kernels whose formula is known
+"""`requant conform`'s fingerprint (audit/conform/__init__.py) on kernels whose formula is known
 independently: the reference emulations and the cublas backend (each declares its order in
-kernels.EMULATION_OF), every fault of the catalogue wrapped as a kernel (audit/fault_kernels.py:
+kernels.EMULATION_OF), every fault of the catalogue wrapped as a kernel (audit/conform/fault_kernels.py:
 FAULT_FORMULAS says, from audit/faults.py's definitions, what each one computes), and
 hand-broken kernels (one flipped element, an M-dependent order, wrong dtype/shape, raising)."""
 
@@ -133,5 +133,6 @@ def test_resolve_kernel_refusals():
     ]:
         with pytest.raises(ValueError, match=msg):
             C.resolve_kernel(*args)
+    # the documented --kernel path: requant.audit.fault_kernels, an alias of requant.audit.conform.fault_kernels
     name, fn = C.resolve_kernel(None, "requant.audit.fault_kernels:F4")
     assert name == "requant.audit.fault_kernels:F4" and fn is FK.F4

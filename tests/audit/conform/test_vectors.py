@@ -176,7 +176,7 @@ def test_the_documented_numpy_check_runs(exported, capsys):
     from pathlib import Path
 
     d, _ = exported
-    doc = (Path(__file__).resolve().parents[2] / "docs" / "conformance.md").read_text()
+    doc = (Path(__file__).resolve().parents[3] / "docs" / "conformance.md").read_text()
     m = re.search(r"### Checking a kernel with numpy alone.*?```python\n(.*?)```", doc, re.S)
     assert m, "docs/conformance.md lost its numpy check"
     code = m.group(1).replace("DIR/", f"{d}/")
