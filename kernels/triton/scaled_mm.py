@@ -3,7 +3,22 @@
     acc[m, n] = sum_k a[m, k] * w[n, k]              exact int32 (tl.dot, out_dtype=int32)
     y[m, n]   = bf16_rne( fp32( s_a[m] * fp32(acc) ) * s_w[n] )
 
-Design notes: docs/internals.md (kernels/triton/scaled_mm.py).
+Numerics guaranteed, and why:
+  * The int32 accumulator is exact: |acc| <= K * 2**14 < 2**31 for K <= MAX_K (checked by
+    kernels.reference.check_operands), and integer addition is associative, so the tile
+    shape, the K-loop order and the number of stages cannot change it. That is why tile
+    configurations may depend on M without changing a bit.
+  * fp32(acc) is int32 -> fp32 round to nearest even (sitofp on GPU, numpy astype in the
+    interpreter); the two multiplies are separate IEEE fp32 multiplies. There is no add
+    to contract them into an FMA, and the kernel is compiled with enable_fp_fusion=False
+    anyway, so no future edit of the epilogue can fuse silently.
+  * The bf16 rounding is done on the fp32 bits (see _bf16.py), so the kernel gives the
+    same bits on a GPU and under TRITON_INTERPRET=1, whose float->bf16 cast truncates.
+The result equals kernels.reference.scaled_mm_triton_order bit for bit (the CI oracle).
+
+Shapes: any M, N, K (masks on every edge; M = 1 decode works). M = 0 or N = 0 returns an
+empty [M, N] tensor; K = 0 gives acc = 0, hence y = s_a * 0 * s_w = +0 (or -0 for a
+negative scale, exactly as the reference computes it).
 """
 
 import functools
