@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from requant.audit.records import Activations
-from requant.prompts import CALIBRATION_PROMPTS, prompts
+from requant.models.prompts import CALIBRATION_PROMPTS, prompts
 
 __all__ = ["CALIBRATION_PROMPTS", "prompts", "Capture", "run_prompts"]
 

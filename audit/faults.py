@@ -8,27 +8,7 @@ the operands it consumed, the accumulator it formed, the bf16 output and a kerne
 audit/checks.py compares it with the reference run. Faults are seeded (seed_for): the same
 layer, regime and variant always give the same run.
 
-Severity says where the faulty pipeline replaces the reference: `one` one output element drawn
-from those it changes (a seeded element of all when it changes none: the cell is then
-unobservable), `1pct` ceil(1% of M*N) seeded draws, `all` every element. F6, F7, F8 have only
-`all`; F9's severities act on operands (F9a one s_a row x F9A_FACTOR, F9b 1% of the int8
-activations +-1, F9c all of them).
-
-Families:
-  F1 scale precision        s_w applied as / fp32(1/s_w)
-  F2 double rounding        bf16 after s_a, then * s_w and round again
-  F3 multiplication order   the CUTLASS order s_a * fp32(s_w * acc)
-  F4 output truncation      the final cast rounds toward zero
-  F5 fused ordering         acc * fp32(s_a * s_w)
-  F6 accumulator precision  exact F6_TILE-wide tiles summed in a bf16 register
-  F7 accumulator range      an int16 accumulator that wraps
-  F8 null                   the reference itself; must never fire
-  F9 operand fault          the kernel consumes operands the reference did not
-
-The definitions with their numerics (why F1, F2, F3 and F5 vanish under power-of-two scales
-and move an output by at most one bf16 spacing otherwise; why F6 needs K > F6_TILE; why
-wrapping once equals wrapping at every step) are in docs/audit.md, "Fault definitions", from
-which the prediction matrix was written. Proof: tests/audit/test_faults.py.
+Design notes: docs/internals.md (audit/faults.py).
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ import torch
 
 from requant import kernels
 from requant.audit.checks import FIRE, NOT_APPLICABLE, SILENT, token_risk
-from requant.audit.fault_kernels import FAULTS
+from requant.audit.conform.fault_kernels import FAULTS
 from requant.audit.matrix import INJECTION_MATRIX_PATH, PREDICTED_MISS, load_matrix
 
 __all__ = ["INJECTOR", "SCOPES", "FaultInjector", "base_backend", "one_layer_names", "run_injection", "score_injection"]

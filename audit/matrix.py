@@ -1,6 +1,6 @@
 """The prediction matrices, pinned before measuring.
 
-Two versions, each pinned by its own sha256 (PINS):
+Three versions, each pinned by its own sha256 (PINS):
   v1  audit/prediction_matrix.json     checks C1..C7; the seed paper's limit, reproduced
   v2  audit/prediction_matrix_v2.json  v1's cells unchanged, plus C8 (declared-order identity)
                                        on every row and the baseline row B.fused-order
@@ -11,16 +11,7 @@ Two versions, each pinned by its own sha256 (PINS):
                                        margins; docs/audit.md). The injection is scored from v4
 A matrix's checks are the ones its cells name (Matrix.checks); the suite runs exactly those.
 
-audit/prediction_matrix.json gives, for every check x variant x regime (the 21 fault
-variants and the two baseline rows B.cutlass-order / B.triton-order), the outcome theory
-predicts: fire, silent, not_applicable or predicted_miss, each with its reason. It was
-written from the definitions in audit/faults.py and audit/checks.py before any scored run.
-
-Its sha256 is pinned here. Every report carries the digest of the matrix it was scored
-against; a run against a file whose digest is not PINNED_SHA256 says so loudly (the CLI
-prints a warning and the JSON sets `matrix_pinned: false`). When measurement contradicts
-the matrix, the matrix is not edited to match: the contradiction is reported as false
-positives / negatives, and a new version (with a new pin) is a deliberate, reviewed change.
+Design notes: docs/internals.md (audit/matrix.py).
 """
 
 from __future__ import annotations

@@ -14,8 +14,8 @@ from requant.audit.matrix import PINNED_SHA256, PINS, REGIMES
 from requant.audit.report_phases import decode_markdown, injection_markdown, plot_injection
 from requant.audit.scoring import HIST_BINS, bin_label
 from requant.evidence.identity import markdown_lines as identity_lines
-from requant.output import json_bytes, write_files_atomic, write_json_atomic
-from requant.tokenizer import summary as tokenizer_summary
+from requant.io.output import json_bytes, write_files_atomic, write_json_atomic
+from requant.models.tokenizer import summary as tokenizer_summary
 
 
 def matrix_warning(result: dict) -> str | None:

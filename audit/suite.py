@@ -51,9 +51,9 @@ from requant.audit.records import (
 from requant.audit.scoring import CellResult, Scorer, ulp_histogram
 from requant.backends import environment
 from requant.evidence.identity import checkpoint_identity
-from requant.qwen3 import Qwen3Arch
+from requant.models.qwen3 import Qwen3Arch
+from requant.models.tokenizer import load_tokenizer
 from requant.runtime import Model, load_dense
-from requant.tokenizer import load_tokenizer
 
 CELLS_PER_LAYER = len(VARIANTS) * len(REGIMES)
 

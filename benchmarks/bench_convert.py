@@ -18,7 +18,7 @@ and os.sync() runs before every measured run so that earlier writes do not throt
 later one. Goals: convert throughput >= 0.5x the baseline's; convert peak RSS < largest
 tensor + 1 GB.
 
-    python3 benchmarks/bench_convert.py [--preset qwen3-1.7b] [--repeats 3] [--workdir DIR]
+    python3 -m benchmarks.bench_convert [--preset qwen3-1.7b] [--repeats 3] [--workdir DIR]
 
 Writes benchmarks/results/convert_<preset>.json (with the command that made it).
 """
@@ -80,7 +80,6 @@ print(json.dumps({"seconds": dt, "cpu_seconds": cpu, "peak_rss_mb": rss_mb("VmHW
 
 CHILD_CONVERT = r"""
 import json, resource, sys, time
-sys.path.insert(0, sys.argv[3])
 from requant.convert import convert
 def rss_mb(key="VmRSS:"):
     for line in open("/proc/self/status"):
@@ -128,8 +127,7 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--results", default=str(ROOT / "benchmarks" / "results"))
     a = ap.parse_args(argv)
-    sys.path.insert(0, str(ROOT))
-    from requant.synthetic import PRESETS, generate, plan
+    from requant.models.synthetic import PRESETS, generate, plan
 
     work = Path(a.workdir) if a.workdir else Path(tempfile.mkdtemp(prefix="requant-bench-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -149,7 +147,7 @@ def main(argv=None) -> int:
             for kind, code, extra in (
                 ("baseline", CHILD_BASELINE, ()),
                 ("baseline_fsync", CHILD_BASELINE, ("fsync",)),
-                ("convert", CHILD_CONVERT, (str(ROOT),)),
+                ("convert", CHILD_CONVERT, ()),
             ):
                 out = work / f"out-{kind}"
                 shutil.rmtree(out, ignore_errors=True)
@@ -171,7 +169,7 @@ def main(argv=None) -> int:
         c_rss = max(r["peak_rss_mb"] for r in runs["convert"])
         b_rss = max(r["peak_rss_mb"] for r in runs["baseline"])
         result = {
-            "command": "python3 benchmarks/bench_convert.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+            "command": "python3 -m benchmarks.bench_convert " + " ".join(argv if argv is not None else sys.argv[1:]),
             "preset": a.preset,
             "load_average_at_start": load_start,
             "note": (

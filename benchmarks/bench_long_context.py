@@ -1,11 +1,11 @@
 """Long contexts on the fast engine (split-KV attention at fixed boundaries), one H200.
 
-    python3 benchmarks/bench_long_context.py --synthetic qwen3-8b --out DIR [--reps 5] [--no-transformers]
+    python3 -m benchmarks.bench_long_context --synthetic qwen3-8b --out DIR [--reps 5] [--no-transformers]
         [--parts paths,sweep,decode,prefill]
-    python3 benchmarks/bench_long_context.py --smoke --out DIR     # CPU: TRITON_INTERPRET=1, tiny shapes
+    python3 -m benchmarks.bench_long_context --smoke --out DIR     # CPU: TRITON_INTERPRET=1, tiny shapes
 
 Measured (CUDA-synchronised perf_counter, median [min-max] of --reps after a warm-up), on random
-W8A8 weights at the preset's shapes (bench_runtime_fast.random_model):
+W8A8 weights at the preset's shapes (benchmarks/_runtime_fast.py, random_model):
   * batch-1 decode tok/s with CUDA graphs at contexts 128, 4096, 16384 (--contexts): a prompt of
     that many random ids, then --steps greedy steps per repetition, the position reset to the
     context before each repetition (every repetition decodes at the same positions); the ratio
@@ -38,7 +38,8 @@ if "--smoke" in sys.argv:  # before Triton is imported
 
 import torch  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from requant.io.markdown import table  # noqa: E402
+
 UNSPLIT = 1 << 30  # one split at any context: the walk without splits
 
 
@@ -141,7 +142,7 @@ def path_prices(shapes, reps: int, calls: int) -> dict:
 
 
 def decode_at_contexts(model, contexts, steps: int, reps: int) -> dict:
-    from bench_runtime_fast import requant_decoder
+    from benchmarks._runtime_fast import requant_decoder
 
     out = {}
     g = torch.Generator().manual_seed(1)
@@ -169,7 +170,7 @@ def decode_at_contexts(model, contexts, steps: int, reps: int) -> dict:
 
 
 def prefill_lengths(model, hf, lengths, reps: int) -> dict:
-    from bench_runtime_fast import hf_prefill, requant_prefill
+    from benchmarks._runtime_fast import hf_prefill, requant_prefill
 
     import requant.kernels.triton.attention as att
 
@@ -195,17 +196,18 @@ def prefill_lengths(model, hf, lengths, reps: int) -> dict:
 def markdown(rec: dict) -> str:
     lines = [f"# Long contexts ({rec['shape']}, {rec['device']})", ""]
     if "decode" in rec:
-        lines += [
-            "| decode batch 1, context | tok/s (median [min-max]) | ms/step | vs first |",
-            "|---:|---:|---:|---:|",
+        rows = [
+            [
+                ctx,
+                f"{t['median']:.1f} [{t['min']:.1f}-{t['max']:.1f}]",
+                f"{r['ms_per_step']:.3f}",
+                f"{r['vs_first_context']:.2f}x",
+            ]
+            for ctx, r in rec["decode"].items()
+            for t in (r["tok_s"],)
         ]
-        for ctx, r in rec["decode"].items():
-            t = r["tok_s"]
-            lines.append(
-                f"| {ctx} | {t['median']:.1f} [{t['min']:.1f}-{t['max']:.1f}] | {r['ms_per_step']:.3f} "
-                f"| {r['vs_first_context']:.2f}x |"
-            )
-        lines.append("")
+        header = ["decode batch 1, context", "tok/s (median [min-max])", "ms/step", "vs first"]
+        lines += [*table(header, rows, align="rrrr"), ""]
     if "prefill" in rec:
         lines += [
             "| prefill 1 x n | requant tok/s | split + combine only | transformers bf16 tok/s | ratio |",
@@ -250,7 +252,7 @@ def markdown(rec: dict) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
-    ap.add_argument("--synthetic", default="qwen3-8b", help="preset (requant.synthetic.PRESETS)")
+    ap.add_argument("--synthetic", default="qwen3-8b", help="preset (requant.models.synthetic.PRESETS)")
     ap.add_argument("--backend", default="cutlass", help="GEMM backend of the fast engine")
     ap.add_argument("--contexts", default="128,4096,16384")
     ap.add_argument("--prefill", default="8192,32768")
@@ -279,7 +281,7 @@ def main(argv=None) -> int:
         if not torch.cuda.is_available():
             print("error: the benchmark needs CUDA (--smoke runs the CPU path)", file=sys.stderr)
             return 2
-        from bench_runtime_fast import hf_random, random_model
+        from benchmarks._runtime_fast import hf_random, random_model
 
         contexts = [int(x) for x in args.contexts.split(",")]
         prefill = [int(x) for x in args.prefill.split(",")]

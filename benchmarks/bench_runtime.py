@@ -3,8 +3,8 @@ both regimes (native scales, pow2 = the nearest arm), against transformers' bf16
 Qwen3ForCausalLM on the same (dequantized) weights; the pow2/native speed ratio with the
 same kernel; and the determinism counts of `requant determinism` on the same models.
 
-    python3 benchmarks/bench_runtime.py CKPT [CKPT ...] --out DIR          # GPU defaults
-    python3 benchmarks/bench_runtime.py --device cpu --backends reference --out DIR \\
+    python3 -m benchmarks.bench_runtime CKPT [CKPT ...] --out DIR          # GPU defaults
+    python3 -m benchmarks.bench_runtime --device cpu --backends reference --out DIR \\
         --prefill 64,128 --batches 1,2 --new-tokens 4 --reps 1              # CPU smoke run
 
 What is measured (every time CUDA-synchronised before and after, perf_counter):
@@ -30,7 +30,7 @@ both give the same bits).
 Writes DIR/bench_runtime.json (as it goes) and DIR/bench_runtime.md; progress on stderr.
 
 --synthetic qwen3-1.7b,qwen3-8b runs the fast engine's benchmark instead (random weights made
-on the GPU, no checkpoint; benchmarks/bench_runtime_fast.py says what it measures): prefill
+on the GPU, no checkpoint; benchmarks/_runtime_fast.py says what it measures): prefill
 1 x 2048 / 8 x 512 / mixed, decode with CUDA graphs and eagerly, transformers bf16 in the same
 process, the invariance checks and the price of each invariance. Writes
 DIR/bench_runtime_fast.json and .md.
@@ -48,13 +48,10 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-for _p in (ROOT, ROOT / "benchmarks"):
-    if str(_p) not in sys.path:
-        sys.path.insert(0, str(_p))
 
-from _timing import Stopwatch, summary, sync, transformers_decode  # noqa: E402
-
-from requant.output import write_bytes_atomic, write_json_atomic  # noqa: E402
+from benchmarks._timing import Stopwatch, summary, sync, transformers_decode  # noqa: E402
+from requant.io.markdown import table  # noqa: E402
+from requant.io.output import write_bytes_atomic, write_json_atomic  # noqa: E402
 
 T0 = time.perf_counter()
 
@@ -133,7 +130,7 @@ def hf_decode(model, prompts: list[torch.Tensor], new_tokens: int) -> float:
 
 
 def bench_checkpoint(path: str, args, record: dict, flush) -> None:
-    from requant.tokenizer import byte_ids_allowed
+    from requant.models.tokenizer import byte_ids_allowed
 
     with byte_ids_allowed():  # the synthetic Qwen3-shaped checkpoints have no tokenizer: byte ids, as their reports say
         _bench_checkpoint(path, args, record, flush)
@@ -302,24 +299,18 @@ def markdown(record: dict) -> str:
         rows = e.get("rows") or {}
         keys = list(next(iter(rows.values()), {}).keys())
         if keys:
-            lines += ["| engine | " + " | ".join(f"{k} tok/s" for k in keys) + " |", "| --- |" + " ---: |" * len(keys)]
-            for name, r in rows.items():
-                lines.append(
-                    f"| {name} | "
-                    + " | ".join(f"{r[k]['median']:.0f} [{r[k]['min']:.0f}-{r[k]['max']:.0f}]" for k in keys)
-                    + " |"
-                )
-            lines.append("")
+            cells = [
+                [name, *(f"{r[k]['median']:.0f} [{r[k]['min']:.0f}-{r[k]['max']:.0f}]" for k in keys)]
+                for name, r in rows.items()
+            ]
+            lines += [*table(["engine", *(f"{k} tok/s" for k in keys)], cells, align="l" + "r" * len(keys)), ""]
         if e.get("pow2_over_native"):
             lines += [
                 "pow2 / native tokens/s, same kernel (the claim: 1.00):",
                 "",
-                "| backend | " + " | ".join(keys) + " |",
-                "| --- |" + " ---: |" * len(keys),
             ]
-            for b, r in e["pow2_over_native"].items():
-                lines.append(f"| {b} | " + " | ".join(f"{r[k]:.3f}" for k in keys) + " |")
-            lines.append("")
+            cells = [[b, *(f"{r[k]:.3f}" for k in keys)] for b, r in e["pow2_over_native"].items()]
+            lines += [*table(["backend", *keys], cells, align="l" + "r" * len(keys)), ""]
         if e.get("determinism"):
             d = e["determinism"]
             lines += [
@@ -424,8 +415,7 @@ def main(argv=None) -> int:
 
 
 def main_synthetic(args, argv) -> int:
-    import bench_runtime_fast as fast
-
+    from benchmarks import _runtime_fast as fast
     from requant.backends import environment, parse_backends
 
     args.backends = list(parse_backends(args.backends or "cutlass,triton"))

@@ -1,6 +1,6 @@
-"""One step of requant.sampling's chooser (Chooser(...)(step, logits)) at the 8B vocabulary.
+"""One step of requant.runtime.sampling's chooser (Chooser(...)(step, logits)) at the 8B vocabulary.
 
-    python3 benchmarks/bench_sampling.py [--out DIR] [--batches 1,8,64] [--vocab 151936]
+    python3 -m benchmarks.bench_sampling [--out DIR] [--batches 1,8,64] [--vocab 151936]
                                          [--devices cpu,cuda] [--reps 3] [--threads 1]
 
 Per device (cuda only when present), batch and mode, the wall time of one chooser call on fp32
@@ -13,23 +13,19 @@ row), both recording (the logits digest and the logprob of every row, as `requan
 rounded to bf16 (ties, as a model's), one fixed seed.
 It runs on any checkout (an older Chooser without `record` is timed in the recording modes),
 so the same script gives the before and after figures: PYTHONPATH=<old tree> for before.
-Writes DIR/sampling.json (requant.output.write_json_atomic) and prints one line per point.
+Writes DIR/sampling.json (requant.io.output.write_json_atomic) and prints one line per point.
 """
 
 import argparse
 import inspect
 import os
 import platform
-import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from _timing import repeat, summary  # noqa: E402
-
-from requant.output import write_json_atomic  # noqa: E402
-from requant.sampling import Chooser, SamplingParams  # noqa: E402
+from benchmarks._timing import repeat, summary  # noqa: E402
+from requant.io.output import write_json_atomic  # noqa: E402
+from requant.runtime.sampling import Chooser, SamplingParams  # noqa: E402
 
 MODES = {
     "greedy": dict(temperature=0.0),

@@ -1,7 +1,7 @@
 """W8A8 GEMM speed on one GPU, eager and under CUDA graphs, same process and moment, and the
 per-call host overhead of the eager path.
 
-    python3 benchmarks/bench_speed.py --out DIR [--budget-s 330] [--reps 5] [--no-cutlass]
+    python3 -m benchmarks.bench_speed --out DIR [--budget-s 330] [--reps 5] [--no-cutlass]
 
 Points: 8192^3, and every distinct Linear of Qwen3-1.7B/8B/14B (q,o / k,v / gate,up / down)
 at M = 512, 2048, 8192 and, for decode-ish use, M = 1, 16, 128. Backends at each point:
@@ -47,18 +47,15 @@ import torch
 import triton
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
-sys.path.insert(0, HERE)
-
-from _qwen3_shapes import QWEN3  # noqa: E402
-from bench_speed_report import markdown  # noqa: E402
 
 import requant.kernels as K  # noqa: E402
+from benchmarks._qwen3_shapes import QWEN3  # noqa: E402
+from benchmarks.bench_speed_report import markdown  # noqa: E402
+from requant.io.output import write_bytes_atomic, write_json_atomic  # noqa: E402
 from requant.kernels import cutlass as ck  # noqa: E402
 from requant.kernels import reference as ref  # noqa: E402
 from requant.kernels.bf16 import bitwise_equal  # noqa: E402
 from requant.kernels.triton import scaled_mm as t_scaled_mm  # noqa: E402
-from requant.output import write_bytes_atomic, write_json_atomic  # noqa: E402
 
 MS_MAIN = [512, 2048, 8192]
 MS_DECODE = [1, 16, 128]
@@ -436,7 +433,7 @@ def main():
         except Exception as e:  # noqa: BLE001 - the Triton/cuBLAS numbers are still worth having
             CUTLASS.update(ok=False, error=f"{type(e).__name__}: {e}"[:500])
     result = {
-        "command": "python3 benchmarks/bench_speed.py " + " ".join(sys.argv[1:]),
+        "command": "python3 -m benchmarks.bench_speed " + " ".join(sys.argv[1:]),
         "commit": os.environ.get("REQUANT_COMMIT", "unknown"),
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "no CUDA device",
         "torch": torch.__version__,

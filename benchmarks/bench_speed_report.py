@@ -4,7 +4,7 @@ after the `<!-- summary -->` marker is the short summary the GPU script prints l
 figure(result, path) draws graph TOPS per backend on every Qwen3 Linear at M >= 512, and
 eager / graph per backend (what the host path costs) at every point, into a PNG.
 
-    python3 benchmarks/bench_speed_report.py bench_speed.json [--md bench_speed.md] [--png bench_speed.png]
+    python3 -m benchmarks.bench_speed_report bench_speed.json [--md bench_speed.md] [--png bench_speed.png]
 
 Without --md the Markdown goes to stdout. Works on a partial JSON (a run stopped by its budget),
 and on the stored runs that still time the `plain` backend (benchmarks/results/speed_gpu/).
@@ -12,13 +12,11 @@ and on the stored runs that still time the `plain` backend (benchmarks/results/s
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from requant.output import write_bytes_atomic, write_files_atomic  # noqa: E402
+from requant.io.markdown import table
+from requant.io.output import write_bytes_atomic, write_files_atomic
 
 CUTLASS_TILES = {"decode": (16, 64), "small": (64, 64), "mid": (64, 128), "medium": (128, 128), "large": (128, 256)}
 GEMM = ["cutlass", "triton", "triton_before", "plain", "int_mm", "bf16"]
@@ -132,10 +130,8 @@ def markdown(result):
         )
     add("")
     add("## Goals, from this run\n")
-    add("| goal | this run | met |")
-    add("| --- | --- | --- |")
-    for g, v, met in goals(result):
-        add(f"| {g} | {v} | {'n/a' if met is None else ('**yes**' if met else '**no**')} |")
+    rows = [[g, v, "n/a" if met is None else ("**yes**" if met else "**no**")] for g, v, met in goals(result)]
+    L.extend(table(["goal", "this run", "met"], rows))
     add("")
     for key, when in (("8192^3", "first in the run"), ("8192^3 end", "last in the run, after minutes of load")):
         r = result["points"].get(key)
@@ -146,50 +142,50 @@ def markdown(result):
             f"## 8192 x 8192 x 8192, {when} (SM clock {st.get('clock_mhz', 'n/a')} MHz, {st.get('power_w', 'n/a')} W, "
             f"{st.get('temp_c', 'n/a')} C; CUTLASS {r['selected']['cutlass']}, Triton {r['selected']['triton']})\n"
         )
-        add("| backend | graph TOPS | spread | eager TOPS | spread | % peak (graph) | % at clock |")
-        add("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+        rows = []
         for b in GEMM:
             g, e = r.get("graph", {}).get(b), r.get("eager", {}).get(b)
             if not g and not e:
                 continue
             clock = st.get("clock_mhz")
             at_clock = (g["tops"] / (1979 * clock / 1830) * 100) if (g and clock) else None
-            add(
-                f"| {b} | {_f(g and g['tops'])} | {_f(g and g['spread'] * 100, '{:.1f}%')} | {_f(e and e['tops'])} | "
-                f"{_f(e and e['spread'] * 100, '{:.1f}%')} | {_f(g and g['tops'] / 19.79, '{:.0f}%')} | {_f(at_clock, '{:.0f}%')} |"
+            rows.append(
+                [b, _f(g and g["tops"]), _f(g and g["spread"] * 100, "{:.1f}%"), _f(e and e["tops"])]
+                + [
+                    _f(e and e["spread"] * 100, "{:.1f}%"),
+                    _f(g and g["tops"] / 19.79, "{:.0f}%"),
+                    _f(at_clock, "{:.0f}%"),
+                ]
             )
+        header = ["backend", "graph TOPS", "spread", "eager TOPS", "spread", "% peak (graph)", "% at clock"]
+        L.extend(table(header, rows, align="lrrrrrr"))
         add("")
     add("## Qwen3 Linears, M >= 512 (TOPS; graph, then eager)\n")
     add(
         "CUTLASS tiles: the default tile and swizzle, its tile count and last-wave fill over 132 SMs. "
         "before = the Triton path as of commit 7b4df52 (its own config and host path).\n"
     )
-    add(
-        "| model | Linear | M | CUTLASS tile | tiles (fill) | Triton cfg | cutlass | triton | before | plain | int_mm | bf16 | "
-        "eager cutlass | eager triton | eager before | eager plain | C/int_mm | T/C | T/C eager | C % peak |"
-    )
-    add("| --- | --- | ---: | --- | --- | --- | " + " | ".join(["---:"] * 14) + " |")
+    rows = []
     for key, r in sorted(
         _qwen_points(result, (512, 2048, 8192)), key=lambda kv: (kv[1]["model"], kv[1]["m"], kv[1]["lin"])
     ):
         g = {b: _t(r, "graph", b) for b in GEMM}
         e = {b: _t(r, "eager", b) for b in GEMM}
-        add(
-            f"| {r['model']} | {r['lin']} | {r['m']} | {r['selected']['cutlass']} | {_fill(r['selected']['cutlass'], r['m'], r['n'])} | "
-            f"{r['selected']['triton']} | "
-            + " | ".join(_f(g[b]) for b in GEMM)
-            + " | "
-            + " | ".join(_f(e[b]) for b in ("cutlass", "triton", "triton_before", "plain"))
-            + " | "
-            f"{_f(_ratio(g['cutlass'], g['int_mm']), '{:.2f}')} | {_f(_ratio(g['triton'], g['cutlass']), '{:.2f}')} | "
-            f"{_f(_ratio(e['triton'], e['cutlass']), '{:.2f}')} | {_f(g['cutlass'] and g['cutlass'] / 19.79, '{:.0f}%')} |"
+        sel = r["selected"]
+        rows.append(
+            [r["model"], r["lin"], r["m"], sel["cutlass"], _fill(sel["cutlass"], r["m"], r["n"]), sel["triton"]]
+            + [_f(g[b]) for b in GEMM]
+            + [_f(e[b]) for b in ("cutlass", "triton", "triton_before", "plain")]
+            + [_f(_ratio(g["cutlass"], g["int_mm"]), "{:.2f}"), _f(_ratio(g["triton"], g["cutlass"]), "{:.2f}")]
+            + [_f(_ratio(e["triton"], e["cutlass"]), "{:.2f}"), _f(g["cutlass"] and g["cutlass"] / 19.79, "{:.0f}%")]
         )
+    header = ["model", "Linear", "M", "CUTLASS tile", "tiles (fill)", "Triton cfg", "cutlass", "triton", "before"]
+    header += ["plain", "int_mm", "bf16", "eager cutlass", "eager triton", "eager before", "eager plain"]
+    L.extend(table([*header, "C/int_mm", "T/C", "T/C eager", "C % peak"], rows, align="llrlll" + "r" * 14))
     add("")
     add("## One decoder layer's Linears (q, k, v, o, gate, up, down; summed times), TOPS, graph / eager\n")
-    add(
-        "| model | M | cutlass | triton | before | plain | int_mm | bf16 | eager cutlass | eager triton | eager before |"
-    )
-    add("| --- | ---: | " + " | ".join(["---:"] * 9) + " |")
+    header = ["model", "M", "cutlass", "triton", "before", "plain", "int_mm", "bf16", "eager cutlass", "eager triton"]
+    rows = []
     sums = {}
     for key, r in result["points"].items():
         if "|" not in key:
@@ -208,39 +204,31 @@ def markdown(result):
             ms = s["ms"].get((mode, b))
             return None if ms is None else s["ops"] / ms / 1e9
 
-        add(
-            f"| {model} | {m} | "
-            + " | ".join(_f(tops("graph", b)) for b in GEMM)
-            + " | "
-            + " | ".join(_f(tops("eager", b)) for b in ("cutlass", "triton", "triton_before"))
-            + " |"
+        rows.append(
+            [model, m, *(_f(tops("graph", b)) for b in GEMM)]
+            + [_f(tops("eager", b)) for b in ("cutlass", "triton", "triton_before")]
         )
+    L.extend(table([*header, "eager before"], rows, align="lr" + "r" * 9))
     add("")
     dec = sorted(_qwen_points(result, (1, 16, 128)), key=lambda kv: (kv[1]["model"], kv[1]["m"], kv[1]["lin"]))
     if dec:
         add("## Decode-ish M (1, 16, 128): microseconds per call, graph / eager\n")
-        add(
-            "| model | Linear | M | CUTLASS tile | Triton cfg | cutlass | triton | before | plain | bf16 | "
-            "eager cutlass | eager triton | eager before | eager plain | eager bf16 |"
-        )
-        add("| --- | --- | ---: | --- | --- | " + " | ".join(["---:"] * 10) + " |")
+        rows = []
         for key, r in dec:
 
             def us(mode, b, r=r):
                 v = r.get(mode, {}).get(b)
                 return None if not v else v["ms"] * 1e3
 
-            add(
-                f"| {r['model']} | {r['lin']} | {r['m']} | {r['selected']['cutlass']} | {r['selected']['triton']} | "
-                + " | ".join(
-                    _f(us("graph", b), "{:.1f}") for b in ("cutlass", "triton", "triton_before", "plain", "bf16")
-                )
-                + " | "
-                + " | ".join(
-                    _f(us("eager", b), "{:.1f}") for b in ("cutlass", "triton", "triton_before", "plain", "bf16")
-                )
-                + " |"
+            five = ("cutlass", "triton", "triton_before", "plain", "bf16")
+            rows.append(
+                [r["model"], r["lin"], r["m"], r["selected"]["cutlass"], r["selected"]["triton"]]
+                + [_f(us("graph", b), "{:.1f}") for b in five]
+                + [_f(us("eager", b), "{:.1f}") for b in five]
             )
+        header = ["model", "Linear", "M", "CUTLASS tile", "Triton cfg", "cutlass", "triton", "before", "plain", "bf16"]
+        header += ["eager cutlass", "eager triton", "eager before", "eager plain", "eager bf16"]
+        L.extend(table(header, rows, align="llrll" + "r" * 10))
         add("")
     if result.get("layers"):
         add("## One Qwen3-8B decoder layer's Linears with their 4 activation quantizations, microseconds per layer\n")
@@ -248,31 +236,27 @@ def markdown(result):
             "before = the former Triton host path and the former per-call NaN check (a device sync; not capturable). "
             "CUTLASS before differs from after only in the quantization.\n"
         )
-        add(
-            "| M | cutlass before (eager) | cutlass after (eager) | cutlass after (graph) | triton before (eager) | "
-            "triton after (eager) | triton after (graph) |"
-        )
-        add("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+        rows = []
         for m, r in sorted(result["layers"].items(), key=lambda kv: int(kv[0])):
 
             def us(mode, b, r=r):
                 v = r.get(mode, {}).get(b)
                 return None if not v else v["ms"] * 1e3
 
-            add(
-                f"| {m} | {_f(us('eager', 'cutlass:before'), '{:.0f}')} | {_f(us('eager', 'cutlass:after'), '{:.0f}')} | "
-                f"{_f(us('graph', 'cutlass:after'), '{:.0f}')} | {_f(us('eager', 'triton:before'), '{:.0f}')} | "
-                f"{_f(us('eager', 'triton:after'), '{:.0f}')} | {_f(us('graph', 'triton:after'), '{:.0f}')} |"
-            )
+            cols = [("eager", "cutlass:before"), ("eager", "cutlass:after"), ("graph", "cutlass:after")]
+            cols += [("eager", "triton:before"), ("eager", "triton:after"), ("graph", "triton:after")]
+            rows.append([m, *(_f(us(mode, b), "{:.0f}") for mode, b in cols)])
+        header = ["M", "cutlass before (eager)", "cutlass after (eager)", "cutlass after (graph)"]
+        header += ["triton before (eager)", "triton after (eager)", "triton after (graph)"]
+        L.extend(table(header, rows, align="r" * 7))
         add("")
     if result.get("quantize"):
         add("## quantize_activations (Triton, K = 4096), eager microseconds per call\n")
-        add("| M | before (check syncs, JIT launch) | after |")
-        add("| ---: | ---: | ---: |")
-        for m, r in result["quantize"].items():
-            add(
-                f"| {m} | {_f(r.get('before', {}).get('us'), '{:.1f}')} | {_f(r.get('after', {}).get('us'), '{:.1f}')} |"
-            )
+        rows = [
+            [m, _f(r.get("before", {}).get("us"), "{:.1f}"), _f(r.get("after", {}).get("us"), "{:.1f}")]
+            for m, r in result["quantize"].items()
+        ]
+        L.extend(table(["M", "before (check syncs, JIT launch)", "after"], rows, align="rrr"))
         add("")
     if result.get("sweeps"):
         add("## Tile sweeps (graph TOPS; CUTLASS `tile:swizzle`, no swizzle = the default)\n")
@@ -289,10 +273,8 @@ def markdown(result):
         add("")
     add("<!-- summary -->")
     add("Summary (graph unless said; full tables above):\n")
-    add("| goal | this run | met |")
-    add("| --- | --- | --- |")
-    for g, v, met in goals(result):
-        add(f"| {g} | {v} | {'n/a' if met is None else ('yes' if met else 'no')} |")
+    rows = [[g, v, "n/a" if met is None else ("yes" if met else "no")] for g, v, met in goals(result)]
+    L.extend(table(["goal", "this run", "met"], rows))
     return "\n".join(L) + "\n"
 
 

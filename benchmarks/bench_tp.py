@@ -2,8 +2,8 @@
 int32 all-reduce (exact) against bf16 all-reduce (the usual scheme), per backend and regime,
 with NCCL's algorithm and channel count varied; and whether the bits moved.
 
-    python3 benchmarks/bench_tp.py CKPT [CKPT ...] --out DIR                       # GPU defaults
-    python3 benchmarks/bench_tp.py --device cpu --backends reference-triton-order --tp 1,2 \\
+    python3 -m benchmarks.bench_tp CKPT [CKPT ...] --out DIR                       # GPU defaults
+    python3 -m benchmarks.bench_tp --device cpu --backends reference-triton-order --tp 1,2 \\
         --batch 2 --prompt-len 16 --new-tokens 4 --reps 1 --nccl default --out DIR    # CPU smoke run
 
 What is measured (requant.tp.launch, one launch per checkpoint and NCCL setting; every
@@ -32,11 +32,10 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from requant.io.markdown import table
+from requant.io.output import write_bytes_atomic, write_json_atomic
 
-from requant.output import write_bytes_atomic, write_json_atomic  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 T0 = time.perf_counter()
 NCCL_DEFAULT = "default;ALGO=Ring,NCHANNELS=1;ALGO=Tree,NCHANNELS=1;ALGO=Ring,NCHANNELS=8"
@@ -67,18 +66,17 @@ def markdown(record: dict) -> str:
         f"tokens, {record['new_tokens']} new tokens, best of {record['reps']}"
     )
     lines = ["# requant.tp benchmark", "", head, ""]
-    lines += [
-        "| checkpoint | NCCL | backend | regime | reduce | tp | prefill tok/s | decode tok/s | = TP 1 | = every NCCL |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
+    rows = []
     for row in record["rows"]:
         t = row["timing"]
-        lines.append(
-            f"| {row['checkpoint']} | {row['nccl']} | {row['backend']} | {row['regime']} | {row['reduce']} | "
-            f"{row['tp']} | {t.get('prefill_tok_s', 0):.0f} | {t.get('decode_tok_s', 0):.1f} | "
-            f"{'yes' if row['identical'] else 'NO'} | "
-            f"{'-' if row.get('nccl_invariant') is None else 'yes' if row['nccl_invariant'] else 'NO'} |"
+        inv = row.get("nccl_invariant")
+        rows.append(
+            [row["checkpoint"], row["nccl"], row["backend"], row["regime"], row["reduce"], row["tp"]]
+            + [f"{t.get('prefill_tok_s', 0):.0f}", f"{t.get('decode_tok_s', 0):.1f}"]
+            + ["yes" if row["identical"] else "NO", "-" if inv is None else "yes" if inv else "NO"]
         )
+    header = ["checkpoint", "NCCL", "backend", "regime", "reduce", "tp", "prefill tok/s", "decode tok/s"]
+    lines += table([*header, "= TP 1", "= every NCCL"], rows)
     lines += [
         "",
         (
@@ -86,20 +84,19 @@ def markdown(record: dict) -> str:
             "backend, regime, tp; 1.000 = no cost):"
         ),
         "",
-        "| checkpoint | NCCL | backend | regime | tp | prefill | decode |",
-        "|---|---|---|---|---|---|---|",
     ]
     by = {
         (r["checkpoint"], r["nccl"], r["backend"], r["regime"], r["tp"], r["reduce"]): r["timing"]
         for r in record["rows"]
     }
+    rows = []
     for (c, n, b, g, tp, red), t in by.items():
         o = by.get((c, n, b, g, tp, "bf16"))
         if red == "int32" and o and t:
-            lines.append(
-                f"| {c} | {n} | {b} | {g} | {tp} | {o['prefill_s'] / t['prefill_s']:.3f} | "
-                f"{o['decode_s'] / t['decode_s']:.3f} |"
+            rows.append(
+                [c, n, b, g, tp, f"{o['prefill_s'] / t['prefill_s']:.3f}", f"{o['decode_s'] / t['decode_s']:.3f}"]
             )
+    lines += table(["checkpoint", "NCCL", "backend", "regime", "tp", "prefill", "decode"], rows)
     return "\n".join(lines) + "\n"
 
 

@@ -1,9 +1,9 @@
 """Fingerprint every registered backend that runs here and every catalogue fault wrapped as a
-kernel (audit/fault_kernels.py), in one process, on one device; check each identification
+kernel (audit/conform/fault_kernels.py), in one process, on one device; check each identification
 against what the kernel is known to compute (kernels.EMULATION_OF for backends, FAULT_FORMULAS
 for faults, both written from the definitions, not from a run).
 
-    python3 benchmarks/conform_all.py [--device cuda] [--json OUT]
+    python3 -m benchmarks.conform_all [--device cuda] [--json OUT]
 
 Exit 0 when every kernel is identified as expected; 1 otherwise.
 """
@@ -18,8 +18,8 @@ import time
 import torch
 
 from requant.audit import conform as C
-from requant.audit import fault_kernels as FK
-from requant.audit import vectors as V
+from requant.audit.conform import fault_kernels as FK
+from requant.audit.conform import vectors as V
 from requant.backends import environment
 
 

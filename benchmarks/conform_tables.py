@@ -1,6 +1,6 @@
 """Detection tables of matrix v1 beside matrix v2, from audit JSONs scored against v2.
 
-    python3 benchmarks/conform_tables.py AUDIT.json [AUDIT.json ...]
+    python3 -m benchmarks.conform_tables AUDIT.json [AUDIT.json ...]
 
 Each JSON must hold `cell_results` (the default of `requant audit --json`) and have been
 scored against matrix v2. The check outcomes of a cell do not depend on the matrix (each
@@ -19,6 +19,7 @@ import sys
 from requant.audit.faults import VARIANT_BY_ID
 from requant.audit.matrix import MATRIX_PATH, MATRIX_V2_PATH, load_matrix
 from requant.audit.scoring import CellResult, Scorer
+from requant.io.markdown import table as markdown_table
 
 SEVERITIES = ("one", "1pct", "all")
 REGIMES = ("native", "pow2")
@@ -55,16 +56,19 @@ def table(v1: dict, v2: dict) -> list[str]:
     d1 = {(d["fault"], d["severity"], d["regime"]): d for d in v1["detection"]}
     d2 = {(d["fault"], d["severity"], d["regime"]): d for d in v2["detection"]}
     cols = [(s, r) for s in SEVERITIES for r in REGIMES]
-    head = "| fault | matrix | " + " | ".join(f"{s} {r}" for s, r in cols) + " |"
-    lines = [head, "|" + " --- |" * (len(cols) + 2)]
-    for fam in sorted({k[0] for k in d2}):
-        for name, d in (("v1", d1), ("v2", d2)):
-            cells = [
-                ("" if (fam, s, r) not in d else f"{d[(fam, s, r)]['detected']}/{d[(fam, s, r)]['observable']}")
+    rows = [
+        [
+            fam,
+            name,
+            *(
+                "" if (fam, s, r) not in d else f"{d[(fam, s, r)]['detected']}/{d[(fam, s, r)]['observable']}"
                 for s, r in cols
-            ]
-            lines.append(f"| {fam} | {name} | " + " | ".join(cells) + " |")
-    return lines
+            ),
+        ]
+        for fam in sorted({k[0] for k in d2})
+        for name, d in (("v1", d1), ("v2", d2))
+    ]
+    return markdown_table(["fault", "matrix", *(f"{s} {r}" for s, r in cols)], rows)
 
 
 def main(paths: list[str]) -> int:

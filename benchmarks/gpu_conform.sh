@@ -28,7 +28,7 @@ gpu_env triton
 CKPT=/tmp/requant-$PRESET-synthetic
 # The synthetic checkpoint is CPU work: make it in the background while CUTLASS builds.
 rm -rf "$CKPT"
-python3 -m requant.synthetic "$PRESET" "$CKPT" > /tmp/synthetic.log 2>&1 &
+python3 -m requant.models.synthetic "$PRESET" "$CKPT" > /tmp/synthetic.log 2>&1 &
 SYN_PID=$!
 
 if [ "$DEV" = cuda ]; then
@@ -41,7 +41,7 @@ step gpu_tests 0 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_cub
 for b in $BACKENDS; do
     step "conform_$b" 0 python3 -m requant.cli conform --backend "$b" --device "$DEV" --json "$OUT/conform_$b.json"
 done
-step conform_all 0 python3 benchmarks/conform_all.py --device "$DEV" --json "$OUT/conform_all.json"
+step conform_all 0 python3 -m benchmarks.conform_all --device "$DEV" --json "$OUT/conform_all.json"
 
 D=/tmp/audit_default
 mkdir -p "$D"
@@ -70,5 +70,5 @@ fits 40 "determinism_default_$PAIR_B" && step "determinism_default_$PAIR_B" 0 ba
 if [ -f "$CKPT/config.json" ] && fits 75 "audit_${PRESET}_$PAIR_B"; then audit_synthetic "$PAIR_B"; fi
 tar -C /tmp -czf "$OUT/audit_default.tar.gz" audit_default
 shopt -s nullglob
-python3 benchmarks/conform_tables.py "$D"/audit_default_*.json "$OUT"/audit_"$PRESET"_*.json
+python3 -m benchmarks.conform_tables "$D"/audit_default_*.json "$OUT"/audit_"$PRESET"_*.json
 echo "total $(elapsed) s"

@@ -47,13 +47,13 @@ fi
 
 if has bench && [ ${#CKPTS[@]} -gt 0 ]; then
     # shellcheck disable=SC2086
-    step bench_runtime 590 bash -c "python3 benchmarks/bench_runtime.py ${CKPTS[*]} --out '$OUT' $BENCH_ARGS > '$OUT/bench.log' 2>&1; rc=\$?; exit \$rc"
+    step bench_runtime 590 bash -c "python3 -m benchmarks.bench_runtime ${CKPTS[*]} --out '$OUT' $BENCH_ARGS > '$OUT/bench.log' 2>&1; rc=\$?; exit \$rc"
     tail -n 60 "$OUT/bench.log"
 fi
 if has fast; then
     mkdir -p "$OUT/fast"
     # shellcheck disable=SC2086
-    step bench_runtime_fast 590 bash -c "python3 benchmarks/bench_runtime.py --synthetic qwen3-1.7b,qwen3-8b --out '$OUT/fast' \
+    step bench_runtime_fast 590 bash -c "python3 -m benchmarks.bench_runtime --synthetic qwen3-1.7b,qwen3-8b --out '$OUT/fast' \
         --reps 5 --reference $BENCH_ARGS > '$OUT/fast/bench.log' 2>&1"
     tail -n 40 "$OUT/fast/bench_runtime_fast.md" 2>/dev/null
 fi

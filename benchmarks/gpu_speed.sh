@@ -75,13 +75,13 @@ limited cpu-suite-on-gpu 100 200 python3 -m pytest -q tests/kernels/test_triton.
 # 8192^3 tile sweep with first compiles, takes ~30 s); on SIGTERM it still writes its Markdown.
 L=$(( $(left) - 25 ))
 if [ "$L" -gt 40 ]; then
-  limited bench-speed "$L" 25 python3 benchmarks/bench_speed.py --out "$OUT" --budget-s $((L - 60)) ${NO_CUTLASS[@]+"${NO_CUTLASS[@]}"}
+  limited bench-speed "$L" 25 python3 -m benchmarks.bench_speed --out "$OUT" --budget-s $((L - 60)) ${NO_CUTLASS[@]+"${NO_CUTLASS[@]}"}
 else
   skip bench-speed "only $(left) s left"
 fi
 rm -f "$OUT"/.bench_speed.*.tmp  # temporaries of a killed writer
 if [ -f "$OUT/bench_speed.json" ]; then
-  limited report 30 0 python3 benchmarks/bench_speed_report.py "$OUT/bench_speed.json" --md "$OUT/bench_speed.md" --png "$OUT/bench_speed.png"
+  limited report 30 0 python3 -m benchmarks.bench_speed_report "$OUT/bench_speed.json" --md "$OUT/bench_speed.md" --png "$OUT/bench_speed.png"
 fi
 rm -f "$OUT"/.bench_speed.*.tmp
 

@@ -98,12 +98,12 @@ if has bench && [ ${#CKPTS[@]} -gt 0 ]; then
     [ -n "$NCCL_SETTINGS" ] && nccl=(--nccl "$NCCL_SETTINGS")
     # every NCCL setting on the smallest shape; NCCL's default on the larger ones (pow2 only)
     # shellcheck disable=SC2086
-    step bench_tp_small 590 python3 benchmarks/bench_tp.py "${CKPTS[0]}" --out "$OUT" --regimes pow2 "${nccl[@]}" $BENCH_ARGS \
+    step bench_tp_small 590 python3 -m benchmarks.bench_tp "${CKPTS[0]}" --out "$OUT" --regimes pow2 "${nccl[@]}" $BENCH_ARGS \
         >> "$OUT/bench.log" 2>&1
     if [ ${#CKPTS[@]} -gt 1 ]; then
         mkdir -p "$OUT/.big"
         # shellcheck disable=SC2086
-        step bench_tp_big 590 python3 benchmarks/bench_tp.py "${CKPTS[@]:1}" --out "$OUT/.big" --nccl default \
+        step bench_tp_big 590 python3 -m benchmarks.bench_tp "${CKPTS[@]:1}" --out "$OUT/.big" --nccl default \
             --regimes pow2 $BENCH_ARGS >> "$OUT/bench.log" 2>&1
         python3 - "$OUT" <<'EOF'
 import json
@@ -112,7 +112,7 @@ from pathlib import Path
 
 sys.path.insert(0, ".")
 from benchmarks.bench_tp import markdown
-from requant.output import write_bytes_atomic, write_json_atomic
+from requant.io.output import write_bytes_atomic, write_json_atomic
 
 out = Path(sys.argv[1])
 small, big = out / "bench_tp.json", out / ".big" / "bench_tp.json"

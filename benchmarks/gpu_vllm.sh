@@ -41,20 +41,20 @@ for ck in $CKS; do
         case $ck in
             default-native) cp -r requant/data/default "$CK/$ck" ;;
             default-pow2) step convert_default 60 requant convert -o "$CK/$ck" ;;
-            q17-native) step synthetic_q17 180 python3 -m requant.synthetic qwen3-1.7b "$CK/$ck" ;;
+            q17-native) step synthetic_q17 180 python3 -m requant.models.synthetic qwen3-1.7b "$CK/$ck" ;;
             q17-pow2) step convert_q17 180 requant convert "$CK/q17-native" -o "$CK/$ck" ;;
         esac
     fi
     for k in cutlass triton; do
-        step "run_${ck}_$k" 200 python3 benchmarks/vllm_client.py one --model "$CK/$ck" --kernel "$k" \
+        step "run_${ck}_$k" 200 python3 -m benchmarks.vllm_client one --model "$CK/$ck" --kernel "$k" \
             --out "$KEEP/run_${ck}_$k.json"
     done
     case $ck in
-        *-pow2) step "requant_$ck" 150 python3 benchmarks/vllm_client.py requant --model "$CK/$ck" \
+        *-pow2) step "requant_$ck" 150 python3 -m benchmarks.vllm_client requant --model "$CK/$ck" \
             --runs "$KEEP/run_${ck}_cutlass.json" --out "$KEEP/requant_$ck.json" ;;
     esac
 done
-step compare 60 python3 benchmarks/vllm_client.py compare "$KEEP"/run_*.json --out "$KEEP/vllm_compare.json"
+step compare 60 python3 -m benchmarks.vllm_client compare "$KEEP"/run_*.json --out "$KEEP/vllm_compare.json"
 tar -czf "$OUT/vllm_results.tgz" -C "$KEEP" .
 cp "$KEEP/timings.txt" "$KEEP/vllm_compare.json" "$OUT/" 2>/dev/null
 grep -h -i "int8\|ScaledMM\|Using .*kernel\|Error\|Traceback" "$KEEP"/run_*.log | sort | uniq -c | sort -rn | head -40

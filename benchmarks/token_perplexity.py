@@ -1,11 +1,11 @@
 """Per-token perplexity of each arm of a `requant eval` run on requant-heldout (CPU, seconds).
 
-    python3 benchmarks/token_perplexity.py EVAL_JSON [CKPT]
+    python3 -m benchmarks.token_perplexity EVAL_JSON [CKPT]
 
 lm-eval reports word and byte perplexity only. Its rolling log-likelihood scores every token
 of a document exactly once (requant/eval/lm.py), so exp(-sum ll / sum tokens) over the
 per-document log-likelihoods the eval JSON keeps is the per-token perplexity, with the token
-count from the checkpoint's own tokenizer (requant.tokenizer, what the eval's model used) on
+count from the checkpoint's own tokenizer (requant.models.tokenizer, what the eval's model used) on
 the shipped held-out documents. CKPT defaults to the JSON's `checkpoint`.
 """
 
@@ -17,11 +17,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 from requant.eval.heldout import DEFAULT_OUTPUT  # noqa: E402
-from requant.tokenizer import load_tokenizer  # noqa: E402
+from requant.models.tokenizer import load_tokenizer  # noqa: E402
 
 
 def token_perplexity(result: dict, ckpt: Path) -> dict:

@@ -1,6 +1,6 @@
 """Tile sweep for the Triton W8A8 GEMM on the GPU (no CUTLASS build needed).
 
-    python3 benchmarks/tune_triton.py --out DIR [--ms 512,2048,8192] [--rep 25]
+    python3 -m benchmarks.tune_triton --out DIR [--ms 512,2048,8192] [--rep 25]
 
 Times candidate configurations (kernels.triton.scaled_mm.CONFIGS plus the CANDIDATES
 below, injected at run time) on every distinct Qwen3-1.7B/8B/14B Linear shape at the
@@ -26,18 +26,28 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from _qwen3_shapes import QWEN3  # noqa: E402
-from _timing import GRAPH, graph_ms  # noqa: E402
-from bench_kernels import _copies, operands  # noqa: E402
-
+from benchmarks._qwen3_shapes import QWEN3  # noqa: E402
+from benchmarks._timing import GRAPH, graph_ms  # noqa: E402
+from requant.io.output import write_json_atomic  # noqa: E402
 from requant.kernels import reference as ref  # noqa: E402
 from requant.kernels.bf16 import bitwise_equal  # noqa: E402
 from requant.kernels.triton import scaled_mm as tsm  # noqa: E402
 from requant.kernels.triton.scaled_mm import CONFIGS  # noqa: E402
-from requant.output import write_json_atomic  # noqa: E402
+
+ROTATE_BYTES = 256 << 20  # operand sets rotated so that each timed call reads from HBM, not L2
+
+
+def _copies(m, n, k, elem=1):
+    return max(1, min(64, -(-ROTATE_BYTES // ((m * k + n * k) * elem + m * n * 2))))
+
+
+def operands(m, n, k):
+    a = torch.randint(-128, 128, (m, k), dtype=torch.int8, device="cuda")
+    w = torch.randint(-128, 128, (n, k), dtype=torch.int8, device="cuda")
+    s_a = torch.rand(m, 1, device="cuda") * 0.05 + 1e-4
+    s_w = torch.rand(n, 1, device="cuda") * 0.01 + 1e-5
+    return a, w, s_a, s_w
+
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages, kind)
 CANDIDATES = {
@@ -144,7 +154,7 @@ def main():
             for lin, n, k, _ in lins:
                 shapes.append((f"{model}|{lin}|{m}", m, n, k))
     res = {
-        "command": "python3 benchmarks/tune_triton.py " + " ".join(sys.argv[1:]),
+        "command": "python3 -m benchmarks.tune_triton " + " ".join(sys.argv[1:]),
         "device": torch.cuda.get_device_name(),
         "configs": {n: CONFIGS[n] for n in names},
         "tops": {},

@@ -1,9 +1,9 @@
 """vLLM as the client of requant's checkpoints: greedy generations through vLLM's CUTLASS and
 Triton int8 paths, the weight scales vLLM holds, and agreement with requant's fast engine.
 
-    python3 benchmarks/vllm_client.py one --model DIR --kernel cutlass|triton --out RUN.json
-    python3 benchmarks/vllm_client.py compare RUN.json ... --out vllm_compare.json
-    python3 benchmarks/vllm_client.py requant --model DIR --runs CUTLASS_RUN.json --out X.json
+    python3 -m benchmarks.vllm_client one --model DIR --kernel cutlass|triton --out RUN.json
+    python3 -m benchmarks.vllm_client compare RUN.json ... --out vllm_compare.json
+    python3 -m benchmarks.vllm_client requant --model DIR --runs CUTLASS_RUN.json --out X.json
 
 `one` runs in its own process per (checkpoint, kernel): the kernel is chosen by
 `LLM(linear_backend=...)` and vLLM reads its environment at import. Prompts go in as token ids
@@ -41,9 +41,9 @@ OFFLINE = {
 
 
 def prompt_ids(model_dir: Path, n: int) -> list[list[int]]:
-    from requant.prompts import prompts
+    from requant.models.prompts import prompts
+    from requant.models.tokenizer import load_tokenizer
     from requant.runtime.weights import arch_from_config
-    from requant.tokenizer import load_tokenizer
 
     cfg = json.loads((model_dir / "config.json").read_text())
     tok = load_tokenizer(model_dir, arch_from_config(cfg).vocab, byte_level=True)

@@ -1,7 +1,7 @@
 """Fill the ignored folder .vllm/ with vLLM 0.26.0 and the wheels its offline path needs, in
 parts small enough to travel with one device call each (benchmarks/gpu_vllm.sh joins them).
 
-    python3 benchmarks/vllm_wheels.py [--part-mb 20] [--dir .vllm]
+    python3 -m benchmarks.vllm_wheels [--part-mb 20] [--dir .vllm]
 
 vLLM 0.26.0 pins torch 2.11.0, the GPU machine's. Its wheel (304 MB) is repacked without what
 a dense Qwen3 on sm90 never loads: the FlashAttention-2 kernels (sm80; FA3 serves sm90), the

@@ -7,21 +7,7 @@ See kernels/reference.py for the operand contract and the numerics every backend
 documents. Backends are imported on first use, so `import requant.kernels` never pulls in
 Triton or compiles CUTLASS; a resolved backend is kept, so later calls cost one dict lookup.
 
-quantize_activations(x, backend, check=None): NaN/inf activations are refused (ValueError)
-where that needs no device synchronization (CPU tensors); on a GPU the kernel marks such a
-row instead (s = NaN, q = 0: the token's outputs are NaN). check=True refuses on any device
-(one sync per call), check=False never reads values on the host. See
-kernels.reference._check_activations.
-
-scaled_mm backends:
-  reference               exact value acc * s_a * s_w rounded once to bf16
-  reference-cutlass-order emulation of the CUTLASS epilogue order (the CI oracle)
-  reference-triton-order  emulation of the Triton epilogue order (the CI oracle)
-  reference-fused-order   emulation of the fused-scale order acc * fp32(s_a*s_w) (the CI oracle)
-  triton                  Triton kernel, Triton order (GPU, or TRITON_INTERPRET=1 on CPU)
-  cutlass                 CUTLASS 3.x sm90 kernel, CUTLASS order (sm90 GPU only)
-  cublas                  torch._int_mm (cuBLASLt int8) + TensorRT-LLM's fused-scale order
-register_scaled_mm(name, fn, order) adds a backend at run time (unregister_scaled_mm removes it).
+Design notes: docs/internals.md (kernels/__init__.py).
 """
 
 import importlib

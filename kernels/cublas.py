@@ -4,33 +4,7 @@ of TensorRT-LLM's SmoothQuant GEMM.
     acc = a @ w^T                                   exact int32 (torch._int_mm)
     y   = bf16_rne( fp32(acc) * fp32(s_a * s_w) )   three elementwise torch ops
 
-NUMERICS
-  * Accumulator: on CUDA torch._int_mm is cuBLASLt's int8 GEMM with CUBLAS_COMPUTE_32I, on
-    CPU torch's own int8 matmul; both sum int8 products in int32. |acc| <= K * 2**14 < 2**31
-    for K <= kernels.reference.MAX_K (check_operands), so no partial sum can wrap and the
-    integer result is the same whatever tiles, split-K or summation order the library picks:
-    the output bits cannot depend on M, on the algorithm heuristic, or on the GPU.
-  * Epilogue order: the scale product first. TensorRT-LLM's
-    cutlass_extensions/epilogue/threadblock/epilogue_per_row_per_col_scale.h (copied into
-    SGLang's sgl-kernel as the sm75..sm89 path of int8_scaled_mm) computes, per element,
-    `accum[i] * (scale_col[i] * scale_row)` in fp32 and converts to the output type with
-    round to nearest; scale_col is the weight scale, scale_row the token scale. fp32
-    multiplication commutes, so fp32(s_w * s_a) = fp32(s_a * s_w). This is neither
-    CUTLASS's s_a * fp32(s_w * acc) nor Triton's fp32(s_a * acc) * s_w; it is the formula of
-    fault F5 (audit/faults.py), legal here because the kernel declares it. SGLang's sm90 path
-    uses the CUTLASS order instead (Sm90EVT: s_a * (s_w * acc)).
-    Here: `scale = s_a * s_w` (an [M, N] fp32 tensor), `acc.float() * scale`, then torch's
-    fp32 -> bf16 cast, which rounds to nearest even on CPU and GPU. Each is its own
-    elementwise kernel, so nothing is contracted into an FMA.
-  * Power-of-two s_w: fp32(s_a * 2**e) is exact, so y = bf16_rne(fp32(fp32(acc) * s_a) * 2**e),
-    the same bits as both other orders (kernels/reference.py).
-  It equals kernels.reference.scaled_mm_fused_order bit for bit.
-
-SHAPES
-  cuBLASLt's int8 path wants M > 16 and K, N multiples of 8 (torch._int_mm refuses others on
-  CUDA; K is also padded to at least 32 there). Other shapes are zero-padded: extra rows of a / w and columns of both are zero, and
-  zero products add nothing to an int32 sum, so the kept outputs are exact; the result is
-  sliced back. M = 0 or N = 0 returns an empty tensor; K = 0 gives acc = 0 (no launch).
+Design notes: docs/internals.md (kernels/cublas.py).
 """
 
 import torch

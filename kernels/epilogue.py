@@ -10,28 +10,7 @@ Summing the ranks' int32 accumulators is exact integer addition (associative: an
 any grouping gives the one sum), so applying the epilogue once to that sum gives the bits
 of the unsharded GEMM, whatever the number of ranks or the all-reduce algorithm.
 
-NUMERICS.
-  int_mm: acc[m, n] = sum_k a[m, k] * w[n, k] in integers. |acc| <= K * 2**14 < 2**31 for
-  K <= MAX_K, so int32 holds it (checked). CPU (and any non-CUDA device): the reference's
-  float64 matmul (kernels.reference.accumulate, exact below 2**53). CUDA: torch._int_mm
-  (cuBLASLt int8 GEMM with int32 accumulation: integer adds, exact) through
-  kernels.cublas.int_mm_exact, which zero-pads the shapes that call requires (zero products
-  add nothing); not run in this repository's CI (no GPU there).
-  apply_epilogue: the documented orders of kernels/reference.py, as elementwise fp32 ops
-  with one round to nearest even at the end:
-    "cutlass"  bf16_rne(s_a * fp32(s_w * fp32(acc)))   (cutlass, reference-cutlass-order)
-    "triton"   bf16_rne(fp32(s_a * fp32(acc)) * s_w)   (triton, reference-triton-order)
-    "fused"    bf16_rne(fp32(acc) * fp32(s_a * s_w))   (cublas, reference-fused-order)
-    "exact"    acc * s_a * s_w rounded once to bf16    (reference)
-  Each is the reference's own epilogue function (imported, not rewritten), which the
-  real kernels equal bit for bit (kernels/cutlass and kernels/triton docstrings, their
-  tests); the tests here check the composition against scaled_mm itself.
-  quantize_slice: per-token quantization is an elementwise function of an element and its
-  row's absmax (kernels/reference.py), so a K-slice of rows quantized together with one
-  appended element per row equal to the whole row's absmax (the slice's own absmax is at
-  most that) gets the whole row's scale s and, on its columns, the whole row's q, from
-  the registered quantize backend itself; the appended column is dropped. absmax is a
-  value of x's dtype (the max of |x| is one of its elements), so the append is exact.
+Design notes: docs/internals.md (kernels/epilogue.py).
 """
 
 import torch

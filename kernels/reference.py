@@ -8,35 +8,7 @@ Contract (shared by every backend in kernels/):
   s_w  fp32  [N, 1]   weight scales (a bf16 checkpoint scale upcast exactly)
   ->   bf16  [M, N]
 
-Numerics, and why they are exact here:
-  * accumulator: acc = sum_k a[m,k] * w[n,k]. Every product is at most 2**14 in
-    magnitude, so |acc| <= K * 2**14 < 2**31 whenever K < 2**17 (checked). Float64
-    represents every partial sum exactly (< 2**53), so a float64 matmul gives the exact
-    integer whatever its summation order; `accumulate_int64` recomputes it in int64
-    and the tests check the two agree.
-  * CUTLASS epilogue order: y = bf16_rne(s_a * fp32(s_w * fp32(acc)))
-  * Triton epilogue order:  y = bf16_rne(fp32(s_a * fp32(acc)) * s_w)
-  * fused-scale order:      y = bf16_rne(fp32(acc) * fp32(s_a * s_w))  (TensorRT-LLM's
-    SmoothQuant per-row-per-col epilogue, also SGLang's sm75-sm89 int8_scaled_mm; the
-    cublas backend)
-    Each fp32 op is one IEEE round-to-nearest-even operation; torch runs every
-    elementwise op as its own kernel, so nothing is contracted into an FMA.
-  * "exact": the real number acc * s_a * s_w rounded once to bf16. Float64 gives it
-    to within 2**-52 relative; elements whose float64 value lies so close to a bf16
-    rounding midpoint that this error could matter are recomputed with Python
-    integers (rare on real data, common on adversarial power-of-two inputs).
-With power-of-two s_w all three fp32 orders give the correctly rounded value of
-s_a * fp32(acc) * s_w, hence the same bits; with general s_w they differ by at most
-one bf16 spacing on a small fraction of outputs.
-
-Activation quantization (quantize_activations; the Triton backend gives the same bits):
-only finite 2-D bf16/fp16/fp32 input (one shared check, _check_activations);
-s = fp32(absmax / 127) and q = saturate_int8(round_half_even(fp32(x * inv))), where
-inv = 127 / absmax rounded to fp32's 24-bit significand as if the exponent range were
-unbounded. For absmax >= 2**-64 that is the plain IEEE division; tinier rows (where
-127 / absmax may overflow to inf: absmax < 127 / FLT_MAX ~ 3.7e-37, which normal bf16
-values reach) are scaled by 2**64 first, exactly, so they keep their full int8 range
-instead of turning into 0 * inf = NaN. A zero row gives s = 0, q = 0.
+Design notes: docs/internals.md (kernels/reference.py).
 """
 
 from fractions import Fraction

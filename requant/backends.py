@@ -101,8 +101,8 @@ def declare_orders(pair: tuple[str, ...], order: str | None, device: str, vector
 
 def _fingerprint_order(name: str, device: str, vectors, require: bool = True) -> dict:
     from requant import kernels
-    from requant.audit import vectors as V
     from requant.audit.conform import KernelError, fingerprint, run_cases
+    from requant.audit.conform import vectors as V
 
     vs = vectors if vectors is not None else V.build_vectors(batch_ms=())
     ident = {c.name for c in vs.cases if c.kind in ("epilogue", "accumulator")}

@@ -1,24 +1,14 @@
 """`requant determinism`: are greedy generations byte-identical across the GEMM pair?
 
 For each regime (native: the checkpoint's scales; pow2: the converter's nearest arm, made
-in memory) the built-in calibration prompts (requant.prompts), tokenized with the
+in memory) the built-in calibration prompts (requant.models.prompts), tokenized with the
 checkpoint's tokenizer, are decoded greedily with the KV cache (requant.runtime), as one
 batch, once with each backend of the pair. Nothing else differs between the two runs: the
 same weights, the same activation quantizer, the same attention and norms; only the
 scaled_mm epilogue order. Every prompt decodes exactly `new_tokens` tokens (no stop at
 eos), so both sides are compared over the same positions.
 
-Per prompt: identical or not, the first diverging position (0 = the first new token),
-the sha256 of each backend's new token ids serialized as little-endian int64 bytes
-(`ids_sha256`), the token ids and their decoded text.
-
-Batch invariance: with each backend and regime, every prompt is also decoded alone and
-compared with its row of the batch (tokens must be identical).
-
-A checkpoint whose weight scales are all powers of two already (a `requant convert`
-output: config.json's "requant" key names a constrained arm) IS its own pow2 regime:
-requantizing it with the nearest arm changes no byte. Then the pair is run once and the
-result is reported for both regimes, marked `same_as: native`.
+Design notes: docs/internals.md (requant/determinism.py).
 """
 
 from __future__ import annotations
@@ -28,8 +18,9 @@ import time
 
 import numpy as np
 
+from requant.io.markdown import table
 from requant.kernels.bf16 import is_power_of_two
-from requant.prompts import prompts as calibration_prompts
+from requant.models.prompts import prompts as calibration_prompts
 
 SHA_ENCODING = "sha256 of the new token ids as little-endian int64 bytes"
 CONSTRAINED_ARMS = ("nearest", "ceiling", "mse", "probe")
@@ -219,7 +210,7 @@ def _cell(text: str, width: int = 60) -> str:
 def markdown(result: dict, command: str | None = None) -> str:
     """A Markdown summary for people (the JSON is the record)."""
     from requant.evidence.identity import markdown_lines as identity_lines
-    from requant.tokenizer import summary as tokenizer_summary
+    from requant.models.tokenizer import summary as tokenizer_summary
 
     a, b = result["backends"]
     lines = ["# requant determinism", ""]
@@ -245,27 +236,34 @@ def markdown(result: dict, command: str | None = None) -> str:
         lines += [
             f"## {regime}: {r['identical']}/{r['total']} identical" + (" (same as native)" if r.get("same_as") else ""),
             "",
-            f"| # | identical | first divergence | sha256 {a} | sha256 {b} | text ({a}) | text ({b}), where it differs |",
-            "| ---: | --- | ---: | --- | --- | --- | --- |",
         ]
+        rows = []
         for p in r["prompts"]:
             div = "" if p["first_divergence"] is None else str(p["first_divergence"])
             other = "" if p["identical"] else _cell(p["text"][b])
-            lines.append(
-                f"| {p['index']} | {'yes' if p['identical'] else '**no**'} | {div} | `{p['sha256'][a][:16]}` | "
-                f"`{p['sha256'][b][:16]}` | {_cell(p['text'][a])} | {other} |"
+            same = "yes" if p["identical"] else "**no**"
+            rows.append(
+                [
+                    p["index"],
+                    same,
+                    div,
+                    f"`{p['sha256'][a][:16]}`",
+                    f"`{p['sha256'][b][:16]}`",
+                    _cell(p["text"][a]),
+                    other,
+                ]
             )
-        lines.append("")
+        header = ["#", "identical", "first divergence", f"sha256 {a}", f"sha256 {b}", f"text ({a})"]
+        lines += [*table([*header, f"text ({b}), where it differs"], rows, align="rlr"), ""]
     lines += [
         "## Batch invariance (each prompt alone vs inside the batch, same backend)",
         "",
-        "| regime | backend | identical | differing prompts |",
-        "| --- | --- | ---: | --- |",
     ]
-    for regime in ("native", "pow2"):
-        for backend, v in result["batch_invariance"][regime].items():
-            lines.append(
-                f"| {regime} | {backend} | {v['identical']}/{v['total']} | {', '.join(map(str, v['differing_prompts'])) or '-'} |"
-            )
+    rows = [
+        [regime, backend, f"{v['identical']}/{v['total']}", ", ".join(map(str, v["differing_prompts"])) or "-"]
+        for regime in ("native", "pow2")
+        for backend, v in result["batch_invariance"][regime].items()
+    ]
+    lines += table(["regime", "backend", "identical", "differing prompts"], rows, align="llr")
     lines.append("")
     return "\n".join(lines)

@@ -13,11 +13,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from requant.output import write_bytes_atomic, write_files_atomic
+from requant.io.output import write_bytes_atomic, write_files_atomic
 
 
 def atomic_write(path: Path, write) -> None:
-    """write(tmp_path) then rename to path (requant.output's writer: a temporary beside it with
+    """write(tmp_path) then rename to path (requant.io.output's writer: a temporary beside it with
     the permissions a plain open() gives, removed on failure)."""
     write_files_atomic([(Path(path), lambda tmp: write(str(tmp)))])
 

@@ -37,7 +37,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from requant.output import write_bytes_atomic  # noqa: E402
+from requant.io.output import write_bytes_atomic  # noqa: E402
 from training import texts  # noqa: E402
 
 TOKENIZER_DIR = Path(__file__).resolve().parent / "tokenizer"

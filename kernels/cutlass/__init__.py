@@ -10,29 +10,7 @@ rounded fp32 multiplies in the order above, round to nearest even to bf16). It e
 kernels.reference.scaled_mm_cutlass_order bit for bit; tile and scheduler swizzle (chosen
 by shape in w8a8_sm90_select.h) never change a bit because int32 accumulation is exact.
 
-Build: torch.utils.cpp_extension.load against the headers of the `nvidia-cutlass`
-wheel (cutlass_library/source/include and tools/util/include) with
--gencode=arch=compute_90a,code=sm_90a -DNDEBUG, on first use, cached under
-$REQUANT_CUTLASS_CACHE (default ~/.cache/requant/cutlass): 65-70 s the first time on a
-16-core H200 machine with the former 7 tiles (one translation unit per tile config,
-compiled in parallel by ninja; MAX_JOBS caps it; 5 tiles now), instant afterwards.
-Asking for it without an sm90 GPU raises RuntimeError.
-A build that was killed leaves torch's lock file ($REQUANT_CUTLASS_CACHE/lock) behind, and
-every later build would wait on it forever: build() refuses with a RuntimeError naming
-the file once it is older than STALE_LOCK_S (remove it if no build is running;
-benchmarks/gpu_kernels.sh removes it before its build).
-
-Shapes: TMA needs 16-byte aligned rows, i.e. K % 16 == 0 and N % 8 == 0 (bf16 output).
-Other shapes are zero-padded (K with zero columns of a and w, N with zero rows of w and
-zero scales; exact, since zero products add nothing to the int32 sum) and the output
-sliced back, at the cost of a copy: every Qwen3 shape is aligned and takes no copy.
-M is free (M = 1 decode runs a swap-AB config). M = 0 or N = 0 returns an empty tensor;
-K = 0 gives acc = 0 and is computed by the reference epilogue (no kernel launch).
-
-Host work per call (eager use): the operand checks (no device sync, no value check: int8
-operands cannot be NaN, and NaN/inf scales give NaN/inf outputs), one output allocation and
-the launch. The C++ binding sets the device (CUDAGuard) and allocates no workspace for
-these kernels.
+Design notes: docs/internals.md (kernels/cutlass/__init__.py).
 """
 
 import os

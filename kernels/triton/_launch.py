@@ -8,35 +8,7 @@ the kernel's globals, and only then launch. In eager use that is tens of microse
 call, as long as the GEMM itself at M = 512 (measured: 215 TOPS eager against 636 for a
 bare kernel on 512 x 2048 x 6144).
 
-Here the first call with a given *launch key* goes through JITFunction.run (which compiles
-or finds the kernel, exactly as before) and returns the CompiledKernel; later calls with the
-same key launch that CompiledKernel directly through its own launch entry,
-`compiled[grid](*all_params, stream=stream)`, which is what JITFunction.run itself ends with.
-Launch hooks (triton.knobs.runtime.launch_enter_hook) still run: that entry calls them.
-
-The launch key must determine Triton's specialization of the call, or a kernel compiled for
-other argument properties would run. Triton specializes (specialize.cc, Triton 3.6-3.9):
-  * an integer on: == 1 (then a compile-time constant), % 16 == 0, int32 / int64 / uint64;
-  * a tensor on: its dtype and data_ptr % 16 == 0;
-  * a host tensor descriptor on: its base's dtype and its block shape;
-and compiles with the options (num_warps, num_stages, enable_fp_fusion, debug, ...).
-launch_key puts into the key: the kernel, the config name (block shapes, warps, stages:
-fixed per config), the device, the constexpr values, and for every runtime argument its
-class: int_key of an integer, (dtype, data_ptr % 16 == 0) of a tensor, a marker for a
-descriptor (its int8 dtype and block shape are fixed by the config).
-tests/kernels/test_triton_launch.py checks, against Triton's own binder, that equal keys
-never cover different specializations. Changing Triton's debug knobs after the first call
-is not tracked (those kernels keep their options).
-
-Tensor descriptors for the cached launches come from `descriptor()`: a TensorDescriptor is
-a pure function of (address, shape, row stride, block shape) for int8 operands, so it is
-cached by those values and holds no reference to the tensor (its base is a _DevicePtr:
-the address and dtype, all the launcher reads). The first call of each key uses
-TensorDescriptor.from_tensor on the real tensor, as before.
-
-Under TRITON_INTERPRET=1 (CPU) every call takes the JITFunction path (the interpreter
-has no compiled kernels); `cached=False` forces that path on a GPU too (the benchmark's
-"before").
+Design notes: docs/internals.md (kernels/triton/_launch.py).
 """
 
 import os

@@ -10,50 +10,19 @@ that covers the whole row (silu_mul_quantize: fixed slices of SILU_BLOCK_K): its
 function of the row length alone (the next power of two), never of the number of rows. So a row's arithmetic is the same code on the same
 data whatever else is in the call: BATCH INVARIANCE by construction, no measurement needed.
 
-NUMERICS (each kernel equals its torch emulation in kernels/triton/emulation.py bit for bit;
-tests/requant/runtime/test_fast.py runs them under TRITON_INTERPRET=1 in CI):
-  * bf16 in and out through their bits (an int16 view): bf16 -> fp32 is `bits << 16` (exact),
-    fp32 -> bf16 is round-to-nearest-even on the bits (_bf16.py). Triton's CPU interpreter
-    truncates in `.to(tl.bfloat16)` and mis-converts bf16 subnormals in `.to(tl.float32)`.
-  * Sums of squares are a fixed pairwise tree over adjacent elements (emulation.tree_sum_adjacent:
-    element 2j plus element 2j + 1, halving down to one; zero padding to a power of two is
-    exact), written as reshapes to [rows, n/2, 2] summed over the last axis: one IEEE add each.
-    Adjacent pairs live in one thread first, then one warp, so the tree needs few block
-    barriers (5 against 23 for the reference path's tree_sum_halves order, which pairs i with i + n/2:
-    measured on the sm90 SASS of a 4096-element row with 8 warps).
-  * RMSNorm: var = ss / n (IEEE division), r = 1 / sqrt_rn(var + eps) (IEEE square root and
-    division, not the approximate rsqrt), h = bf16(w * bf16(x * r)). This differs from the
-    reference path's torch.rsqrt (which on CUDA is an approximation) by at most an ulp of r.
-  * Activation quantization of h (or of the SiLU product) is kernels.reference.
-    quantize_activations on the bf16 values, bit for bit: absmax exact, s = absmax / 127,
-    inv = 127 / (absmax * up) with IEEE divisions, the 2**64 rescaling of tiny rows, round
-    half to even by floor and an exact remainder, saturation, NaN/inf rows poisoned (s = NaN,
-    q = 0). So the GEMM operands are the very bits the unfused path feeds the GEMMs.
-  * RoPE: cos/sin are gathered from tables computed by requant.runtime.ops.rope_tables (the
-    reference path's tables, per position); out = bf16(y * cos + rotate_half(y) * sin) with
-    three separately rounded fp32 operations.
-  * SiLU(g) * u: fp32(g / (1 + exp(-g))) * u, rounded once to bf16. exp is the device's
-    (on a GPU Triton's fast exp; under the interpreter numpy's): the one approximate function
-    here, so the emulation uses numpy's exp and the GPU kernel is compared with itself across
-    batches (row independence) rather than with the CPU.
-Every kernel is compiled with enable_fp_fusion=False: no multiply-add is contracted into an
-FMA, so each fp32 operation rounds once, as in torch.
+Design notes: docs/internals.md (kernels/triton/fused.py).
 """
 
 import torch
 import triton
 import triton.language as tl
 
-from requant.kernels.reference import POISON_SCALE_BITS, TINY
 from requant.kernels.triton import _launch
 from requant.kernels.triton._bf16 import bf16_rne_bits
-from requant.kernels.triton.quantize import _round_half_even
+from requant.kernels.triton.quantize import _POISON, _round_half_even, activation_scales
 
 __all__ = ["add_rms_norm", "qk_norm_rope", "row_block", "silu_mul_quantize"]
 
-_TINY = tl.constexpr(TINY)
-_UP = tl.constexpr(1.0 / TINY)
-_POISON = tl.constexpr(POISON_SCALE_BITS)
 OPTIONS = {"enable_fp_fusion": False}
 SILU_BLOCK_K = 2048  # the SiLU kernel's slice of a row (fixed: never depends on the number of rows)
 
@@ -133,11 +102,7 @@ def _quantize_store(h, mask, q_ptrs, s_ptr):
     mag = tl.max(h.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=1)
     bad = mag >= 0x7F800000
     amax = mag.to(tl.float32, bitcast=True)
-    zero = amax == 0.0
-    up = tl.where(amax < _TINY, _UP, 1.0)
-    safe = tl.where(zero, 1.0, amax)
-    s = tl.where(zero, 0.0, tl.math.div_rn(safe, 127.0 + tl.zeros_like(safe)))
-    inv = tl.where(zero, 0.0, tl.math.div_rn(127.0 + tl.zeros_like(safe), safe * up))
+    s, up, inv = activation_scales(amax)
     poison = tl.full((1,), _POISON, tl.int32).to(tl.float32, bitcast=True)
     tl.store(s_ptr + tl.arange(0, 1), tl.where(bad, poison, s))
     v = _round_half_even((h * up[:, None]) * inv[:, None])
@@ -277,11 +242,7 @@ def _silu_mul_quantize_kernel(gu_ptr, act_ptr, q_ptr, s_ptr, n, BLOCK_K: tl.cons
     mag = tl.max(mag, axis=0)
     bad = mag >= 0x7F800000  # NaN or inf in the row: s = NaN, q = 0
     amax = mag.to(tl.float32, bitcast=True)
-    zero = amax == 0.0
-    up = tl.where(amax < _TINY, _UP, 1.0)
-    safe = tl.where(zero, 1.0, amax)
-    s = tl.where(zero, 0.0, tl.math.div_rn(safe, 127.0 + tl.zeros_like(safe)))
-    inv = tl.where(zero, 0.0, tl.math.div_rn(127.0 + tl.zeros_like(safe), safe * up))
+    s, up, inv = activation_scales(amax)
     poison = tl.full((), _POISON, tl.int32).to(tl.float32, bitcast=True)
     tl.store(s_ptr + t, tl.where(bad, poison, s))
     tl.debug_barrier()

@@ -53,6 +53,19 @@ def _round_half_even(v):
 
 
 @triton.jit
+def activation_scales(amax):
+    # The per-row scale arithmetic every quantizer shares (the module docstring's formulas), on the
+    # row's exact absmax (scalar or [R]): s = absmax / 127, inv = 127 / (absmax * up) with IEEE
+    # divisions, up = 2**64 for tiny rows (a power of two: exact); a zero row gives s = inv = 0.
+    zero = amax == 0.0
+    up = tl.where(amax < _TINY, _UP, 1.0)
+    safe = tl.where(zero, 1.0, amax)
+    s = tl.where(zero, 0.0, tl.math.div_rn(safe, 127.0 + tl.zeros_like(safe)))
+    inv = tl.where(zero, 0.0, tl.math.div_rn(127.0 + tl.zeros_like(safe), safe * up))
+    return s, up, inv
+
+
+@triton.jit
 def _load_fp32(ptrs, mask, BF16_BITS: tl.constexpr):
     if BF16_BITS:  # int16 view of bf16: the fp32 with the same top 16 bits (exact)
         b = tl.load(ptrs, mask=mask, other=0)
@@ -75,11 +88,7 @@ def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, K, stride_xm, stride_qm, BLOCK_K:
         nonfinite = tl.maximum(nonfinite, ((x != x) | (tl.abs(x) == _INF)).to(tl.int32))
     amax = tl.max(absmax, axis=0)
     bad = tl.max(nonfinite, axis=0) > 0  # NaN or inf in the row: s = NaN, q = 0 (no host check)
-    zero = amax == 0.0
-    up = tl.where(amax < _TINY, _UP, 1.0)  # a power of two: exact scalings below
-    safe = tl.where(zero, 1.0, amax)
-    s = tl.where(zero, 0.0, tl.math.div_rn(safe, 127.0))
-    inv = tl.where(zero, 0.0, tl.math.div_rn(127.0 + tl.zeros_like(safe), safe * up))
+    s, up, inv = activation_scales(amax)
     poison = tl.full((), _POISON, tl.int32).to(tl.float32, bitcast=True)
     tl.store(s_ptr + row, tl.where(bad, poison, s))
     q_row = q_ptr + row * stride_qm

@@ -35,8 +35,8 @@ from rich.console import Console
 from rich.markup import escape
 
 from requant.errors import CheckpointError, UsageError
-from requant.links import shown
-from requant.output import OutputInterrupted, report_target, write_json_atomic
+from requant.io.links import shown
+from requant.io.output import OutputInterrupted, report_target, write_json_atomic
 
 __all__ = [
     "EXIT_OK",
@@ -422,7 +422,7 @@ def byte_tokens_option(command: Callable) -> Callable:
     def run(*args, **kwargs):
         if not kwargs.get("byte_tokens"):
             return command(*args, **kwargs)
-        from requant.tokenizer import byte_ids_allowed
+        from requant.models.tokenizer import byte_ids_allowed
 
         with byte_ids_allowed():
             return command(*args, **kwargs)

@@ -89,7 +89,7 @@ def _load_config(ckpt: Optional[str]) -> tuple[dict, str]:
     if not p.is_file():
         raise UsageError(f"{p}: no config.json")
     from requant.checkpoint import check_qwen3
-    from requant.inputs import load_json  # bounded, a regular file, too deep a nesting refused
+    from requant.io.inputs import load_json  # bounded, a regular file, too deep a nesting refused
 
     config = load_json(p, what="config.json")
     if not isinstance(config, dict):
@@ -215,7 +215,7 @@ def _write_outputs(result: dict, json_out: Optional[Path], report: Optional[Path
     """--json and --report's files as one set, all or nothing (requant.output.write_files_atomic);
     the --report files are the ones returned, to be named."""
     from requant.audit.report import report_items
-    from requant.output import json_bytes, write_files_atomic
+    from requant.io.output import json_bytes, write_files_atomic
 
     items = [(json_out, lambda tmp: tmp.write_bytes(json_bytes(result)))] if json_out is not None else []
     items += report_items(result, report, command) if report is not None else []
@@ -298,8 +298,8 @@ def audit(
         from requant.backends import check_runnable, parse_backends
         from requant.checkpoint import open_checkpoint
         from requant.evidence.identity import with_progress
+        from requant.models.tokenizer import load_tokenizer
         from requant.runtime import check_layout
-        from requant.tokenizer import load_tokenizer
 
         dev = check_device(device or default_device())
         spec = backends or ("cutlass,triton" if dev.startswith("cuda") else "reference")

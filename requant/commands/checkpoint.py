@@ -31,7 +31,7 @@ from requant.commands._common import (
     warn,
 )
 from requant.errors import CheckpointError
-from requant.output import json_bytes, write_files_atomic
+from requant.io.output import json_bytes, write_files_atomic
 from requant.scales import ARMS, SERVABLE  # names only: importing the CLI must not import torch
 
 Arm = Enum("Arm", {a: a for a in ARMS}, type=str)
@@ -247,7 +247,7 @@ def inspect(
     revision: Annotated[Optional[str], typer.Option("--revision", help="Hub revision when SRC is a repo id.")] = None,
 ):
     """Describe a W8A8 checkpoint: architecture, Linears, scale dtype, power-of-two scales, int8 range."""
-    from requant.inspect import inspect_checkpoint
+    from requant.checkpoint.inspect import inspect_checkpoint
 
     with cannot_run():
         info = inspect_checkpoint(src, revision=revision)
@@ -290,7 +290,7 @@ def verify(
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ):
     """Exit 0 when two checkpoints are byte-identical, 1 listing what differs (tensor by tensor), 2 when one cannot be read."""
-    from requant.verify import verify as do_verify
+    from requant.evidence.verify import verify as do_verify
 
     with cannot_run():
         report = do_verify(a, b)

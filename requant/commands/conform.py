@@ -50,7 +50,7 @@ __all__ = ["conform"]
 
 def _check_outputs(json_out: Optional[Path], export_dir: Optional[Path]) -> None:
     """--json and --export DIR before any work (regular-file targets in writable places)."""
-    from requant.audit.vectors import EXPORT_FILES
+    from requant.audit.conform.vectors import EXPORT_FILES
 
     check_output_file(json_out, "--json")
     check_output_dir(export_dir, "--export", EXPORT_FILES)
@@ -58,8 +58,8 @@ def _check_outputs(json_out: Optional[Path], export_dir: Optional[Path]) -> None
 
 def _write_outputs(result: dict, vs, json_out: Optional[Path], export_dir: Optional[Path]) -> None:
     """The --export pair and the --json record as one set, once the verdict is known: all or nothing."""
-    from requant.audit.vectors import export_items
-    from requant.output import json_bytes, write_files_atomic
+    from requant.audit.conform.vectors import export_items
+    from requant.io.output import json_bytes, write_files_atomic
 
     items = export_items(vs, export_dir) if export_dir is not None else []
     if json_out is not None:
@@ -90,8 +90,8 @@ def conform(
         run_in_child("conform")  # a user kernel runs in a child; the verdict is given here
     with cannot_run():
         _check_outputs(json_out, export_dir)
-        from requant.audit import vectors as V
         from requant.audit.conform import KernelError, declared_order, fingerprint, resolve_kernel, run_cases
+        from requant.audit.conform import vectors as V
         from requant.backends import environment, triton_interpreter_on_cpu
 
         dev = check_device(device or default_device())

@@ -85,7 +85,7 @@ def determinism(
         from requant.checkpoint import open_checkpoint
         from requant.determinism import all_scales_pow2, run_determinism, work_units
         from requant.evidence.identity import with_progress
-        from requant.prompts import prompts as prompt_list
+        from requant.models.prompts import prompts as prompt_list
         from requant.runtime import check_layout
 
         dev = check_device(device or default_device())

@@ -99,7 +99,7 @@ def _check_report_dir(report: Optional[Path]) -> None:
 def _write_outputs(result: dict, json_out: Optional[Path], report: Optional[Path]) -> list[Path]:
     """--json and --report's files as one set, all or nothing (requant.output.write_files_atomic)."""
     from requant.eval.report import report_items
-    from requant.output import json_bytes, write_files_atomic
+    from requant.io.output import json_bytes, write_files_atomic
 
     items = [(json_out, lambda tmp: tmp.write_bytes(json_bytes(result)))] if json_out is not None else []
     items += report_items(result, report) if report is not None else []

@@ -166,7 +166,7 @@ def generate(
         from requant.checkpoint import open_checkpoint
         from requant.evidence.identity import with_progress
         from requant.runtime import REGIMES, check_layout, load_model
-        from requant.sampling import SamplingParams
+        from requant.runtime.sampling import SamplingParams
 
         dev = check_device(device or default_device())
         if (prompt is None) == (prompts_file is None):
@@ -214,8 +214,8 @@ def generate(
         check_generation_memory(checkpoint.config, len(ids), longest, dev, f"{len(ids)} prompts")
         eos_ids = list(tok.eos_ids) if eos else []
 
-    from requant.generation import make_record
-    from requant.sampling import generate as sample
+    from requant.runtime.generation import make_record
+    from requant.runtime.sampling import generate as sample
 
     stream = None
     if len(ids) == 1:
@@ -257,7 +257,7 @@ def generate(
             )
             for s, pids, t in zip(out, ids, texts)
         ]
-        from requant.output import write_bytes_atomic
+        from requant.io.output import write_bytes_atomic
 
         with cannot_run():
             write_bytes_atomic(json_out, ("\n".join(lines) + "\n").encode("utf-8"))

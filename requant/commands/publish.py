@@ -192,7 +192,7 @@ def card(
     named in the card as not measured. Also writes CKPT/SHA256SUMS when there is none (the
     card quotes its digest)."""
     from requant.evidence import manifest as mf
-    from requant.output import report_target
+    from requant.io.output import report_target
     from requant.publish import PublishError
     from requant.publish.card import checkpoint_facts, render, write_card
     from requant.publish.push import check_repo_id

@@ -78,15 +78,15 @@ def replay(
         from requant.checkpoint import open_checkpoint
         from requant.evidence.identity import with_progress
         from requant.evidence.manifest import REPORTS
-        from requant.generation import (
+        from requant.models.tokenizer import summary
+        from requant.runtime import check_layout, load_model
+        from requant.runtime.generation import (
             filler_prompts,
             first_difference,
             first_token_difference,
             read_records,
             record_params,
         )
-        from requant.runtime import check_layout, load_model
-        from requant.tokenizer import summary
 
         if not (record.exists() or record.is_symlink()):
             raise UsageError(f"{record}: no such file")
@@ -155,8 +155,8 @@ def replay(
         fill_ids, fill_params = filler_prompts(tok, batch_with)
         params = [record_params(r, r["where"]) for r in records]
 
-    from requant.generation import describe_difference
-    from requant.sampling import generate as sample
+    from requant.runtime.generation import describe_difference
+    from requant.runtime.sampling import generate as sample
 
     t0 = time.perf_counter()
     with cannot_run():

@@ -178,9 +178,9 @@ def tp_check(
         from requant.backends import check_runnable
         from requant.checkpoint import open_checkpoint
         from requant.evidence.identity import with_progress
-        from requant.prompts import prompts as prompt_list
+        from requant.models.prompts import prompts as prompt_list
+        from requant.models.tokenizer import load_tokenizer
         from requant.runtime import REGIMES, arch_from_config, check_layout
-        from requant.tokenizer import load_tokenizer
         from requant.tp import REDUCES, LaunchConfig, check_degree
 
         dev = check_device(device or default_device())

@@ -10,21 +10,7 @@ arm a, the word count w[d] and the byte count b[d] (the same for every arm). The
     ppl_a / ppl_native = exp(-(sum ll_a - sum ll_native) / sum w)
     delta_pct = 100 * (ppl_a / ppl_native - 1)
 
-The bootstrap resamples DOCUMENTS (the unit that is plausibly independent; tokens inside a
-chapter are not) with replacement: replicate r draws n indices I_r, seeded
-(numpy.random.default_rng(seed), one (replicates x n) draw shared by every arm, so each
-replicate compares all arms on the same documents: paired). Both perplexities of a ratio
-are recomputed on I_r, so the per-document correlation between arms (most of the
-variance: hard chapters are hard for every arm) cancels in the ratio. The 90% interval is
-the 5th and 95th percentile of the replicates' delta_pct (numpy's linear interpolation);
-delta_pct itself is computed on the full set, not the bootstrap mean.
-
-The decomposition of the probe's damage (the probe rewrites scales to powers of two
-without requantizing the weights; nearest rewrites and requantizes):
-    probe_mismatch_share = (ppl_probe - ppl_nearest) / (ppl_probe - ppl_native)
-the fraction of the probe's perplexity increase that the weight/scale mismatch explains,
-with its interval from the same replicates (replicates where the denominator is 0 are
-dropped; the share is None when an arm is missing or the full-set denominator is 0).
+Design notes: docs/internals.md (requant/eval/bootstrap.py).
 """
 
 from __future__ import annotations

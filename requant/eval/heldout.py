@@ -7,20 +7,7 @@ default: $REQUANT_CORPUS, else ../shared/corpus/austen.txt.gz next to the checko
 trained default model never sees this novel (its training script holds it out), so its
 perplexity here is a held-out measurement.
 
-What is cut, and why:
-  * The novel starts at its title line "SENSE AND SENSIBILITY" (line 60,799 of the corpus)
-    and runs to the end of the file; the title block before CHAPTER 1 (title, "by Jane
-    Austen", "(1811)") and the closing "THE END" are not prose and belong to no chapter.
-  * One document per chapter ("CHAPTER N" lines, N = 1..50, checked to be consecutive):
-    documents are the bootstrap's resampling unit, so they must be long enough to be
-    nearly independent (a chapter is ~2,400 words) and numerous enough for an interval
-    (50). The heading line itself is dropped: it is the same in every document.
-  * The text is kept exactly as the corpus has it (hard-wrapped lines, two spaces after a
-    full stop), only the blank lines around a chapter stripped; the training text has the
-    same form, so the model is scored on what it would see.
-Output: JSON lines {"title": "Sense and Sensibility, Chapter N", "text": ...}, sorted keys,
-ASCII-escaped, "\\n" line ends: byte-reproducible. The corpus and output sha256 are pinned
-below (SOURCE_SHA256, OUTPUT_SHA256) and checked by the tests.
+Design notes: docs/internals.md (requant/eval/heldout.py).
 """
 
 from __future__ import annotations
@@ -34,7 +21,7 @@ import re
 import sys
 from pathlib import Path
 
-from requant.output import write_bytes_atomic
+from requant.io.output import write_bytes_atomic
 
 TITLE_LINE = "SENSE AND SENSIBILITY"
 TITLE_LINENO = 60799  # 1-based line of the title in the pinned corpus

@@ -7,28 +7,7 @@ Importing this module registers it (`@register_model("requant")`):
     lm_eval.simple_evaluate(model="requant", model_args="pretrained=DIR,backend=triton",
                             tasks=["requant-heldout"], task_manager=task_manager())
 
-model_args: pretrained (directory or Hub id; default the embedded checkpoint), backend
-(requant.kernels scaled_mm name; default triton on a GPU, reference-triton-order on CPU),
-act_backend (quantize_activations name, default reference), regime (native | pow2),
-device, batch_size (windows or prompts per runtime call), max_length (window length;
-default and upper bound: the model's max_length), prefix_token_id (the token that
-conditions a document's first token; default config bos_token_id, else the EOS id).
-From Python only: progress, a callable(done, total) called as documents finish.
-
-Scoring (what lm-eval's HF model does, with our runtime's logits):
-  * A request (context, continuation) is scored on input (context + continuation)[:-1],
-    truncated from the left to max_length tokens; the continuation's log-probability is the
-    sum of log_softmax(logits) (fp32, as the runtime returns them) at its tokens, summed in
-    float64; is_greedy = every continuation token is the argmax.
-  * Rolling log-likelihood (perplexity): the document's tokens are cut by lm-eval's
-    `get_rolling_token_windows(context_len=1)` + `make_disjoint_window`: disjoint windows of
-    max_length predictions, the first conditioned on prefix_token_id, each later window on
-    the tokens before it in that window only (at least one), the last one given a full
-    max_length context. Every token is predicted exactly once; the document's score is the
-    sum over its windows. Windows of all documents are batched batch_size at a time.
-  * generate_until: greedy decoding with the runtime's KV cache (`model.greedy`), context
-    truncated from the left to max_length - max_gen_toks, the text cut at the first stop
-    string; sampling is refused (the runtime decodes greedily only).
+Design notes: docs/internals.md (requant/eval/lm.py).
 """
 
 from __future__ import annotations

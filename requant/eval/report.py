@@ -13,7 +13,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from requant.output import json_bytes, write_files_atomic, write_json_atomic
+from requant.io.markdown import table
+from requant.io.output import json_bytes, write_files_atomic, write_json_atomic
 
 
 def fmt_number(v, digits=4) -> str:
@@ -44,16 +45,25 @@ def markdown(result: dict) -> str:
             f"Task `{task}`: {result['documents']} documents; paired bootstrap over documents against native, "
             f"{result['bootstrap']['replicates']} replicates, seed {result['bootstrap']['seed']}, 90% percentile intervals.",
             "",
-            "| arm | word perplexity | byte perplexity | bits per byte | Δ word ppl | 90% interval | Δ byte ppl | 90% interval |",
-            "| --- | ---: | ---: | ---: | ---: | --- | ---: | --- |",
         ]
+        rows = []
         for name in result["arm_order"]:
             a = result["arms"][name]
             tag = "" if result["servable"].get(name, True) else " (not servable)"
-            lines.append(
-                f"| {name}{tag} | {fmt_number(a['word_perplexity'])} | {fmt_number(a['byte_perplexity'])} | {fmt_number(a['bits_per_byte'])} | "
-                f"{_pct(a.get('delta_pct'))} | {_ci(a.get('ci90'))} | {_pct(a.get('byte_delta_pct'))} | {_ci(a.get('byte_ci90'))} |"
+            rows.append(
+                [
+                    f"{name}{tag}",
+                    fmt_number(a["word_perplexity"]),
+                    fmt_number(a["byte_perplexity"]),
+                    fmt_number(a["bits_per_byte"]),
+                    _pct(a.get("delta_pct")),
+                    _ci(a.get("ci90")),
+                    _pct(a.get("byte_delta_pct")),
+                    _ci(a.get("byte_ci90")),
+                ]
             )
+        header = ["arm", "word perplexity", "byte perplexity", "bits per byte", "Δ word ppl", "90% interval"]
+        lines += table([*header, "Δ byte ppl", "90% interval"], rows, align="lrrrrlrl")
         dec = result["decomposition"]
         share = dec.get("probe_mismatch_share")
         lines += [
@@ -71,10 +81,8 @@ def markdown(result: dict) -> str:
             continue
         lines += ["", f"## `{t}` (lm-eval metrics, no paired interval)", ""]
         keys = sorted({k for m in entry["metrics"].values() for k in m})
-        lines += ["| arm | " + " | ".join(keys) + " |", "| --- |" + " ---: |" * len(keys)]
-        for name in result["arm_order"]:
-            m = entry["metrics"][name]
-            lines.append(f"| {name} | " + " | ".join(fmt_number(m.get(k)) for k in keys) + " |")
+        rows = [[name, *(fmt_number(entry["metrics"][name].get(k)) for k in keys)] for name in result["arm_order"]]
+        lines += table(["arm", *keys], rows, align="l" + "r" * len(keys))
     tok = result.get("tokenizer") or {}
     lines += [
         "",

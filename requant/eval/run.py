@@ -72,7 +72,7 @@ def check_backend(name: str, act_name: str = "reference") -> None:
 
 def _bf16_tensors(path: Path) -> dict[str, str]:
     """{tensor name: safetensors dtype} of a plain checkpoint directory (headers only)."""
-    from requant.safetensors_io import read_header
+    from requant.io.safetensors_io import read_header
 
     index = path / "model.safetensors.index.json"
     if index.is_file():
@@ -95,7 +95,7 @@ def _bf16_tensors(path: Path) -> dict[str, str]:
 
 def check_source(source: Path, ckpt_config: dict) -> None:
     """Refuse a --source that is not a bf16 Qwen3 with CKPT's vocabulary."""
-    from requant.qwen3 import Qwen3Arch
+    from requant.models.qwen3 import Qwen3Arch
 
     source = Path(source)
     cfg_path = source / "config.json"
@@ -400,7 +400,7 @@ def run_eval(
         raise UsageError("--threads must be >= 0")
     src = str(DEFAULT_CHECKPOINT if ckpt is None else ckpt)
     checkpoint = open_checkpoint(src)  # CheckpointError: missing or invalid
-    from requant.tokenizer import load_tokenizer
+    from requant.models.tokenizer import load_tokenizer
 
     load_tokenizer(
         checkpoint.path, int(checkpoint.config["vocab_size"])

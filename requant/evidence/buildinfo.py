@@ -3,26 +3,7 @@
 Every report that is evidence about a checkpoint (the audit, the eval, the determinism run)
 records the code that produced it, so that a stranger can tell which numbers came from which
 tool. The version alone is not enough while requant is developed from a git checkout (many
-commits share 0.1.0), so a checkout adds its commit:
-
-  * `git_commit()` is the 40-hex commit of the checkout this module was imported from
-    (`git rev-parse HEAD` in the directory above the `requant` package), with `-dirty`
-    appended when tracked files differ from that commit (the rule of `git describe --dirty`:
-    untracked files do not count), and None when requant does not run from a git checkout
-    (an installed wheel), git is missing, or git says nothing usable.
-  * It is never the word HEAD or a branch name: only a full commit id is accepted (an empty
-    repository's `rev-parse HEAD` prints "HEAD"; that, and anything else, becomes None).
-  * The checkout must be requant's own: the directory above the package holds pyproject.toml
-    and the package is tracked there. An installed requant inside someone else's repository
-    (a virtualenv under a project's work tree) would otherwise report that project's commit.
-
-  * A copy of the tree that is not its own git checkout (the GPU machine gets the working tree,
-    sometimes with a stale .git beside it) names its commit in the environment variable
-    REQUANT_COMMIT (benchmarks/commit_id.sh prints it). When set to a commit id (7 to 64 hex,
-    optionally `-dirty`), that declaration wins over whatever git would say there: a copied
-    .git can name an older commit and call the copy dirty. Anything else in it is ignored.
-
-Nothing is cached: a test (or a long-lived process) that commits meanwhile sees the new state.
+commits share 0.1.0), so a checkout adds its commit (how it is found: docs/internals.md, requant/evidence/buildinfo.py).
 """
 
 from __future__ import annotations

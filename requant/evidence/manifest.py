@@ -47,8 +47,8 @@ from pathlib import Path
 from typing import Callable
 
 from requant.errors import CheckpointError
-from requant.inputs import read_small
-from requant.links import allowed_roots, check_inside, shown
+from requant.io.inputs import read_small
+from requant.io.links import allowed_roots, check_inside, shown
 
 MANIFEST = "SHA256SUMS"
 SOURCE_MANIFEST = "SHA256SUMS.source"
@@ -294,7 +294,7 @@ def read(root: str | os.PathLike, name: str = MANIFEST) -> tuple[dict[str, str],
 
 def write(root: str | os.PathLike, entries: dict[str, Entry] | None = None, name: str = MANIFEST) -> tuple[Path, str]:
     """Write the manifest of root (computed now unless entries are given). Returns (path, digest)."""
-    from requant.output import write_bytes_atomic  # durable, all or nothing, cp's permissions
+    from requant.io.output import write_bytes_atomic  # durable, all or nothing, cp's permissions
 
     data = render(entries if entries is not None else compute(root))
     return write_bytes_atomic(Path(root) / name, data), digest_of(data)

@@ -8,27 +8,8 @@ the preceding norms, and GPTQ's error feedback moves int8 weights away from RTN.
 a checkpoint, --source would write RTN-of-unsmoothed Linears beside smoothed norms: a
 broken model. So, before anything is written, `prove_origin` checks, tensor by tensor in
 model order, and names the first tensor that disagrees and why (a TensorError naming the
-checkpoint's shard and the tensor, and the source file):
-
-  * every tensor the checkpoint passes through (embeddings, norms, an ignored lm_head,
-    anything else) is in the source with the same dtype, the same shape and the same
-    bytes. A differing norm is what SmoothQuant leaves behind, and the message says so;
-  * every quantized Linear X: llm-compressor's RTN scale of the source weight
-    (requant.scales.from_source.rtn_scale: absmax / 127.5 in the weight's dtype), cast to the
-    dtype of X.weight_scale, equals X.weight_scale byte for byte (the first differing
-    output channel is named);
-  * and RTN of the source weight at the checkpoint's own scale (rtn_at_scale, in the
-    weight's dtype, as compressed-tensors computes) reproduces X.weight exactly (GPTQ's
-    +-1 moves fail here: the first differing element and the count are named). A Linear's
-    scale is reported in preference to its weights.
-When both hold for every tensor, `requant convert --source --arm unconstrained` (which
-computes exactly this RTN) reproduces the checkpoint byte for byte.
-
-Cost: one sequential pass over the checkpoint's tensors and the source tensors they need,
-before the conversion (which reads both again: validate first). Pass-through tensors are
-compared in 1 MB pieces; a Linear is streamed in blocks of rows (RTN is per row, so a block
-gives the same bytes as the whole tensor) of about 1 MB of int8, so memory stays at a few
-MB whatever the model. The scales are small and read whole.
+checkpoint's shard and the tensor, and the source file); the checks, in order:
+docs/internals.md (requant/evidence/origin.py).
 """
 
 from __future__ import annotations
@@ -42,7 +23,7 @@ import torch
 
 from requant.checkpoint import Checkpoint, read_weight_files
 from requant.errors import LayoutError, TensorError, os_reason
-from requant.safetensors_io import DTYPES, SafetensorsFile, TensorInfo, pread_exact
+from requant.io.safetensors_io import DTYPES, SafetensorsFile, TensorInfo, pread_exact
 from requant.scales.from_source import rtn_at_scale, rtn_scale
 
 CHUNK = 1 << 20  # bytes per piece of a pass-through comparison

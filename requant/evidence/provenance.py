@@ -1,31 +1,8 @@
 """Provenance of a converted checkpoint: what it was made from, and how.
 
 One entry point, `record`, called by requant.convert once every shard is written and the
-source's files are hashed. For a constrained arm it writes, into the output:
-
-  * SHA256SUMS.source: the plain sha256 of every file of the source checkpoint, in the
-    format and under the coverage rules of requant.evidence.manifest (`sha256sum -c` checks it
-    against a copy of the source, `requant manifest SRC --against OUT/SHA256SUMS.source`
-    too). Its digest (sha256 of its bytes, "sha256:<hex>") is the source digest: one
-    number for every byte of the source, the same number the source's own SHA256SUMS
-    has when it carries one, so a chain of conversions links up by digest.
-  * config.json with a short "requant" key: arm, servable, tool version, where the source
-    came from (a Hub id and its resolved commit, or the path given), with --source the
-    bf16 weights' path, and the names of the two manifests, where the evidence lives.
-    quantization_config is left as it was, so compressed-tensors and vLLM load the result
-    unchanged.
-
-Why plain sha256 of whole files and not a hash tree built while converting: a stranger
-can check plain sha256 with coreutils, and for a large file it is exactly the object id
-the Hub shows. It cannot be split across parallel segments, so requant.convert computes it
-in background threads (requant.evidence.manifest.BackgroundHashes) beside the conversion; the
-source's pages are in the page cache by then, or read once more from a disk that the
-conversion's own CPU work leaves idle.
-
-The unconstrained arm writes nothing here: its output is the input byte for byte, so that
-`requant verify SRC OUT` stays a byte-exact proof of the reader and writer (the output's
-manifest is the source's; `requant manifest OUT --write` adds one). With --source its
-provenance dict is still returned, for the report.
+source's files are hashed. For a constrained arm it writes its provenance files into the output (which, and
+what each proves: docs/internals.md, requant/evidence/provenance.py).
 """
 
 from __future__ import annotations
@@ -37,7 +14,7 @@ import requant
 from requant.checkpoint import CONFIG, Checkpoint
 from requant.errors import OutputError, os_reason
 from requant.evidence import manifest as mf
-from requant.output import write_bytes_atomic
+from requant.io.output import write_bytes_atomic
 from requant.scales import SERVABLE
 
 PROVENANCE_KEY = "requant"

@@ -6,31 +6,7 @@ error, not an empty cell). Its YAML front matter is made by huggingface_hub.Mode
 checked by parsing the rendered card back with huggingface_hub.ModelCard before anything is
 written: the metadata must round-trip exactly.
 
-Front matter:
-  * base_model: the Hub repo the checkpoint was converted from (config.json "requant".source),
-    else the base_model of the README.md front matter beside it (convert copies the source's
-    README), else omitted; base_model_relation: quantized whenever base_model is known.
-  * license: carried from the source: the README.md front matter (with license_name and
-    license_link for "other"), else a LICENSE*/LICENCE* file (Apache-2.0 and MIT recognised by
-    their text; anything else is "other" with license_link pointing at the file), else
-    "other" with license_name "unknown" and a warning on stderr.
-  * library_name: transformers (compressed-tensors checkpoints load there and in vLLM);
-    pipeline_tag: text-generation.
-  * tags: int8, w8a8, compressed-tensors, requant, plus power-of-two-scales when every weight
-    scale of the checkpoint is a power of two (read from the weights, not from the provenance),
-    plus deterministic when, in addition, the audit of these bytes was made by real kernels
-    (not the `reference-*` PyTorch emulations of their epilogue orders, which prove the
-    arithmetic but not the kernels that serve the model) and has every pow2 layer bitwise
-    equal, no false positive or negative, and the pinned matrix. A tag is a claim; it is made
-    only with its evidence. The card names the backends behind each report; an emulated
-    audit says so, and why the tag is absent.
-
-Body: what was done (requant-convert.json), the audit, determinism, perplexity, how to serve
-and re-check it, every file's sha256, license and provenance. A section without its report
-says "Not measured" and why. The card holds no date or path of this machine, so the same
-inputs render the same bytes. A marker comment records the manifest digest the card was
-rendered for, and the repo id it was rendered for: `requant push` re-renders a requant card
-whose marker names other bytes or another repo (hand edits to a current card are kept).
+Design notes: docs/internals.md (requant/publish/card.py).
 """
 
 from __future__ import annotations
@@ -44,7 +20,7 @@ from pathlib import Path
 import torch
 
 from requant.evidence import manifest as mf
-from requant.output import write_bytes_atomic
+from requant.io.output import write_bytes_atomic
 from requant.publish import PublishError
 from requant.publish.reports import Reports, collect
 

@@ -11,21 +11,7 @@ Refusals (checked before anything is contacted, `--dry-run` included):
     is bitwise equal; or not every weight scale of the checkpoint is a power of two (pushing
     an unconverted checkpoint would publish an audit of a conversion that is not in it).
 
-What is uploaded, in one commit (HfApi.create_commit; large files go to LFS as usual):
-every file SHA256SUMS covers, SHA256SUMS, README.md (the card), and the reports beside the
-checkpoint that are tied to these bytes (requant-*.json). The card is rendered when README.md
-is missing, is not a requant card (convert copies the source's README), or is a requant card
-for other bytes or another repo id (a current card, hand edits included, is uploaded as is);
-SHA256SUMS is computed when missing. Both are written into CKPT only after
-the commit succeeded, so a failed push changes nothing local. Before the commit, each file's
-sha256 as huggingface_hub computed it for the upload is compared with the manifest: a file
-changed while pushing is an error, not a silently different upload.
-
-The token comes from huggingface_hub's usual sources (HF_TOKEN, the stored login); requant
-never reads, prints or logs it, and every message from the Hub is scrubbed of it before it
-is shown. Only APIs present in huggingface_hub 0.30 through 2.x are used: HfApi.create_repo
-(exist_ok=True), create_branch (exist_ok=True, for --revision), create_commit with
-CommitOperationAdd, and the HfHubHTTPError / HFValidationError exceptions.
+Design notes: docs/internals.md (requant/publish/push.py).
 """
 
 from __future__ import annotations
@@ -37,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from requant.evidence import manifest as mf
-from requant.output import write_bytes_atomic
+from requant.io.output import write_bytes_atomic
 from requant.publish import PublishError, PushRefused
 from requant.publish.card import audit_ok, card_marker, checkpoint_facts, render
 from requant.publish.reports import DEFAULT_NAMES, collect

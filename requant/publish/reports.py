@@ -8,20 +8,7 @@ are written about those bytes):
     requant-determinism.json   `requant determinism CKPT --json CKPT/requant-determinism.json`
     requant-convert.json       written by `requant convert` into its output (the per-Linear statistics)
 
-Every report records `manifest_digest`, the digest of the checkpoint it measured
-(requant.evidence.manifest). A report is tied to:
-  * "this"   - these bytes (its digest is this checkpoint's manifest digest);
-  * "source" - the checkpoint this one was converted from (the digest of SHA256SUMS.source):
-               an eval or determinism run on the native checkpoint measures every arm, this one included;
-  * "untied" - nothing: the report carries no digest (shown, with a note saying so);
-  * "other"  - some other checkpoint.
-The audit must be of these bytes ("this"); the others may also be of the source. A report
-given explicitly that is tied to other bytes is an error; one merely found beside the
-checkpoint is set aside with a warning, and its section says "not measured" and why.
-
-Each kind has required keys (from the formats of `requant audit`, `requant eval` and
-`requant determinism`); a missing one is an error naming the file
-and the key, never a card with a hole in it.
+Design notes: docs/internals.md (requant/publish/reports.py).
 """
 
 from __future__ import annotations
@@ -143,7 +130,7 @@ def tie_of(data: dict, this_digest: str, source_digest: str | None) -> str:
 
 
 def load_report(kind: str, path: Path, explicit: bool, this_digest: str, source_digest: str | None) -> Report:
-    from requant.inputs import load_json  # a regular file, bounded; too deep a nesting is malformed JSON
+    from requant.io.inputs import load_json  # a regular file, bounded; too deep a nesting is malformed JSON
 
     data = load_json(path, what=f"the {kind} report", error=PublishError)
     validate(kind, data, Path(path))

@@ -35,7 +35,7 @@ import gc
 import torch
 
 from requant import kernels
-from requant.qwen3 import LAYER_LINEARS
+from requant.models.qwen3 import LAYER_LINEARS
 from requant.runtime.cache import Generation, KVCache, argmax_choose, generation_capacity, stop_ids
 from requant.runtime.ops import rope_tables
 

@@ -102,7 +102,7 @@ class Model:
     @property
     def tokenizer(self):
         if self._tokenizer is None:
-            from requant.tokenizer import load_tokenizer
+            from requant.models.tokenizer import load_tokenizer
 
             self._tokenizer = load_tokenizer(self.path, self.arch.vocab)
         return self._tokenizer

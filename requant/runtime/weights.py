@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from requant.qwen3 import Qwen3Arch
+from requant.models.qwen3 import Qwen3Arch
 
 REGIMES = ("native", "pow2")
 BF16 = "bf16"  # the regime name of a bf16 model (every Linear dense)
@@ -211,13 +211,13 @@ class Bf16Dir:
 
     def __init__(self, path: Path, config: dict):
         from requant.checkpoint import check_qwen3
-        from requant.links import check_inside
+        from requant.io.links import check_inside
 
         self.path = path
         self.config = config
         index = path / "model.safetensors.index.json"
         single = path / "model.safetensors"
-        for f in (path / "config.json", index, single):  # no link out of the directory (requant.links)
+        for f in (path / "config.json", index, single):  # no link out of the directory (requant.io.links)
             if f.is_symlink():
                 check_inside(path, f)
         check_qwen3(config, path / "config.json")  # after the link rules: nothing read from outside first

@@ -4,24 +4,7 @@ Why powers of two: CUTLASS computes s_a * (s_w * acc) and Triton (s_a * acc) * s
 fp32. Multiplying by a power of two is exact (barring under/overflow), so with s_w = 2^e
 both orders round only once, at the same place, and give the same bits.
 
-Arms:
-  unconstrained  scales and weights kept (the reader/writer's round-trip proof)
-  nearest        s' = 2^nearest(log2 s), weights requantized
-  ceiling        s' = 2^ceil(log2 s), weights requantized, never clips
-  mse            per output channel, the power of two near ceil(log2 s) that minimises
-                 the channel's squared reconstruction error
-  probe          s' = nearest power of two, weights NOT requantized. The flawed
-                 construction that once reported +157% perplexity; an ablation, not servable.
-
-Pure functions on one Linear at a time, in three modules (this one is their public face;
-every name below stays importable from requant.scales.arms):
-  requant.scales.exponents    exponents from the float's bits (frexp, ceil/nearest exponent, 2^e
-                       in the scale's dtype): the derivations of exactness
-  requant.scales.requantizer  the arms on int8 weights (Requantizer, requantize,
-                       requantize_with_stats, LinearStats): q' = clamp(rint(q * s / s'))
-                       computed exactly, and the statistics
-  requant.scales.from_source  the arms on the original float weights (quantize_from_source) and
-                       llm-compressor's RTN (rtn_quantize) that they start from
+Design notes: docs/internals.md (requant/scales/arms.py).
 """
 
 from __future__ import annotations

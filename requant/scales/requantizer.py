@@ -8,35 +8,7 @@ Requantization (nearest, ceiling, mse): q' = clamp(round_half_even(q * s / s'), 
   nothing clips (-128 maps to >= -128); nearest may pick s' < s (by up to 2^1/2) and clip:
   counted.
 
-Assumptions, checked on entry: q is int8 [out, in] (may contain -128); scale is [out, 1],
-bf16, fp16 or fp32, every value finite, > 0 and normal (checkpoint.check_scale_values reports bad
-ones by name). The returned scale keeps the input's dtype.
-
-The arms (requant.scales.arms lists them with their purpose):
-  unconstrained  scales and weights kept
-  nearest        s' = 2^nearest(log2 s), weights requantized
-  ceiling        s' = 2^ceil(log2 s), weights requantized, never clips
-  mse            per output channel, the power of two (from ceil(log2 s)+1 down to
-                 ceil(log2 s)-3) whose requantized weights (clipping included) minimise
-                 the channel's squared reconstruction error sum((q' s' - q s)^2).
-                 For bf16/fp16 scales every error term is exact (and summed in
-                 float64); for fp32 scales the difference q' - q s/s' is exact but its
-                 square (up to ~64 bits) is rounded to float64, so candidates whose errors
-                 (nearly) tie may be decided by that rounding. Ties go to the first
-                 candidate in the order ceil, ceil-1, ceil+1, ceil-2, ceil-3. Candidacy is
-                 per channel: a power of two the scale dtype cannot hold is no candidate
-                 for that channel only.
-  probe          s' = nearest power of two, weights NOT requantized (an ablation).
-
-Statistics per Linear: scales changed, exponent shifts e' - ceil(log2 s), weights clipped,
-and the squared errors behind the relative weight error ||W' - W|| / ||W||. Every term is
-exact; for nearest/ceiling the row sums accumulate in float32 (relative accuracy ~1e-6, a
-statistic), for mse's decision in float64.
-
-The hot loop runs in numpy over cache-sized blocks of rows with reused buffers
-(`Requantizer` streams them; `requantize_with_stats` is one call on the whole weight). On
-this project's 2-core CI machine that is several times faster than whole-tensor torch ops,
-whose intra-op threads fight the converter's worker threads.
+Design notes: docs/internals.md (requant/scales/requantizer.py).
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ import torch.distributed as dist
 
 from requant import kernels
 from requant.kernels.epilogue import apply_epilogue, int_mm, order_of, quantize_slice
-from requant.qwen3 import Qwen3Arch
+from requant.models.qwen3 import Qwen3Arch
 from requant.runtime.cache import Generation, KVCache
 from requant.runtime.ops import attend_prompt, dense_rows
 from requant.runtime.reference import DeviceLinears, ReferenceEngine

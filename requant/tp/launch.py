@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from requant.output import write_bytes_atomic
+from requant.io.output import write_bytes_atomic
 
 __all__ = ["LaunchConfig", "Result", "Spec", "run"]
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from requant.qwen3 import Qwen3Arch
+from requant.models.qwen3 import Qwen3Arch
 
 __all__ = ["Plan", "as_dense", "check_degree", "plan", "shard"]
 

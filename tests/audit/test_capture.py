@@ -1,11 +1,11 @@
 """audit/capture.py: the prompts it re-exports and the capture hook.
-References: the literal prompt tuple of requant/prompts.py; concatenation by hand."""
+References: the literal prompt tuple of requant/models/prompts.py; concatenation by hand."""
 
 import pytest
 import torch
 
 from requant.audit.capture import CALIBRATION_PROMPTS, Capture, prompts
-from requant.prompts import CALIBRATION_PROMPTS as SHARED
+from requant.models.prompts import CALIBRATION_PROMPTS as SHARED
 
 
 def test_prompts_are_a_prefix_of_the_fixed_set():

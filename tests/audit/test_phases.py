@@ -19,7 +19,7 @@ from requant.audit.matrix import PINS, load_matrix, matrix_path
 from requant.audit.suite import run_audit
 from requant.backends import REFERENCE_PAIR
 from requant.checkpoint import open_checkpoint
-from requant.prompts import prompts
+from requant.models.prompts import prompts
 from requant.runtime import load_model
 
 PREFILL_KEYS = ("per_layer", "per_layer_summary", "cells", "scorecard", "detection", "baseline", "end_to_end")
@@ -141,7 +141,7 @@ def test_register_scaled_mm():
 
 
 def test_the_injector_faults_only_its_target_weights():
-    from requant.audit.fault_kernels import FAULTS
+    from requant.audit.conform.fault_kernels import FAULTS
     from requant.audit.injection import FaultInjector
     from requant.kernels.reference import scaled_mm_triton_order
     from tests.audit.conftest import make_operands

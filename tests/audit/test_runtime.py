@@ -47,9 +47,9 @@ def test_capture_shares_operands_and_pow2_logits_are_equal(pow2_model):
 
 
 def test_audit_records_the_tokenizer(default_audit):
-    """Reference: requant.tokenizer on the same directory (byte-level for the random default,
+    """Reference: requant.models.tokenizer on the same directory (byte-level for the random default,
     tokenizer.json with its digest for a default that ships one)."""
-    from requant.tokenizer import load_tokenizer
+    from requant.models.tokenizer import load_tokenizer
 
     cfg = open_checkpoint(DEFAULT_CHECKPOINT).config
     assert default_audit["tokenizer"] == load_tokenizer(DEFAULT_CHECKPOINT, cfg["vocab_size"]).describe()

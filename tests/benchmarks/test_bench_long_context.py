@@ -4,7 +4,7 @@ ratio is the two recorded times divided (recomputed here), that a context within
 the unsplit walk's bits and that the fused fold gives split + combine's; speeds themselves are
 not asserted (the GPU run is the integrator's)."""
 
-import importlib.util
+import importlib
 import json
 import os
 from pathlib import Path
@@ -23,10 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_long_context", ROOT / "benchmarks" / "bench_long_context.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return importlib.import_module("benchmarks.bench_long_context")
 
 
 def test_smoke_run(tmp_path):

@@ -2,7 +2,7 @@
 emulated pair (the GPU run is the lead's). Checks the record's structure and that each
 ratio is its two medians divided (recomputed here); speeds themselves are not asserted."""
 
-import importlib.util
+import importlib
 import json
 from pathlib import Path
 
@@ -12,10 +12,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_runtime", ROOT / "benchmarks" / "bench_runtime.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return importlib.import_module("benchmarks.bench_runtime")
 
 
 def test_cpu_smoke_run(tmp_path):

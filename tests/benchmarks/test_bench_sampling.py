@@ -5,24 +5,16 @@ References: statistics.median / min / max over the recorded repetitions; the mod
 script's docstring (greedy, sampled, and their -bare forms when Chooser takes record).
 """
 
-import importlib.util
+import importlib
 import json
 import statistics
-import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _load():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        spec = importlib.util.spec_from_file_location("bench_sampling", ROOT / "benchmarks" / "bench_sampling.py")
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        return mod
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    return importlib.import_module("benchmarks.bench_sampling")
 
 
 def test_bench_sampling_writes_every_point(tmp_path):

@@ -4,7 +4,7 @@ record's structure, the identical flags against what requant.tp guarantees (int3
 degree = TP 1; bf16 at TP 1 = its int32 bits) and the digest comparison across launches;
 speeds themselves are not asserted (the GPU run is the lead's)."""
 
-import importlib.util
+import importlib
 import json
 from pathlib import Path
 
@@ -12,10 +12,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_tp", ROOT / "benchmarks" / "bench_tp.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return importlib.import_module("benchmarks.bench_tp")
 
 
 def test_cpu_smoke_run(tmp_path):

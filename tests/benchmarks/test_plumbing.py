@@ -6,8 +6,7 @@ intermediate_size, num_attention_heads, num_key_value_heads, head_dim of Qwen3-1
 -14B on the Hub), written out here by hand; the summaries are recomputed with sorted() and
 arithmetic; the timers are checked against time.sleep of a known length."""
 
-import importlib.util
-import sys
+import importlib
 import time
 from pathlib import Path
 
@@ -15,14 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _load(name):
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        return mod
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    return importlib.import_module(f"benchmarks.{name}")
 
 
 # (hidden, intermediate, heads, kv_heads, head_dim) from the published config.json files
@@ -50,7 +42,7 @@ def test_linear_groups_keep_distinct_shapes_apart():
     """A model whose attention width differs from hidden (Qwen3-0.6B: hidden 1024, 16 x 128
     heads) has q and o of different shapes: they are not merged."""
     shapes = _load("_qwen3_shapes")
-    from requant.qwen3 import Qwen3Arch
+    from requant.models.qwen3 import Qwen3Arch
 
     arch = Qwen3Arch(1024, 3072, 28, 16, 8, 128, 151936, True)
     assert shapes.linear_groups(arch) == [

@@ -4,7 +4,7 @@ The repack is checked against the zip itself (the dropped members are gone, ever
 is byte-identical, RECORD names exactly the members kept) and the split against a plain
 concatenation of its parts. vLLM itself never runs here."""
 
-import importlib.util
+import importlib
 import zipfile
 from pathlib import Path
 
@@ -14,10 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _load(name):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return importlib.import_module(f"benchmarks.{name}")
 
 
 def _wheel(path: Path, members: dict[str, bytes]) -> Path:

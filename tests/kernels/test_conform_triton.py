@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from requant.audit import conform as C
-from requant.audit import vectors as V
+from requant.audit.conform import vectors as V
 
 SMALL = (
     "epilogue",

@@ -1,13 +1,17 @@
 """kernels/epilogue.py: the int32 accumulator / epilogue split that tensor parallelism uses.
 
-References: kernels.reference.accumulate_int64 (int64 arithmetic) for int_mm;
+References: an independent numpy reference of each order (float32 numpy arithmetic, bf16
+rounding on the uint32 bit pattern; the exact order from Fractions) for the reference backends;
+kernels.reference.accumulate_int64 (int64 arithmetic) for int_mm;
 requant.kernels.scaled_mm of each registered backend (the reference emulations, and Triton
 under its CPU interpreter) for int_mm + apply_epilogue; kernels.reference.quantize_activations
 of the whole rows (and the Triton quantizer) for quantize_slice.
 """
 
 import itertools
+from fractions import Fraction
 
+import numpy as np
 import pytest
 import torch
 
@@ -15,6 +19,7 @@ from requant import kernels
 from requant.kernels import reference as ref
 from requant.kernels.bf16 import bitwise_equal
 from requant.kernels.epilogue import ORDER_OF, ORDERS, apply_epilogue, int_mm, order_of, quantize_slice
+from tests.kernels.bf16_ref import bf16_to_f32, f32_bits, ref_round, ref_truncate, torch_bf16
 from tests.kernels.operands import random_operands, tiny_rows
 
 REFERENCES = ("reference", "reference-cutlass-order", "reference-triton-order")
@@ -136,3 +141,76 @@ def test_bad_operands_are_named():
 def test_int_mm_cuda_is_exact(shape):
     a, w, _, _ = random_operands(*shape, seed=sum(shape), device="cuda")
     assert torch.equal(int_mm(a, w).cpu(), ref.accumulate(a.cpu(), w.cpu()))
+
+
+def _numpy_epilogue(acc: np.ndarray, s_a: np.ndarray, s_w: np.ndarray, order: str) -> np.ndarray:
+    """bf16 bits (uint16) of each order written out in numpy float32 arithmetic (one operation,
+    one fp32 rounding, as the order's formula says), rounded to bf16 on the uint32 bit pattern."""
+    f = acc.astype(np.float32)  # |acc| < 2**31: the int -> fp32 conversion rounds to nearest even
+    sa, sw = s_a.reshape(-1, 1).astype(np.float32), s_w.reshape(1, -1).astype(np.float32)
+    if order == "cutlass":
+        v = sa * (sw * f)
+    elif order == "triton":
+        v = (sa * f) * sw
+    elif order == "fused":
+        v = f * (sa * sw)
+    else:
+        raise ValueError(order)
+    assert v.dtype == np.float32
+    return ref_round(f32_bits(v))
+
+
+def _bf16_of_rational(v: Fraction) -> int:
+    """bf16 bits of the exact rational v rounded once, ties to even: of the bf16 neighbours of
+    float32(v), the one nearest v by exact Fraction distance (an even bit pattern on a tie)."""
+    if v == 0:
+        return 0
+    mag = abs(v)
+    near = int(ref_truncate(f32_bits(np.array([float(mag)], dtype=np.float32)))[0])
+    cands = [c for c in (near - 1, near, near + 1, near + 2) if 0 <= c < 0x7F80]
+    value = {c: Fraction(float(bf16_to_f32(np.array([c], dtype=np.uint16))[0])) for c in cands}
+    best = min(cands, key=lambda c: (abs(value[c] - mag), c & 1))
+    return best | (0x8000 if v < 0 else 0)
+
+
+def _numpy_reference(a, w, s_a, s_w, order: str) -> np.ndarray:
+    acc = a.numpy().astype(np.int64) @ w.numpy().astype(np.int64).T  # exact: |acc| < 2**31
+    if order != "exact":
+        return _numpy_epilogue(acc, s_a.numpy(), s_w.numpy(), order)
+    sa, sw = s_a.numpy().reshape(-1), s_w.numpy().reshape(-1)
+    bits = [
+        _bf16_of_rational(Fraction(int(acc[r, c])) * Fraction(float(sa[r])) * Fraction(float(sw[c])))
+        for r in range(acc.shape[0])
+        for c in range(acc.shape[1])
+    ]
+    return np.array(bits, dtype=np.uint16).reshape(acc.shape)
+
+
+@pytest.fixture(scope="module")
+def operand_sets():
+    """The conformance kit's crafted epilogue vectors (on which every two orders give different
+    bits: random operands almost never do once rounded to bf16) and seeded random operands."""
+    from requant.audit.conform import vectors as V
+
+    (crafted,) = [c for c in V.build_vectors(batch_ms=(1,)).cases if c.name == "epilogue"]
+    sets = {"crafted": (crafted.a, crafted.w, crafted.s_a, crafted.s_w)}
+    for pow2 in (False, True):
+        sets[f"random-pow2={pow2}"] = tuple(random_operands(6, 9, 300, seed=41 + pow2, pow2=pow2))
+    return sets
+
+
+def test_numpy_reference_tells_the_orders_apart(operand_sets):
+    bits = {order: _numpy_reference(*operand_sets["crafted"], order) for order in ORDERS}
+    for x, y in itertools.combinations(ORDERS, 2):
+        assert not np.array_equal(bits[x], bits[y]), (x, y)
+
+
+@pytest.mark.parametrize("backend", REFERENCES + ("reference-fused-order",))
+def test_reference_backends_against_numpy(backend, operand_sets):
+    """The reference backends bit for bit against an independent numpy reference: the exact
+    accumulator in int64 numpy, each order's float32 operations in numpy, and the bf16 rounding
+    on the uint32 bit pattern (tests/kernels/bf16_ref.py); the exact order from Fractions."""
+    for name, (a, w, s_a, s_w) in operand_sets.items():
+        want = torch_bf16(_numpy_reference(a, w, s_a, s_w, order_of(backend)))
+        got = kernels.scaled_mm(a, w, s_a, s_w, backend=backend)
+        assert torch.equal(got.view(torch.int16), want.view(torch.int16)), (backend, name)

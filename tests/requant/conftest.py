@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from requant import DEFAULT_CHECKPOINT
-from requant.synthetic import Preset, generate
+from requant.models.synthetic import Preset, generate
 
 # A micro Qwen3 (every Linear dimension a multiple of 16), fast enough for every test.
 MICRO = Preset(
@@ -76,7 +76,7 @@ def write_custom(
     import json
     import math
 
-    from requant.safetensors_io import TORCH_TO_ST, tensor_to_bytes
+    from requant.io.safetensors_io import TORCH_TO_ST, tensor_to_bytes
 
     offsets, pos = {}, 0
     for n in data_order:

@@ -20,8 +20,8 @@ from typer.testing import CliRunner
 from requant import DEFAULT_CHECKPOINT
 from requant.commands.determinism import determinism
 from requant.determinism import first_divergence, ids_sha256
-from requant.prompts import prompts
-from requant.tokenizer import load_tokenizer
+from requant.models.prompts import prompts
+from requant.models.tokenizer import load_tokenizer
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
 app.command("determinism")(determinism)
@@ -99,7 +99,7 @@ W1, S1, W2, S2 = 3, 0.005859375, 9, 2.0**-9
 def write_walk_checkpoint(path):
     from safetensors.torch import save_file
 
-    from requant.synthetic import Preset, model_config
+    from requant.models.synthetic import Preset, model_config
 
     p = Preset(
         hidden=64,

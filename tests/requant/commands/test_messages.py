@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from requant import DEFAULT_CHECKPOINT
 from requant.cli import app
-from requant.safetensors_io import read_header
+from requant.io.safetensors_io import read_header
 
 runner = CliRunner()
 
@@ -48,7 +48,7 @@ def test_an_error_piped_to_a_file_is_one_line(tmp_path):
 
 
 def test_a_refused_tensor_piped_to_a_file_is_one_line(tmp_path, micro):
-    from tests.requant.test_bad_input import _set_scale
+    from tests.requant.checkpoint.test_checkpoint import _set_scale
 
     _set_scale(micro, float("nan"))  # the case: "...NaN scale \nnan at output channel 3"
     err = tmp_path / "stderr.txt"

@@ -1,6 +1,6 @@
 """The README's promises, checked for every command of the assembled app (requant.cli.app):
 
-  (a) a checkpoint that is not Qwen3 (a tiny requant.synthetic checkpoint whose config.json says
+  (a) a checkpoint that is not Qwen3 (a tiny requant.models.synthetic checkpoint whose config.json says
       LlamaForCausalLM) is refused before any work: exit 2, one stderr line naming the file and
       the field, nothing written;
   (b) a usage error is one `error: ...` line and exit 2, no boxed panel;
@@ -28,7 +28,7 @@ from typer.testing import CliRunner
 
 from requant import DEFAULT_CHECKPOINT
 from requant.cli import app
-from requant.synthetic import generate
+from requant.models.synthetic import generate
 
 runner = CliRunner()
 ARCH_LINE = 'config.json: architectures is ["LlamaForCausalLM"]; requant supports Qwen3ForCausalLM only'
@@ -157,7 +157,7 @@ app(sys.argv[1:], prog_name="requant")
 """
 
 SIGTERM = {  # case: (block at, argv(ckpt copy, out dir))
-    "convert": ("requant.streaming:copy_other_files:1", lambda c, o: ["convert", c, "-o", o / "pow2"]),
+    "convert": ("requant.convert._streaming:copy_other_files:1", lambda c, o: ["convert", c, "-o", o / "pow2"]),
     "inspect": ("requant.checkpoint:open_checkpoint:1", lambda c, o: ["inspect", c]),
     "verify": ("requant.evidence.manifest:walk_files:1", lambda c, o: ["verify", c, c]),
     "audit": (

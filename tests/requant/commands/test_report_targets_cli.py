@@ -82,7 +82,7 @@ def test_a_report_target_that_is_not_a_regular_file_is_refused_before_work(tmp_p
 
 
 def test_conform_json_into_a_fifo_is_refused_before_the_vectors_are_built(tmp_path, monkeypatch):
-    import requant.audit.vectors as V
+    import requant.audit.conform.vectors as V
 
     monkeypatch.setattr(V, "build_vectors", lambda: (_ for _ in ()).throw(AssertionError("work started")))
     fifo = _special(tmp_path, "fifo")

@@ -100,7 +100,7 @@ def micro_reported(tmp_path_factory) -> Path:
 
     from requant.cli import app
     from requant.convert import convert
-    from requant.synthetic import generate
+    from requant.models.synthetic import generate
 
     from ..conftest import MICRO
 

@@ -193,7 +193,7 @@ def test_dense_rows_do_not_depend_on_the_batch():
 
 @pytest.fixture(scope="module")
 def micro_fast(tmp_path_factory):
-    from requant.synthetic import generate
+    from requant.models.synthetic import generate
     from tests.requant.conftest import MICRO
 
     path = generate(MICRO, tmp_path_factory.mktemp("micro") / "micro", seed=1)

@@ -25,7 +25,7 @@ if not torch.cuda.is_available():
 
 from requant import DEFAULT_CHECKPOINT
 from requant.kernels.bf16 import bitwise_equal
-from requant.prompts import prompts
+from requant.models.prompts import prompts
 from requant.runtime import load_model
 
 pytestmark = pytest.mark.gpu

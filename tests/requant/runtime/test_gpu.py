@@ -16,7 +16,7 @@ if not torch.cuda.is_available():
 
 from requant import DEFAULT_CHECKPOINT  # noqa: E402
 from requant.kernels.bf16 import bitwise_equal  # noqa: E402
-from requant.prompts import prompts  # noqa: E402
+from requant.models.prompts import prompts  # noqa: E402
 from requant.runtime import load_model  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -37,7 +37,7 @@ def model(request):
 @pytest.fixture(scope="module")
 def toks():
     from requant.checkpoint import open_checkpoint
-    from requant.tokenizer import load_tokenizer
+    from requant.models.tokenizer import load_tokenizer
 
     tok = load_tokenizer(DEFAULT_CHECKPOINT, open_checkpoint(DEFAULT_CHECKPOINT).config["vocab_size"])
     return [tok.encode(p) for p in prompts(8)]

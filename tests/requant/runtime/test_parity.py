@@ -45,7 +45,7 @@ import torch
 
 from requant import DEFAULT_CHECKPOINT, kernels
 from requant.checkpoint import open_checkpoint
-from requant.prompts import prompts
+from requant.models.prompts import prompts
 from requant.runtime import load_model
 
 transformers = pytest.importorskip("transformers")
@@ -147,11 +147,11 @@ def test_kv_cache_decode_matches_transformers(setup):
 
 def test_bf16_directory_matches_transformers(tmp_path):
     """The bf16 row: a plain bf16 Qwen3 directory (the tiny preset's originals, written by
-    requant.synthetic --keep-source) with every Linear dense, against transformers on the
+    requant.models.synthetic --keep-source) with every Linear dense, against transformers on the
     same weights in fp32 (no fake quantization anywhere)."""
     from safetensors.torch import load_file
 
-    from requant.synthetic import generate
+    from requant.models.synthetic import generate
 
     n = torch.get_num_threads()
     torch.set_num_threads(1)

@@ -10,7 +10,7 @@ import torch
 
 from requant import DEFAULT_CHECKPOINT
 from requant.checkpoint import open_checkpoint
-from requant.qwen3 import Qwen3Arch
+from requant.models.qwen3 import Qwen3Arch
 from requant.runtime import arch_from_config, load_dense, load_linears
 from requant.tp import check_degree, plan, shard
 from requant.tp.shard import as_dense

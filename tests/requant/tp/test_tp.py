@@ -12,7 +12,7 @@ import torch
 
 from requant import DEFAULT_CHECKPOINT
 from requant.checkpoint import open_checkpoint
-from requant.prompts import prompts
+from requant.models.prompts import prompts
 from requant.runtime import Model, load_model
 from requant.tp import LaunchConfig, Spec, compare, run
 from requant.tp.compare import bits_equal

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from requant import DEFAULT_CHECKPOINT
-from requant.prompts import prompts
+from requant.models.prompts import prompts
 from requant.runtime import load_model
 from requant.tp import LaunchConfig, Spec, compare, run
 
