@@ -170,9 +170,8 @@ def decode_at_contexts(model, contexts, steps: int, reps: int) -> dict:
 
 
 def prefill_lengths(model, hf, lengths, reps: int) -> dict:
-    from benchmarks._runtime_fast import hf_prefill, requant_prefill
-
     import requant.kernels.triton.attention as att
+    from benchmarks._runtime_fast import hf_prefill, requant_prefill
 
     out = {}
     g = torch.Generator().manual_seed(2)

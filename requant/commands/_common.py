@@ -169,7 +169,7 @@ def cannot_run(interrupted: str = "interrupted; nothing was written"):
     except OutputInterrupted as exc:  # after the output was renamed into place: say that it is complete
         fail(str(exc), EXIT_INTERRUPTED)
     except MemoryError:
-        fail("out of memory (a value past what requant.limits estimates, or other processes took the memory)")
+        fail("out of memory (a value past what requant.commands._limits estimates, or other processes took the memory)")
     except RuntimeError as exc:  # torch's allocators; a thread the system would not start
         text = str(exc)
         if "can't start new thread" in text:
@@ -273,7 +273,7 @@ def set_threads(threads: Optional[int], device: str) -> None:
     n = threads if threads is not None else (1 if str(device) == "cpu" else 0)
     if n < 0:
         raise UsageError("--threads must be >= 0")
-    from requant.limits import check_threads
+    from requant.commands._limits import check_threads
 
     check_threads(n)  # before torch starts them: past the cap, thread creation fails mid-run
     if n:
@@ -406,9 +406,9 @@ def check_not_inside(paths: dict[str, Optional[Path]], dirs: dict[str, Optional[
 
 
 def check_outputs(outputs: list, inputs: list) -> None:
-    """requant.output_guard.check_outputs: no output on or inside an input, no two outputs one
+    """requant.io.output_guard.check_outputs: no output on or inside an input, no two outputs one
     file (UsageError naming the option and the input)."""
-    from requant.output_guard import check_outputs as check
+    from requant.io.output_guard import check_outputs as check
 
     check(outputs, inputs)
 

@@ -1,7 +1,7 @@
 """What requant/cli.py enforces for every command, whatever the command does:
 
 * RequantCommand (the class of every command): before the command's body runs, each output
-  option (OUTPUT_OPTIONS) is checked against every input parameter (requant.output_guard: no
+  option (OUTPUT_OPTIONS) is checked against every input parameter (requant.io.output_guard: no
   output on or inside an input, no two outputs one file). Parameters are classified from click's
   own list, so a new command's --json is checked without a line of its own.
 * guarded_std_streams (RequantGroup.main): a stdout or stderr that nobody reads is discarded; the
@@ -72,7 +72,7 @@ def input_params(command) -> dict[str, object]:
 
 
 def command_paths(command, params: dict, name: str) -> tuple[list, list]:
-    """(outputs, inputs) of one parsed invocation, for requant.output_guard.check_outputs. A
+    """(outputs, inputs) of one parsed invocation, for requant.io.output_guard.check_outputs. A
     command with a checkpoint parameter left out reads the embedded default."""
     import importlib
 

@@ -409,9 +409,9 @@ def audit_passed(result: dict) -> bool:
 
 
 def _check_limits(config, dev, longest, prompts, phases, batches, decode_tokens, inject, injection_tokens) -> None:
-    """Positions and memory of the decode phase and the injection, before any work (requant.limits)."""
+    """Positions and memory of the decode phase and the injection, before any work (requant.commands._limits)."""
     from requant.audit.injection import DEFAULT_TOKENS
-    from requant.limits import check_generation_memory, check_positions
+    from requant.commands._limits import check_generation_memory, check_positions
 
     if "decode" in phases:
         what = f"the longest audit prompt ({longest} tokens) + {decode_tokens} decode steps"
@@ -436,7 +436,7 @@ def _parse_phases(phases: str, batches: str, tokens: int) -> tuple[tuple[str, ..
         raise UsageError(f"--decode-batches takes comma-separated integers, got {batches!r}") from None
     if "decode" in names and (not ms or min(ms) < 1 or len(set(ms)) != len(ms)):
         raise UsageError(f"--decode-batches takes distinct sizes >= 1, got {batches!r}")
-    from requant.limits import MAX_BATCH
+    from requant.commands._limits import MAX_BATCH
 
     if "decode" in names and max(ms) > MAX_BATCH:
         raise UsageError(f"--decode-batches {max(ms)}: more than the {MAX_BATCH:,} sequences requant runs at once")

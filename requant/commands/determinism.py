@@ -101,7 +101,7 @@ def determinism(
         custom = declare_orders(pair, None, dev, require=False)
         checkpoint = open_checkpoint(DEFAULT_CHECKPOINT if ckpt is None else ckpt, revision=revision)
         check_layout(checkpoint)
-        from requant.limits import check_positions
+        from requant.commands._limits import check_positions
         from requant.tokenizer import load_tokenizer
 
         tok = load_tokenizer(checkpoint.path, int(checkpoint.config["vocab_size"]))

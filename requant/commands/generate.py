@@ -59,10 +59,10 @@ def default_backend(device: str) -> str:
 
 def read_prompt_file(path: Path) -> list[dict]:
     """The requests of a prompts file: [{"prompt" or "prompt_ids", overrides..., "where"}], each
-    field checked (requant.jsonlines reads the file: bounded, strict); UsageError naming the
+    field checked (requant.io.jsonlines reads the file: bounded, strict); UsageError naming the
     file and line. Token ids are checked against the vocabulary once the model is loaded
     (check_requests)."""
-    from requant.jsonlines import read_json_lines
+    from requant.io.jsonlines import read_json_lines
 
     label = f"--prompts {shown(path)}"
     reqs = []
@@ -88,7 +88,7 @@ def read_prompt_file(path: Path) -> list[dict]:
         reqs.append(obj)
     if not reqs:
         raise UsageError(f"{label}: no prompts")
-    from requant.limits import MAX_BATCH
+    from requant.commands._limits import MAX_BATCH
 
     if len(reqs) > MAX_BATCH:  # before any of them is tokenized
         raise UsageError(f"{label}: {len(reqs):,} prompts, more than the {MAX_BATCH:,} requant runs as one batch")
@@ -184,7 +184,7 @@ def generate(
         check_runnable((be,), dev, "reference", option="--backend")
         check_engine(engine, dev)
         requests = [{"prompt": p, "where": f"--prompt {i}"} for i, p in enumerate(prompt or [])]
-        from requant.jsonlines import has_surrogate
+        from requant.io.jsonlines import has_surrogate
 
         for r in requests:  # bytes that are not UTF-8 on the command line arrive as lone surrogates
             if has_surrogate(r["prompt"]):
@@ -208,7 +208,7 @@ def generate(
             params.append(p)
             texts.append(r.get("prompt"))
         check_requests(ids, [r["where"] for r in requests], model.arch.vocab, model.max_length, max_new_tokens)
-        from requant.limits import check_generation_memory
+        from requant.commands._limits import check_generation_memory
 
         longest = max(len(p) for p in ids) + max_new_tokens
         check_generation_memory(checkpoint.config, len(ids), longest, dev, f"{len(ids)} prompts")

@@ -94,7 +94,7 @@ def replay(
         first = records[0]
         if batch_with < 0:
             raise UsageError("--batch-with must be >= 0")
-        from requant.limits import MAX_BATCH
+        from requant.commands._limits import MAX_BATCH
 
         if batch_with + len(records) > MAX_BATCH:
             raise UsageError(
@@ -125,8 +125,8 @@ def replay(
         if json_out is not None:  # the checkpoint named inside the record is an input too
             check_outputs([("--json", json_out, None)], [("the record's checkpoint", ckpt.path, REPORTS)])
         check_layout(ckpt)
+        from requant.commands._limits import check_generation_memory, max_positions
         from requant.generation import check_against_model
-        from requant.limits import check_generation_memory, max_positions
 
         check_against_model(records, int(ckpt.config["vocab_size"]), max_positions(ckpt.config))
         longest = max(len(r["prompt_ids"]) for r in records) + first["max_new_tokens"]

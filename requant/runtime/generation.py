@@ -177,9 +177,9 @@ def check_record(rec, where: str) -> dict:
 
 
 def read_records(path: str | Path) -> list[dict]:
-    """The records of a JSON-lines file (requant.jsonlines: bounded, strict), each checked
+    """The records of a JSON-lines file (requant.io.jsonlines: bounded, strict), each checked
     (check_record): ValueError naming the file, line and field."""
-    from requant.jsonlines import read_json_lines, where
+    from requant.io.jsonlines import read_json_lines, where
 
     records = []
     label = str(path)

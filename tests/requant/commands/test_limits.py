@@ -4,7 +4,7 @@ hashes serially when none can be started.
 
 Real CLI runs (CliRunner) on the embedded default (2,048 positions, 6 layers, 2 KV heads of 64,
 vocabulary 8192). Where the limit is the memory available, the machine's free memory is set
-(monkeypatch of requant.limits.available_bytes) so the refusal does not depend on the host; the
+(monkeypatch of requant.commands._limits.available_bytes) so the refusal does not depend on the host; the
 KV cache a batch needs is computed here from config.json as the reference. The manifest's
 reference is hashlib over each file.
 """

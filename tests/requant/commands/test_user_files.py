@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from requant.cli import app
-from requant.jsonlines import MAX_FILE_BYTES, MAX_LINE_BYTES
+from requant.io.jsonlines import MAX_FILE_BYTES, MAX_LINE_BYTES
 
 runner = CliRunner()
 
