@@ -3,7 +3,7 @@ cell, on one checkpoint: both runs of requant.audit.suite.run_audit keep every c
 decode (keep_cells="all"), and every key of the two results is compared except wall times and peak
 memory. Prints one line per run and "equal" or the first differing key; exit 0 when equal, 1 otherwise.
 
-    python3 benchmarks/audit_equality.py CKPT [--backends cutlass,triton] [--prompts 8]
+    python3 -m benchmarks.audit_equality CKPT [--backends cutlass,triton] [--prompts 8]
         [--decode-batches 1,8] [--decode-tokens 1] [--device cuda] [--json OUT]
 """
 

@@ -1,8 +1,8 @@
 """Split-K of the Triton W8A8 GEMM at decode M, one GPU: "decode_splitk" against the unsplit
 "decode" tile on the fast engine's Qwen3-8B Linears (q,k,v and gate,up stacked along N).
 
-    python3 benchmarks/bench_splitk.py --out DIR [--rep-ms 200] [--m 1,4,8]
-    python3 benchmarks/bench_splitk.py --smoke --out DIR     # CPU: TRITON_INTERPRET=1, tiny shapes
+    python3 -m benchmarks.bench_splitk --out DIR [--rep-ms 200] [--m 1,4,8]
+    python3 -m benchmarks.bench_splitk --smoke --out DIR     # CPU: TRITON_INTERPRET=1, tiny shapes
 
 Per (M, Linear): ms per call of each config captured in a CUDA graph over rotated weight copies
 (at least 256 MiB, so the weights stream from HBM as in a model; _timing.graph_ms), the weight
@@ -23,8 +23,6 @@ if "--smoke" in sys.argv:  # before Triton is imported
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import torch  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 # the fast engine's Linears at Qwen3-8B: (name, N, K)
 LINEARS_8B = [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 24576, 4096), ("down", 4096, 12288)]
@@ -53,7 +51,7 @@ def measure(ms, shapes, device: str, rep_ms: float, timed: bool) -> list[dict]:
             outs = {c: mm.scaled_mm(a, ws[0], s_a, s_w, config=c) for c in ("decode", "decode_splitk")}
             row["same_bits"] = torch.equal(outs["decode"].view(torch.int16), outs["decode_splitk"].view(torch.int16))
             if timed:
-                from _timing import graph_ms
+                from benchmarks._timing import graph_ms
 
                 for c in ("decode", "decode_splitk"):
                     fns = [lambda w=w, c=c: mm.scaled_mm(a, w, s_a, s_w, config=c) for w in ws]

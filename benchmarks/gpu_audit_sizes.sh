@@ -83,7 +83,7 @@ if has equality; then
     for size in ${EQ_SIZES-1.7b 14b}; do
         [ -f "$(ckpt "$size")/config.json" ] || { skip "equality_$size" "no checkpoint"; continue; }
         budget "equality_$size" "$([ "$size" = 14b ] && echo 200 || echo 90)" || continue
-        step "equality_$size" 420 bash -c "python3 benchmarks/audit_equality.py '$(ckpt "$size")' --decode-tokens 1 \
+        step "equality_$size" 420 bash -c "python3 -m benchmarks.audit_equality '$(ckpt "$size")' --decode-tokens 1 \
             --json '$OUT/equality_$size.json' > '$OUT/equality_$size.log' 2>&1; rc=\$?; tail -n 3 '$OUT/equality_$size.log'; exit \$rc"
     done
 fi
