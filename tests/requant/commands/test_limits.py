@@ -1,5 +1,5 @@
 """Values that cannot fit are refused before any work: one `error:` line naming the option and the
-limit, exit 2 (requant/limits.py); the manifest hashing starts a bounded number of threads and
+limit, exit 2 (requant/commands/_limits.py); the manifest hashing starts a bounded number of threads and
 hashes serially when none can be started.
 
 Real CLI runs (CliRunner) on the embedded default (2,048 positions, 6 layers, 2 KV heads of 64,
@@ -16,8 +16,9 @@ import threading
 import pytest
 from typer.testing import CliRunner
 
-from requant import DEFAULT_CHECKPOINT, limits
+from requant import DEFAULT_CHECKPOINT
 from requant.cli import app
+from requant.commands import _limits as limits
 from requant.evidence import manifest
 
 runner = CliRunner()
