@@ -15,4 +15,5 @@ _common.py      consoles, the error line, exit codes, the atomic JSON writer, sh
                 the echoed command line (echo_command)
 _isolate.py     a command that runs a user kernel re-runs itself in a child process; the
                 parent gives the verdict (docs/audit.md)
+_limits.py      values that cannot fit (positions, batch memory, threads) refused before any work
 """
