@@ -6,6 +6,7 @@ generated ids to everything that made them:
     manifest, manifest_digest, tool_version, git_commit    (requant.evidence.identity)
     tokenizer                                              (Tokenizer.describe())
     engine, backend, epilogue_order (kernels.EMULATION_OF), act_backend, reduction, regime, device
+    arithmetic (only from the portable engine: "portable/1", the arithmetic that made every bit)
     sampling {temperature, top_k, top_p, seed, method}, key, max_new_tokens, eos_ids
     prompt (text or null), prompt_ids, ids, text, stop ("eos" or "length")
     steps [{position, token, logits_sha256, logprob}]    (requant.sampling.Step; logprob: float.hex)
@@ -47,6 +48,7 @@ SHARED = (
     "regime",
     "max_new_tokens",
     "eos_ids",
+    "arithmetic",
 )
 _REQUIRED = {
     "format": str,
@@ -80,6 +82,7 @@ def make_record(*, sampled: Sampled, prompt_ids, prompt_text, model, context: di
         **context,
         "tokenizer": tokenizer.describe(),
         "engine": model.engine,
+        **({"arithmetic": model.impl.arithmetic} if getattr(model.impl, "arithmetic", None) else {}),
         "backend": model.backend,
         "epilogue_order": kernels.EMULATION_OF.get(model.backend),
         "act_backend": model.act_backend,
@@ -130,6 +133,7 @@ def read_records(path: str | Path) -> list[dict]:
                 raise ValueError(f"{where}: field {name!r} must be a {kind.__name__}")
         if rec["format"] != FORMAT:
             raise ValueError(f"{where}: field 'format' is {rec['format']!r}; this requant replays {FORMAT!r}")
+        _check_arithmetic(rec, where)
         method = rec["sampling"].get("method")
         if method not in ("greedy", METHOD):
             raise ValueError(f"{where}: field 'sampling.method' is {method!r}; known: greedy, {METHOD}")
@@ -152,6 +156,17 @@ def read_records(path: str | Path) -> list[dict]:
     if not records:
         raise ValueError(f"{path}: no records")
     return records
+
+
+def _check_arithmetic(rec: dict, where: str) -> None:
+    # a portable record names the arithmetic that made it; this requant computes exactly one
+    from requant.kernels.portable import ARITHMETIC
+
+    arith = rec.get("arithmetic")
+    if arith is None and rec["engine"] == "portable":
+        raise ValueError(f"{where}: field 'arithmetic' is missing (a record of the portable engine names it)")
+    if arith is not None and arith != ARITHMETIC:
+        raise ValueError(f"{where}: field 'arithmetic' is {arith!r}; this requant computes {ARITHMETIC!r}")
 
 
 def record_params(rec: dict, where: str = "record") -> SamplingParams:
