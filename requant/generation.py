@@ -6,7 +6,8 @@ generated ids to everything that made them:
     manifest, manifest_digest, tool_version, git_commit    (requant.evidence.identity)
     tokenizer                                              (Tokenizer.describe())
     engine, backend, epilogue_order (kernels.EMULATION_OF), act_backend, reduction, regime, device
-    arithmetic (only from the portable engine: "portable/1", the arithmetic that made every bit)
+    arithmetic, portable_kernels (only from the portable engine: "portable/1", the arithmetic that
+    made every bit, and which of its forms computed it, "triton" or "torch")
     sampling {temperature, top_k, top_p, seed, method}, key, max_new_tokens, eos_ids
     prompt (text or null), prompt_ids, ids, text, stop ("eos" or "length")
     steps [{position, token, logits_sha256, logprob}]    (requant.sampling.Step; logprob: float.hex)
@@ -82,7 +83,11 @@ def make_record(*, sampled: Sampled, prompt_ids, prompt_text, model, context: di
         **context,
         "tokenizer": tokenizer.describe(),
         "engine": model.engine,
-        **({"arithmetic": model.impl.arithmetic} if getattr(model.impl, "arithmetic", None) else {}),
+        **(
+            {"arithmetic": model.impl.arithmetic, "portable_kernels": model.impl.kernels}
+            if getattr(model.impl, "arithmetic", None)
+            else {}
+        ),
         "backend": model.backend,
         "epilogue_order": kernels.EMULATION_OF.get(model.backend),
         "act_backend": model.act_backend,
