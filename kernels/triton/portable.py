@@ -16,6 +16,8 @@ division keeps subnormals, as the CPU does). A row's operations never depend on 
 program, so the block sizes are free (they change speed, never bits).
 """
 
+import contextlib
+
 import torch
 import triton
 import triton.language as tl
@@ -29,7 +31,14 @@ from requant.kernels.triton.quantize import _round_half_even
 
 __all__ = ["attention", "block_m", "dense", "silu_mul_quantize", "tokens_per_block"]
 
-OPTIONS = {"enable_fp_fusion": False, "enable_reflect_ftz": False}
+OPTIONS = {"enable_fp_fusion": False}
+try:  # libdevice without flush-to-zero (the option exists in recent Triton only)
+    from triton.backends.nvidia.compiler import CUDAOptions
+
+    if "enable_reflect_ftz" in CUDAOptions.__dataclass_fields__:
+        OPTIONS["enable_reflect_ftz"] = False
+except ImportError:  # pragma: no cover - a Triton without the NVIDIA backend
+    pass
 _LN2 = tl.constexpr(spec.LN2)
 _LOG2E = tl.constexpr(spec.LOG2E)
 _LN2_HI = tl.constexpr(spec.LN2_HI)
@@ -116,7 +125,8 @@ def elementwise_exp(x: torch.Tensor, base_e: bool = False) -> torch.Tensor:
     out = torch.empty_like(x)
     block = 1024
     _launch.device_index(x)
-    _exp2_kernel[(-(-x.numel() // block),)](x, out, x.numel(), EXP=base_e, BLOCK=block, **OPTIONS)
+    with torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext():
+        _exp2_kernel[(-(-x.numel() // block),)](x, out, x.numel(), EXP=base_e, BLOCK=block, **OPTIONS)
     return out
 
 
