@@ -72,8 +72,58 @@ class PortableLayout(FastLayout):
         self.sin = sin.to(model.device)
 
 
+_EPILOGUES = {
+    "reference-cutlass-order": "epilogue_cutlass_order",
+    "reference-triton-order": "epilogue_triton_order",
+    "reference-fused-order": "epilogue_fused_order",
+    "reference": "epilogue_exact",
+}
+_CHECKS: dict = {}  # id of a weight -> (the weight, r int64 [N, 2], w^T r int64 [K, 2])
+
+
+def _checks(w: torch.Tensor):
+    hit = _CHECKS.get(id(w))
+    if hit is not None and hit[0] is w:
+        return hit[1], hit[2]
+    if len(_CHECKS) > 4096:
+        _CHECKS.clear()
+    g = torch.Generator().manual_seed(w.shape[0] * 1_000_003 + w.shape[1])
+    r = torch.stack([torch.ones(w.shape[0], dtype=torch.int64), torch.randint(1, 1024, (w.shape[0],), generator=g)], 1)
+    # elementwise sums (torch's int64 matmul is a slow loop); |w r| < 2**17 fits int32, the sums int64
+    rw = w.to(torch.int32) * r[:, 1:].to(torch.int32)
+    _CHECKS[id(w)] = (w, r, torch.stack([w.sum(0, dtype=torch.int64), rw.sum(0, dtype=torch.int64)], 1))
+    return r, _CHECKS[id(w)][2]
+
+
+def exact_accumulate(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """The exact int32 accumulator a @ w^T of int8 operands on the CPU: torch._int_mm (fast), checked
+    against two exact int64 projections (acc @ r == a @ (w^T r) for r = 1 and a fixed random r in
+    [1, 1024): a wrong element passes only by a coincidence on both); kernels.reference.accumulate
+    (float64, exact by construction, slow) when the check fails or _int_mm refuses the shape."""
+    from requant.kernels.reference import accumulate
+
+    try:
+        acc = torch._int_mm(a, w.T)
+    except RuntimeError:
+        return accumulate(a, w)
+    r, v = _checks(w)
+    if not torch.equal(acc.to(torch.int64) @ r, a.to(torch.int64) @ v):
+        return accumulate(a, w)
+    return acc
+
+
 class _TorchOps:
     """The portable operations in torch on the CPU (the specification)."""
+
+    @staticmethod
+    def scaled_mm(q, w, s, s_w, backend):
+        from requant.kernels import reference
+
+        name = _EPILOGUES.get(kernels.EMULATION_OF.get(backend, ""))
+        if name is None or q.device.type != "cpu":
+            return kernels.scaled_mm(q, w, s, s_w, backend=backend)
+        reference.check_operands(q, w, s, s_w)
+        return getattr(reference, name)(exact_accumulate(q, w), s, s_w)
 
     @staticmethod
     def add_rms_norm(x, w, eps, delta=None, quantize=True, write_h=False, rows=None):
@@ -143,6 +193,10 @@ class _TritonOps:
     def quantize(x):
         return kernels.quantize_activations(x, backend="triton", check=False)
 
+    @staticmethod
+    def scaled_mm(q, w, s, s_w, backend):
+        return kernels.scaled_mm(q, w, s, s_w, backend=backend)
+
 
 class PortableEngine(FastEngine):
     """The portable engine of `model` over a shared PortableLayout; kernels: auto, triton or torch."""
@@ -174,7 +228,7 @@ class PortableEngine(FastEngine):
         def mm(q, s, ws, names):
             if capture is not None:
                 capture.record(names, q, s)
-            return kernels.scaled_mm(q, ws[0], s, ws[1], backend=backend)
+            return ops.scaled_mm(q, ws[0], s, ws[1], backend)
 
         x = lay.embed[ids].to(torch.bfloat16).contiguous()
         delta = None

@@ -89,3 +89,23 @@ def test_default_sampled_and_greedy_in_a_batch_torch_equals_triton():
         assert x.ids == y.ids
         assert [s.logits_sha256 for s in x.steps] == [s.logits_sha256 for s in y.steps]
         assert [s.logprob for s in x.steps] == [s.logprob for s in y.steps]
+
+
+def test_exact_accumulate_equals_the_float64_accumulator_and_falls_back(monkeypatch):
+    from requant.kernels.reference import accumulate
+    from requant.runtime import portable
+
+    g = torch.Generator().manual_seed(3)
+    a = torch.randint(-128, 128, (5, 96), generator=g, dtype=torch.int8)
+    w = torch.randint(-128, 128, (40, 96), generator=g, dtype=torch.int8)
+    a[0], w[0] = -128, -128  # the largest products
+    assert torch.equal(portable.exact_accumulate(a, w), accumulate(a, w))
+    real = torch._int_mm
+
+    def wrong(x, y):  # one element off: the check must catch it and take the exact path
+        out = real(x, y)
+        out[2, 7] += 1
+        return out
+
+    monkeypatch.setattr(torch, "_int_mm", wrong)
+    assert torch.equal(portable.exact_accumulate(a, w), accumulate(a, w))
