@@ -26,6 +26,61 @@ def _sync():
     torch.cuda.synchronize()
 
 
+def random_model(name: str, backend: str, device: str, engine: str, layers: int | None = None):
+    """bench_runtime_fast.random_model's weights (random W8A8, made on `device`) on `engine`;
+    layers: keep only the first ones (a quick CPU estimate)."""
+    import dataclasses
+
+    import bench_runtime_fast
+
+    from requant.synthetic import PRESETS
+
+    if layers is not None:
+        PRESETS[f"{name}-{layers}l"] = dataclasses.replace(PRESETS[name], layers=layers)
+        name = f"{name}-{layers}l"
+    from requant.runtime import model as model_module
+
+    saved = model_module.Model
+
+    class _On(saved):  # random_model builds Model(..., engine="fast"): build it on `engine` instead
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **{**kw, "engine": engine})
+
+    model_module.Model = _On
+    try:
+        m = bench_runtime_fast.random_model(name, backend, device=device)
+    finally:
+        model_module.Model = saved
+    return m
+
+
+def cpu_seconds_per_token(args) -> dict:
+    """The portable engine's torch form on the CPU: prefill of 32 tokens, then decode steps."""
+    torch.set_num_threads(args.threads)
+    t = time.perf_counter()
+    m = random_model(args.synthetic, "reference-cutlass-order", "cpu", "portable", args.layers)
+    built = time.perf_counter() - t
+    prompt = torch.randint(0, m.arch.vocab, (32,), generator=torch.Generator().manual_seed(0))
+    t = time.perf_counter()
+    m.generate([prompt], 1)  # the first call also makes the GEMM checks' vectors (once per weight)
+    warm = time.perf_counter() - t
+    t = time.perf_counter()
+    m.generate([prompt], 1)
+    first = time.perf_counter() - t
+    t = time.perf_counter()
+    m.generate([prompt], 1 + args.steps)
+    per = (time.perf_counter() - t - first) / args.steps
+    return {
+        "shape": args.synthetic,
+        "layers": m.arch.layers,
+        "threads": args.threads,
+        "build_s": built,
+        "first_call_s": warm,
+        "prefill_32_and_first_token_s": first,
+        "decode_s_per_token": per,
+    }
+
+
 def prefill_secs(model, n: int) -> float:
     ids = torch.randint(0, model.arch.vocab, (n,), generator=torch.Generator().manual_seed(n))
     _sync()
@@ -62,15 +117,22 @@ def main(argv=None) -> int:
     ap.add_argument("--batches", default="1,64")
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--cpu", action="store_true", help="time the torch form on the CPU instead (seconds a token)")
+    ap.add_argument("--layers", type=int, default=None, help="--cpu: only the first LAYERS layers")
+    ap.add_argument("--threads", type=int, default=2, help="--cpu: torch threads")
     args = ap.parse_args(argv)
+    if args.cpu:
+        rec = cpu_seconds_per_token(args)
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "bench_portable_cpu.json").write_text(json.dumps(rec, indent=1))
+        print(json.dumps(rec, indent=1))
+        return 0
     if not torch.cuda.is_available():
         print("error: the benchmark needs CUDA", file=sys.stderr)
         return 2
-    from bench_runtime_fast import random_model
-
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    fast = random_model(args.synthetic, args.backend)
+    fast = random_model(args.synthetic, args.backend, "cuda", "fast")
     engines = {"fast": fast, "portable": fast.with_backends(engine="portable")}
     rec = {
         "tool": "benchmarks/bench_portable.py",

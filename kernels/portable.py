@@ -255,13 +255,35 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return round_fp32_to_bf16((g / (e + 1.0)) * u)
 
 
-def dense(x: torch.Tensor, w: torch.Tensor, block_n: int = 8192) -> torch.Tensor:
-    """x bf16 [M, K], w bf16 [N, K] -> fp32 [M, N] holding bf16(lane_dot(x[m], w[n]))."""
-    m, _ = x.shape
-    out = torch.empty((m, w.shape[0]), dtype=torch.float32)
+def prepare_dense(w: torch.Tensor) -> torch.Tensor:
+    """A bf16 weight [N, K] as fp32 [K / LANES, N, LANES] (K zero-padded): dense_prepared's layout."""
+    n, k = w.shape
+    wf = w.to(torch.float32)
+    if k % LANES:
+        wf = torch.nn.functional.pad(wf, (0, -k % LANES))
+    return wf.reshape(n, -1, LANES).permute(1, 0, 2).contiguous()
+
+
+def dense_prepared(x: torch.Tensor, wp: torch.Tensor, block_n: int = 32768) -> torch.Tensor:
+    """dense(x, w) with w given as prepare_dense(w): the same operations (lane l accumulates chunk
+    after chunk from +0; each product is exact, so the fused multiply-add of addcmul_ rounds once, as
+    the add alone would), then tree_sum over the lanes and one bf16 rounding."""
+    chunks, n, _ = wp.shape
+    m, k = x.shape
     xf = x.to(torch.float32)
-    for n0 in range(0, w.shape[0], block_n):
-        wf = w[n0 : n0 + block_n].to(torch.float32)
-        for i in range(m):
-            out[i, n0 : n0 + block_n] = round_fp32_to_bf16(lane_dot(xf[i][None, :], wf)).to(torch.float32)
+    if k % LANES:
+        xf = torch.nn.functional.pad(xf, (0, -k % LANES))
+    xf = xf.reshape(m, chunks, 1, LANES)
+    out = torch.empty((m, n), dtype=torch.float32)
+    for n0 in range(0, n, block_n):
+        wb = wp[:, n0 : n0 + block_n]
+        acc = torch.zeros((m, wb.shape[1], LANES), dtype=torch.float32)
+        for c in range(chunks):
+            acc.addcmul_(xf[:, c], wb[c])
+        out[:, n0 : n0 + block_n] = round_fp32_to_bf16(tree_sum(acc, -1)).to(torch.float32)
     return out
+
+
+def dense(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x bf16 [M, K], w bf16 [N, K] -> fp32 [M, N] holding bf16(lane_dot(x[m], w[n]))."""
+    return dense_prepared(x, prepare_dense(w))

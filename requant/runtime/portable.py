@@ -164,9 +164,14 @@ class _TorchOps:
 
         return quantize_activations(spec.silu_mul(gu), check=False)
 
-    @staticmethod
-    def dense(h, w, out=None):
-        y = spec.dense(h, w)
+    def __init__(self, layout):
+        self.layout = layout
+
+    def dense(self, h, w, out=None):
+        wp = getattr(self.layout, "dense_prepared", None)  # fp32 lanes layout of the lm_head, made once
+        if wp is None or wp[0] is not w:
+            wp = self.layout.dense_prepared = (w, spec.prepare_dense(w))
+        y = spec.dense_prepared(h, wp[1])
         if out is not None:
             out.copy_(y)
             return out
@@ -207,7 +212,7 @@ class PortableEngine(FastEngine):
     def __init__(self, model, layout: PortableLayout | None = None, kernels_: str = "auto"):
         super().__init__(model, layout if layout is not None else PortableLayout(model))
         self.kernels = _kernels_for(model, kernels_)
-        self.ops = _TritonOps() if self.kernels == "triton" else _TorchOps()
+        self.ops = _TritonOps() if self.kernels == "triton" else _TorchOps(self.layout)
 
     def tokens_per_block(self) -> int:
         a = self.model.arch
