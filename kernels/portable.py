@@ -266,8 +266,8 @@ def prepare_dense(w: torch.Tensor) -> torch.Tensor:
 
 def dense_prepared(x: torch.Tensor, wp: torch.Tensor, block_n: int = 32768) -> torch.Tensor:
     """dense(x, w) with w given as prepare_dense(w): the same operations (lane l accumulates chunk
-    after chunk from +0; each product is exact, so the fused multiply-add of addcmul_ rounds once, as
-    the add alone would), then tree_sum over the lanes and one bf16 rounding."""
+    after chunk from +0, product and add each rounded), then tree_sum over the lanes and one bf16
+    rounding."""
     chunks, n, _ = wp.shape
     m, k = x.shape
     xf = x.to(torch.float32)
@@ -279,7 +279,7 @@ def dense_prepared(x: torch.Tensor, wp: torch.Tensor, block_n: int = 32768) -> t
         wb = wp[:, n0 : n0 + block_n]
         acc = torch.zeros((m, wb.shape[1], LANES), dtype=torch.float32)
         for c in range(chunks):
-            acc.addcmul_(xf[:, c], wb[c])
+            acc.add_(xf[:, c] * wb[c])  # a separate product: an underflowing one rounds as on the GPU
         out[:, n0 : n0 + block_n] = round_fp32_to_bf16(tree_sum(acc, -1)).to(torch.float32)
     return out
 

@@ -115,7 +115,10 @@ def exp_p(x):
 def _exp2_kernel(x_ptr, o_ptr, n, EXP: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     x = tl.load(x_ptr + offs, mask=offs < n, other=0.0)
-    y = exp_p(x) if EXP else exp2_p(x)
+    if EXP:
+        y = exp_p(x)
+    else:
+        y = exp2_p(x)
     tl.store(o_ptr + offs, y, mask=offs < n)
 
 
