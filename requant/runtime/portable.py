@@ -78,7 +78,7 @@ _EPILOGUES = {
     "reference-fused-order": "epilogue_fused_order",
     "reference": "epilogue_exact",
 }
-_CHECKS: dict = {}  # id of a weight -> (the weight, r int64 [N, 2], w^T r int64 [K, 2])
+_CHECKS: dict = {}  # id of a weight -> (the weight, a fixed half of its rows, [K, 2] column sums)
 
 
 def _checks(w: torch.Tensor):
@@ -88,26 +88,30 @@ def _checks(w: torch.Tensor):
     if len(_CHECKS) > 4096:
         _CHECKS.clear()
     g = torch.Generator().manual_seed(w.shape[0] * 1_000_003 + w.shape[1])
-    r = torch.stack([torch.ones(w.shape[0], dtype=torch.int64), torch.randint(1, 1024, (w.shape[0],), generator=g)], 1)
-    # elementwise sums (torch's int64 matmul is a slow loop); |w r| < 2**17 fits int32, the sums int64
-    rw = w.to(torch.int32) * r[:, 1:].to(torch.int32)
-    _CHECKS[id(w)] = (w, r, torch.stack([w.sum(0, dtype=torch.int64), rw.sum(0, dtype=torch.int64)], 1))
-    return r, _CHECKS[id(w)][2]
+    half = torch.randperm(w.shape[0], generator=g)[: (w.shape[0] + 1) // 2].sort().values
+    # int32 sums of int8 rows (|sum| <= 128 N: exact); elementwise, no matrix product
+    v = torch.stack([w.sum(0, dtype=torch.int32), w[half].sum(0, dtype=torch.int32)], 1).to(torch.int64)
+    _CHECKS[id(w)] = (w, half, v)
+    return half, v
 
 
 def exact_accumulate(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """The exact int32 accumulator a @ w^T of int8 operands on the CPU: torch._int_mm (fast), checked
-    against two exact int64 projections (acc @ r == a @ (w^T r) for r = 1 and a fixed random r in
-    [1, 1024): a wrong element passes only by a coincidence on both); kernels.reference.accumulate
-    (float64, exact by construction, slow) when the check fails or _int_mm refuses the shape."""
+    against two exact int64 projections (each row's sum over every output and over a fixed random
+    half of them, against a times the matching column sums of w: a wrong element passes only if
+    errors cancel in both); kernels.reference.accumulate (float64, exact by construction, slow) when
+    the check fails or _int_mm refuses the shape."""
     from requant.kernels.reference import accumulate
 
     try:
         acc = torch._int_mm(a, w.T)
     except RuntimeError:
         return accumulate(a, w)
-    r, v = _checks(w)
-    if not torch.equal(acc.to(torch.int64) @ r, a.to(torch.int64) @ v):
+    half, v = _checks(w)
+    acc64 = acc.to(torch.int64)
+    got = torch.stack([acc64.sum(1), acc64[:, half].sum(1)], 1)
+    want = (a.to(torch.int64)[:, :, None] * v[None]).sum(1)
+    if not torch.equal(got, want):
         return accumulate(a, w)
     return acc
 
