@@ -189,7 +189,12 @@ def replay(
             "record": str(record),
             "checkpoint": str(ckpt.path),
             **identity,
-            "recorded": {"backend": first["backend"], "engine": first["engine"], "device": first.get("device")},
+            "recorded": {
+                "backend": first["backend"],
+                "engine": first["engine"],
+                "device": first.get("device"),
+                "arithmetic": first.get("arithmetic"),
+            },
             "backend": be,
             "epilogue_order": kernels.EMULATION_OF.get(be),
             "engine": engine_ran,
