@@ -8,6 +8,9 @@
 #
 #     OUT=/some/dir bash benchmarks/gpu_portable.sh
 #
+# The whole script takes more than one 10-minute call: run it as three,
+#     STEPS="build tests" ...;  STEPS="build records replay17" ...;  STEPS="bench" ...
+# (the same $OUT; build is fast once the CUTLASS cache exists).
 # STEPS (default "build tests records replay17 bench") picks the steps. Files in $OUT: env.txt,
 # timings.txt, res/*.log, records/ (copy its contents to tests/data/gpu_records/), bench/bench_portable.{json,md}.
 set -uo pipefail
@@ -38,7 +41,7 @@ prompts /tmp/p4.jsonl 4
 
 has build && cutlass_build 240
 if has tests; then
-    REQUANT_GPU_RECORDS="$OUT/records_tests" step gpu_tests 420 python3 -m pytest -q -m gpu -p no:cacheprovider \
+    REQUANT_GPU_RECORDS="$OUT/records_tests" step gpu_tests 560 python3 -m pytest -q -m gpu -p no:cacheprovider \
         --durations=15 tests/kernels/test_portable.py tests/requant/runtime/test_portable_gpu.py
 fi
 if has records; then
