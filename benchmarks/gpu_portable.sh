@@ -41,7 +41,8 @@ prompts /tmp/p4.jsonl 4
 
 has build && cutlass_build 240
 if has tests; then
-    REQUANT_GPU_RECORDS="$OUT/records_tests" step gpu_tests 560 python3 -m pytest -q -m gpu -p no:cacheprovider \
+    export REQUANT_GPU_RECORDS="$OUT/records_tests"
+    step gpu_tests 560 python3 -m pytest -q -m gpu -p no:cacheprovider \
         --durations=15 tests/kernels/test_portable.py tests/requant/runtime/test_portable_gpu.py
 fi
 if has records; then
@@ -62,7 +63,7 @@ if has records; then
         name=$(basename "$f" .jsonl)
         ck=()
         case "$name" in tiny-*) ck=(--checkpoint "$TINY") ;; esac
-        step "cpu_replay_$name" 300 requant replay "$f" "${ck[@]}" --device cpu --threads 2 --json "$STEP_DIR/replay_$name.json"
+        step "cpu_replay_$name" 300 requant replay "$f" ${ck[@]+"${ck[@]}"} --device cpu --threads 2 --json "$STEP_DIR/replay_$name.json"
     done
 fi
 if has replay17; then
