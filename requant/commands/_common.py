@@ -249,8 +249,9 @@ def check_device(device: str) -> str:
 
 def check_engine(engine: str, device: str) -> str:
     """--engine: one of requant.runtime's ENGINES, and "fast" only where its Triton kernels run
-    (a CUDA device, or the CPU under TRITON_INTERPRET=1, which it sets there: triton_interpreter_on_cpu)."""
-    engines = ("auto", "fast", "reference")
+    (a CUDA device, or the CPU under TRITON_INTERPRET=1, which it sets there: triton_interpreter_on_cpu).
+    "portable" runs anywhere (its Triton kernels on CUDA, its torch form on the CPU)."""
+    engines = ("auto", "fast", "reference", "portable")
     if engine not in engines:
         raise UsageError(f"--engine must be one of {', '.join(engines)}, got {engine!r}")
     from requant.backends import triton_interpreter_on_cpu
@@ -464,7 +465,9 @@ ReportOpt = Annotated[
 EngineOpt = Annotated[
     str,
     typer.Option(
-        "--engine", help="Runtime engine: auto (the fast engine on CUDA, the reference one on CPU), fast or reference."
+        "--engine",
+        help="Runtime engine: auto (the fast engine on CUDA, the reference one on CPU), fast, reference, "
+        "or portable (the same bits on a GPU and a CPU).",
     ),
 ]
 ByteTokensOpt = Annotated[

@@ -1,6 +1,6 @@
 """`requant replay`: re-run a `requant generate` record and compare it bit for bit.
 
-    requant replay RECORD [--checkpoint CKPT] [--backend NAME] [--engine auto|fast|reference]
+    requant replay RECORD [--checkpoint CKPT] [--backend NAME] [--engine auto|fast|reference|portable]
                    [--batch-with N] [--device DEV] [--json OUT] [--threads N] [--byte-tokens]
 
 RECORD: the JSON-lines file `requant generate --json` wrote (every record of it is replayed, as
@@ -8,7 +8,9 @@ one batch). The checkpoint is the record's (its path as given; null: the embedde
 --checkpoint names another copy; its manifest digest and its tokenizer must be the record's, or
 the replay is refused (exit 2) before anything runs. The regime, reduction, activation backend,
 sampling params, keys and eos come from the record; --backend and --engine (default: the
-record's) may change the kernel; --batch-with N runs the records inside a batch after N filler
+record's) may change the kernel (a record of the portable engine, "arithmetic" set, replays on that
+engine only; on a CPU its cutlass/triton/cublas backend becomes the reference emulation of its epilogue
+order, the same bits); --batch-with N runs the records inside a batch after N filler
 prompts (requant.generation.filler_prompts, themselves sampled with their own seeds).
 Every step is compared: the token, then the digest of the fp32 logits row, then the logprob.
 One line a record on stdout (the first differing step and position, and what differs: the token,
@@ -50,6 +52,21 @@ from requant.commands._common import (
 __all__ = ["replay"]
 
 
+def _portable_choice(record, first, be: str, eng: str, dev: str, backend_given: bool) -> tuple[str, str]:
+    """A record of the portable arithmetic replays on the portable engine only; on a CPU its GPU
+    kernel's epilogue order is the reference emulation of it (kernels.EMULATION_OF)."""
+    from requant import kernels
+
+    if eng != "portable":
+        raise UsageError(
+            f"{record}: made by the portable arithmetic ({first['arithmetic']}); --engine {eng} computes "
+            "other bits (use --engine portable)"
+        )
+    if not str(dev).startswith("cuda") and be in ("cutlass", "triton", "cublas") and not backend_given:
+        be = kernels.EMULATION_OF[be]
+    return be, eng
+
+
 @byte_tokens_option
 def replay(
     record: Annotated[Path, typer.Argument(help="A record written by `requant generate --json`.", show_default=False)],
@@ -60,7 +77,7 @@ def replay(
         Optional[str], typer.Option("--backend", help="The scaled_mm backend (default: the record's).")
     ] = None,
     engine: Annotated[
-        Optional[str], typer.Option("--engine", help="Auto, fast or reference (default: the record's).")
+        Optional[str], typer.Option("--engine", help="Auto, fast, reference or portable (default: the record's).")
     ] = None,
     batch_with: Annotated[int, typer.Option("--batch-with", help="Run inside a batch with N filler prompts.")] = 0,
     device: DeviceOpt = None,
@@ -103,6 +120,9 @@ def replay(
         dev = check_device(device or default_device())
         be = backend or first["backend"]
         known = ", ".join(kernels.scaled_mm_backends())
+        eng = engine or first["engine"]
+        if first.get("arithmetic") is not None:
+            be, eng = _portable_choice(record, first, be, eng, dev, backend is not None)
         if be not in kernels.scaled_mm_backends():
             if backend is None:  # the record's: say where it came from
                 raise UsageError(
@@ -115,7 +135,6 @@ def replay(
                 f"{', '.join(kernels.quantize_backends())}"
             )
         check_runnable((be,), dev, first["act_backend"], option="--backend")
-        eng = engine or first["engine"]
         check_engine(eng, dev)
         set_threads(threads, dev)
         src = checkpoint or first.get("checkpoint") or DEFAULT_CHECKPOINT
@@ -198,7 +217,12 @@ def replay(
             "record": str(record),
             "checkpoint": str(ckpt.path),
             **identity,
-            "recorded": {"backend": first["backend"], "engine": first["engine"], "device": first.get("device")},
+            "recorded": {
+                "backend": first["backend"],
+                "engine": first["engine"],
+                "device": first.get("device"),
+                "arithmetic": first.get("arithmetic"),
+            },
             "backend": be,
             "epilogue_order": kernels.EMULATION_OF.get(be),
             "engine": engine_ran,

@@ -189,6 +189,13 @@ class FastEngine:
         a = self.model.arch
         return KVCache(a.layers, batch, a.kv_heads, capacity, a.head_dim, self.model.device)
 
+    def tokens_per_block(self) -> int:
+        """Query tokens one attention program holds (the blocks _run builds)."""
+        from requant.kernels.triton.attention import tokens_per_block
+
+        a = self.model.arch
+        return tokens_per_block(a.heads, a.kv_heads)
+
     # -- one forward over packed tokens ------------------------------------------------------
     def forward(self, ids, pos, rows, blocks, k_caches, v_caches, head_rows=None, out=None, capture=None):
         """fp32 logits of the rows head_rows (all when None) of the packed tokens ids [T]:
@@ -248,11 +255,8 @@ class FastEngine:
     def _run(self, seqs, k_caches, v_caches, last_only: bool, capture=None) -> torch.Tensor:
         """seqs: (cache row, start position, ids 1-D) per sequence; the ids go to positions
         start.. of that row. Returns fp32 logits [sum n, vocab] (last_only: [len(seqs), vocab])."""
-        from requant.kernels.triton.attention import tokens_per_block
-
         m = self.model
-        a = m.arch
-        per = tokens_per_block(a.heads, a.kv_heads)
+        per = self.tokens_per_block()
         pos, rows, blocks, last = [], [], [], []
         off = 0
         for row, start, ids in seqs:

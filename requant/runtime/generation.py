@@ -6,6 +6,8 @@ generated ids to everything that made them:
     manifest, manifest_digest, tool_version, git_commit    (requant.evidence.identity)
     tokenizer                                              (Tokenizer.describe())
     engine, backend, epilogue_order (kernels.EMULATION_OF), act_backend, reduction, regime, device
+    arithmetic, portable_kernels (only from the portable engine: "portable/1", the arithmetic that
+    made every bit, and which of its forms computed it, "triton" or "torch")
     sampling {temperature, top_k, top_p, seed, method}, key, max_new_tokens, eos_ids
     prompt (text or null), prompt_ids, ids, text, stop ("eos" or "length")
     steps [{position, token, logits_sha256, logprob}]    (requant.sampling.Step; logprob: float.hex)
@@ -49,6 +51,7 @@ SHARED = (
     "regime",
     "max_new_tokens",
     "eos_ids",
+    "arithmetic",
 )
 _REQUIRED = {
     "format": str,
@@ -82,6 +85,11 @@ def make_record(*, sampled: Sampled, prompt_ids, prompt_text, model, context: di
         **context,
         "tokenizer": tokenizer.describe(),
         "engine": model.engine,
+        **(
+            {"arithmetic": model.impl.arithmetic, "portable_kernels": model.impl.kernels}
+            if getattr(model.impl, "arithmetic", None)
+            else {}
+        ),
         "backend": model.backend,
         "epilogue_order": kernels.EMULATION_OF.get(model.backend),
         "act_backend": model.act_backend,
@@ -104,8 +112,19 @@ def make_record(*, sampled: Sampled, prompt_ids, prompt_text, model, context: di
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 # Optional fields that, when present, have one type (None allowed).
-_OPTIONAL_STR = ("checkpoint", "checkpoint_path", "revision", "manifest", "device", "prompt", "text", "stop")
-_KNOWN = {"engine": ("fast", "reference"), "reduction": ("tree", "torch"), "regime": ("native", "pow2")}
+_OPTIONAL_STR = (
+    "checkpoint",
+    "checkpoint_path",
+    "revision",
+    "manifest",
+    "device",
+    "prompt",
+    "text",
+    "stop",
+    "arithmetic",
+    "portable_kernels",
+)
+_KNOWN = {"engine": ("fast", "portable", "reference"), "reduction": ("tree", "torch"), "regime": ("native", "pow2")}
 MAX_ID = 2**31 - 1  # a token id beyond any vocabulary (the checkpoint's own bound is checked when it is loaded)
 
 
@@ -152,6 +171,7 @@ def check_record(rec, where: str) -> dict:
             raise ValueError(f"{where}: field {name!r} must be a string or null")
     if rec["format"] != FORMAT:
         raise ValueError(f"{where}: field 'format' is {rec['format'][:40]!r}; this requant replays {FORMAT!r}")
+    _check_arithmetic(rec, where)
     if not _DIGEST.fullmatch(rec["manifest_digest"]):
         raise ValueError(f"{where}: field 'manifest_digest' must be 'sha256:' and 64 lowercase hex digits")
     for name, known in _KNOWN.items():
@@ -209,6 +229,17 @@ def check_against_model(records: list[dict], vocab: int, max_positions: int) -> 
                 f"{rec['where']}: prompt_ids ({len(rec['prompt_ids'])}) + max_new_tokens ({rec['max_new_tokens']}) "
                 f"= {need} positions, more than the model's {max_positions}"
             )
+
+
+def _check_arithmetic(rec: dict, where: str) -> None:
+    # a portable record names the arithmetic that made it; this requant computes exactly one
+    from requant.kernels.portable import ARITHMETIC
+
+    arith = rec.get("arithmetic")
+    if arith is None and rec["engine"] == "portable":
+        raise ValueError(f"{where}: field 'arithmetic' is missing (a record of the portable engine names it)")
+    if arith is not None and arith != ARITHMETIC:
+        raise ValueError(f"{where}: field 'arithmetic' is {arith!r}; this requant computes {ARITHMETIC!r}")
 
 
 def record_params(rec: dict, where: str = "record") -> SamplingParams:

@@ -30,7 +30,7 @@ from requant.runtime.weights import (
 __all__ = ["ENGINES", "REDUCTIONS", "Model", "load_model"]
 
 REDUCTIONS = ("auto", "torch", "tree")
-ENGINES = ("auto", "fast", "reference")
+ENGINES = ("auto", "fast", "reference", "portable")
 
 
 def _check_backend(backend: str) -> None:
@@ -82,6 +82,17 @@ class Model:
     def _choose_engine(self, engine: str) -> None:
         if engine not in ENGINES:
             raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+        if engine == "portable":  # the one arithmetic every machine computes (runtime/portable.py)
+            from requant.runtime.portable import PortableEngine, PortableLayout, portable_supported
+
+            why = portable_supported(self)
+            if why is not None:
+                raise ValueError(f"the portable engine cannot run this model: {why}")
+            if "portable" not in self._layouts:
+                self._layouts["portable"] = PortableLayout(self)
+            self.impl = PortableEngine(self, self._layouts["portable"])
+            self.engine = self.impl.name
+            return
         want_fast = engine == "fast" or (engine == "auto" and self.device.type == "cuda")
         why = fast_supported(self) if want_fast else "not asked for"
         if engine == "fast" and why is not None:

@@ -1,0 +1,196 @@
+"""The price of the portable arithmetic on a GPU: the fast engine against the portable engine on the
+same random W8A8 weights (bench_runtime_fast.random_model) at one shape (default Qwen3-8B):
+prefill tokens/s at 1 x 2048 and 1 x 8192 (last logits only) and decode tokens/s at batch 1 and 64
+(CUDA graphs, after a 128-token prompt), the median of --reps, engines interleaved rep by rep.
+
+    python3 benchmarks/bench_portable.py --out DIR [--synthetic qwen3-8b] [--backend cutlass] [--reps 3]
+
+Writes DIR/bench_portable.json and .md. Needs CUDA.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def _sync():
+    torch.cuda.synchronize()
+
+
+def random_model(name: str, backend: str, device: str, engine: str, layers: int | None = None):
+    """bench_runtime_fast.random_model's weights (random W8A8, made on `device`) on `engine`;
+    layers: keep only the first ones (a quick CPU estimate)."""
+    import dataclasses
+
+    import bench_runtime_fast
+
+    from requant.synthetic import PRESETS
+
+    if layers is not None:
+        PRESETS[f"{name}-{layers}l"] = dataclasses.replace(PRESETS[name], layers=layers)
+        name = f"{name}-{layers}l"
+    from requant.runtime import model as model_module
+
+    saved = model_module.Model
+
+    class _On(saved):  # random_model builds Model(..., engine="fast"): build it on `engine` instead
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **{**kw, "engine": engine})
+
+    model_module.Model = _On
+    try:
+        m = bench_runtime_fast.random_model(name, backend, device=device)
+    finally:
+        model_module.Model = saved
+    return m
+
+
+def cpu_seconds_per_token(args) -> dict:
+    """The portable engine's torch form on the CPU: prefill of 32 tokens, then decode steps."""
+    torch.set_num_threads(args.threads)
+    t = time.perf_counter()
+    m = random_model(args.synthetic, "reference-cutlass-order", "cpu", "portable", args.layers)
+    built = time.perf_counter() - t
+    prompt = torch.randint(0, m.arch.vocab, (32,), generator=torch.Generator().manual_seed(0))
+    t = time.perf_counter()
+    m.generate([prompt], 1)  # the first call also makes the GEMM checks' vectors (once per weight)
+    warm = time.perf_counter() - t
+    dec = m.impl.decoder(1, 64, graphs=False)
+    with torch.no_grad():
+        t = time.perf_counter()
+        logits = m.impl.prefill([prompt], cache=dec.cache, last_only=True)
+        first = time.perf_counter() - t
+        dec.tok[:1] = logits.argmax(-1)
+        dec.pos[:1] = len(prompt)
+        t = time.perf_counter()
+        for _ in range(args.steps):
+            dec.step()
+        per = (time.perf_counter() - t) / args.steps
+    return {
+        "shape": args.synthetic,
+        "layers": m.arch.layers,
+        "threads": args.threads,
+        "build_s": built,
+        "first_call_s": warm,
+        "prefill_32_s": first,
+        "decode_s_per_token": per,
+    }
+
+
+def prefill_secs(model, n: int) -> float:
+    ids = torch.randint(0, model.arch.vocab, (n,), generator=torch.Generator().manual_seed(n))
+    _sync()
+    t = time.perf_counter()
+    with torch.no_grad():
+        model.prefill([ids.cuda()], last_only=True)
+    _sync()
+    return time.perf_counter() - t
+
+
+def decode_secs(model, batch: int, steps: int) -> float:
+    from bench_runtime_fast import requant_decoder
+
+    g = torch.Generator().manual_seed(batch)
+    prompts = [torch.randint(0, model.arch.vocab, (128,), generator=g).cuda() for _ in range(batch)]
+    dec = requant_decoder(model, prompts, steps + 4, graphs=True)
+    _sync()
+    t = time.perf_counter()
+    with torch.no_grad():
+        for _ in range(steps):
+            dec.step()
+    _sync()
+    secs = time.perf_counter() - t
+    model.impl.layout.decoders.clear()
+    return secs
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--synthetic", default="qwen3-8b")
+    ap.add_argument("--backend", default="cutlass")
+    ap.add_argument("--prefill", default="2048,8192")
+    ap.add_argument("--batches", default="1,64")
+    ap.add_argument("--steps", type=int, default=16)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--cpu", action="store_true", help="time the torch form on the CPU instead (seconds a token)")
+    ap.add_argument("--layers", type=int, default=None, help="--cpu: only the first LAYERS layers")
+    ap.add_argument("--threads", type=int, default=2, help="--cpu: torch threads")
+    args = ap.parse_args(argv)
+    if args.cpu:
+        rec = cpu_seconds_per_token(args)
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "bench_portable_cpu.json").write_text(json.dumps(rec, indent=1))
+        print(json.dumps(rec, indent=1))
+        return 0
+    if not torch.cuda.is_available():
+        print("error: the benchmark needs CUDA", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    fast = random_model(args.synthetic, args.backend, "cuda", "fast")
+    engines = {"fast": fast, "portable": fast.with_backends(engine="portable")}
+    rec = {
+        "tool": "benchmarks/bench_portable.py",
+        "commit": os.environ.get("REQUANT_COMMIT"),
+        "device": torch.cuda.get_device_name(),
+        "shape": args.synthetic,
+        "backend": args.backend,
+        "reps": args.reps,
+        "prefill": {},
+        "decode": {},
+    }
+
+    def flush():
+        (out / "bench_portable.json").write_text(json.dumps(rec, indent=1))
+
+    for n in [int(x) for x in args.prefill.split(",")]:
+        for m in engines.values():
+            prefill_secs(m, n)  # warm-up (compiles)
+        secs = {k: [] for k in engines}
+        for _ in range(args.reps):
+            for k, m in engines.items():
+                secs[k].append(prefill_secs(m, n))
+        med = {k: sorted(v)[len(v) // 2] for k, v in secs.items()}
+        rec["prefill"][n] = {k: {"tok_s": n / med[k], "ms": 1e3 * med[k]} for k in engines}
+        rec["prefill"][n]["portable_over_fast_time"] = med["portable"] / med["fast"]
+        print(f"prefill {n}: {rec['prefill'][n]}", flush=True)
+        flush()
+    for b in [int(x) for x in args.batches.split(",")]:
+        secs = {k: [] for k in engines}
+        for _ in range(args.reps):
+            for k, m in engines.items():
+                secs[k].append(decode_secs(m, b, args.steps))
+        med = {k: sorted(v)[len(v) // 2] for k, v in secs.items()}
+        rec["decode"][b] = {
+            k: {"tok_s": b * args.steps / med[k], "ms_per_step": 1e3 * med[k] / args.steps} for k in engines
+        }
+        rec["decode"][b]["portable_over_fast_time"] = med["portable"] / med["fast"]
+        print(f"decode batch {b}: {rec['decode'][b]}", flush=True)
+        flush()
+    lines = [f"# fast vs portable, {rec['shape']}, {rec['backend']}, {rec['device']} (commit {rec['commit']})", ""]
+    lines += ["| what | fast | portable | portable time / fast time |", "| --- | --- | --- | --- |"]
+    for n, r in rec["prefill"].items():
+        lines.append(
+            f"| prefill 1 x {n} (tok/s) | {r['fast']['tok_s']:.0f} | {r['portable']['tok_s']:.0f} | {r['portable_over_fast_time']:.2f} |"
+        )
+    for b, r in rec["decode"].items():
+        lines.append(
+            f"| decode batch {b} (tok/s) | {r['fast']['tok_s']:.1f} | {r['portable']['tok_s']:.1f} | {r['portable_over_fast_time']:.2f} |"
+        )
+    (out / "bench_portable.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
