@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from requant.cli import app
 
-DIR = Path(__file__).resolve().parents[1] / "data" / "gpu_records"
+DIR = Path(__file__).resolve().parents[2] / "data" / "gpu_records"
 FILES = sorted(DIR.glob("*.jsonl"))
 
 
