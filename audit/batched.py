@@ -85,6 +85,9 @@ def _ordinal(bits16: torch.Tensor) -> torch.Tensor:
 def _seg_reduce(rows: torch.Tensor, seg: torch.Tensor, n_seg: int, how: str) -> torch.Tensor:
     """[C, R] per-row values -> [C, S] per segment (sum or amax)."""
     c = rows.shape[0]
+    if n_seg == 1:  # one segment (a prefill): a plain row reduction, one op
+        r = rows.to(torch.int64)
+        return r.sum(dim=1, keepdim=True) if how == "sum" else r.amax(dim=1, keepdim=True)
     out = torch.zeros(c, n_seg, dtype=torch.int64, device=rows.device)
     if how == "sum":
         return out.index_add_(1, seg, rows.to(torch.int64))
@@ -101,10 +104,12 @@ def _host(dev: torch.device) -> bool:
     return dev.type == "cpu" if HOST_SHORTCUTS is None else HOST_SHORTCUTS
 
 
-def _stats(ys: torch.Tensor, ref: torch.Tensor, seg: torch.Tensor, n_seg: int, subset: bool = True) -> torch.Tensor:
+def _stats(
+    ys: torch.Tensor, ref: torch.Tensor, seg: torch.Tensor, n_seg: int, subset: bool = True, hist: bool = True
+) -> torch.Tensor:
     """[C, S, 2 + HIST_BINS]: mismatching elements, largest bf16 distance (ulp_distance: NaN on
     either side is 2**31) and scoring.ulp_histogram's bins (floor(log2 d) of every d > 0), per cell
-    and segment."""
+    and segment; [C, S, 2] without `hist`."""
     c, r, n = ys.shape
     dev = ys.device
     yb, rb = ys.view(torch.int16), ref.view(torch.int16)
@@ -120,21 +125,42 @@ def _stats(ys: torch.Tensor, ref: torch.Tensor, seg: torch.Tensor, n_seg: int, s
     nan = torch.isnan(ys) | torch.isnan(ref)
     row_max = torch.where(nan.any(dim=2), 2**31, d.amax(dim=2).to(torch.int64))
     mx = _seg_reduce(row_max, seg, n_seg, "amax")
+    if not hist:
+        return torch.stack([neq, mx], dim=2)
     if dev not in _BIN_BOUNDS:
         _BIN_BOUNDS[dev] = torch.tensor([2**j for j in range(1, 17)], dtype=torch.int32, device=dev)
     # floor(log2 d) for 1 <= d <= 2**16 (the number of powers of two 2..2**16 not above d); NaN: 31
-    b = torch.bucketize(d, _BIN_BOUNDS[dev], right=True).masked_fill_(nan, 31)
-    row_key = (torch.arange(c, device=dev).view(c, 1) * n_seg + seg.view(1, r)) * HIST_BINS  # [C, R]
-    keep = (d > 0) | nan
     if _host(dev):  # only the changed elements (few); no device to keep busy
+        b = torch.bucketize(d, _BIN_BOUNDS[dev], right=True).masked_fill_(nan, 31)
+        row_key = (torch.arange(c, device=dev).view(c, 1) * n_seg + seg.view(1, r)) * HIST_BINS  # [C, R]
+        keep = (d > 0) | nan
         key = (row_key.unsqueeze(2) + b)[keep]
-        hist = torch.bincount(key, minlength=c * n_seg * HIST_BINS)
-    else:  # every element, the unchanged ones into a spare bin: no host synchronisation
-        key = torch.where(keep, row_key.unsqueeze(2) + b, c * n_seg * HIST_BINS)
-        hist = torch.zeros(c * n_seg * HIST_BINS + 1, dtype=torch.int64, device=dev)
-        hist.index_add_(0, key.reshape(-1), torch.ones(key.numel(), dtype=torch.int64, device=dev))
-    hist = hist[: c * n_seg * HIST_BINS].view(c, n_seg, HIST_BINS)
+        hist = torch.bincount(key, minlength=c * n_seg * HIST_BINS).view(c, n_seg, HIST_BINS)
+    else:
+        hist = _seg_hist(_row_hist(d, nan), seg, n_seg)
     return torch.cat([neq.unsqueeze(2), mx.unsqueeze(2), hist], dim=2)
+
+
+def _row_hist(d: torch.Tensor, nan: torch.Tensor) -> torch.Tensor:
+    """[C, R, HIST_BINS] per row: bin j (0..16) counts the non-NaN d with floor(log2 d) = j (d >= 2**16
+    in bin 16, as bucketize over 2..2**16 puts it), bin 31 the NaN elements. No atomics (a histogram
+    through index_add_ serialises on the one bin that every unchanged element lands in): one
+    comparison and one row sum per bin, over the float32 exponent of d (exact: d < 2**24), uint8."""
+    c, r, _ = d.shape
+    e = (d.to(torch.float32).view(torch.int32) >> 23).to(torch.uint8)  # 0 for d = 0, else 127 + floor(log2 d)
+    e.masked_fill_(nan, 0)
+    cols = [(e == 127 + j).sum(dim=2) for j in range(16)] + [(e >= 127 + 16).sum(dim=2)]
+    gap = torch.zeros(c, r, 31 - len(cols), dtype=torch.int64, device=d.device)
+    tail = torch.zeros(c, r, HIST_BINS - 32, dtype=torch.int64, device=d.device)
+    return torch.cat([torch.stack(cols, dim=2), gap, nan.sum(dim=2).unsqueeze(2), tail], dim=2)
+
+
+def _seg_hist(rows: torch.Tensor, seg: torch.Tensor, n_seg: int) -> torch.Tensor:
+    """[C, R, B] per-row counts -> [C, S, B] per segment."""
+    if n_seg == 1:
+        return rows.sum(dim=1, keepdim=True)
+    c, _, nb = rows.shape
+    return torch.zeros(c, n_seg, nb, dtype=torch.int64, device=rows.device).index_add_(1, seg, rows)
 
 
 def _any_diff(x: torch.Tensor, y: torch.Tensor, seg: torch.Tensor, n_seg: int) -> torch.Tensor:
@@ -237,8 +263,19 @@ class Pending:
 def evaluate_linear(
     regime: str, segments: list[Segment], wt: Weights, backends: tuple[str, str], backend_kernel
 ) -> Pending | None:
-    """Queue the batched evaluation of one Linear's segments; None when the per-cell path must
-    run instead (an empty operand, an output that is not bf16 [M, N], M*N beyond 2**31)."""
+    """The batched evaluation of one Linear's segments, queued on the device; None when the
+    per-cell path must run instead (an empty operand, an output that is not bf16 [M, N], M*N
+    beyond 2**31). start_linear + _Work.finish in one call."""
+    work = start_linear(regime, segments, wt, backends, backend_kernel)
+    return None if work is None else work.finish()
+
+
+def start_linear(
+    regime: str, segments: list[Segment], wt: Weights, backends: tuple[str, str], backend_kernel
+) -> _Work | None:
+    """Queue every cell that needs no host read; _Work.finish() reads the six `one` draws' counts
+    (copied back without blocking, so that a caller can queue the next Linear first) and queues the
+    rest. None: as evaluate_linear."""
     n = wt.w.shape[0]
     k = wt.w.shape[1]
     dev = wt.w.device
@@ -253,89 +290,150 @@ def evaluate_linear(
                 return None
             if y.device != dev:
                 return None
-    n_seg = len(segments)
-    ms = [sg.act.a.shape[0] for sg in segments]
-    r0 = [sum(ms[:i]) for i in range(n_seg)]
-    seg = torch.repeat_interleave(torch.arange(n_seg), torch.tensor(ms))
-    seg = _to_device(seg, dev)
-    a = torch.cat([sg.act.a for sg in segments]) if n_seg > 1 else segments[0].act.a
-    s_a = torch.cat([sg.act.s_a for sg in segments]) if n_seg > 1 else segments[0].act.s_a
-    acc = exact_accumulate(a, wt.w)
-    ref_y = epilogue_triton_order(acc, s_a, wt.s_w)
-    case = LayerCase("batched", regime, Activations(a, s_a), wt, acc, Run(None, wt, acc, ref_y, REFERENCE_KERNEL))
-    faulty = {fam: _EPILOGUE_FAULTS[fam](case) for fam in _EPI}
-    want: dict[str, torch.Tensor] = {}
+    w = _Work(regime, segments, wt, backends, dev)
+    w.start(backend_kernel)
+    return w
 
-    def declared(order):
+
+class _Work:
+    """One Linear's batched evaluation between its two halves (start_linear, finish)."""
+
+    def __init__(self, regime, segments, wt, backends, dev):
+        self.regime, self.segments, self.wt, self.backends, self.dev = regime, segments, wt, backends, dev
+        self.n_seg = len(segments)
+        self.ms = [sg.act.a.shape[0] for sg in segments]
+        self.r0 = [sum(self.ms[:i]) for i in range(self.n_seg)]
+        self.stat_of: dict = {}  # variant -> [S, _STAT] device tensor
+        self.cells: dict = {}  # variant -> _Cell
+
+    def start(self, backend_kernel) -> None:
+        segments, regime, dev, wt, n_seg, ms, r0 = (
+            self.segments, self.regime, self.dev, self.wt, self.n_seg, self.ms, self.r0,
+        )  # fmt: skip
+        n, k = wt.w.shape
+        seg = torch.repeat_interleave(torch.arange(n_seg), torch.tensor(ms))
+        self.seg = seg = _to_device(seg, dev)
+        a = torch.cat([sg.act.a for sg in segments]) if n_seg > 1 else segments[0].act.a
+        s_a = torch.cat([sg.act.s_a for sg in segments]) if n_seg > 1 else segments[0].act.s_a
+        self.a, self.s_a = a, s_a
+        self.acc = acc = exact_accumulate(a, wt.w)
+        self.ref_y = ref_y = epilogue_triton_order(acc, s_a, wt.s_w)
+        case = LayerCase("batched", regime, Activations(a, s_a), wt, acc, Run(None, wt, acc, ref_y, REFERENCE_KERNEL))
+        self.faulty = faulty = {fam: _EPILOGUE_FAULTS[fam](case) for fam in _EPI}
+        # The declared orders' outputs on the shared operands: triton-order is the reference's own
+        # epilogue (ref_y: C8 is then "the output differs from the reference", the statistics' count)
+        # and cutlass-order is F3's.
+        self.want = {"triton-order": ref_y, "cutlass-order": faulty["F3"]}
+        declared = self.declared
+
+        # changed elements per (segment, F1..F5) and non-zero activation scales per segment: the
+        # `one` draws' counts, copied to the host without blocking (read by finish)
+        ref16 = ref_y.view(torch.int16)
+        counts = torch.stack(
+            [(faulty[f].view(torch.int16) != ref16).sum(dim=1) for f in _EPI] + [(s_a.reshape(-1) != 0).to(torch.int64)]
+        )  # [6, R]
+        counts = _seg_reduce(counts, seg, n_seg, "sum")  # [6, S]
+        if dev.type == "cuda":
+            self.counts = torch.empty(counts.shape, dtype=counts.dtype, pin_memory=True)
+            self.counts.copy_(counts, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
+        else:
+            self.counts, self.event = counts, None
+        # data-independent draws (1pct, F9b) on the host
+        pct = {f: _draw_indices(segments, regime, f"{f}.1pct", ms, r0, n, dev) for f in _EPI}
+        pct_f9 = _draw_indices(segments, regime, "F9.1pct", ms, r0, k, dev)
+
+        cells = self.cells
+        for b in dict.fromkeys(self.backends):
+            kd = backend_kernel(b)
+            y = torch.cat([sg.outs[b] for sg in segments]) if n_seg > 1 else segments[0].outs[b]
+            cells[baseline_variant(b)] = _Cell(
+                baseline_variant(b), "B", "none", kd, y, declared(kd.declared_order), None, None, False
+            )
+        for fam in _EPI:
+            kd = FAULT_KERNELS[fam]
+            y_pct = ref_y.clone().reshape(-1)
+            y_pct[pct[fam]] = faulty[fam].reshape(-1)[pct[fam]]
+            for sev, y in (("1pct", y_pct.view_as(ref_y)), ("all", faulty[fam])):
+                cells[f"{fam}.{sev}"] = _Cell(
+                    f"{fam}.{sev}", fam, sev, kd, y, declared(kd.declared_order), None, None, True
+                )
+        acc6 = f6_accumulator(a, wt.w)  # one Triton launch on CUDA (audit/f6_tiles.py)
+        kd = FAULT_KERNELS["F6"]
+        y6 = epilogue_triton_order(acc6, s_a, wt.s_w)
+        cells["F6.all"] = _Cell(
+            "F6.all", "F6", "all", kd, y6, declared(kd.declared_order), None, _value_diff(acc6, acc, seg, n_seg), True
+        )
+        acc7 = wrap_int16(acc)
+        kd = FAULT_KERNELS["F7"]
+        y7 = epilogue_triton_order(acc7, s_a, wt.s_w)
+        cells["F7.all"] = _Cell(
+            "F7.all", "F7", "all", kd, y7, declared(kd.declared_order), None, _value_diff(acc7, acc, seg, n_seg), True
+        )
+        kd = FAULT_KERNELS["F8"]  # the reference pipeline itself: its output is ref_y's computation
+        cells["F8.all"] = _Cell("F8.all", "F8", "all", kd, ref_y, declared(kd.declared_order), None, None, True)
+        cells.update(_operand_faults_bc(a, s_a, acc, wt, pct_f9, seg, n_seg))
+        self._stats_of(list(cells.values()))
+
+        y_a = cells[baseline_variant(self.backends[0])].y
+        y_b = cells[baseline_variant(self.backends[1])].y
+        self.pair_stats = _stats(y_b.unsqueeze(0), y_a, seg, n_seg, hist=False)[0, :, :2].reshape(-1)  # [S * 2]
+        self.pow2 = is_power_of_two(wt.s_w).all().to(torch.int64).reshape(1)
+
+    def declared(self, order: str | None) -> torch.Tensor | None:
+        """The declared order's output on the shared operands (C8's expectation), computed once."""
         if order is None:
             return None
-        if order not in want:
-            want[order] = ORDER_EPILOGUES[order](acc, s_a, wt.s_w)
-        return want[order]
+        if order not in self.want:
+            self.want[order] = ORDER_EPILOGUES[order](self.acc, self.s_a, self.wt.s_w)
+        return self.want[order]
 
-    # One read-back: changed elements per (segment, F1..F5) and non-zero activation scales per segment.
-    counts = [
-        _seg_reduce((faulty[f].view(torch.int16) != ref_y.view(torch.int16)).sum(dim=1).unsqueeze(0), seg, n_seg, "sum")
-        for f in _EPI
-    ]
-    counts.append(_seg_reduce((s_a.reshape(1, -1) != 0).to(torch.int64), seg, n_seg, "sum"))
-    # Data-independent draws (1pct, F9b) on the host while the device works, then the one read-back.
-    pct = {f: _draw_indices(segments, regime, f"{f}.1pct", ms, r0, n, dev) for f in _EPI}
-    pct["F9"] = _draw_indices(segments, regime, "F9.1pct", ms, r0, k, dev)
-    counts = torch.cat(counts).tolist()  # [6][S]
+    def _stats_of(self, chunk_cells: list[_Cell]) -> None:
+        """Each cell's [S, _STAT] row block (statistics and check flags), chunked over cells."""
+        seg, n_seg, ref_y = self.seg, self.n_seg, self.ref_y
+        rows, n = ref_y.shape
+        step = max(1, _CHUNK_ELEMENTS // max(1, rows * n))
+        zero = torch.zeros(n_seg, dtype=torch.int64, device=self.dev)
+        for c0 in range(0, len(chunk_cells), step):
+            chunk = chunk_cells[c0 : c0 + step]
+            st = _stats(torch.stack([c.y for c in chunk]), ref_y, seg, n_seg)  # [C, S, 2 + HIST]
+            differs = (st[:, :, 0] > 0).to(torch.int64)  # [C, S]: output differs from the reference's
+            flags = []
+            for i, c in enumerate(chunk):
+                c1 = zero if c.c1 is None else c.c1
+                c4 = zero if c.c4 is None else c.c4
+                if c.want is None:
+                    c8 = zero
+                elif c.want is ref_y:
+                    c8 = differs[i]
+                else:
+                    c8 = _any_diff(c.y, c.want, seg, n_seg)
+                flags.append(torch.stack([c1, c4, c8], dim=1))  # [S, 3]
+            full = torch.cat([st[:, :, :2], torch.stack(flags), st[:, :, 2:]], dim=2)  # [C, S, _STAT]
+            for c, block in zip(chunk, full.unbind(0)):
+                self.stat_of[c.variant] = block
 
-    cells: list[_Cell] = []
-    for b in pair:
-        kd = backend_kernel(b)
-        y = torch.cat([sg.outs[b] for sg in segments]) if n_seg > 1 else segments[0].outs[b]
-        cells.append(_Cell(baseline_variant(b), "B", "none", kd, y, declared(kd.declared_order), None, None, False))
-    by_variant = {}
-    for i, fam in enumerate(_EPI):
-        kd = FAULT_KERNELS[fam]
-        ys = _severities(fam, faulty[fam], ref_y, counts[i], pct[fam], segments, regime, ms, r0, n)
-        for sev, y in ys.items():
-            by_variant[f"{fam}.{sev}"] = _Cell(
-                f"{fam}.{sev}", fam, sev, kd, y, declared(kd.declared_order), None, None, True
-            )
-    acc6 = f6_accumulator(a, wt.w)  # one Triton launch on CUDA (audit/f6_tiles.py)
-    kd = FAULT_KERNELS["F6"]
-    y6 = epilogue_triton_order(acc6, s_a, wt.s_w)
-    by_variant["F6.all"] = _Cell(
-        "F6.all", "F6", "all", kd, y6, declared(kd.declared_order), None, _value_diff(acc6, acc, seg, n_seg), True
-    )
-    acc7 = wrap_int16(acc)
-    kd = FAULT_KERNELS["F7"]
-    y7 = epilogue_triton_order(acc7, s_a, wt.s_w)
-    by_variant["F7.all"] = _Cell(
-        "F7.all", "F7", "all", kd, y7, declared(kd.declared_order), None, _value_diff(acc7, acc, seg, n_seg), True
-    )
-    kd = FAULT_KERNELS["F8"]
-    y8 = epilogue_triton_order(acc, s_a, wt.s_w)
-    by_variant["F8.all"] = _Cell("F8.all", "F8", "all", kd, y8, declared(kd.declared_order), None, None, True)
-    by_variant.update(_operand_faults(regime, segments, a, s_a, acc, wt, counts[5], pct["F9"], ms, r0, seg, n_seg))
-    cells += [by_variant[v.id] for v in VARIANTS]
-
-    y_a = torch.cat([sg.outs[backends[0]] for sg in segments]) if n_seg > 1 else segments[0].outs[backends[0]]
-    y_b = torch.cat([sg.outs[backends[1]] for sg in segments]) if n_seg > 1 else segments[0].outs[backends[1]]
-    pair_stats = _stats(y_b.unsqueeze(0), y_a, seg, n_seg)[0, :, :2].reshape(-1)  # [S * 2]
-    per_cell = []
-    rows = a.shape[0]
-    step = max(1, _CHUNK_ELEMENTS // max(1, rows * n))
-    for c0 in range(0, len(cells), step):
-        chunk = cells[c0 : c0 + step]
-        st = _stats(torch.stack([c.y for c in chunk]), ref_y, seg, n_seg)  # [C, S, 2 + HIST]
-        zero = torch.zeros(n_seg, dtype=torch.int64, device=dev)
-        flags = []
-        for c in chunk:
-            c1 = zero if c.c1 is None else c.c1
-            c4 = zero if c.c4 is None else c.c4
-            c8 = zero if c.want is None else _any_diff(c.y, c.want, seg, n_seg)
-            flags.append(torch.stack([c1, c4, c8], dim=1))  # [S, 3]
-        fl = torch.stack(flags)  # [C, S, 3]
-        per_cell.append(torch.cat([st[:, :, :2], fl, st[:, :, 2:]], dim=2).reshape(-1))
-    pow2 = is_power_of_two(wt.s_w).all().to(torch.int64).reshape(1)
-    packed = torch.cat([pow2, pair_stats, *per_cell])
-    return Pending(regime, segments, cells, packed, k, wt)
+    def finish(self) -> Pending:
+        """Read the counts (waiting for them alone), queue the six `one` cells, pack the results."""
+        if self.event is not None:
+            self.event.synchronize()
+        counts = self.counts.tolist()  # [6][S]
+        segments, regime, n_seg, ms, r0 = self.segments, self.regime, self.n_seg, self.ms, self.r0
+        ref_y = self.ref_y
+        n = ref_y.shape[1]
+        new = []
+        for i, fam in enumerate(_EPI):
+            kd = FAULT_KERNELS[fam]
+            y = _one(fam, self.faulty[fam], ref_y, counts[i], segments, regime, ms, r0, n)
+            new.append(_Cell(f"{fam}.one", fam, "one", kd, y, self.declared(kd.declared_order), None, None, True))
+        new.append(_operand_fault_a(regime, segments, self.s_a, self.acc, self.wt, counts[5], ms, r0, self.seg, n_seg))
+        for c in new:
+            self.cells[c.variant] = c
+        self._stats_of(new)
+        order = [baseline_variant(b) for b in dict.fromkeys(self.backends)] + [v.id for v in VARIANTS]
+        packed = torch.cat([self.pow2, self.pair_stats, *(self.stat_of[v].reshape(-1) for v in order)])
+        return Pending(regime, segments, [self.cells[v] for v in order], packed, self.wt.w.shape[1], self.wt)
 
 
 def _draw_indices(segments, regime, variant_id, ms, r0, width, dev) -> torch.Tensor:
@@ -350,8 +448,10 @@ def _draw_indices(segments, regime, variant_id, ms, r0, width, dev) -> torch.Ten
     return _to_device(torch.cat(draws), dev)
 
 
-def _severities(fam, y_fault, ref_y, changed, idx, segments, regime, ms, r0, n) -> dict:
-    """F1..F5 at `one`, `1pct` and `all` (faults.severity_mask's draws, per segment)."""
+def _one(fam, y_fault, ref_y, changed, segments, regime, ms, r0, n) -> torch.Tensor:
+    """F1..F5 at `one` (faults.severity_mask's draw, per segment): one seeded element among the
+    changed ones of its segment (found on the device: a cumulative count and a search), or
+    anywhere in the segment when none changed."""
     dev = ref_y.device
     flat_f = y_fault.reshape(-1)
     one_pos = []
@@ -377,17 +477,14 @@ def _severities(fam, y_fault, ref_y, changed, idx, segments, regime, ms, r0, n) 
         pos = pos.index_copy(0, _to_device(torch.tensor(need_search, dtype=torch.int64), dev), found)
     y_one = ref_y.clone().reshape(-1)
     y_one[pos] = flat_f[pos]
-    y_pct = ref_y.clone().reshape(-1)
-    y_pct[idx] = flat_f[idx]
-    return {"one": y_one.view_as(ref_y), "1pct": y_pct.view_as(ref_y), "all": y_fault}
+    return y_one.view_as(ref_y)
 
 
-def _operand_faults(regime, segments, a, s_a, acc, wt, nonzero, idx, ms, r0, seg, n_seg) -> dict:
-    """F9a, F9b, F9c (faults._operand_fault's draws, per segment) on the concatenation."""
-    dev = a.device
+def _operand_fault_a(regime, segments, s_a, acc, wt, nonzero, ms, r0, seg, n_seg) -> _Cell:
+    """F9a (faults._operand_fault's draw, per segment): one activation scale x F9A_FACTOR, a seeded
+    row among the non-zero ones (among all rows when every scale is zero)."""
+    dev = s_a.device
     kd = FAULT_KERNELS["F9"]
-    out = {}
-    # F9a: one activation scale x F9A_FACTOR, a seeded row among the non-zero ones
     rows, need, targets, base = [], [], [], 0
     for s, sg in enumerate(segments):
         g = _gen(sg.label, regime, "F9.one")
@@ -410,25 +507,30 @@ def _operand_faults(regime, segments, a, s_a, acc, wt, nonzero, idx, ms, r0, seg
     y = epilogue_triton_order(acc, s_new, wt.s_w)
     c1 = _any_diff(s_new, s_a, seg, n_seg)
     want = ORDER_EPILOGUES[kd.declared_order](acc, s_new, wt.s_w)
-    out["F9.one"] = _Cell("F9.one", "F9", "one", kd, y, want, c1, None, True)
-    # F9b: 1% of the int8 activations shifted by one
+    return _Cell("F9.one", "F9", "one", kd, y, want, c1, None, True)
+
+
+def _operand_faults_bc(a, s_a, acc, wt, idx, seg, n_seg) -> dict:
+    """F9b (1% of the int8 activations shifted by one, `idx` drawn per segment) and F9c (every one)."""
+    kd = FAULT_KERNELS["F9"]
+    out = {}
     flat = a.reshape(-1).clone()
     flat[idx] = shift_int8_by_one(flat[idx])
-    a_b = flat.view_as(a)
-    acc_b = exact_accumulate(a_b, wt.w)
-    y = epilogue_triton_order(acc_b, s_a, wt.s_w)
-    want = ORDER_EPILOGUES[kd.declared_order](acc_b, s_a, wt.s_w)
-    out["F9.1pct"] = _Cell(
-        "F9.1pct", "F9", "1pct", kd, y, want, _any_diff(a_b, a, seg, n_seg), _value_diff(acc_b, acc, seg, n_seg), True
-    )
-    # F9c: every int8 activation shifted by one
-    a_c = shift_int8_by_one(a)
-    acc_c = exact_accumulate(a_c, wt.w)
-    y = epilogue_triton_order(acc_c, s_a, wt.s_w)
-    want = ORDER_EPILOGUES[kd.declared_order](acc_c, s_a, wt.s_w)
-    out["F9.all"] = _Cell(
-        "F9.all", "F9", "all", kd, y, want, _any_diff(a_c, a, seg, n_seg), _value_diff(acc_c, acc, seg, n_seg), True
-    )
+    for sev, a_x in (("1pct", flat.view_as(a)), ("all", shift_int8_by_one(a))):
+        acc_x = exact_accumulate(a_x, wt.w)
+        y = epilogue_triton_order(acc_x, s_a, wt.s_w)
+        want = ORDER_EPILOGUES[kd.declared_order](acc_x, s_a, wt.s_w)
+        out[f"F9.{sev}"] = _Cell(
+            f"F9.{sev}",
+            "F9",
+            sev,
+            kd,
+            y,
+            want,
+            _any_diff(a_x, a, seg, n_seg),
+            _value_diff(acc_x, acc, seg, n_seg),
+            True,
+        )
     return out
 
 
