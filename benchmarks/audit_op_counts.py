@@ -28,11 +28,14 @@ class Count(TorchDispatchMode):
         name = func.__name__.split(".")[0]
         self.ops[name] += 1
         import sys
+
         f = sys._getframe(1)
         while f is not None and "audit/batched.py" not in f.f_code.co_filename:
             f = f.f_back
         self.where[f.f_code.co_name if f else "?"] += 1
-        if name in SYNC_OPS or (name == "index" and any(getattr(t, "dtype", None) == torch.bool for t in args[1] if t is not None)):
+        if name in SYNC_OPS or (
+            name == "index" and any(getattr(t, "dtype", None) == torch.bool for t in args[1] if t is not None)
+        ):
             self.syncs[name] += 1
         for t in out if isinstance(out, (tuple, list)) else [out]:
             if isinstance(t, torch.Tensor):
