@@ -265,15 +265,15 @@ def evaluate_linear(
 ) -> Pending | None:
     """The batched evaluation of one Linear's segments, queued on the device; None when the
     per-cell path must run instead (an empty operand, an output that is not bf16 [M, N], M*N
-    beyond 2**31). start_linear + _Work.finish in one call."""
+    beyond 2**31). start_linear + Started.finish in one call."""
     work = start_linear(regime, segments, wt, backends, backend_kernel)
     return None if work is None else work.finish()
 
 
 def start_linear(
     regime: str, segments: list[Segment], wt: Weights, backends: tuple[str, str], backend_kernel
-) -> _Work | None:
-    """Queue every cell that needs no host read; _Work.finish() reads the six `one` draws' counts
+) -> Started | None:
+    """Queue every cell that needs no host read; Started.finish() reads the six `one` draws' counts
     (copied back without blocking, so that a caller can queue the next Linear first) and queues the
     rest. None: as evaluate_linear."""
     n = wt.w.shape[0]
@@ -290,12 +290,12 @@ def start_linear(
                 return None
             if y.device != dev:
                 return None
-    w = _Work(regime, segments, wt, backends, dev)
+    w = Started(regime, segments, wt, backends, dev)
     w.start(backend_kernel)
     return w
 
 
-class _Work:
+class Started:
     """One Linear's batched evaluation between its two halves (start_linear, finish)."""
 
     def __init__(self, regime, segments, wt, backends, dev):

@@ -23,7 +23,7 @@ from collections.abc import Callable
 import torch
 
 from requant import kernels
-from requant.audit.batched import Pending, Segment, evaluate_linear, per_cell_forced, resolve_all
+from requant.audit.batched import Pending, Segment, Started, per_cell_forced, resolve_all, start_linear
 from requant.audit.capture import Capture, prompts, run_prompts
 from requant.audit.checks import CHECK_IDS, c7_token_risk, run_checks, token_risk
 from requant.audit.compare import compare_layer, summarize_layers
@@ -155,22 +155,29 @@ class LinearQueue:
     def put(self, key, labelled: list, wt: Weights) -> None:
         pair = tuple(dict.fromkeys(self.backends))
         outs = [{b: kernels.scaled_mm(act.a, wt.w, act.s_a, wt.s_w, backend=b) for b in pair} for _, act in labelled]
-        pending = None
+        work = None
         if not self.per_cell:
             segs = [Segment(label, act, o) for (label, act), o in zip(labelled, outs)]
-            pending = evaluate_linear(self.regime, segs, wt, self.backends, backend_kernel)
-        if pending is None:
+            work = start_linear(self.regime, segs, wt, self.backends, backend_kernel)
+        # The Linear queued before this one reads its counts now: its copy is done or nearly, and the
+        # device has this Linear's work queued behind it (no idle device while the host reads).
+        self._finish_started()
+        if work is None:
             res = [
                 layer_cells(label, self.regime, act, wt, self.backends, self.checks, o)
                 for (label, act), o in zip(labelled, outs)
             ]
             self.queued.append((key, res, len(labelled)))
         else:
-            self.queued.append((key, pending, len(labelled)))
-        if sum(isinstance(r, Pending) for _, r, _ in self.queued) >= self.window:
+            self.queued.append((key, work, len(labelled)))
+        if sum(isinstance(r, (Pending, Started)) for _, r, _ in self.queued) >= self.window:
             self.flush()
 
+    def _finish_started(self) -> None:
+        self.queued = [(k, r.finish() if isinstance(r, Started) else r, n) for k, r, n in self.queued]
+
     def flush(self) -> None:
+        self._finish_started()
         pendings = [r for _, r, _ in self.queued if isinstance(r, Pending)]
         resolved = iter(resolve_all(pendings, self.checks))
         for key, r, n_seg in self.queued:

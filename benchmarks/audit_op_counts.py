@@ -22,6 +22,7 @@ class Count(TorchDispatchMode):
     def __init__(self):
         super().__init__()
         self.ops, self.syncs, self.bytes, self.where = Counter(), Counter(), 0, Counter()
+        self.bytes_where = Counter()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -32,14 +33,29 @@ class Count(TorchDispatchMode):
         f = sys._getframe(1)
         while f is not None and "audit/batched.py" not in f.f_code.co_filename:
             f = f.f_back
-        self.where[f.f_code.co_name if f else "?"] += 1
+        self.last = f.f_code.co_name if f else "?"
+        self.where[self.last] += 1
         if name in SYNC_OPS or (
             name == "index" and any(getattr(t, "dtype", None) == torch.bool for t in args[1] if t is not None)
         ):
             self.syncs[name] += 1
         for t in out if isinstance(out, (tuple, list)) else [out]:
-            if isinstance(t, torch.Tensor):
+            if isinstance(t, torch.Tensor) and name not in (
+                "view",
+                "detach",
+                "unsqueeze",
+                "select",
+                "slice",
+                "reshape",
+                "expand",
+                "_unsafe_view",
+                "alias",
+                "unbind",
+                "t",
+                "transpose",
+            ):
                 self.bytes += t.numel() * t.element_size()
+                self.bytes_where[self.last] += t.numel() * t.element_size()
         return out
 
 
@@ -82,6 +98,9 @@ def main() -> None:
             "output_bytes_per_row_x_n": round(c.bytes / (sum(ms) * args.n), 1),
             "top_ops": dict(c.ops.most_common(8)),
             "ops_by_function": dict(c.where.most_common()),
+            "output_bytes_per_row_x_n_by_function": {
+                k: round(v / (sum(ms) * args.n), 1) for k, v in c.bytes_where.most_common()
+            },
         }
     print(json.dumps(report, indent=1))
 
