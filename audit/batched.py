@@ -112,6 +112,10 @@ def _stats(
     and segment; [C, S, 2] without `hist`."""
     c, r, n = ys.shape
     dev = ys.device
+    if _use_triton(dev) and not (_host(dev) and subset):
+        rows = _triton_rows(ys, ref)
+        if rows is not None:
+            return _stats_from_rows(rows, seg, n_seg, hist)
     yb, rb = ys.view(torch.int16), ref.view(torch.int16)
     neq = _seg_reduce((yb != rb).sum(dim=2), seg, n_seg, "sum")
     if _host(dev) and subset:  # no device to keep busy: distances only for cells that changed
@@ -139,6 +143,47 @@ def _stats(
     else:
         hist = _seg_hist(_row_hist(d, nan), seg, n_seg)
     return torch.cat([neq.unsqueeze(2), mx.unsqueeze(2), hist], dim=2)
+
+
+# The one-pass Triton statistics (audit/stats_triton.py): None = on CUDA; True forces it (the tests,
+# under Triton's interpreter on the CPU); False: the torch formulation everywhere.
+TRITON_STATS: bool | None = None
+_TRITON_FAILED: list = []
+
+
+def _use_triton(dev: torch.device) -> bool:
+    if _TRITON_FAILED:
+        return False
+    return dev.type == "cuda" if TRITON_STATS is None else TRITON_STATS
+
+
+def _triton_rows(ys: torch.Tensor, ref: torch.Tensor) -> torch.Tensor | None:
+    from requant.audit.stats_triton import row_stats
+
+    try:
+        return row_stats(ys, ref)
+    except Exception as e:  # no Triton, or a kernel this Triton cannot build: the torch formulation
+        if TRITON_STATS:
+            raise
+        _TRITON_FAILED.append(repr(e))
+        return None
+
+
+def _stats_from_rows(rows: torch.Tensor, seg: torch.Tensor, n_seg: int, hist: bool) -> torch.Tensor:
+    """_stats' [C, S, 2 + HIST_BINS] (or [C, S, 2]) from stats_triton.row_stats' per-row slots."""
+    from requant.audit.stats_triton import SLOT_MAX, SLOT_NAN, SLOT_NEQ
+
+    c, r, _ = rows.shape
+    rows = rows.to(torch.int64)
+    neq = _seg_reduce(rows[:, :, SLOT_NEQ], seg, n_seg, "sum")
+    row_max = torch.where(rows[:, :, SLOT_NAN] > 0, 2**31, rows[:, :, SLOT_MAX])
+    mx = _seg_reduce(row_max, seg, n_seg, "amax")
+    if not hist:
+        return torch.stack([neq, mx], dim=2)
+    gap = torch.zeros(c, r, 31 - 17, dtype=torch.int64, device=rows.device)
+    tail = torch.zeros(c, r, HIST_BINS - 32, dtype=torch.int64, device=rows.device)
+    h = torch.cat([rows[:, :, 1:18], gap, rows[:, :, SLOT_NAN : SLOT_NAN + 1], tail], dim=2)
+    return torch.cat([neq.unsqueeze(2), mx.unsqueeze(2), _seg_hist(h, seg, n_seg)], dim=2)
 
 
 def _row_hist(d: torch.Tensor, nan: torch.Tensor) -> torch.Tensor:
