@@ -220,8 +220,12 @@ def _any_diff(x: torch.Tensor, y: torch.Tensor, seg: torch.Tensor, n_seg: int) -
 
 
 def _value_diff(acc_test: torch.Tensor, acc: torch.Tensor, seg: torch.Tensor, n_seg: int) -> torch.Tensor:
-    """C4's comparison: the accumulators as exact values (float64 holds int32 and bf16/fp32)."""
-    ne = (acc_test.to(torch.float64) != acc.to(torch.float64)).sum(dim=1)
+    """C4's comparison: the accumulators as exact values (int32 pairs directly; float64 holds int32
+    and bf16/fp32)."""
+    if acc_test.dtype == acc.dtype == torch.int32:
+        ne = (acc_test != acc).sum(dim=1)
+    else:
+        ne = (acc_test.to(torch.float64) != acc.to(torch.float64)).sum(dim=1)
     return (_seg_reduce(ne.unsqueeze(0), seg, n_seg, "sum")[0] > 0).to(torch.int64)
 
 

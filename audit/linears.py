@@ -10,6 +10,7 @@ are powers of two already: the nearest arm returns them unchanged, as on the CPU
 
 from __future__ import annotations
 
+import os
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
@@ -46,13 +47,14 @@ class AuditLinears:
             return out
         out = {}
         with ThreadPoolExecutor(max_workers=READ_AHEAD) as pool:
-            reads = {n: pool.submit(self.ckpt.weight_and_scale, n) for n in names[:READ_AHEAD]}
+            reads = {n: pool.submit(read_linear, self.ckpt, n, True) for n in names[:READ_AHEAD]}
             for i, n in enumerate(names):
                 q, s = reads.pop(n).result()
                 if i + READ_AHEAD < len(names):  # bounded: READ_AHEAD Linears read ahead of the one placed
                     nxt = names[i + READ_AHEAD]
-                    reads[nxt] = pool.submit(self.ckpt.weight_and_scale, nxt)
-                q = q.pin_memory().to(self.device, non_blocking=True)
+                    reads[nxt] = pool.submit(read_linear, self.ckpt, nxt, True)
+                # q is pinned: an asynchronous copy (the host allocator keeps the block until it is done)
+                q = q.to(self.device, non_blocking=True)
                 if regime == "pow2":
                     q, s = requantize_nearest(q, s)
                 else:
@@ -63,6 +65,29 @@ class AuditLinears:
     def _place(self, q: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         s = s.to(torch.float32).reshape(-1, 1).contiguous()  # exact upcast, on the host
         return q.contiguous(), s.pin_memory().to(self.device, non_blocking=True)  # no stream sync per Linear
+
+
+def read_linear(ckpt, linear: str, pin: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """ckpt.weight_and_scale(linear), the weight read straight into page-locked memory when `pin`
+    (one pread into the buffer the device copy reads: no zero-filled bytearray, no second copy)."""
+    from requant.io.safetensors_io import pread_exact
+
+    name = linear + ".weight"
+    if linear not in ckpt.quantized_linears:
+        return ckpt.weight_and_scale(linear)  # its own error
+    shard = ckpt.shard_of(name)
+    info = shard.info(name)
+    q = torch.empty(info.shape, dtype=info.torch_dtype, pin_memory=pin)
+    if info.nbytes:
+        if q.numel() * q.element_size() != info.nbytes:
+            return ckpt.weight_and_scale(linear)  # a malformed entry: the checkpoint's own reader explains
+        view = memoryview(q.view(torch.uint8).reshape(-1).numpy())
+        fd = os.open(shard.path, os.O_RDONLY)
+        try:
+            pread_exact(fd, view, shard.data_start + info.begin, file=shard.path, tensor=name)
+        finally:
+            os.close(fd)
+    return q, ckpt.tensor(linear + ".weight_scale")
 
 
 def load_audit_linears(ckpt, regime: str, device) -> dict:
