@@ -593,14 +593,34 @@ def _operand_faults_bc(a, s_a, acc, wt, idx, seg, n_seg) -> dict:
     return out
 
 
+class Read:
+    """The packed results of several Linears on their way to the host: on CUDA a non-blocking copy
+    into pinned memory, so that the device goes on with the next Linears meanwhile; resolve()
+    waits for that copy alone."""
+
+    def __init__(self, pendings: list[Pending]):
+        self.pendings = pendings
+        packed = torch.cat([p.packed for p in pendings]) if pendings else torch.zeros(0, dtype=torch.int64)
+        if packed.is_cuda:
+            self.host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
+            self.host.copy_(packed, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
+        else:
+            self.host, self.event = packed, None
+
+    def resolve(self, checks: tuple[str, ...]) -> list[list[tuple[dict, list[CellResult]]]]:
+        if self.event is not None:
+            self.event.synchronize()
+        values = self.host.tolist()
+        out, at = [], 0
+        for p in self.pendings:
+            n = p.packed.numel()
+            out.append(p.resolve(values[at : at + n], checks))
+            at += n
+        return out
+
+
 def resolve_all(pendings: list[Pending], checks: tuple[str, ...]) -> list[list[tuple[dict, list[CellResult]]]]:
     """One host read for several Linears' results."""
-    if not pendings:
-        return []
-    values = torch.cat([p.packed for p in pendings]).tolist()
-    out, at = [], 0
-    for p in pendings:
-        n = p.packed.numel()
-        out.append(p.resolve(values[at : at + n], checks))
-        at += n
-    return out
+    return Read(pendings).resolve(checks)

@@ -23,7 +23,7 @@ from collections.abc import Callable
 import torch
 
 from requant import kernels
-from requant.audit.batched import Pending, Segment, Started, per_cell_forced, resolve_all, start_linear
+from requant.audit.batched import Pending, Read, Segment, Started, per_cell_forced, start_linear
 from requant.audit.capture import Capture, prompts, run_prompts
 from requant.audit.checks import CHECK_IDS, c7_token_risk, run_checks, token_risk
 from requant.audit.compare import compare_layer, summarize_layers
@@ -150,6 +150,7 @@ class LinearQueue:
         self.regime, self.backends, self.checks, self.advance, self.window = regime, backends, checks, advance, window
         self.per_cell = per_cell_forced()
         self.queued: list = []
+        self.reading: list = []  # (entries, Read): windows whose results are on their way
         self.done: dict = {}
 
     def put(self, key, labelled: list, wt: Weights) -> None:
@@ -176,18 +177,23 @@ class LinearQueue:
     def _finish_started(self) -> None:
         self.queued = [(k, r.finish() if isinstance(r, Started) else r, n) for k, r, n in self.queued]
 
-    def flush(self) -> None:
+    def flush(self, wait: bool = False) -> None:
+        """Send the queued Linears' results to the host; resolve the window sent before (or, with
+        `wait`, every window): the device works on while the host reads and scores."""
         self._finish_started()
-        pendings = [r for _, r, _ in self.queued if isinstance(r, Pending)]
-        resolved = iter(resolve_all(pendings, self.checks))
-        for key, r, n_seg in self.queued:
-            self.done[key] = next(resolved) if isinstance(r, Pending) else r
-            if self.advance is not None:
-                self.advance(len(VARIANTS) * n_seg)
+        if self.queued:
+            self.reading.append((self.queued, Read([r for _, r, _ in self.queued if isinstance(r, Pending)])))
         self.queued = []
+        while self.reading and (wait or len(self.reading) > 1):
+            entries, read = self.reading.pop(0)
+            resolved = iter(read.resolve(self.checks))
+            for key, r, n_seg in entries:
+                self.done[key] = next(resolved) if isinstance(r, Pending) else r
+                if self.advance is not None:
+                    self.advance(len(VARIANTS) * n_seg)
 
     def results(self) -> dict:
-        self.flush()
+        self.flush(wait=True)
         return self.done
 
 
