@@ -4,6 +4,10 @@ indexing), and the bytes written by the outputs of every op. Prefill (one segmen
 decode (M = 1 and 8, 4 steps: eight segments).
 
     python benchmarks/audit_op_counts.py [--m 64 --k 256 --n 512]   (prints JSON)
+    TRITON_INTERPRET=1 python benchmarks/audit_op_counts.py --triton-stats   (CUDA's statistics pass)
+
+Torch ops only: a Triton launch counts as the few torch ops around it. On the CPU the F6 and exact
+accumulators are the torch definitions (a loop over K tiles, float64), on CUDA one launch each.
 """
 
 from __future__ import annotations
@@ -72,8 +76,10 @@ def main() -> None:
     p.add_argument("--m", type=int, default=64)
     p.add_argument("--k", type=int, default=256)
     p.add_argument("--n", type=int, default=512)
+    p.add_argument("--triton-stats", action="store_true", help="the CUDA statistics pass (run with TRITON_INTERPRET=1)")
     args = p.parse_args()
     batched.HOST_SHORTCUTS = False  # the GPU's code path
+    batched.TRITON_STATS = args.triton_stats or None
     checks = load_matrix(matrix_path("v2")).checks
     g = torch.Generator().manual_seed(0)
     w = torch.randint(-127, 128, (args.n, args.k), dtype=torch.int8, generator=g)
