@@ -390,8 +390,9 @@ class Started:
         else:
             self.counts, self.event = counts, None
         # data-independent draws (1pct, F9b) on the host
-        pct = {f: _draw_indices(segments, regime, f"{f}.1pct", ms, r0, n, dev) for f in _EPI}
-        pct_f9 = _draw_indices(segments, regime, "F9.1pct", ms, r0, k, dev)
+        draws = [_draw_indices(segments, regime, f"{f}.1pct", ms, r0, n) for f in _EPI]
+        *pct_list, pct_f9 = _to_device_many(draws + [_draw_indices(segments, regime, "F9.1pct", ms, r0, k)], dev)
+        pct = dict(zip(_EPI, pct_list))
 
         cells = self.cells
         for b in dict.fromkeys(self.backends):
@@ -473,12 +474,16 @@ class Started:
         segments, regime, n_seg, ms, r0 = self.segments, self.regime, self.n_seg, self.ms, self.r0
         ref_y = self.ref_y
         n = ref_y.shape[1]
+        plans = [_one_plan(f"{fam}.one", counts[i], segments, regime, ms, r0, n) for i, fam in enumerate(_EPI)]
+        plans.append(_one_plan("F9.one", counts[5], segments, regime, ms, r0, 1))
+        flat = _to_device_many([t for plan in plans for t in plan], self.dev)  # one copy
+        plans = [tuple(flat[3 * i : 3 * i + 3]) for i in range(len(plans))]
         new = []
         for i, fam in enumerate(_EPI):
             kd = FAULT_KERNELS[fam]
-            y = _one(fam, self.faulty[fam], ref_y, counts[i], segments, regime, ms, r0, n)
+            y = _one(self.faulty[fam], ref_y, *plans[i])
             new.append(_Cell(f"{fam}.one", fam, "one", kd, y, self.declared(kd.declared_order), None, None, True))
-        new.append(_operand_fault_a(regime, segments, self.s_a, self.acc, self.wt, counts[5], ms, r0, self.seg, n_seg))
+        new.append(_operand_fault_a(self.s_a, self.acc, self.wt, plans[5], self.seg, n_seg))
         for c in new:
             self.cells[c.variant] = c
         self._stats_of(new)
@@ -487,47 +492,59 @@ class Started:
         return Pending(regime, segments, [self.cells[v] for v in order], packed, self.wt.w.shape[1], self.wt)
 
 
-def _draw_indices(segments, regime, variant_id, ms, r0, width, dev) -> torch.Tensor:
+def _to_device_many(host: list[torch.Tensor], dev: torch.device) -> list[torch.Tensor]:
+    """Host int64 tensors -> device tensors, in one copy (then views of it)."""
+    flat = _to_device(torch.cat([t.reshape(-1) for t in host]), dev)
+    return list(flat.split([t.numel() for t in host]))
+
+
+def _draw_indices(segments, regime, variant_id, ms, r0, width) -> torch.Tensor:
     """The `1pct` draws of every segment (ceil(1% of M * width) seeded indices of its [M, width]
-    block, faults.severity_mask / F9b), as flat indices of the concatenation, on the device.
+    block, faults.severity_mask / F9b), as flat indices of the concatenation (host int64).
     F9b's torch.unique is left out: assigning a shifted value twice writes the same bits."""
     draws = []
     for s, sg in enumerate(segments):
         g = _gen(sg.label, regime, variant_id)
         size = ms[s] * width
         draws.append(torch.randint(0, size, (math.ceil(0.01 * size),), generator=g) + r0[s] * width)
-    return _to_device(torch.cat(draws), dev)
+    return torch.cat(draws)
 
 
-def _one(fam, y_fault, ref_y, changed, segments, regime, ms, r0, n) -> torch.Tensor:
-    """F1..F5 at `one` (faults.severity_mask's draw, per segment): one seeded element among the
-    changed ones of its segment (found on the device: a cumulative count and a search), or
-    anywhere in the segment when none changed."""
-    dev = ref_y.device
-    flat_f = y_fault.reshape(-1)
-    one_pos = []
-    need_search, targets = [], []
-    base = 0
+def _one_plan(variant_id, counts, segments, regime, ms, r0, width) -> tuple[torch.Tensor, ...]:
+    """The `one` draws of every segment (faults.severity_mask for F1..F5, the F9a row): with
+    counts[s] > 0 the pick-th counted element of segment s (a search target into the cumulative
+    count of the concatenation), else the draw over the segment's M * width positions. Host
+    int64 (positions with 0 where searched, targets, the searched segments)."""
+    pos, need, targets, base = [], [], [], 0
     for s, sg in enumerate(segments):
-        mn = ms[s] * n
-        g = _gen(sg.label, regime, f"{fam}.one")
-        if changed[s]:
-            pick = int(torch.randint(0, changed[s], (1,), generator=g))
-            need_search.append(s)
+        g = _gen(sg.label, regime, variant_id)
+        if counts[s]:
+            pick = int(torch.randint(0, counts[s], (1,), generator=g))
+            need.append(s)
             targets.append(base + pick + 1)
-            one_pos.append(None)
+            pos.append(0)
         else:
-            one_pos.append(r0[s] * n + int(torch.randint(0, mn, (1,), generator=g)))
-        base += changed[s]
-    pos = torch.tensor([p if p is not None else 0 for p in one_pos], dtype=torch.int64)
-    pos = _to_device(pos, dev)
-    if need_search:
-        changed_flat = (y_fault.view(torch.int16) != ref_y.view(torch.int16)).reshape(-1)
-        csum = torch.cumsum(changed_flat.to(torch.int64), 0)
-        found = torch.searchsorted(csum, _to_device(torch.tensor(targets, dtype=torch.int64), dev))
-        pos = pos.index_copy(0, _to_device(torch.tensor(need_search, dtype=torch.int64), dev), found)
+            pos.append(r0[s] * width + int(torch.randint(0, ms[s] * width, (1,), generator=g)))
+        base += counts[s]
+    return tuple(torch.tensor(v, dtype=torch.int64) for v in (pos, targets, need))
+
+
+def _one_positions(counted: torch.Tensor, pos, targets, need) -> torch.Tensor:
+    """The plan's positions on the device: searched ones found in the cumulative count of `counted`
+    (flat 0/1 over the concatenation)."""
+    if need.numel():
+        csum = torch.cumsum(counted.to(torch.int64), 0)
+        pos = pos.index_copy(0, need, torch.searchsorted(csum, targets))
+    return pos
+
+
+def _one(y_fault, ref_y, pos, targets, need) -> torch.Tensor:
+    """F1..F5 at `one`: the reference with the planned element (a changed one of its segment when
+    any changed) taken from the faulty output."""
+    changed_flat = (y_fault.view(torch.int16) != ref_y.view(torch.int16)).reshape(-1)
+    pos = _one_positions(changed_flat, pos, targets, need)
     y_one = ref_y.clone().reshape(-1)
-    y_one[pos] = flat_f[pos]
+    y_one[pos] = y_fault.reshape(-1)[pos]
     return y_one.view_as(ref_y)
 
 
@@ -539,28 +556,11 @@ def _declared_on_own_operands(kd, y, acc, s_a, wt) -> torch.Tensor:
     return ORDER_EPILOGUES[kd.declared_order](acc, s_a, wt.s_w)
 
 
-def _operand_fault_a(regime, segments, s_a, acc, wt, nonzero, ms, r0, seg, n_seg) -> _Cell:
+def _operand_fault_a(s_a, acc, wt, plan, seg, n_seg) -> _Cell:
     """F9a (faults._operand_fault's draw, per segment): one activation scale x F9A_FACTOR, a seeded
     row among the non-zero ones (among all rows when every scale is zero)."""
-    dev = s_a.device
     kd = FAULT_KERNELS["F9"]
-    rows, need, targets, base = [], [], [], 0
-    for s, sg in enumerate(segments):
-        g = _gen(sg.label, regime, "F9.one")
-        cnt = nonzero[s] if nonzero[s] else ms[s]
-        pick = int(torch.randint(0, cnt, (1,), generator=g))
-        if nonzero[s]:
-            need.append(s)
-            targets.append(base + pick + 1)
-            rows.append(0)
-        else:
-            rows.append(r0[s] + pick)
-        base += nonzero[s]
-    rows_t = _to_device(torch.tensor(rows, dtype=torch.int64), dev)
-    if need:
-        csum = torch.cumsum((s_a.reshape(-1) != 0).to(torch.int64), 0)
-        found = torch.searchsorted(csum, _to_device(torch.tensor(targets, dtype=torch.int64), dev))
-        rows_t = rows_t.index_copy(0, _to_device(torch.tensor(need, dtype=torch.int64), dev), found)
+    rows_t = _one_positions(s_a.reshape(-1) != 0, *plan)
     s_new = s_a.clone()
     s_new[rows_t] = s_new[rows_t] * F9A_FACTOR
     y = epilogue_triton_order(acc, s_new, wt.s_w)
