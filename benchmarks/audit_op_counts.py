@@ -94,13 +94,23 @@ def main() -> None:
             act = Activations(a, s_a)
             outs = {b: kernels.scaled_mm(a, w, s_a, s_w, backend=b) for b in REFERENCE_PAIR}
             segs.append(Segment(f"l@{i}", act, outs))
+        h2d = [0]
+        to_device = batched._to_device
+
+        def counted(t, dev, _orig=to_device):
+            h2d[0] += 1
+            return _orig(t, dev)
+
+        batched._to_device = counted
         with Count() as c:
             pend = evaluate_linear("native", segs, wt, REFERENCE_PAIR, backend_kernel)
             resolve_all([pend], checks)
+        batched._to_device = to_device
         report[phase] = {
             "segments": len(ms),
             "ops": sum(c.ops.values()),
             "syncs": dict(c.syncs),
+            "host_to_device_copies": h2d[0],
             "output_bytes_per_row_x_n": round(c.bytes / (sum(ms) * args.n), 1),
             "top_ops": dict(c.ops.most_common(8)),
             "ops_by_function": dict(c.where.most_common()),
