@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -166,6 +167,7 @@ def _triton_rows(ys: torch.Tensor, ref: torch.Tensor) -> torch.Tensor | None:
         if TRITON_STATS:
             raise
         _TRITON_FAILED.append(repr(e))
+        print(f"note: the Triton statistics pass is unavailable ({e!r:.200}); using the torch one", file=sys.stderr)
         return None
 
 
