@@ -11,11 +11,12 @@ the oracle; REQUANT_AUDIT_PER_CELL=1 forces it). How, and why the two agree (doc
     shared by every epilogue variant and every declared-order emulation.
   * What is not row-wise is drawn per segment from the same seeded generators, with the same
     calls, as audit/faults.py: `one` needs the count of changed elements (F1..F5) or of non-zero
-    activation scales (F9a), brought back in one small tensor per Linear; `1pct` and F9b are
-    index draws that depend on M*N or M*K alone.
-  * Statistics (mismatches, largest distance, ULP histogram) and check flags (C1, C4, C5, C6, C8)
-    are reduced per (cell, segment) on the device into one int64 tensor per Linear, read back
-    once. C2 and C7 cannot fire on per-layer cells (every run shares the weight tensors; no
+    activation scales (F9a), copied back in one small tensor per Linear without blocking
+    (start_linear queues everything else; Started.finish, called once the next Linear is queued,
+    reads it); `1pct` and F9b are index draws that depend on M*N or M*K alone.
+  * Statistics (mismatches, largest distance, ULP histogram; audit/batched_stats.py) and check
+    flags (C1, C4, C5, C6, C8) are reduced per (cell, segment) on the device into one int64
+    tensor per Linear; Read brings a window of Linears back without blocking. C2 and C7 cannot fire on per-layer cells (every run shares the weight tensors; no
     logits) and C3 is static: they are decided by the per-cell check functions, on host metadata.
 """
 
@@ -23,11 +24,11 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 from dataclasses import dataclass
 
 import torch
 
+from requant.audit.batched_stats import any_diff, cell_stats, seg_reduce, value_diff
 from requant.audit.checks import CHECKS, FIRE, NOT_APPLICABLE, ORDER_EPILOGUES, SILENT
 from requant.audit.device_acc import exact_accumulate
 from requant.audit.f6_tiles import f6_accumulator
@@ -76,159 +77,6 @@ def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 def _gen(label: str, regime: str, variant_id: str) -> torch.Generator:
     return torch.Generator(device="cpu").manual_seed(seed_for(label, regime, variant_id))
-
-
-def _ordinal(bits16: torch.Tensor) -> torch.Tensor:
-    b = bits16.to(torch.int32) & 0xFFFF
-    return torch.where(b >= 0x8000, 0x8000 - b, b)
-
-
-def _seg_reduce(rows: torch.Tensor, seg: torch.Tensor, n_seg: int, how: str) -> torch.Tensor:
-    """[C, R] per-row values -> [C, S] per segment (sum or amax)."""
-    c = rows.shape[0]
-    if n_seg == 1:  # one segment (a prefill): a plain row reduction, one op
-        r = rows.to(torch.int64)
-        return r.sum(dim=1, keepdim=True) if how == "sum" else r.amax(dim=1, keepdim=True)
-    out = torch.zeros(c, n_seg, dtype=torch.int64, device=rows.device)
-    if how == "sum":
-        return out.index_add_(1, seg, rows.to(torch.int64))
-    return out.scatter_reduce_(1, seg.expand(c, -1), rows.to(torch.int64), "amax", include_self=True)
-
-
-_BIN_BOUNDS: dict = {}
-# Host shortcuts (read-backs that cost nothing without a device queue): None = on CPU tensors only;
-# False forces the device code path everywhere (the tests run it on the CPU too).
-HOST_SHORTCUTS: bool | None = None
-
-
-def _host(dev: torch.device) -> bool:
-    return dev.type == "cpu" if HOST_SHORTCUTS is None else HOST_SHORTCUTS
-
-
-def _stats(
-    ys: torch.Tensor, ref: torch.Tensor, seg: torch.Tensor, n_seg: int, subset: bool = True, hist: bool = True
-) -> torch.Tensor:
-    """[C, S, 2 + HIST_BINS]: mismatching elements, largest bf16 distance (ulp_distance: NaN on
-    either side is 2**31) and scoring.ulp_histogram's bins (floor(log2 d) of every d > 0), per cell
-    and segment; [C, S, 2] without `hist`."""
-    c, r, n = ys.shape
-    dev = ys.device
-    if _use_triton(dev) and not (_host(dev) and subset):
-        rows = _triton_rows(ys, ref)
-        if rows is not None:
-            return _stats_from_rows(rows, seg, n_seg, hist)
-    yb, rb = ys.view(torch.int16), ref.view(torch.int16)
-    neq = _seg_reduce((yb != rb).sum(dim=2), seg, n_seg, "sum")
-    if _host(dev) and subset:  # no device to keep busy: distances only for cells that changed
-        changed = (neq > 0).any(dim=1).nonzero().reshape(-1)
-        out = torch.zeros(c, n_seg, 2 + HIST_BINS, dtype=torch.int64)
-        out[:, :, 0] = neq
-        if changed.numel():  # unchanged cells: distance and histogram are never read (not observable)
-            out[changed] = _stats(ys[changed], ref, seg, n_seg, subset=False)
-        return out
-    d = (_ordinal(yb) - _ordinal(rb)).abs_()  # int32, <= 2**16 where neither side is NaN
-    nan = torch.isnan(ys) | torch.isnan(ref)
-    row_max = torch.where(nan.any(dim=2), 2**31, d.amax(dim=2).to(torch.int64))
-    mx = _seg_reduce(row_max, seg, n_seg, "amax")
-    if not hist:
-        return torch.stack([neq, mx], dim=2)
-    if dev not in _BIN_BOUNDS:
-        _BIN_BOUNDS[dev] = torch.tensor([2**j for j in range(1, 17)], dtype=torch.int32, device=dev)
-    # floor(log2 d) for 1 <= d <= 2**16 (the number of powers of two 2..2**16 not above d); NaN: 31
-    if _host(dev):  # only the changed elements (few); no device to keep busy
-        b = torch.bucketize(d, _BIN_BOUNDS[dev], right=True).masked_fill_(nan, 31)
-        row_key = (torch.arange(c, device=dev).view(c, 1) * n_seg + seg.view(1, r)) * HIST_BINS  # [C, R]
-        keep = (d > 0) | nan
-        key = (row_key.unsqueeze(2) + b)[keep]
-        hist = torch.bincount(key, minlength=c * n_seg * HIST_BINS).view(c, n_seg, HIST_BINS)
-    else:
-        hist = _seg_hist(_row_hist(d, nan), seg, n_seg)
-    return torch.cat([neq.unsqueeze(2), mx.unsqueeze(2), hist], dim=2)
-
-
-# The one-pass Triton statistics (audit/stats_triton.py): None = on CUDA; True forces it (the tests,
-# under Triton's interpreter on the CPU); False: the torch formulation everywhere.
-TRITON_STATS: bool | None = None
-_TRITON_FAILED: list = []
-
-
-def _use_triton(dev: torch.device) -> bool:
-    if _TRITON_FAILED:
-        return False
-    return dev.type == "cuda" if TRITON_STATS is None else TRITON_STATS
-
-
-def _triton_rows(ys: torch.Tensor, ref: torch.Tensor) -> torch.Tensor | None:
-    from requant.audit.stats_triton import row_stats
-
-    try:
-        return row_stats(ys, ref)
-    except Exception as e:  # no Triton, or a kernel this Triton cannot build: the torch formulation
-        if TRITON_STATS:
-            raise
-        _TRITON_FAILED.append(repr(e))
-        print(f"note: the Triton statistics pass is unavailable ({e!r:.200}); using the torch one", file=sys.stderr)
-        return None
-
-
-def _stats_from_rows(rows: torch.Tensor, seg: torch.Tensor, n_seg: int, hist: bool) -> torch.Tensor:
-    """_stats' [C, S, 2 + HIST_BINS] (or [C, S, 2]) from stats_triton.row_stats' per-row slots."""
-    from requant.audit.stats_triton import SLOT_MAX, SLOT_NAN, SLOT_NEQ
-
-    c, r, _ = rows.shape
-    rows = rows.to(torch.int64)
-    neq = _seg_reduce(rows[:, :, SLOT_NEQ], seg, n_seg, "sum")
-    row_max = torch.where(rows[:, :, SLOT_NAN] > 0, 2**31, rows[:, :, SLOT_MAX])
-    mx = _seg_reduce(row_max, seg, n_seg, "amax")
-    if not hist:
-        return torch.stack([neq, mx], dim=2)
-    gap = torch.zeros(c, r, 31 - 17, dtype=torch.int64, device=rows.device)
-    tail = torch.zeros(c, r, HIST_BINS - 32, dtype=torch.int64, device=rows.device)
-    h = torch.cat([rows[:, :, 1:18], gap, rows[:, :, SLOT_NAN : SLOT_NAN + 1], tail], dim=2)
-    return torch.cat([neq.unsqueeze(2), mx.unsqueeze(2), _seg_hist(h, seg, n_seg)], dim=2)
-
-
-def _row_hist(d: torch.Tensor, nan: torch.Tensor) -> torch.Tensor:
-    """[C, R, HIST_BINS] per row: bin j (0..16) counts the non-NaN d with floor(log2 d) = j (d >= 2**16
-    in bin 16, as bucketize over 2..2**16 puts it), bin 31 the NaN elements. No atomics (a histogram
-    through index_add_ serialises on the one bin that every unchanged element lands in): one
-    comparison and one row sum per bin, over the float32 exponent of d (exact: d < 2**24), uint8."""
-    c, r, _ = d.shape
-    e = (d.to(torch.float32).view(torch.int32) >> 23).to(torch.uint8)  # 0 for d = 0, else 127 + floor(log2 d)
-    e.masked_fill_(nan, 0)
-    cols = [(e == 127 + j).sum(dim=2) for j in range(16)] + [(e >= 127 + 16).sum(dim=2)]
-    gap = torch.zeros(c, r, 31 - len(cols), dtype=torch.int64, device=d.device)
-    tail = torch.zeros(c, r, HIST_BINS - 32, dtype=torch.int64, device=d.device)
-    return torch.cat([torch.stack(cols, dim=2), gap, nan.sum(dim=2).unsqueeze(2), tail], dim=2)
-
-
-def _seg_hist(rows: torch.Tensor, seg: torch.Tensor, n_seg: int) -> torch.Tensor:
-    """[C, R, B] per-row counts -> [C, S, B] per segment."""
-    if n_seg == 1:
-        return rows.sum(dim=1, keepdim=True)
-    c, _, nb = rows.shape
-    return torch.zeros(c, n_seg, nb, dtype=torch.int64, device=rows.device).index_add_(1, seg, rows)
-
-
-def _any_diff(x: torch.Tensor, y: torch.Tensor, seg: torch.Tensor, n_seg: int) -> torch.Tensor:
-    """[S] 0/1: does any element of a segment's rows differ (bitwise, same dtype)?"""
-    if x.dtype.is_floating_point:
-        x, y = (
-            x.view({2: torch.int16, 4: torch.int32, 8: torch.int64}[x.element_size()]),
-            y.view({2: torch.int16, 4: torch.int32, 8: torch.int64}[y.element_size()]),
-        )
-    ne = (x != y).reshape(x.shape[0], -1).sum(dim=1)
-    return (_seg_reduce(ne.unsqueeze(0), seg, n_seg, "sum")[0] > 0).to(torch.int64)
-
-
-def _value_diff(acc_test: torch.Tensor, acc: torch.Tensor, seg: torch.Tensor, n_seg: int) -> torch.Tensor:
-    """C4's comparison: the accumulators as exact values (int32 pairs directly; float64 holds int32
-    and bf16/fp32)."""
-    if acc_test.dtype == acc.dtype == torch.int32:
-        ne = (acc_test != acc).sum(dim=1)
-    else:
-        ne = (acc_test.to(torch.float64) != acc.to(torch.float64)).sum(dim=1)
-    return (_seg_reduce(ne.unsqueeze(0), seg, n_seg, "sum")[0] > 0).to(torch.int64)
 
 
 @dataclass
@@ -383,7 +231,7 @@ class Started:
         counts = torch.stack(
             [(faulty[f].view(torch.int16) != ref16).sum(dim=1) for f in _EPI] + [(s_a.reshape(-1) != 0).to(torch.int64)]
         )  # [6, R]
-        counts = _seg_reduce(counts, seg, n_seg, "sum")  # [6, S]
+        counts = seg_reduce(counts, seg, n_seg, "sum")  # [6, S]
         if dev.type == "cuda":
             self.counts = torch.empty(counts.shape, dtype=counts.dtype, pin_memory=True)
             self.counts.copy_(counts, non_blocking=True)
@@ -415,13 +263,13 @@ class Started:
         kd = FAULT_KERNELS["F6"]
         y6 = epilogue_triton_order(acc6, s_a, wt.s_w)
         cells["F6.all"] = _Cell(
-            "F6.all", "F6", "all", kd, y6, declared(kd.declared_order), None, _value_diff(acc6, acc, seg, n_seg), True
+            "F6.all", "F6", "all", kd, y6, declared(kd.declared_order), None, value_diff(acc6, acc, seg, n_seg), True
         )
         acc7 = wrap_int16(acc)
         kd = FAULT_KERNELS["F7"]
         y7 = epilogue_triton_order(acc7, s_a, wt.s_w)
         cells["F7.all"] = _Cell(
-            "F7.all", "F7", "all", kd, y7, declared(kd.declared_order), None, _value_diff(acc7, acc, seg, n_seg), True
+            "F7.all", "F7", "all", kd, y7, declared(kd.declared_order), None, value_diff(acc7, acc, seg, n_seg), True
         )
         kd = FAULT_KERNELS["F8"]  # the reference pipeline itself: its output is ref_y's computation
         cells["F8.all"] = _Cell("F8.all", "F8", "all", kd, ref_y, declared(kd.declared_order), None, None, True)
@@ -430,7 +278,7 @@ class Started:
 
         y_a = cells[baseline_variant(self.backends[0])].y
         y_b = cells[baseline_variant(self.backends[1])].y
-        self.pair_stats = _stats(y_b.unsqueeze(0), y_a, seg, n_seg, hist=False)[0, :, :2].reshape(-1)  # [S * 2]
+        self.pair_stats = cell_stats(y_b.unsqueeze(0), y_a, seg, n_seg, hist=False)[0, :, :2].reshape(-1)  # [S * 2]
         self.pow2 = is_power_of_two(wt.s_w).all().to(torch.int64).reshape(1)
 
     def declared(self, order: str | None) -> torch.Tensor | None:
@@ -449,7 +297,7 @@ class Started:
         zero = torch.zeros(n_seg, dtype=torch.int64, device=self.dev)
         for c0 in range(0, len(chunk_cells), step):
             chunk = chunk_cells[c0 : c0 + step]
-            st = _stats(torch.stack([c.y for c in chunk]), ref_y, seg, n_seg)  # [C, S, 2 + HIST]
+            st = cell_stats(torch.stack([c.y for c in chunk]), ref_y, seg, n_seg)  # [C, S, 2 + HIST]
             differs = (st[:, :, 0] > 0).to(torch.int64)  # [C, S]: output differs from the reference's
             flags = []
             for i, c in enumerate(chunk):
@@ -462,7 +310,7 @@ class Started:
                 elif c.want is c.y:  # the run's output is the declared order's computation itself
                     c8 = zero
                 else:
-                    c8 = _any_diff(c.y, c.want, seg, n_seg)
+                    c8 = any_diff(c.y, c.want, seg, n_seg)
                 flags.append(torch.stack([c1, c4, c8], dim=1))  # [S, 3]
             full = torch.cat([st[:, :, :2], torch.stack(flags), st[:, :, 2:]], dim=2)  # [C, S, _STAT]
             for c, block in zip(chunk, full.unbind(0)):
@@ -566,7 +414,7 @@ def _operand_fault_a(s_a, acc, wt, plan, seg, n_seg) -> _Cell:
     s_new = s_a.clone()
     s_new[rows_t] = s_new[rows_t] * F9A_FACTOR
     y = epilogue_triton_order(acc, s_new, wt.s_w)
-    c1 = _any_diff(s_new, s_a, seg, n_seg)
+    c1 = any_diff(s_new, s_a, seg, n_seg)
     want = _declared_on_own_operands(kd, y, acc, s_new, wt)
     return _Cell("F9.one", "F9", "one", kd, y, want, c1, None, True)
 
@@ -588,8 +436,8 @@ def _operand_faults_bc(a, s_a, acc, wt, idx, seg, n_seg) -> dict:
             kd,
             y,
             want,
-            _any_diff(a_x, a, seg, n_seg),
-            _value_diff(acc_x, acc, seg, n_seg),
+            any_diff(a_x, a, seg, n_seg),
+            value_diff(acc_x, acc, seg, n_seg),
             True,
         )
     return out

@@ -1,4 +1,4 @@
-"""One pass over a chunk of cells' outputs for the batched statistics (audit/batched.py's _stats).
+"""One pass over a chunk of cells' outputs for the batched statistics (audit/batched_stats.py's cell_stats).
 
 For every (cell, row) of ys [C, R, N] (bf16) against ref [R, N] the kernel reads each element
 once and returns int32 [C, R, 32]:
@@ -12,7 +12,7 @@ with the torch path's definitions: d = |ord(y) - ord(ref)|, ord(b) = b for b < 0
 0x8000 - b on the 16 bits (scoring's ulp distance); floor(log2 d) from the float32 exponent of d
 (exact: d < 2**17); NaN = exponent all ones, mantissa non-zero (torch.isnan on bf16). The bins are
 counted by comparing each element's bin with all 32 (a [BLOCK, 32] sum): no atomics. The torch
-formulation (audit/batched.py: _row_hist) is the definition it is tested against, bit for bit,
+formulation (audit/batched_stats.py: _row_hist) is the definition it is tested against, bit for bit,
 under Triton's interpreter on the CPU (tests/audit/test_stats_triton.py) and on a GPU.
 """
 

@@ -65,7 +65,7 @@ class Count(TorchDispatchMode):
 
 def main() -> None:
     from requant import kernels
-    from requant.audit import batched
+    from requant.audit import batched, batched_stats
     from requant.audit.batched import Segment, evaluate_linear, resolve_all
     from requant.audit.matrix import load_matrix, matrix_path
     from requant.audit.records import Activations, Weights
@@ -78,8 +78,8 @@ def main() -> None:
     p.add_argument("--n", type=int, default=512)
     p.add_argument("--triton-stats", action="store_true", help="the CUDA statistics pass (run with TRITON_INTERPRET=1)")
     args = p.parse_args()
-    batched.HOST_SHORTCUTS = False  # the GPU's code path
-    batched.TRITON_STATS = args.triton_stats or None
+    batched_stats.HOST_SHORTCUTS = False  # the GPU's code path
+    batched_stats.TRITON_STATS = args.triton_stats or None
     checks = load_matrix(matrix_path("v2")).checks
     g = torch.Generator().manual_seed(0)
     w = torch.randint(-127, 128, (args.n, args.k), dtype=torch.int8, generator=g)

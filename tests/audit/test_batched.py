@@ -71,9 +71,9 @@ def _compare(regime, labelled, wt, backends, checks):
 @pytest.fixture(params=[None, False], ids=["host-shortcuts", "device-path"])
 def shortcuts(request, monkeypatch):
     """The CPU's shortcuts, and the code path a GPU runs (no host read-back), both on the CPU."""
-    from requant.audit import batched
+    from requant.audit import batched_stats
 
-    monkeypatch.setattr(batched, "HOST_SHORTCUTS", request.param)
+    monkeypatch.setattr(batched_stats, "HOST_SHORTCUTS", request.param)
 
 
 @pytest.mark.parametrize("pow2", [False, True])
@@ -162,10 +162,10 @@ def test_gpu_batched_equals_per_cell_with_the_real_pair(tmp_path, monkeypatch):
 
 
 def test_row_histogram_without_atomics_equals_ulp_histogram_row_by_row():
-    """batched._row_hist (exponent bins, one comparison per bin) against scoring.ulp_histogram
+    """batched_stats._row_hist (exponent bins, one comparison per bin) against scoring.ulp_histogram
     (frexp of every non-zero distance, bincount) row by row, on every power-of-two edge up to 2**16
     and NaN elements (distance 2**31)."""
-    from requant.audit.batched import _row_hist
+    from requant.audit.batched_stats import _row_hist
     from requant.audit.scoring import ulp_histogram
 
     edges = [0, 1, 2, 3] + [v for j in range(2, 17) for v in (2**j - 1, 2**j, 2**j + 1)]

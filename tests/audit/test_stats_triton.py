@@ -1,4 +1,4 @@
-"""audit/stats_triton.py's one-pass statistics equal the torch formulation (audit/batched.py: the
+"""audit/stats_triton.py's one-pass statistics equal the torch formulation (audit/batched_stats.py: the
 int16 mismatch count, _ordinal distances, torch.isnan, _row_hist) bit for bit, and the batched path
 using them equals the per-cell path (suite.layer_cells) cell by cell on crafted layers with every
 fault family, NaN rows and zero scales: under Triton's interpreter on the CPU (a child process, so
@@ -15,8 +15,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 CHECK = """
 import torch
-from requant.audit import batched
-from requant.audit.batched import _ordinal, _row_hist
+from requant.audit import batched_stats
+from requant.audit.batched_stats import _ordinal, _row_hist
 from requant.audit.stats_triton import row_stats
 dev = "{dev}"
 g = torch.Generator().manual_seed(0)
@@ -41,8 +41,8 @@ for c, r, n in [(3, 5, 300), (2, 1, 17), (4, 3, 1000), (1, 2, 256)]:
 if dev == "cpu":  # the batched path through the kernel against the per-cell oracle
     from tests.audit.test_batched import CHECKS_V2, _compare, _segments
     from requant.backends import REFERENCE_PAIR
-    batched.HOST_SHORTCUTS = False
-    batched.TRITON_STATS = True
+    batched_stats.HOST_SHORTCUTS = False
+    batched_stats.TRITON_STATS = True
     for seed, (k, n) in enumerate([(96, 40), (200, 33)]):
         for pow2 in (False, True):
             labelled, wt = _segments(seed, [1, 8, 24], k, n, pow2, True)
