@@ -30,6 +30,7 @@ for c, r, n in [(3, 5, 300), (2, 1, 17), (4, 3, 1000), (1, 2, 256)]:
     ys[0, 0, 0], ref[-1, -1] = 0x7FC1, -0x3F  # NaN on the output's side (payload), on the reference's (0xFFC1)
     ys, ref = ys.view(torch.bfloat16), ref.view(torch.bfloat16)
     got = row_stats(ys.to(dev), ref.to(dev), block=64).cpu().to(torch.int64)
+    assert torch.equal(row_stats(ys.to(dev), ref.to(dev)).cpu().to(torch.int64), got)  # the default block
     yb, rb = ys.view(torch.int16), ref.view(torch.int16)
     d = (_ordinal(yb) - _ordinal(rb)).abs_()
     nan = torch.isnan(ys) | torch.isnan(ref)
