@@ -10,7 +10,6 @@ are powers of two already: the nearest arm returns them unchanged, as on the CPU
 
 from __future__ import annotations
 
-import os
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
@@ -69,25 +68,11 @@ class AuditLinears:
 
 def read_linear(ckpt, linear: str, pin: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """ckpt.weight_and_scale(linear), the weight read straight into page-locked memory when `pin`
-    (one pread into the buffer the device copy reads: no zero-filled bytearray, no second copy)."""
-    from requant.io.safetensors_io import pread_exact
-
+    (SafetensorsFile.tensor_direct: one pread into the buffer the device copy reads)."""
+    if linear not in ckpt.quantized_linears or not hasattr(ckpt, "shard_of"):
+        return ckpt.weight_and_scale(linear)  # its own error, or a checkpoint without shards
     name = linear + ".weight"
-    if linear not in ckpt.quantized_linears:
-        return ckpt.weight_and_scale(linear)  # its own error
-    shard = ckpt.shard_of(name)
-    info = shard.info(name)
-    q = torch.empty(info.shape, dtype=info.torch_dtype, pin_memory=pin)
-    if info.nbytes:
-        if q.numel() * q.element_size() != info.nbytes:
-            return ckpt.weight_and_scale(linear)  # a malformed entry: the checkpoint's own reader explains
-        view = memoryview(q.view(torch.uint8).reshape(-1).numpy())
-        fd = os.open(shard.path, os.O_RDONLY)
-        try:
-            pread_exact(fd, view, shard.data_start + info.begin, file=shard.path, tensor=name)
-        finally:
-            os.close(fd)
-    return q, ckpt.tensor(linear + ".weight_scale")
+    return ckpt.shard_of(name).tensor_direct(name, pin), ckpt.tensor(linear + ".weight_scale")
 
 
 def load_audit_linears(ckpt, regime: str, device) -> dict:
