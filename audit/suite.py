@@ -51,6 +51,7 @@ from requant.audit.records import (
 from requant.audit.scoring import CellResult, Scorer, ulp_histogram
 from requant.backends import environment
 from requant.evidence.identity import checkpoint_identity
+from requant.kernels.bf16 import is_power_of_two
 from requant.models.qwen3 import Qwen3Arch
 from requant.models.tokenizer import load_tokenizer
 from requant.runtime import Model, load_dense
@@ -305,15 +306,18 @@ def run_audit(
         t_c = time.perf_counter()
         say(f"{regime}: cells")
         queue = LinearQueue(regime, backends, scorer.checks, advance)
+        pow2_flags = []  # on the device, read once after the cells (no host read per Linear)
         for name in ckpt.quantized_linears:
             wt = Weights(*linears[name])
-            if regime == "native" and wt.all_scales_power_of_two():
-                native_pow2_layers += 1
+            if regime == "native":
+                pow2_flags.append(is_power_of_two(wt.s_w).all())
             queue.put(name, [(name, ops[name])], wt)
         for name, [(row, cells)] in queue.results().items():
             for cell in cells:
                 scorer.add(cell)
             per_layer.append(row)
+        if pow2_flags:
+            native_pow2_layers += int(torch.stack(pow2_flags).sum())
         timings[f"{regime}_cells_s"] = _lap(t_c, device)
         del ops, cap
         if decode is not None:
