@@ -19,6 +19,11 @@ from collections import Counter
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+_NO_LAUNCH = {
+    "view", "detach", "unsqueeze", "select", "slice", "reshape", "expand", "_unsafe_view", "alias", "unbind",
+    "t", "transpose", "split", "split_with_sizes", "randint", "lift_fresh", "_local_scalar_dense", "manual_seed",
+    "set_", "empty", "_to_copy_host",
+}  # fmt: skip
 SYNC_OPS = {"_local_scalar_dense", "nonzero", "unique", "_unique2", "unique_dim", "masked_select", "item"}
 
 
@@ -65,7 +70,12 @@ class Count(TorchDispatchMode):
 
 def main() -> None:
     from requant import kernels
-    from requant.audit import batched, batched_stats
+    from requant.audit import batched
+
+    try:
+        from requant.audit import batched_stats
+    except ImportError:  # an older tree (the statistics inside batched.py): the before figures
+        batched_stats = batched
     from requant.audit.batched import Segment, evaluate_linear, resolve_all
     from requant.audit.matrix import load_matrix, matrix_path
     from requant.audit.records import Activations, Weights
@@ -109,6 +119,8 @@ def main() -> None:
         report[phase] = {
             "segments": len(ms),
             "ops": sum(c.ops.values()),
+            # ops that launch work on a GPU: not metadata (views), not the host's seeded draws
+            "kernel_ops": sum(v for k, v in c.ops.items() if k not in _NO_LAUNCH),
             "syncs": dict(c.syncs),
             "host_to_device_copies": h2d[0],
             "output_bytes_per_row_x_n": round(c.bytes / (sum(ms) * args.n), 1),
