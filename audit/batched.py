@@ -274,12 +274,11 @@ class Started:
         kd = FAULT_KERNELS["F8"]  # the reference pipeline itself: its output is ref_y's computation
         cells["F8.all"] = _Cell("F8.all", "F8", "all", kd, ref_y, declared(kd.declared_order), None, None, True)
         cells.update(_operand_faults_bc(a, s_a, acc, wt, pct_f9, seg, n_seg))
-        self._stats_of(list(cells.values()))
-
         y_a = cells[baseline_variant(self.backends[0])].y
         y_b = cells[baseline_variant(self.backends[1])].y
         self.pair_stats = cell_stats(y_b.unsqueeze(0), y_a, seg, n_seg, hist=False)[0, :, :2].reshape(-1)  # [S * 2]
         self.pow2 = is_power_of_two(wt.s_w).all().to(torch.int64).reshape(1)
+        self._stats_of(list(cells.values()))
 
     def declared(self, order: str | None) -> torch.Tensor | None:
         """The declared order's output on the shared operands (C8's expectation), computed once."""
@@ -315,6 +314,8 @@ class Started:
             full = torch.cat([st[:, :, :2], torch.stack(flags), st[:, :, 2:]], dim=2)  # [C, S, _STAT]
             for c, block in zip(chunk, full.unbind(0)):
                 self.stat_of[c.variant] = block
+                # the [R, N] tensors are done with (the next Linear is queued before finish)
+                c.y, c.want = None, (None if c.want is None else True)
 
     def finish(self) -> Pending:
         """Read the counts (waiting for them alone), queue the six `one` cells, pack the results."""
