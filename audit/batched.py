@@ -11,11 +11,12 @@ the oracle; REQUANT_AUDIT_PER_CELL=1 forces it). How, and why the two agree (doc
     shared by every epilogue variant and every declared-order emulation.
   * What is not row-wise is drawn per segment from the same seeded generators, with the same
     calls, as audit/faults.py: `one` needs the count of changed elements (F1..F5) or of non-zero
-    activation scales (F9a), brought back in one small tensor per Linear; `1pct` and F9b are
-    index draws that depend on M*N or M*K alone.
-  * Statistics (mismatches, largest distance, ULP histogram) and check flags (C1, C4, C5, C6, C8)
-    are reduced per (cell, segment) on the device into one int64 tensor per Linear, read back
-    once. C2 and C7 cannot fire on per-layer cells (every run shares the weight tensors; no
+    activation scales (F9a), copied back in one small tensor per Linear without blocking
+    (start_linear queues everything else; Started.finish, called once the next Linear is queued,
+    reads it); `1pct` and F9b are index draws that depend on M*N or M*K alone.
+  * Statistics (mismatches, largest distance, ULP histogram; audit/batched_stats.py) and check
+    flags (C1, C4, C5, C6, C8) are reduced per (cell, segment) on the device into one int64
+    tensor per Linear; Read brings a window of Linears back without blocking. C2 and C7 cannot fire on per-layer cells (every run shares the weight tensors; no
     logits) and C3 is static: they are decided by the per-cell check functions, on host metadata.
 """
 
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
+from requant.audit.batched_stats import any_diff, cell_stats, seg_reduce, value_diff
 from requant.audit.checks import CHECKS, FIRE, NOT_APPLICABLE, ORDER_EPILOGUES, SILENT
 from requant.audit.device_acc import exact_accumulate
 from requant.audit.f6_tiles import f6_accumulator
@@ -75,83 +77,6 @@ def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 def _gen(label: str, regime: str, variant_id: str) -> torch.Generator:
     return torch.Generator(device="cpu").manual_seed(seed_for(label, regime, variant_id))
-
-
-def _ordinal(bits16: torch.Tensor) -> torch.Tensor:
-    b = bits16.to(torch.int32) & 0xFFFF
-    return torch.where(b >= 0x8000, 0x8000 - b, b)
-
-
-def _seg_reduce(rows: torch.Tensor, seg: torch.Tensor, n_seg: int, how: str) -> torch.Tensor:
-    """[C, R] per-row values -> [C, S] per segment (sum or amax)."""
-    c = rows.shape[0]
-    out = torch.zeros(c, n_seg, dtype=torch.int64, device=rows.device)
-    if how == "sum":
-        return out.index_add_(1, seg, rows.to(torch.int64))
-    return out.scatter_reduce_(1, seg.expand(c, -1), rows.to(torch.int64), "amax", include_self=True)
-
-
-_BIN_BOUNDS: dict = {}
-# Host shortcuts (read-backs that cost nothing without a device queue): None = on CPU tensors only;
-# False forces the device code path everywhere (the tests run it on the CPU too).
-HOST_SHORTCUTS: bool | None = None
-
-
-def _host(dev: torch.device) -> bool:
-    return dev.type == "cpu" if HOST_SHORTCUTS is None else HOST_SHORTCUTS
-
-
-def _stats(ys: torch.Tensor, ref: torch.Tensor, seg: torch.Tensor, n_seg: int, subset: bool = True) -> torch.Tensor:
-    """[C, S, 2 + HIST_BINS]: mismatching elements, largest bf16 distance (ulp_distance: NaN on
-    either side is 2**31) and scoring.ulp_histogram's bins (floor(log2 d) of every d > 0), per cell
-    and segment."""
-    c, r, n = ys.shape
-    dev = ys.device
-    yb, rb = ys.view(torch.int16), ref.view(torch.int16)
-    neq = _seg_reduce((yb != rb).sum(dim=2), seg, n_seg, "sum")
-    if _host(dev) and subset:  # no device to keep busy: distances only for cells that changed
-        changed = (neq > 0).any(dim=1).nonzero().reshape(-1)
-        out = torch.zeros(c, n_seg, 2 + HIST_BINS, dtype=torch.int64)
-        out[:, :, 0] = neq
-        if changed.numel():  # unchanged cells: distance and histogram are never read (not observable)
-            out[changed] = _stats(ys[changed], ref, seg, n_seg, subset=False)
-        return out
-    d = (_ordinal(yb) - _ordinal(rb)).abs_()  # int32, <= 2**16 where neither side is NaN
-    nan = torch.isnan(ys) | torch.isnan(ref)
-    row_max = torch.where(nan.any(dim=2), 2**31, d.amax(dim=2).to(torch.int64))
-    mx = _seg_reduce(row_max, seg, n_seg, "amax")
-    if dev not in _BIN_BOUNDS:
-        _BIN_BOUNDS[dev] = torch.tensor([2**j for j in range(1, 17)], dtype=torch.int32, device=dev)
-    # floor(log2 d) for 1 <= d <= 2**16 (the number of powers of two 2..2**16 not above d); NaN: 31
-    b = torch.bucketize(d, _BIN_BOUNDS[dev], right=True).masked_fill_(nan, 31)
-    row_key = (torch.arange(c, device=dev).view(c, 1) * n_seg + seg.view(1, r)) * HIST_BINS  # [C, R]
-    keep = (d > 0) | nan
-    if _host(dev):  # only the changed elements (few); no device to keep busy
-        key = (row_key.unsqueeze(2) + b)[keep]
-        hist = torch.bincount(key, minlength=c * n_seg * HIST_BINS)
-    else:  # every element, the unchanged ones into a spare bin: no host synchronisation
-        key = torch.where(keep, row_key.unsqueeze(2) + b, c * n_seg * HIST_BINS)
-        hist = torch.zeros(c * n_seg * HIST_BINS + 1, dtype=torch.int64, device=dev)
-        hist.index_add_(0, key.reshape(-1), torch.ones(key.numel(), dtype=torch.int64, device=dev))
-    hist = hist[: c * n_seg * HIST_BINS].view(c, n_seg, HIST_BINS)
-    return torch.cat([neq.unsqueeze(2), mx.unsqueeze(2), hist], dim=2)
-
-
-def _any_diff(x: torch.Tensor, y: torch.Tensor, seg: torch.Tensor, n_seg: int) -> torch.Tensor:
-    """[S] 0/1: does any element of a segment's rows differ (bitwise, same dtype)?"""
-    if x.dtype.is_floating_point:
-        x, y = (
-            x.view({2: torch.int16, 4: torch.int32, 8: torch.int64}[x.element_size()]),
-            y.view({2: torch.int16, 4: torch.int32, 8: torch.int64}[y.element_size()]),
-        )
-    ne = (x != y).reshape(x.shape[0], -1).sum(dim=1)
-    return (_seg_reduce(ne.unsqueeze(0), seg, n_seg, "sum")[0] > 0).to(torch.int64)
-
-
-def _value_diff(acc_test: torch.Tensor, acc: torch.Tensor, seg: torch.Tensor, n_seg: int) -> torch.Tensor:
-    """C4's comparison: the accumulators as exact values (float64 holds int32 and bf16/fp32)."""
-    ne = (acc_test.to(torch.float64) != acc.to(torch.float64)).sum(dim=1)
-    return (_seg_reduce(ne.unsqueeze(0), seg, n_seg, "sum")[0] > 0).to(torch.int64)
 
 
 @dataclass
@@ -237,8 +162,19 @@ class Pending:
 def evaluate_linear(
     regime: str, segments: list[Segment], wt: Weights, backends: tuple[str, str], backend_kernel
 ) -> Pending | None:
-    """Queue the batched evaluation of one Linear's segments; None when the per-cell path must
-    run instead (an empty operand, an output that is not bf16 [M, N], M*N beyond 2**31)."""
+    """The batched evaluation of one Linear's segments, queued on the device; None when the
+    per-cell path must run instead (an empty operand, an output that is not bf16 [M, N], M*N
+    beyond 2**31). start_linear + Started.finish in one call."""
+    work = start_linear(regime, segments, wt, backends, backend_kernel)
+    return None if work is None else work.finish()
+
+
+def start_linear(
+    regime: str, segments: list[Segment], wt: Weights, backends: tuple[str, str], backend_kernel
+) -> Started | None:
+    """Queue every cell that needs no host read; Started.finish() reads the six `one` draws' counts
+    (copied back without blocking, so that a caller can queue the next Linear first) and queues the
+    rest. None: as evaluate_linear."""
     n = wt.w.shape[0]
     k = wt.w.shape[1]
     dev = wt.w.device
@@ -253,193 +189,289 @@ def evaluate_linear(
                 return None
             if y.device != dev:
                 return None
-    n_seg = len(segments)
-    ms = [sg.act.a.shape[0] for sg in segments]
-    r0 = [sum(ms[:i]) for i in range(n_seg)]
-    seg = torch.repeat_interleave(torch.arange(n_seg), torch.tensor(ms))
-    seg = _to_device(seg, dev)
-    a = torch.cat([sg.act.a for sg in segments]) if n_seg > 1 else segments[0].act.a
-    s_a = torch.cat([sg.act.s_a for sg in segments]) if n_seg > 1 else segments[0].act.s_a
-    acc = exact_accumulate(a, wt.w)
-    ref_y = epilogue_triton_order(acc, s_a, wt.s_w)
-    case = LayerCase("batched", regime, Activations(a, s_a), wt, acc, Run(None, wt, acc, ref_y, REFERENCE_KERNEL))
-    faulty = {fam: _EPILOGUE_FAULTS[fam](case) for fam in _EPI}
-    want: dict[str, torch.Tensor] = {}
+    w = Started(regime, segments, wt, backends, dev)
+    w.start(backend_kernel)
+    return w
 
-    def declared(order):
+
+class Started:
+    """One Linear's batched evaluation between its two halves (start_linear, finish)."""
+
+    def __init__(self, regime, segments, wt, backends, dev):
+        self.regime, self.segments, self.wt, self.backends, self.dev = regime, segments, wt, backends, dev
+        self.n_seg = len(segments)
+        self.ms = [sg.act.a.shape[0] for sg in segments]
+        self.r0 = [sum(self.ms[:i]) for i in range(self.n_seg)]
+        self.stat_of: dict = {}  # variant -> [S, _STAT] device tensor
+        self.cells: dict = {}  # variant -> _Cell
+
+    def start(self, backend_kernel) -> None:
+        segments, regime, dev, wt, n_seg, ms, r0 = (
+            self.segments, self.regime, self.dev, self.wt, self.n_seg, self.ms, self.r0,
+        )  # fmt: skip
+        n, k = wt.w.shape
+        seg = torch.repeat_interleave(torch.arange(n_seg), torch.tensor(ms))
+        self.seg = seg = _to_device(seg, dev)
+        a = torch.cat([sg.act.a for sg in segments]) if n_seg > 1 else segments[0].act.a
+        s_a = torch.cat([sg.act.s_a for sg in segments]) if n_seg > 1 else segments[0].act.s_a
+        self.a, self.s_a = a, s_a
+        self.acc = acc = exact_accumulate(a, wt.w)
+        self.ref_y = ref_y = epilogue_triton_order(acc, s_a, wt.s_w)
+        case = LayerCase("batched", regime, Activations(a, s_a), wt, acc, Run(None, wt, acc, ref_y, REFERENCE_KERNEL))
+        self.faulty = faulty = {fam: _EPILOGUE_FAULTS[fam](case) for fam in _EPI}
+        # The declared orders' outputs on the shared operands: triton-order is the reference's own
+        # epilogue (ref_y: C8 is then "the output differs from the reference", the statistics' count)
+        # and cutlass-order is F3's.
+        self.want = {"triton-order": ref_y, "cutlass-order": faulty["F3"]}
+        declared = self.declared
+
+        # changed elements per (segment, F1..F5) and non-zero activation scales per segment: the
+        # `one` draws' counts, copied to the host without blocking (read by finish)
+        ref16 = ref_y.view(torch.int16)
+        counts = torch.stack(
+            [(faulty[f].view(torch.int16) != ref16).sum(dim=1) for f in _EPI] + [(s_a.reshape(-1) != 0).to(torch.int64)]
+        )  # [6, R]
+        counts = seg_reduce(counts, seg, n_seg, "sum")  # [6, S]
+        if dev.type == "cuda":
+            self.counts = torch.empty(counts.shape, dtype=counts.dtype, pin_memory=True)
+            self.counts.copy_(counts, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
+        else:
+            self.counts, self.event = counts, None
+        # data-independent draws (1pct, F9b) on the host
+        draws = [_draw_indices(segments, regime, f"{f}.1pct", ms, r0, n) for f in _EPI]
+        *pct_list, pct_f9 = _to_device_many(draws + [_draw_indices(segments, regime, "F9.1pct", ms, r0, k)], dev)
+        pct = dict(zip(_EPI, pct_list))
+
+        cells = self.cells
+        for b in dict.fromkeys(self.backends):
+            kd = backend_kernel(b)
+            y = torch.cat([sg.outs[b] for sg in segments]) if n_seg > 1 else segments[0].outs[b]
+            cells[baseline_variant(b)] = _Cell(
+                baseline_variant(b), "B", "none", kd, y, declared(kd.declared_order), None, None, False
+            )
+        for fam in _EPI:
+            kd = FAULT_KERNELS[fam]
+            y_pct = ref_y.clone().reshape(-1)
+            y_pct[pct[fam]] = faulty[fam].reshape(-1)[pct[fam]]
+            for sev, y in (("1pct", y_pct.view_as(ref_y)), ("all", faulty[fam])):
+                cells[f"{fam}.{sev}"] = _Cell(
+                    f"{fam}.{sev}", fam, sev, kd, y, declared(kd.declared_order), None, None, True
+                )
+        acc6 = f6_accumulator(a, wt.w)  # one Triton launch on CUDA (audit/f6_tiles.py)
+        kd = FAULT_KERNELS["F6"]
+        y6 = epilogue_triton_order(acc6, s_a, wt.s_w)
+        cells["F6.all"] = _Cell(
+            "F6.all", "F6", "all", kd, y6, declared(kd.declared_order), None, value_diff(acc6, acc, seg, n_seg), True
+        )
+        acc7 = wrap_int16(acc)
+        kd = FAULT_KERNELS["F7"]
+        y7 = epilogue_triton_order(acc7, s_a, wt.s_w)
+        cells["F7.all"] = _Cell(
+            "F7.all", "F7", "all", kd, y7, declared(kd.declared_order), None, value_diff(acc7, acc, seg, n_seg), True
+        )
+        kd = FAULT_KERNELS["F8"]  # the reference pipeline itself: its output is ref_y's computation
+        cells["F8.all"] = _Cell("F8.all", "F8", "all", kd, ref_y, declared(kd.declared_order), None, None, True)
+        cells.update(_operand_faults_bc(a, s_a, acc, wt, pct_f9, seg, n_seg))
+        y_a = cells[baseline_variant(self.backends[0])].y
+        y_b = cells[baseline_variant(self.backends[1])].y
+        self.pair_stats = cell_stats(y_b.unsqueeze(0), y_a, seg, n_seg, hist=False)[0, :, :2].reshape(-1)  # [S * 2]
+        self.pow2 = is_power_of_two(wt.s_w).all().to(torch.int64).reshape(1)
+        self._stats_of(list(cells.values()))
+
+    def declared(self, order: str | None) -> torch.Tensor | None:
+        """The declared order's output on the shared operands (C8's expectation), computed once."""
         if order is None:
             return None
-        if order not in want:
-            want[order] = ORDER_EPILOGUES[order](acc, s_a, wt.s_w)
-        return want[order]
+        if order not in self.want:
+            self.want[order] = ORDER_EPILOGUES[order](self.acc, self.s_a, self.wt.s_w)
+        return self.want[order]
 
-    # One read-back: changed elements per (segment, F1..F5) and non-zero activation scales per segment.
-    counts = [
-        _seg_reduce((faulty[f].view(torch.int16) != ref_y.view(torch.int16)).sum(dim=1).unsqueeze(0), seg, n_seg, "sum")
-        for f in _EPI
-    ]
-    counts.append(_seg_reduce((s_a.reshape(1, -1) != 0).to(torch.int64), seg, n_seg, "sum"))
-    # Data-independent draws (1pct, F9b) on the host while the device works, then the one read-back.
-    pct = {f: _draw_indices(segments, regime, f"{f}.1pct", ms, r0, n, dev) for f in _EPI}
-    pct["F9"] = _draw_indices(segments, regime, "F9.1pct", ms, r0, k, dev)
-    counts = torch.cat(counts).tolist()  # [6][S]
+    def _stats_of(self, chunk_cells: list[_Cell]) -> None:
+        """Each cell's [S, _STAT] row block (statistics and check flags), chunked over cells."""
+        seg, n_seg, ref_y = self.seg, self.n_seg, self.ref_y
+        rows, n = ref_y.shape
+        step = max(1, _CHUNK_ELEMENTS // max(1, rows * n))
+        zero = torch.zeros(n_seg, dtype=torch.int64, device=self.dev)
+        for c0 in range(0, len(chunk_cells), step):
+            chunk = chunk_cells[c0 : c0 + step]
+            st = cell_stats(torch.stack([c.y for c in chunk]), ref_y, seg, n_seg)  # [C, S, 2 + HIST]
+            differs = (st[:, :, 0] > 0).to(torch.int64)  # [C, S]: output differs from the reference's
+            flags = []
+            for i, c in enumerate(chunk):
+                c1 = zero if c.c1 is None else c.c1
+                c4 = zero if c.c4 is None else c.c4
+                if c.want is None:
+                    c8 = zero
+                elif c.want is ref_y:
+                    c8 = differs[i]
+                elif c.want is c.y:  # the run's output is the declared order's computation itself
+                    c8 = zero
+                else:
+                    c8 = any_diff(c.y, c.want, seg, n_seg)
+                flags.append(torch.stack([c1, c4, c8], dim=1))  # [S, 3]
+            full = torch.cat([st[:, :, :2], torch.stack(flags), st[:, :, 2:]], dim=2)  # [C, S, _STAT]
+            for c, block in zip(chunk, full.unbind(0)):
+                self.stat_of[c.variant] = block
+                # the [R, N] tensors are done with (the next Linear is queued before finish)
+                c.y, c.want = None, (None if c.want is None else True)
 
-    cells: list[_Cell] = []
-    for b in pair:
-        kd = backend_kernel(b)
-        y = torch.cat([sg.outs[b] for sg in segments]) if n_seg > 1 else segments[0].outs[b]
-        cells.append(_Cell(baseline_variant(b), "B", "none", kd, y, declared(kd.declared_order), None, None, False))
-    by_variant = {}
-    for i, fam in enumerate(_EPI):
-        kd = FAULT_KERNELS[fam]
-        ys = _severities(fam, faulty[fam], ref_y, counts[i], pct[fam], segments, regime, ms, r0, n)
-        for sev, y in ys.items():
-            by_variant[f"{fam}.{sev}"] = _Cell(
-                f"{fam}.{sev}", fam, sev, kd, y, declared(kd.declared_order), None, None, True
-            )
-    acc6 = f6_accumulator(a, wt.w)  # one Triton launch on CUDA (audit/f6_tiles.py)
-    kd = FAULT_KERNELS["F6"]
-    y6 = epilogue_triton_order(acc6, s_a, wt.s_w)
-    by_variant["F6.all"] = _Cell(
-        "F6.all", "F6", "all", kd, y6, declared(kd.declared_order), None, _value_diff(acc6, acc, seg, n_seg), True
-    )
-    acc7 = wrap_int16(acc)
-    kd = FAULT_KERNELS["F7"]
-    y7 = epilogue_triton_order(acc7, s_a, wt.s_w)
-    by_variant["F7.all"] = _Cell(
-        "F7.all", "F7", "all", kd, y7, declared(kd.declared_order), None, _value_diff(acc7, acc, seg, n_seg), True
-    )
-    kd = FAULT_KERNELS["F8"]
-    y8 = epilogue_triton_order(acc, s_a, wt.s_w)
-    by_variant["F8.all"] = _Cell("F8.all", "F8", "all", kd, y8, declared(kd.declared_order), None, None, True)
-    by_variant.update(_operand_faults(regime, segments, a, s_a, acc, wt, counts[5], pct["F9"], ms, r0, seg, n_seg))
-    cells += [by_variant[v.id] for v in VARIANTS]
-
-    y_a = torch.cat([sg.outs[backends[0]] for sg in segments]) if n_seg > 1 else segments[0].outs[backends[0]]
-    y_b = torch.cat([sg.outs[backends[1]] for sg in segments]) if n_seg > 1 else segments[0].outs[backends[1]]
-    pair_stats = _stats(y_b.unsqueeze(0), y_a, seg, n_seg)[0, :, :2].reshape(-1)  # [S * 2]
-    per_cell = []
-    rows = a.shape[0]
-    step = max(1, _CHUNK_ELEMENTS // max(1, rows * n))
-    for c0 in range(0, len(cells), step):
-        chunk = cells[c0 : c0 + step]
-        st = _stats(torch.stack([c.y for c in chunk]), ref_y, seg, n_seg)  # [C, S, 2 + HIST]
-        zero = torch.zeros(n_seg, dtype=torch.int64, device=dev)
-        flags = []
-        for c in chunk:
-            c1 = zero if c.c1 is None else c.c1
-            c4 = zero if c.c4 is None else c.c4
-            c8 = zero if c.want is None else _any_diff(c.y, c.want, seg, n_seg)
-            flags.append(torch.stack([c1, c4, c8], dim=1))  # [S, 3]
-        fl = torch.stack(flags)  # [C, S, 3]
-        per_cell.append(torch.cat([st[:, :, :2], fl, st[:, :, 2:]], dim=2).reshape(-1))
-    pow2 = is_power_of_two(wt.s_w).all().to(torch.int64).reshape(1)
-    packed = torch.cat([pow2, pair_stats, *per_cell])
-    return Pending(regime, segments, cells, packed, k, wt)
+    def finish(self) -> Pending:
+        """Read the counts (waiting for them alone), queue the six `one` cells, pack the results."""
+        if self.event is not None:
+            self.event.synchronize()
+        counts = self.counts.tolist()  # [6][S]
+        segments, regime, n_seg, ms, r0 = self.segments, self.regime, self.n_seg, self.ms, self.r0
+        ref_y = self.ref_y
+        n = ref_y.shape[1]
+        plans = [_one_plan(f"{fam}.one", counts[i], segments, regime, ms, r0, n) for i, fam in enumerate(_EPI)]
+        plans.append(_one_plan("F9.one", counts[5], segments, regime, ms, r0, 1))
+        flat = _to_device_many([t for plan in plans for t in plan], self.dev)  # one copy
+        plans = [tuple(flat[3 * i : 3 * i + 3]) for i in range(len(plans))]
+        new = []
+        for i, fam in enumerate(_EPI):
+            kd = FAULT_KERNELS[fam]
+            y = _one(self.faulty[fam], ref_y, *plans[i])
+            new.append(_Cell(f"{fam}.one", fam, "one", kd, y, self.declared(kd.declared_order), None, None, True))
+        new.append(_operand_fault_a(self.s_a, self.acc, self.wt, plans[5], self.seg, n_seg))
+        for c in new:
+            self.cells[c.variant] = c
+        self._stats_of(new)
+        order = [baseline_variant(b) for b in dict.fromkeys(self.backends)] + [v.id for v in VARIANTS]
+        packed = torch.cat([self.pow2, self.pair_stats, *(self.stat_of[v].reshape(-1) for v in order)])
+        return Pending(regime, segments, [self.cells[v] for v in order], packed, self.wt.w.shape[1], self.wt)
 
 
-def _draw_indices(segments, regime, variant_id, ms, r0, width, dev) -> torch.Tensor:
+def _to_device_many(host: list[torch.Tensor], dev: torch.device) -> list[torch.Tensor]:
+    """Host int64 tensors -> device tensors, in one copy (then views of it)."""
+    flat = _to_device(torch.cat([t.reshape(-1) for t in host]), dev)
+    return list(flat.split([t.numel() for t in host]))
+
+
+def _draw_indices(segments, regime, variant_id, ms, r0, width) -> torch.Tensor:
     """The `1pct` draws of every segment (ceil(1% of M * width) seeded indices of its [M, width]
-    block, faults.severity_mask / F9b), as flat indices of the concatenation, on the device.
+    block, faults.severity_mask / F9b), as flat indices of the concatenation (host int64).
     F9b's torch.unique is left out: assigning a shifted value twice writes the same bits."""
     draws = []
     for s, sg in enumerate(segments):
         g = _gen(sg.label, regime, variant_id)
         size = ms[s] * width
         draws.append(torch.randint(0, size, (math.ceil(0.01 * size),), generator=g) + r0[s] * width)
-    return _to_device(torch.cat(draws), dev)
+    return torch.cat(draws)
 
 
-def _severities(fam, y_fault, ref_y, changed, idx, segments, regime, ms, r0, n) -> dict:
-    """F1..F5 at `one`, `1pct` and `all` (faults.severity_mask's draws, per segment)."""
-    dev = ref_y.device
-    flat_f = y_fault.reshape(-1)
-    one_pos = []
-    need_search, targets = [], []
-    base = 0
+def _one_plan(variant_id, counts, segments, regime, ms, r0, width) -> tuple[torch.Tensor, ...]:
+    """The `one` draws of every segment (faults.severity_mask for F1..F5, the F9a row): with
+    counts[s] > 0 the pick-th counted element of segment s (a search target into the cumulative
+    count of the concatenation), else the draw over the segment's M * width positions. Host
+    int64 (positions with 0 where searched, targets, the searched segments)."""
+    pos, need, targets, base = [], [], [], 0
     for s, sg in enumerate(segments):
-        mn = ms[s] * n
-        g = _gen(sg.label, regime, f"{fam}.one")
-        if changed[s]:
-            pick = int(torch.randint(0, changed[s], (1,), generator=g))
-            need_search.append(s)
-            targets.append(base + pick + 1)
-            one_pos.append(None)
-        else:
-            one_pos.append(r0[s] * n + int(torch.randint(0, mn, (1,), generator=g)))
-        base += changed[s]
-    pos = torch.tensor([p if p is not None else 0 for p in one_pos], dtype=torch.int64)
-    pos = _to_device(pos, dev)
-    if need_search:
-        changed_flat = (y_fault.view(torch.int16) != ref_y.view(torch.int16)).reshape(-1)
-        csum = torch.cumsum(changed_flat.to(torch.int64), 0)
-        found = torch.searchsorted(csum, _to_device(torch.tensor(targets, dtype=torch.int64), dev))
-        pos = pos.index_copy(0, _to_device(torch.tensor(need_search, dtype=torch.int64), dev), found)
-    y_one = ref_y.clone().reshape(-1)
-    y_one[pos] = flat_f[pos]
-    y_pct = ref_y.clone().reshape(-1)
-    y_pct[idx] = flat_f[idx]
-    return {"one": y_one.view_as(ref_y), "1pct": y_pct.view_as(ref_y), "all": y_fault}
-
-
-def _operand_faults(regime, segments, a, s_a, acc, wt, nonzero, idx, ms, r0, seg, n_seg) -> dict:
-    """F9a, F9b, F9c (faults._operand_fault's draws, per segment) on the concatenation."""
-    dev = a.device
-    kd = FAULT_KERNELS["F9"]
-    out = {}
-    # F9a: one activation scale x F9A_FACTOR, a seeded row among the non-zero ones
-    rows, need, targets, base = [], [], [], 0
-    for s, sg in enumerate(segments):
-        g = _gen(sg.label, regime, "F9.one")
-        cnt = nonzero[s] if nonzero[s] else ms[s]
-        pick = int(torch.randint(0, cnt, (1,), generator=g))
-        if nonzero[s]:
+        g = _gen(sg.label, regime, variant_id)
+        if counts[s]:
+            pick = int(torch.randint(0, counts[s], (1,), generator=g))
             need.append(s)
             targets.append(base + pick + 1)
-            rows.append(0)
+            pos.append(0)
         else:
-            rows.append(r0[s] + pick)
-        base += nonzero[s]
-    rows_t = _to_device(torch.tensor(rows, dtype=torch.int64), dev)
-    if need:
-        csum = torch.cumsum((s_a.reshape(-1) != 0).to(torch.int64), 0)
-        found = torch.searchsorted(csum, _to_device(torch.tensor(targets, dtype=torch.int64), dev))
-        rows_t = rows_t.index_copy(0, _to_device(torch.tensor(need, dtype=torch.int64), dev), found)
+            pos.append(r0[s] * width + int(torch.randint(0, ms[s] * width, (1,), generator=g)))
+        base += counts[s]
+    return tuple(torch.tensor(v, dtype=torch.int64) for v in (pos, targets, need))
+
+
+def _one_positions(counted: torch.Tensor, pos, targets, need) -> torch.Tensor:
+    """The plan's positions on the device: searched ones found in the cumulative count of `counted`
+    (flat 0/1 over the concatenation)."""
+    if need.numel():
+        csum = torch.cumsum(counted.to(torch.int64), 0)
+        pos = pos.index_copy(0, need, torch.searchsorted(csum, targets))
+    return pos
+
+
+def _one(y_fault, ref_y, pos, targets, need) -> torch.Tensor:
+    """F1..F5 at `one`: the reference with the planned element (a changed one of its segment when
+    any changed) taken from the faulty output."""
+    changed_flat = (y_fault.view(torch.int16) != ref_y.view(torch.int16)).reshape(-1)
+    pos = _one_positions(changed_flat, pos, targets, need)
+    y_one = ref_y.clone().reshape(-1)
+    y_one[pos] = y_fault.reshape(-1)[pos]
+    return y_one.view_as(ref_y)
+
+
+def _declared_on_own_operands(kd, y, acc, s_a, wt) -> torch.Tensor:
+    """C8's expectation for an operand fault: the declared order on the run's own operands. The
+    run's output y is epilogue_triton_order on those very tensors, so for that order it is y."""
+    if kd.declared_order == "triton-order":
+        return y
+    return ORDER_EPILOGUES[kd.declared_order](acc, s_a, wt.s_w)
+
+
+def _operand_fault_a(s_a, acc, wt, plan, seg, n_seg) -> _Cell:
+    """F9a (faults._operand_fault's draw, per segment): one activation scale x F9A_FACTOR, a seeded
+    row among the non-zero ones (among all rows when every scale is zero)."""
+    kd = FAULT_KERNELS["F9"]
+    rows_t = _one_positions(s_a.reshape(-1) != 0, *plan)
     s_new = s_a.clone()
     s_new[rows_t] = s_new[rows_t] * F9A_FACTOR
     y = epilogue_triton_order(acc, s_new, wt.s_w)
-    c1 = _any_diff(s_new, s_a, seg, n_seg)
-    want = ORDER_EPILOGUES[kd.declared_order](acc, s_new, wt.s_w)
-    out["F9.one"] = _Cell("F9.one", "F9", "one", kd, y, want, c1, None, True)
-    # F9b: 1% of the int8 activations shifted by one
+    c1 = any_diff(s_new, s_a, seg, n_seg)
+    want = _declared_on_own_operands(kd, y, acc, s_new, wt)
+    return _Cell("F9.one", "F9", "one", kd, y, want, c1, None, True)
+
+
+def _operand_faults_bc(a, s_a, acc, wt, idx, seg, n_seg) -> dict:
+    """F9b (1% of the int8 activations shifted by one, `idx` drawn per segment) and F9c (every one)."""
+    kd = FAULT_KERNELS["F9"]
+    out = {}
     flat = a.reshape(-1).clone()
     flat[idx] = shift_int8_by_one(flat[idx])
-    a_b = flat.view_as(a)
-    acc_b = exact_accumulate(a_b, wt.w)
-    y = epilogue_triton_order(acc_b, s_a, wt.s_w)
-    want = ORDER_EPILOGUES[kd.declared_order](acc_b, s_a, wt.s_w)
-    out["F9.1pct"] = _Cell(
-        "F9.1pct", "F9", "1pct", kd, y, want, _any_diff(a_b, a, seg, n_seg), _value_diff(acc_b, acc, seg, n_seg), True
-    )
-    # F9c: every int8 activation shifted by one
-    a_c = shift_int8_by_one(a)
-    acc_c = exact_accumulate(a_c, wt.w)
-    y = epilogue_triton_order(acc_c, s_a, wt.s_w)
-    want = ORDER_EPILOGUES[kd.declared_order](acc_c, s_a, wt.s_w)
-    out["F9.all"] = _Cell(
-        "F9.all", "F9", "all", kd, y, want, _any_diff(a_c, a, seg, n_seg), _value_diff(acc_c, acc, seg, n_seg), True
-    )
+    for sev, a_x in (("1pct", flat.view_as(a)), ("all", shift_int8_by_one(a))):
+        acc_x = exact_accumulate(a_x, wt.w)
+        y = epilogue_triton_order(acc_x, s_a, wt.s_w)
+        want = _declared_on_own_operands(kd, y, acc_x, s_a, wt)
+        out[f"F9.{sev}"] = _Cell(
+            f"F9.{sev}",
+            "F9",
+            sev,
+            kd,
+            y,
+            want,
+            any_diff(a_x, a, seg, n_seg),
+            value_diff(acc_x, acc, seg, n_seg),
+            True,
+        )
     return out
+
+
+class Read:
+    """The packed results of several Linears on their way to the host: on CUDA a non-blocking copy
+    into pinned memory, so that the device goes on with the next Linears meanwhile; resolve()
+    waits for that copy alone."""
+
+    def __init__(self, pendings: list[Pending]):
+        self.pendings = pendings
+        packed = torch.cat([p.packed for p in pendings]) if pendings else torch.zeros(0, dtype=torch.int64)
+        if packed.is_cuda:
+            self.host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
+            self.host.copy_(packed, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
+        else:
+            self.host, self.event = packed, None
+
+    def resolve(self, checks: tuple[str, ...]) -> list[list[tuple[dict, list[CellResult]]]]:
+        if self.event is not None:
+            self.event.synchronize()
+        values = self.host.tolist()
+        out, at = [], 0
+        for p in self.pendings:
+            n = p.packed.numel()
+            out.append(p.resolve(values[at : at + n], checks))
+            at += n
+        return out
 
 
 def resolve_all(pendings: list[Pending], checks: tuple[str, ...]) -> list[list[tuple[dict, list[CellResult]]]]:
     """One host read for several Linears' results."""
-    if not pendings:
-        return []
-    values = torch.cat([p.packed for p in pendings]).tolist()
-    out, at = [], 0
-    for p in pendings:
-        n = p.packed.numel()
-        out.append(p.resolve(values[at : at + n], checks))
-        at += n
-    return out
+    return Read(pendings).resolve(checks)

@@ -46,13 +46,14 @@ class AuditLinears:
             return out
         out = {}
         with ThreadPoolExecutor(max_workers=READ_AHEAD) as pool:
-            reads = {n: pool.submit(self.ckpt.weight_and_scale, n) for n in names[:READ_AHEAD]}
+            reads = {n: pool.submit(read_linear, self.ckpt, n, True) for n in names[:READ_AHEAD]}
             for i, n in enumerate(names):
                 q, s = reads.pop(n).result()
                 if i + READ_AHEAD < len(names):  # bounded: READ_AHEAD Linears read ahead of the one placed
                     nxt = names[i + READ_AHEAD]
-                    reads[nxt] = pool.submit(self.ckpt.weight_and_scale, nxt)
-                q = q.pin_memory().to(self.device, non_blocking=True)
+                    reads[nxt] = pool.submit(read_linear, self.ckpt, nxt, True)
+                # q is pinned: an asynchronous copy (the host allocator keeps the block until it is done)
+                q = q.to(self.device, non_blocking=True)
                 if regime == "pow2":
                     q, s = requantize_nearest(q, s)
                 else:
@@ -63,6 +64,15 @@ class AuditLinears:
     def _place(self, q: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         s = s.to(torch.float32).reshape(-1, 1).contiguous()  # exact upcast, on the host
         return q.contiguous(), s.pin_memory().to(self.device, non_blocking=True)  # no stream sync per Linear
+
+
+def read_linear(ckpt, linear: str, pin: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """ckpt.weight_and_scale(linear), the weight read straight into page-locked memory when `pin`
+    (SafetensorsFile.tensor_direct: one pread into the buffer the device copy reads)."""
+    if linear not in ckpt.quantized_linears or not hasattr(ckpt, "shard_of"):
+        return ckpt.weight_and_scale(linear)  # its own error, or a checkpoint without shards
+    name = linear + ".weight"
+    return ckpt.shard_of(name).tensor_direct(name, pin), ckpt.tensor(linear + ".weight_scale")
 
 
 def load_audit_linears(ckpt, regime: str, device) -> dict:

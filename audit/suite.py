@@ -23,7 +23,7 @@ from collections.abc import Callable
 import torch
 
 from requant import kernels
-from requant.audit.batched import Pending, Segment, evaluate_linear, per_cell_forced, resolve_all
+from requant.audit.batched import Pending, Read, Segment, Started, per_cell_forced, start_linear
 from requant.audit.capture import Capture, prompts, run_prompts
 from requant.audit.checks import CHECK_IDS, c7_token_risk, run_checks, token_risk
 from requant.audit.compare import compare_layer, summarize_layers
@@ -51,6 +51,7 @@ from requant.audit.records import (
 from requant.audit.scoring import CellResult, Scorer, ulp_histogram
 from requant.backends import environment
 from requant.evidence.identity import checkpoint_identity
+from requant.kernels.bf16 import is_power_of_two
 from requant.models.qwen3 import Qwen3Arch
 from requant.models.tokenizer import load_tokenizer
 from requant.runtime import Model, load_dense
@@ -150,37 +151,50 @@ class LinearQueue:
         self.regime, self.backends, self.checks, self.advance, self.window = regime, backends, checks, advance, window
         self.per_cell = per_cell_forced()
         self.queued: list = []
+        self.reading: list = []  # (entries, Read): windows whose results are on their way
         self.done: dict = {}
 
     def put(self, key, labelled: list, wt: Weights) -> None:
         pair = tuple(dict.fromkeys(self.backends))
         outs = [{b: kernels.scaled_mm(act.a, wt.w, act.s_a, wt.s_w, backend=b) for b in pair} for _, act in labelled]
-        pending = None
+        work = None
         if not self.per_cell:
             segs = [Segment(label, act, o) for (label, act), o in zip(labelled, outs)]
-            pending = evaluate_linear(self.regime, segs, wt, self.backends, backend_kernel)
-        if pending is None:
+            work = start_linear(self.regime, segs, wt, self.backends, backend_kernel)
+        # The Linear queued before this one reads its counts now: its copy is done or nearly, and the
+        # device has this Linear's work queued behind it (no idle device while the host reads).
+        self._finish_started()
+        if work is None:
             res = [
                 layer_cells(label, self.regime, act, wt, self.backends, self.checks, o)
                 for (label, act), o in zip(labelled, outs)
             ]
             self.queued.append((key, res, len(labelled)))
         else:
-            self.queued.append((key, pending, len(labelled)))
-        if sum(isinstance(r, Pending) for _, r, _ in self.queued) >= self.window:
+            self.queued.append((key, work, len(labelled)))
+        if sum(isinstance(r, (Pending, Started)) for _, r, _ in self.queued) >= self.window:
             self.flush()
 
-    def flush(self) -> None:
-        pendings = [r for _, r, _ in self.queued if isinstance(r, Pending)]
-        resolved = iter(resolve_all(pendings, self.checks))
-        for key, r, n_seg in self.queued:
-            self.done[key] = next(resolved) if isinstance(r, Pending) else r
-            if self.advance is not None:
-                self.advance(len(VARIANTS) * n_seg)
+    def _finish_started(self) -> None:
+        self.queued = [(k, r.finish() if isinstance(r, Started) else r, n) for k, r, n in self.queued]
+
+    def flush(self, wait: bool = False) -> None:
+        """Send the queued Linears' results to the host; resolve the window sent before (or, with
+        `wait`, every window): the device works on while the host reads and scores."""
+        self._finish_started()
+        if self.queued:
+            self.reading.append((self.queued, Read([r for _, r, _ in self.queued if isinstance(r, Pending)])))
         self.queued = []
+        while self.reading and (wait or len(self.reading) > 1):
+            entries, read = self.reading.pop(0)
+            resolved = iter(read.resolve(self.checks))
+            for key, r, n_seg in entries:
+                self.done[key] = next(resolved) if isinstance(r, Pending) else r
+                if self.advance is not None:
+                    self.advance(len(VARIANTS) * n_seg)
 
     def results(self) -> dict:
-        self.flush()
+        self.flush(wait=True)
         return self.done
 
 
@@ -292,15 +306,18 @@ def run_audit(
         t_c = time.perf_counter()
         say(f"{regime}: cells")
         queue = LinearQueue(regime, backends, scorer.checks, advance)
+        pow2_flags = []  # on the device, read once after the cells (no host read per Linear)
         for name in ckpt.quantized_linears:
             wt = Weights(*linears[name])
-            if regime == "native" and wt.all_scales_power_of_two():
-                native_pow2_layers += 1
+            if regime == "native":
+                pow2_flags.append(is_power_of_two(wt.s_w).all())
             queue.put(name, [(name, ops[name])], wt)
         for name, [(row, cells)] in queue.results().items():
             for cell in cells:
                 scorer.add(cell)
             per_layer.append(row)
+        if pow2_flags:
+            native_pow2_layers += int(torch.stack(pow2_flags).sum())
         timings[f"{regime}_cells_s"] = _lap(t_c, device)
         del ops, cap
         if decode is not None:

@@ -115,6 +115,27 @@ class SafetensorsFile:
         info = self.info(name)
         return bytes_to_tensor(self.read_bytes(name), info)
 
+    def tensor_direct(self, name: str, pin: bool = False) -> torch.Tensor:
+        """tensor(name), read by one pread straight into a fresh tensor's memory; with `pin` that
+        memory is page-locked, so that a non-blocking copy to a GPU reads the very buffer the file
+        was read into (no zero-filled bytearray, no second host copy)."""
+        info = self.info(name)
+        t = torch.empty(info.shape, dtype=info.torch_dtype, pin_memory=pin)
+        if t.numel() * t.element_size() != info.nbytes:  # cannot happen for a validated header
+            t = self.tensor(name)
+            return t.pin_memory() if pin else t
+        if info.nbytes:
+            try:
+                fd = os.open(self.path, os.O_RDONLY)
+            except OSError as exc:
+                raise TensorError(f"opening failed: {os_reason(exc)}", file=self.path, tensor=name) from exc
+            try:
+                view = memoryview(t.reshape(-1).view(torch.uint8).numpy())
+                pread_exact(fd, view, self.data_start + info.begin, file=self.path, tensor=name)
+            finally:
+                os.close(fd)
+        return t
+
 
 def pread_exact(fd: int, view: memoryview, offset: int, *, file, tensor: str | None) -> None:
     """Fill `view` with the bytes of fd at `offset`: requant's one preadv loop (a short read

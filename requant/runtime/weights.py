@@ -127,13 +127,15 @@ def check_layout(ckpt) -> None:
             raise ValueError(f"the checkpoint has no tensor {n!r} (the runtime runs Qwen3: q_norm/k_norm per head)")
 
 
-def _finite(ckpt, name: str) -> torch.Tensor:
-    """One non-quantized tensor, refused (TensorError naming its file and tensor) when it holds
-    a NaN or an infinity: otherwise every activation downstream is NaN and the error surfaces
-    far away, naming no file (a kernel's "activations contain NaN or infinity")."""
+def _finite(ckpt, name: str, t: torch.Tensor | None = None) -> torch.Tensor:
+    """One non-quantized tensor (`t`, already read, or read here), refused (TensorError naming its
+    file and tensor) when it holds a NaN or an infinity: otherwise every activation downstream is
+    NaN and the error surfaces far away, naming no file (a kernel's "activations contain NaN or
+    infinity"). On a GPU tensor the check runs there (one host read)."""
     from requant.errors import TensorError
 
-    t = ckpt.tensor(name)
+    if t is None:
+        t = ckpt.tensor(name)
     if t.is_floating_point():
         bad = ~torch.isfinite(t.reshape(-1))
         if bool(bad.any()):
@@ -148,6 +150,15 @@ def _finite(ckpt, name: str) -> torch.Tensor:
     return t
 
 
+def _dense_on(ckpt, name: str, device) -> torch.Tensor:
+    """_finite's tensor on `device`. On CUDA read straight into page-locked memory, copied without
+    blocking and checked on the GPU (the same bytes, the same refusal)."""
+    if torch.device(device).type == "cuda" and hasattr(ckpt, "shard_of"):
+        host = ckpt.shard_of(name).tensor_direct(name, pin=True)
+        return _finite(ckpt, name, host.to(device, non_blocking=True))
+    return _finite(ckpt, name).to(device)
+
+
 def load_dense(ckpt, device) -> dict[str, torch.Tensor]:
     """The non-quantized tensors of a W8A8 checkpoint, on device (bf16 as stored), each checked
     finite as it is read (_finite); a tied lm_head reuses the embedding; a non-quantized decoder
@@ -159,10 +170,10 @@ def load_dense(ckpt, device) -> dict[str, torch.Tensor]:
     for n in dense_names(ckpt.config, quantized):
         if n == "lm_head.weight" and (tie or n not in names):
             continue
-        dense[n] = _finite(ckpt, n).to(device)
+        dense[n] = _dense_on(ckpt, n, device)
     for n in Qwen3Arch.from_config(ckpt.config).linear_shapes():
         if n not in quantized:
-            dense[n + ".weight"] = _finite(ckpt, n + ".weight").to(device)
+            dense[n + ".weight"] = _dense_on(ckpt, n + ".weight", device)
     if "lm_head" not in quantized and "lm_head.weight" not in dense:
         dense["lm_head.weight"] = dense["model.embed_tokens.weight"]
     return dense

@@ -71,9 +71,9 @@ def _compare(regime, labelled, wt, backends, checks):
 @pytest.fixture(params=[None, False], ids=["host-shortcuts", "device-path"])
 def shortcuts(request, monkeypatch):
     """The CPU's shortcuts, and the code path a GPU runs (no host read-back), both on the CPU."""
-    from requant.audit import batched
+    from requant.audit import batched_stats
 
-    monkeypatch.setattr(batched, "HOST_SHORTCUTS", request.param)
+    monkeypatch.setattr(batched_stats, "HOST_SHORTCUTS", request.param)
 
 
 @pytest.mark.parametrize("pow2", [False, True])
@@ -159,3 +159,22 @@ def test_gpu_batched_equals_per_cell_with_the_real_pair(tmp_path, monkeypatch):
         res.pop("peak_gpu_memory_bytes")
     assert _strip(got) == _strip(want)
     assert got["per_layer_summary"]["pow2"]["bitwise_equal"] == got["layers"]
+
+
+def test_row_histogram_without_atomics_equals_ulp_histogram_row_by_row():
+    """batched_stats._row_hist (exponent bins, one comparison per bin) against scoring.ulp_histogram
+    (frexp of every non-zero distance, bincount) row by row, on every power-of-two edge up to 2**16
+    and NaN elements (distance 2**31)."""
+    from requant.audit.batched_stats import _row_hist
+    from requant.audit.scoring import ulp_histogram
+
+    edges = [0, 1, 2, 3] + [v for j in range(2, 17) for v in (2**j - 1, 2**j, 2**j + 1)]
+    g = torch.Generator().manual_seed(3)
+    d = torch.cat([torch.tensor(edges), torch.randint(0, 2**16 + 2, (2 * 3 * 40 - len(edges),), generator=g)])
+    d = d[torch.randperm(d.numel(), generator=g)].view(2, 3, 40).to(torch.int32)
+    nan = torch.rand(2, 3, 40, generator=g) < 0.1
+    got = _row_hist(d, nan)
+    dist = torch.where(nan, 2**31, d.to(torch.int64))
+    for c in range(2):
+        for r in range(3):
+            assert got[c, r].tolist() == ulp_histogram(dist[c, r])

@@ -5,7 +5,7 @@ native tensors (marker gpu)."""
 import pytest
 import torch
 
-from requant.audit.linears import AuditLinears
+from requant.audit.linears import AuditLinears, read_linear
 from requant.checkpoint import open_checkpoint
 from requant.runtime import load_linears
 from requant.synthetic import generate
@@ -22,6 +22,16 @@ def test_cpu_loader_is_the_runtime_loader(tmp_path):
     loader = AuditLinears(ckpt, "cpu")
     for regime in ("native", "pow2"):
         _equal(loader.load(regime), load_linears(ckpt, regime, "cpu"))
+
+
+def test_direct_read_equals_the_checkpoint_reader(tmp_path):
+    """read_linear (one pread into the buffer the device copy reads) against
+    Checkpoint.weight_and_scale (the safetensors reader), every Linear, bit for bit."""
+    ckpt = open_checkpoint(generate("tiny", tmp_path / "tiny"))
+    for n in ckpt.quantized_linears:
+        q, s = read_linear(ckpt, n, pin=torch.cuda.is_available())
+        wq, ws = ckpt.weight_and_scale(n)
+        assert q.dtype == wq.dtype == torch.int8 and torch.equal(q, wq) and torch.equal(s, ws)
 
 
 @pytest.mark.gpu

@@ -72,6 +72,8 @@ def test_writer_matches_library_and_reader_matches_load_file(tmp_path, tensors, 
         got = f.tensor(name)
         assert got.dtype == t.dtype and got.shape == t.shape
         assert torch.equal(_bits(got), _bits(t))
+        direct = f.tensor_direct(name, pin=torch.cuda.is_available())  # one pread into the tensor
+        assert direct.dtype == t.dtype and direct.shape == t.shape and torch.equal(_bits(direct), _bits(t))
 
 
 def test_header_is_padded_with_spaces_to_8_bytes():
