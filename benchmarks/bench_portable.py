@@ -19,8 +19,6 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 
 def _sync():
     torch.cuda.synchronize()
@@ -31,9 +29,8 @@ def random_model(name: str, backend: str, device: str, engine: str, layers: int 
     layers: keep only the first ones (a quick CPU estimate)."""
     import dataclasses
 
-    import bench_runtime_fast
-
-    from requant.synthetic import PRESETS
+    from benchmarks import _runtime_fast as bench_runtime_fast
+    from requant.models.synthetic import PRESETS
 
     if layers is not None:
         PRESETS[f"{name}-{layers}l"] = dataclasses.replace(PRESETS[name], layers=layers)
@@ -97,7 +94,7 @@ def prefill_secs(model, n: int) -> float:
 
 
 def decode_secs(model, batch: int, steps: int) -> float:
-    from bench_runtime_fast import requant_decoder
+    from benchmarks._runtime_fast import requant_decoder
 
     g = torch.Generator().manual_seed(batch)
     prompts = [torch.randint(0, model.arch.vocab, (128,), generator=g).cuda() for _ in range(batch)]
