@@ -14,17 +14,6 @@ from requant.cli import app
 
 DIR = Path(__file__).resolve().parents[2] / "data" / "gpu_records"
 FILES = sorted(DIR.glob("*.jsonl"))
-# Made on the H200 and replayed there on its host CPU (torch 2.11) with exit 0, these two differ here
-# (2-core AMD EPYC, torch 2.13) in one record at one step: record 3, step 11, the logits digest only
-# (the tokens agree). The cause is not found (MADE.md says what was ruled out); strict, so that a fix
-# shows up as XPASS and the mark is removed.
-DIVERGENT_HERE = {"default-cutlass-native-b4", "default-triton-native-b4"}
-PARAMS = [
-    pytest.param(p, marks=pytest.mark.xfail(strict=True, reason="diverges on this CPU (MADE.md)"))
-    if p.stem in DIVERGENT_HERE
-    else p
-    for p in FILES
-]
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +32,7 @@ def presets(tmp_path_factory):
 
 
 @pytest.mark.skipif(not FILES, reason="no GPU-made records committed under tests/data/gpu_records")
-@pytest.mark.parametrize("path", PARAMS, ids=[p.stem for p in FILES])
+@pytest.mark.parametrize("path", FILES, ids=[p.stem for p in FILES])
 def test_gpu_record_replays_on_the_cpu(path, tmp_path, presets):
     ckpt = path.with_suffix(".ckpt")  # NAME.ckpt, else PREFIX.ckpt for NAME = PREFIX-...
     if not ckpt.is_dir():
