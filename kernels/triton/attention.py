@@ -34,22 +34,10 @@ picks it from the launch's shape (blocks of several tokens, FOLD_MIN_PROGRAMS pr
 prefill, chunked prefill); decode and small launches keep split + combine, whose parallelism
 over splits matters there. The grid is (blocks, KV heads), longest blocks first.
 
-INVARIANCE (prefill == chunked prefill == decode, batch invariance), by construction:
-  * every launch uses the same BLOCK_M, BLOCK_N, SPLIT, warps and stages, so a row's MMA and
-    reduction instructions are the same whether its program holds 1 token or BLOCK_M / G;
-  * split boundaries are absolute positions: a row's splits, the tiles of each and the fold
-    order depend on its own position only, never on the batch, the chunking or the SMs;
-  * tiles past a row's position inside one of its splits are exact no-ops (every s_j masked:
-    m' = m, alpha = 1 forced, p = 0, l * 1 + 0 = l, acc * 1 + 0 @ v = acc, v finite), and a
-    split past its position is never folded (selected out, not added);
-  * K/V always come from the cache; walk bounds and split counts are read from device memory
-    (pos, blocks) and the grid depends on the capacity and the number of blocks only, so a
-    CUDA graph replays it; the path (fold or split + combine) is a function of the launch's
-    shape, and both give the same bits for every row.
+Why the bits do not depend on the batch, the chunking or the path (INVARIANCE): docs/internals.md.
 Launch groups of blocks (PARTIAL_BUDGET bytes of partials each) change nothing: a block's
-programs read only their own partials. Tests: tests/requant/runtime/test_fast.py (CPU, against
-the emulation and across split boundaries), test_attention_fold.py (the fused fold against
-split + combine and the emulation), test_fast_gpu.py and test_attention_fold_gpu.py.
+programs read only their own partials. Tests: tests/requant/runtime/test_fast.py,
+test_attention_fold.py (CPU, interpreter), test_fast_gpu.py, test_attention_fold_gpu.py.
 """
 
 import torch

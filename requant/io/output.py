@@ -12,18 +12,8 @@
 * OUT inside SRC (or SRC inside OUT) is refused. An existing OUT is only replaced with
   force=True, checked again just before the rename (an OUT that appeared meanwhile is an
   error); the old OUT is moved aside first and put back if the rename fails.
-* A run that is killed (SIGKILL, a power cut) leaves its `.OUT.requant-tmp-*` behind, which
-  for a large model is gigabytes. Each such directory therefore has a lock file beside it
-  (`.OUT.requant-tmp-X.lock`, outside the directory so that it is never part of the
-  output), naming pid and host, on which its writer holds an flock for as long as it runs
-  (made under another name, locked, then renamed into place, so that it is never seen
-  unlocked while its writer lives; the directory is made after it). The next AtomicOutput
-  for the same OUT sweeps OUT's parent: a temporary directory whose lock it can take was
-  left by a dead run and is removed; one whose lock is held belongs to a live run and is
-  left alone; one with no lock (an older requant, or a run killed in the instant of
-  making its lock) and a moved-aside `.OUT.requant-old-*` (possibly the
-  only copy of the previous output) are left alone and named. Every removal and every
-  leftover is reported through `on_note` (a warning by default).
+* A killed run leaves `.OUT.requant-tmp-*` behind with a lock file beside it; the next
+  AtomicOutput for OUT removes those whose lock it can take (how, and why: docs/internals.md).
 * An interrupt that arrives once the rename is done is an OutputInterrupted (a
   KeyboardInterrupt): the output is complete, and its message says so, instead of the
   "nothing was written" of an interrupt before it.
