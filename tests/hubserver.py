@@ -1,9 +1,7 @@
 """A loopback fake of the Hugging Face Hub's HTTP API, enough for huggingface_hub to push and pull.
 
-A real HTTP server (http.server, HTTP/1.1, one thread per connection) on 127.0.0.1 and a free
-port, run in a daemon thread and stopped by the fixture that started it. huggingface_hub talks
-httpx (httpx2 in 2.x), so request mocks made for `requests` would not intercept it; a real
-socket is what the client really uses. Endpoints (as the installed huggingface_hub calls them):
+A real HTTP server on 127.0.0.1 and a free port, in a daemon thread, stopped by the fixture that
+started it. Endpoints (as the installed huggingface_hub calls them):
 
   POST /api/repos/create                      create (409 + {"url"} when it exists)
   POST /api/validate-yaml                     README metadata check before a commit
@@ -14,10 +12,7 @@ socket is what the client really uses. Endpoints (as the installed huggingface_h
   GET  /api/models/{repo}/tree/{rev}[/path]   the file listing (lfs sha256 for *.safetensors, as the Hub)
   HEAD/GET /{repo}/resolve/{rev}/{path}       the bytes, with ETag, X-Repo-Commit (X-Linked-* for LFS)
 
-Every new repo starts with a .gitattributes commit, as on the Hub. Writes need
-`Authorization: Bearer <token>` when the hub is given a token; `fail()` injects an error
-answer for the next matching request (optionally echoing the request's Authorization header
-in the error message, as a careless server might, to test that clients never show it).
+`fail()` injects an error answer for the next matching request. More: docs/internals.md (tests/hubserver.py).
 """
 
 from __future__ import annotations

@@ -8,22 +8,11 @@ states the contract):
   inv    = fp32(127 / (absmax * up))     `/` may lower to an approximate division on GPU
   q      = saturate_int8(round_half_even(fp32(fp32(x * up) * inv)))
   a zero row gives s_a = 0 and q = 0 (inv is forced to 0: no 0/0, no NaN).
-bf16 is upcast on its bits (bits << 16, exact on every input), not with
-`.to(tl.float32)`: Triton's CPU interpreter (3.9) converts bf16 subnormals to wrong fp32
-values, which made absmax, s and q differ from the reference on subnormal rows.
-round_half_even is written with floor and an exact remainder (|x * inv| <= 127.x, so
-v - floor(v) is exact) instead of a libdevice rint, which the interpreter lacks.
-The kernel is compiled with enable_fp_fusion=False: Triton contracts a multiply followed
-by an add into an FMA by default, and fma(x, inv, -floor(v)) skips the rounding of
-x * inv, so a product that rounds to exactly k + 0.5 would round the other way. Seen on
-an H200 without the flag: the quantized activations differed from the reference in 24 of
-the 48 Qwen3 GPU test cases (every one at M = 512 and 4096); with it, in none. The same
-would hit an add/subtract-1.5*2^23 rounding trick (it fuses into fma(x, inv, 1.5*2^23)).
-Inputs are checked on the host by kernels.reference._check_activations (2-D,
-bf16/fp16/fp32; finite where that costs no device sync, see its `check` argument), the very
-check the reference runs. Rows with a NaN or an infinity that were not refused there get
-s = NaN (POISON_SCALE_BITS, the reference's bits) and q = 0, decided in the kernel: no
-device-to-host transfer per call. Launches go through _launch.py (cached after the first).
+Inputs pass the reference's own host check (kernels.reference._check_activations); a row with
+a NaN or an infinity that it did not refuse gets s = NaN and q = 0, decided in the kernel.
+
+Why bf16 is upcast on its bits, how round_half_even is written, why enable_fp_fusion=False,
+and what the input checks cost: docs/internals.md (kernels/triton/quantize.py).
 """
 
 import torch

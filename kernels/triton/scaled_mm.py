@@ -3,25 +3,15 @@
     acc[m, n] = sum_k a[m, k] * w[n, k]              exact int32 (tl.dot, out_dtype=int32)
     y[m, n]   = bf16_rne( fp32( s_a[m] * fp32(acc) ) * s_w[n] )
 
-Numerics guaranteed, and why:
-  * The int32 accumulator is exact: |acc| <= K * 2**14 < 2**31 for K <= MAX_K (checked by
-    kernels.reference.check_operands), and integer addition is associative, so the tile
-    shape, the K-loop order and the number of stages cannot change it. That is why tile
-    configurations may depend on M without changing a bit.
-  * fp32(acc) is int32 -> fp32 round to nearest even (sitofp on GPU, numpy astype in the
-    interpreter); the two multiplies are separate IEEE fp32 multiplies. There is no add
-    to contract them into an FMA, and the kernel is compiled with enable_fp_fusion=False
-    anyway, so no future edit of the epilogue can fuse silently.
-  * The bf16 rounding is done on the fp32 bits (see _bf16.py), so the kernel gives the
-    same bits on a GPU and under TRITON_INTERPRET=1, whose float->bf16 cast truncates.
-  * Split-K (decode rows, "decode_splitk"): the K axis cut into splits whose int32 partials
-    are stored and added by a second kernel before the same epilogue; integer addition is
-    exact, so the sum is the unsplit accumulator whatever the number of splits.
-The result equals kernels.reference.scaled_mm_triton_order bit for bit (the CI oracle).
+The result equals kernels.reference.scaled_mm_triton_order bit for bit (the CI oracle), on a GPU
+and under TRITON_INTERPRET=1, whatever the tile configuration (config_for) or the split-K.
 
 Shapes: any M, N, K (masks on every edge; M = 1 decode works). M = 0 or N = 0 returns an
 empty [M, N] tensor; K = 0 gives acc = 0, hence y = s_a * 0 * s_w = +0 (or -0 for a
 negative scale, exactly as the reference computes it).
+
+Numerics guaranteed, and why (the exact accumulator, no FMA, the bf16 rounding, split-K):
+docs/internals.md (kernels/triton/scaled_mm.py).
 """
 
 import functools
@@ -354,7 +344,7 @@ def _fixed(name: str):
     f = _FIXED.get((name, cfg))
     if f is None:
         bm, bn, bk, group_m, warps, stages, kind = cfg
-        # enable_fp_fusion=False: every fp32 op rounds on its own (see the module docstring)
+        # enable_fp_fusion=False: every fp32 op rounds on its own (docs/internals.md)
         options = {"num_warps": warps, "num_stages": stages, "enable_fp_fusion": False}
         consts = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": group_m}
         f = _FIXED[(name, cfg)] = (bm, bn, bk, kind, options, consts, tuple(consts.values()))

@@ -4,31 +4,15 @@
                   [--order ORDER] [--phases prefill,decode] [--decode-batches 1,8] [--decode-tokens 4]
                   [--injection/--no-injection] [--injection-tokens N] [--prompts N]
                   [--json OUT] [--report DIR] [--plan] [--device DEV] [--revision REV]
-                  [--threads N] [--matrix v1|v2|v3|v4]
-
-No CKPT: the embedded default (requant.DEFAULT_CHECKPOINT). `--backends reference` is the
-pair reference-cutlass-order,reference-triton-order, the default where no CUDA GPU is
-present; with one, the default pair is cutlass,triton. `--plan` prints the cell count and
-the GEMM shapes from config.json alone (CKPT may be the directory or the config.json file).
-`--matrix` picks the pinned prediction matrix: v2 (default: v1's cells plus C8, and the only
-one with a baseline row for the cublas backend's fused-scale order) or v1 (the seed paper's
-reproduction, C1..C7); v3 and v4 have v2's cells and the injection predictions (always scored
-from v4, which corrects v3's F9c claim: docs/audit.md).
-`--phases decode` adds the decode phase (audit/decode.py; the default); `--injection` injects
-every fault kernel into the generating model (audit/injection.py; off by default: 44 greedy
-runs, about 14 s of CPU time on the embedded default, minutes more than the audit on a GPU). A MODULE:FUNCTION member of
---backends declares `--order`, or the order conform's fingerprint names (requant.backends).
+                  [--threads N] [--matrix v1|v2|v3|v4] [--byte-tokens]
 
 Exit status: 0 when the audit ran against the pinned prediction matrix, the scorecard has no
 false positive or negative and every layer is bitwise equal under pow2; 1 when it ran but one
 of those fails; 2 on a usage or checkpoint error (a message, no traceback), including a
 SHA256SUMS that does not match the checkpoint's files.
 
-The JSON ties itself to the bytes audited and the code that ran: `manifest_digest` (the
-checkpoint's SHA256SUMS digest, or the digest of the manifest computed now when it has none;
-`manifest` says which), `tool_version`, `git_commit`, and the matrix digest (`scorecard`).
-A checkpoint made by `requant convert` is audited as stored (`converted`: its arm; native =
-pow2 = the stored power-of-two scales).
+Defaults, the matrices, the decode and injection phases and the JSON's identity fields: docs/audit.md;
+the rest of this docstring: docs/internals.md (requant/commands/audit.py).
 """
 
 from __future__ import annotations

@@ -4,19 +4,17 @@
 
 `--backend` is any registered scaled_mm backend (requant.kernels); `--kernel` any importable
 callable with the scaled_mm signature (a int8 [M, K], w int8 [N, K], s_a fp32 [M, 1],
-s_w fp32 [N, 1] -> bf16 [M, N]). The vectors (audit/vectors.py) are rebuilt deterministically
-on CPU and copied to --device; the verdict (audit/conform.py) names the formula of
-audit/formulas.py the kernel implements, whether it accumulates exactly and whether it is
-batch-invariant, or the nearest formula and the first differing element.
-
-`--export DIR` writes DIR/vectors.safetensors and DIR/vectors.json so that the same check
-can be made with numpy or torch alone. They and --json are published as one set once the
-kernel has run (all or nothing; every target checked before any work).
+s_w fp32 [N, 1] -> bf16 [M, N]). The verdict (audit/conform/) names the formula of
+audit/conform/formulas.py the kernel implements, whether it accumulates exactly and whether it is
+batch-invariant, or the nearest formula and the first differing element. `--export DIR` writes
+DIR/vectors.safetensors and DIR/vectors.json so that the same check can be made with numpy or torch alone.
 
 Exit status: 0 for a known legal order (exact, CUTLASS, Triton, fused-scale) with exact int32
 accumulation, batch invariance, every case equal to that order and, for a backend, the order
 it declares; 1 otherwise; 2 when it could not run (unknown backend, a --kernel that cannot be
 imported, a callable that raises or returns the wrong dtype or shape: one `error:` line).
+
+More: docs/conformance.md; the rest of this docstring: docs/internals.md (requant/commands/conform.py).
 """
 
 from __future__ import annotations

@@ -3,20 +3,18 @@
     requant replay RECORD [--checkpoint CKPT] [--backend NAME] [--engine auto|fast|reference|portable]
                    [--batch-with N] [--device DEV] [--json OUT] [--threads N] [--byte-tokens]
 
-RECORD: the JSON-lines file `requant generate --json` wrote (every record of it is replayed, as
-one batch). The checkpoint is the record's (its path as given; null: the embedded default) unless
---checkpoint names another copy; its manifest digest and its tokenizer must be the record's, or
-the replay is refused (exit 2) before anything runs. The regime, reduction, activation backend,
-sampling params, keys and eos come from the record; --backend and --engine (default: the
-record's) may change the kernel (a record of the portable engine, "arithmetic" set, replays on that
-engine only; on a CPU its cutlass/triton/cublas backend becomes the reference emulation of its epilogue
-order, the same bits); --batch-with N runs the records inside a batch after N filler
-prompts (requant.generation.filler_prompts, themselves sampled with their own seeds).
+RECORD: the JSON-lines file `requant generate --json` wrote (every record of it is replayed, as one batch).
+Its checkpoint (or --checkpoint's copy) must have the record's manifest digest and tokenizer, or the replay
+is refused (exit 2) before anything runs. The settings come from the record; --backend, --engine and
+--batch-with N may change the kernel or the batch around it.
 Every step is compared: the token, then the digest of the fp32 logits row, then the logprob.
 One line a record on stdout (the first differing step and position, and what differs: the token,
 or only the logits); --json writes the result. Exit status: 0 every step of every record matches
 bit for bit; 1 a step differs; 2 could not run (a malformed record naming the line and field,
 another checkpoint or tokenizer than the record's, a backend that cannot run here); 130 interrupted.
+
+Which settings, and what --backend, --engine and --batch-with may change: docs/internals.md
+(requant/commands/replay.py), docs/runtime.md.
 """
 
 from __future__ import annotations

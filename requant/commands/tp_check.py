@@ -5,24 +5,15 @@ compared bit for bit with TP 1.
                      [--reduce int32|bf16] [--new-tokens N] [--prompts N] [--json OUT]
                      [--device cpu|cuda] [--comm gloo|nccl] [--act-backend NAME] [--threads N] [--timeout S]
 
---threads: torch CPU threads of each rank (default 1). --comm gloo on CUDA runs every rank on the one or few
-GPUs there are (collectives through the host): the real kernels under tensor parallelism without a GPU per rank.
-
-No CKPT: the embedded default. One launch of max(--tp) processes (requant.tp.launch): gloo
-on the CPU, NCCL with one GPU per rank on CUDA; every degree runs on ranks 0..d-1, TP 1
-included (added when --tp leaves it out: it is the reference). --reduce int32 (default)
-all-reduces the row-parallel Linears' int32 accumulators before the epilogue (exact: every
-degree gives the TP-1 bits); bf16 all-reduces bf16 partial outputs, the usual scheme, for
-contrast. Compared per degree: the prefill logits of --prompts built-in prompts (every
-position), the --new-tokens greedy ids and the logits each was chosen from.
+--reduce int32 (default) all-reduces the row-parallel Linears' int32 accumulators before the epilogue
+(exact: every degree gives the TP-1 bits); bf16 all-reduces bf16 partial outputs, for contrast.
 stdout: one line per degree, then the summary line
 (`tp 1,2,4: logits and tokens bitwise identical`). Exit status: 0 identical at every degree,
 1 when a degree differs, 2 when it could not run (usage, a checkpoint the degrees do not fit,
 a backend the device cannot run, a worker that failed or timed out; one `error:` line).
---json: the record, atomically: tp, reduce, identical, per_degree (per degree: identical,
-logits_first_diff {prompt, position}, tokens_first_diff {prompt, step}, steps_first_diff
-{step, prompt}, logits_differing, logits_total, logits_max_abs_diff, prompts_tokens_differ, digest), the settings, the command,
-the environment and the checkpoint's identity (manifest_digest, tool_version, git_commit).
+
+What is launched, what is compared and the --json record: docs/tensor-parallel.md; the rest of
+this docstring: docs/internals.md (requant/commands/tp_check.py).
 """
 
 from __future__ import annotations

@@ -2,37 +2,17 @@
 
 The manifest is a file named `SHA256SUMS` beside config.json, in the format of GNU
 coreutils' `sha256sum` (one line per file, `<64 lowercase hex>  <relative path>\\n`, sorted
-by the path's UTF-8 bytes, no other content). Why this format and not a JSON manifest:
+by the path's UTF-8 bytes, no other content), so `sha256sum -c SHA256SUMS` checks a download.
+Its digest is `sha256:` + sha256 of its bytes; only the canonical form is written or read.
 
-  * anyone can check a download with no requant at all: `sha256sum -c SHA256SUMS`
-    (macOS: `shasum -a 256 -c SHA256SUMS`);
-  * each line is the file's plain sha256, which for a large (LFS) file is exactly the
-    object id the Hub shows on the file's page and returns in its API (`lfs.sha256`);
-  * the manifest's digest, `sha256:` + sha256 of its bytes, is what `sha256sum SHA256SUMS`
-    prints: one number for every byte of the checkpoint, with nothing to canonicalise
-    first. The writer only ever produces the canonical form (sorted, LF, two spaces) and
-    the reader refuses anything else, so "the manifest's canonical bytes" and "the file's
-    bytes" are the same thing.
-  (The JSON alternative would carry sizes, but sizes add nothing to a sha256 and no stock
-  tool checks a JSON manifest.)
+It covers every file under the checkpoint directory (links into it are followed, a link out of
+it is refused) except the evidence written about those bytes: NOT_COVERED at the top level (the
+manifest, README.md, .gitattributes, REPORTS) and SKIP_DIRS (.git, .cache, .huggingface). The same
+rule describes a converted checkpoint's source (SOURCE_MANIFEST). File names that the sha256sum
+format cannot hold plainly (a newline, a carriage return or a backslash: GNU would escape them)
+are refused, naming the file. Files are hashed in parallel, each read once.
 
-What it covers: every file under the checkpoint directory (recursively; symlinks to files
-inside the checkpoint are followed, and a Hub snapshot's links into its blobs; a link out of
-the checkpoint is refused: requant.links) except the evidence written *about* those bytes, which
-is made after them and would otherwise make the digest circular:
-  the manifest itself, README.md (the model card, which quotes the digest), .gitattributes
-  (the Hub writes its own), and requant's reports (REPORTS: requant-audit.json,
-  requant-eval.json, requant-determinism.json, requant-convert.json), all at the top level;
-  and the directories .git, .cache (huggingface_hub's local-dir metadata) and .huggingface.
-The same rule describes a converted checkpoint's source (SOURCE_MANIFEST, written by
-`requant convert`), so a source that is itself a requant output has the same digest either way.
-
-File names that the sha256sum format cannot hold plainly (a newline, a carriage return or a
-backslash: GNU would escape them) are refused, naming the file.
-
-Hashing reads each file once in 8 MB pieces into a reused buffer; several files are hashed at
-once (hashlib releases the GIL on large updates), so a sharded checkpoint hashes at the
-speed of the disk or of the cores, whichever is slower.
+Why this format, what exactly is covered and why: docs/internals.md (requant/evidence/manifest.py).
 """
 
 from __future__ import annotations

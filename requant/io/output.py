@@ -1,34 +1,18 @@
 """Atomic output: a checkpoint directory appears complete and durable, or not at all.
 
-* Everything is written into a temporary directory in OUT's own parent directory
-  (`.OUT.requant-tmp-*`; OUT's last component is not resolved, so a symlinked OUT is
-  replaced as a link, never followed, and no rename crosses a device) that is renamed to
-  OUT at the end.
-* Every output file and directory is fsynced before the rename, the parent directory
-  after it (and any directories made for OUT), so a crash leaves either the old state or
-  the complete new output.
-* On any error or interrupt the temporary directory is removed, directories made for OUT
-  are removed again, and nothing named OUT appears.
+* Everything is written into a temporary directory beside OUT (`.OUT.requant-tmp-*`), fsynced,
+  and renamed to OUT at the end; on any error or interrupt nothing named OUT appears.
 * OUT inside SRC (or SRC inside OUT) is refused. An existing OUT is only replaced with
-  force=True, checked again just before the rename (an OUT that appeared meanwhile is an
-  error); the old OUT is moved aside first and put back if the rename fails.
-* A killed run leaves `.OUT.requant-tmp-*` behind with a lock file beside it; the next
-  AtomicOutput for OUT removes those whose lock it can take (how, and why: docs/internals.md).
+  force=True, and only when it is a checkpoint (replaceable()) holding nothing a user wrote into
+  it (not_replaced_silently): checked before any work and again just before the rename.
+* A killed run's temporary directory is removed by the next AtomicOutput for OUT once its lock is free.
 * An interrupt that arrives once the rename is done is an OutputInterrupted (a
-  KeyboardInterrupt): the output is complete, and its message says so, instead of the
-  "nothing was written" of an interrupt before it.
+  KeyboardInterrupt): the output is complete, and its message says so.
 * Report files (write_files_atomic, write_bytes_atomic, write_json_atomic) are published as
-  a set, all or nothing, durably, only over absent or regular files, with the permissions cp
-  would give (never mkstemp's 0600), and JSON without NaN literals.
-* --force replaces only what it can tell is a checkpoint (replaceable(): an empty
-  directory, a directory with config.json and .safetensors weights at its top level, or a
-  symlink, which is replaced as a link and whose target is left alone). Anything else (a
-  file, a directory of other things) is refused, before any work and again at the rename,
-  and nothing is touched: `-o ~/models --force` must never delete a directory of models.
-  Nor does it delete what a user wrote into an earlier output (not_replaced_silently): the
-  card and the audit, eval and determinism reports at its top level, or, when it has a
-  SHA256SUMS, any file it does not list; such an OUT is refused, naming those files, before any
-  work and again at the rename.
+  a set, all or nothing, durably, only over absent or regular files.
+
+How, and why (links, the fsync order, the lock files, what --force may replace): docs/internals.md
+(requant/io/output.py).
 """
 
 from __future__ import annotations
@@ -73,7 +57,7 @@ def _lock_of(tmp: Path) -> Path:
 
 
 def _take_lock(lock: Path) -> int:
-    """Create the lock file holding this process's flock (see the module docstring); its fd."""
+    """Create the lock file holding this process's flock (how: docs/internals.md); its fd."""
     staging = lock.with_name(f"{lock.name}.{os.getpid()}")
     fd = os.open(staging, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
     try:
@@ -104,7 +88,7 @@ def _try_lock(path: Path) -> tuple[int | None, str]:
 
 def sweep_stale(final: Path, on_note: Callable[[str], None]) -> None:
     """Remove the temporary directories that dead runs left for `final` (OUT as output_path
-    spells it) and name the leftovers it may not remove (see the module docstring)."""
+    spells it) and name the leftovers it may not remove (docs/internals.md)."""
     prefix_tmp, prefix_old = f".{final.name}.requant-tmp-", f".{final.name}.requant-old-"
     try:
         entries = sorted(final.parent.iterdir())
@@ -150,7 +134,7 @@ def sweep_stale(final: Path, on_note: Callable[[str], None]) -> None:
 
 
 def replaceable(path: Path) -> str | None:
-    """None when --force may replace path (see the module docstring), else why not."""
+    """None when --force may replace path (docs/internals.md), else why not."""
     if path.is_symlink():
         return None
     if not path.is_dir():
@@ -200,7 +184,7 @@ def _written_by_conversion(path: Path, theirs: Path) -> bool:
 
 
 def not_replaced_silently(final: Path, src: Path) -> list[str]:
-    """The files of an existing OUT that --force must not delete (see the module docstring):
+    """The files of an existing OUT that --force must not delete (docs/internals.md):
     the evidence written about it (EVIDENCE_FILES at its top level, unless a conversion wrote it:
     _written_by_conversion) and, when OUT has a
     SHA256SUMS, every file it neither lists nor wrote itself (CONVERSION_FILES)."""

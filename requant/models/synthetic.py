@@ -1,38 +1,19 @@
 """Seeded synthetic Qwen3 W8A8 checkpoints, made with llm-compressor's RTN arithmetic.
 
-Why: no Qwen3 weights can be downloaded here, yet requant must be exercised on files that
-look exactly like llm-compressor's output: the real Qwen3 tensor names and shapes, int8
-weights that contain -128, bf16 per-channel scales [out, 1], `__metadata__`
-{"format": "pt"}, the safetensors library's layout (it writes the files), shards with a
-transformers-style index, and a real compressed-tensors quantization_config.
-
-The arithmetic (`requant.scales.from_source.rtn_quantize`) is
-llm-compressor's minmax observer + compressed-tensors' quantize for symmetric int8
-per-channel weights, in the weight's own dtype (bf16):
-    absmax = max(|min(w, 0)|, |max(w, 0)|) per output channel  (= max |w|, exact in bf16)
-    scale  = bf16(absmax / 127.5)
-    q      = int8(round_half_even(clamp(bf16(w / scale), -128, 127)))
-(round and clamp commute because the bounds are integers.) The absmax element maps to
-about +-127.5, so positive maxima land on 127 and negative ones on -128.
-
+Files that look exactly like llm-compressor's output (the real Qwen3 tensor names and shapes,
+int8 weights, bf16 per-channel scales, shards with an index, a compressed-tensors
+quantization_config), quantized by `requant.scales.from_source.rtn_quantize`.
 Presets: tiny (the old random default: 4 layers, byte-level vocab 512), qwen3-0.6b, qwen3-1.7b,
-qwen3-8b, qwen3-14b, qwen3-32b (the real configs).
-Weights ~ normal(0, 0.02) (embeddings and Linears), norms are ones; optional outlier
-channels (rows scaled up) and outlier weights (single elements scaled up) give a
-realistic spread of scales. One torch.Generator, seeded, draws every tensor in model
-order, so the files are reproducible bit for bit and independent of the sharding.
-`--device cuda` draws and quantizes on the GPU (a CUDA generator: another reproducible stream,
-so other bytes than the CPU's) and writes each shard while the next is drawn: the way to make
-the 32B shape (~33 GB) in about a minute; give it --shard-size so that a shard, not the model,
-is held in memory.
+qwen3-8b, qwen3-14b, qwen3-32b (the real configs). The files are reproducible bit for bit from
+the seed and the device, independent of the sharding.
 
 Usage: python -m requant.synthetic PRESET OUT [--seed N] [--shard-size BYTES] [--device DEV]
                                     [--no-outliers] [--keep-source DIR] [--force]
 
-Output: written atomically (requant.output.AtomicOutput: a temporary directory beside OUT,
-renamed into place). A non-empty OUT (or --keep-source DIR) is refused without --force, and
---force replaces only a checkpoint or an empty directory, so that pointing the generator at
-a real checkpoint (the trained embedded default) cannot mix a random model into its files.
+Output is written atomically; a non-empty OUT (or --keep-source DIR) is refused without --force,
+which replaces only a checkpoint or an empty directory.
+
+Why, the arithmetic, the weights drawn, --device cuda: docs/internals.md (requant/models/synthetic.py).
 """
 
 from __future__ import annotations

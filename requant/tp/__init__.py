@@ -12,18 +12,8 @@ forward: the runtime's reference engine with column- and row-parallel Linears), 
 processes: gloo on the CPU, NCCL on GPUs), compare.py (bitwise comparison with TP 1).
 The int32 accumulator / epilogue split is kernels/epilogue.py (requant.kernels.epilogue).
 
-NUMERICS. With reduce="int32" every TP degree gives the TP-1 bits: column-parallel outputs
-are slices of the unsharded outputs, the row-parallel int32 sums are exact and associative,
-and the epilogue runs once on the full sum in the backend's documented order; activation
-scales of a row-parallel input come from a MAX all-reduce of the per-token absmax (exact),
-so they never depend on the shard. reduce="bf16" sums bf16 partial outputs instead (the
-usual scheme), which rounds twice and in the collective's order. docs/tensor-parallel.md
-states both, and what is only measured (the fixed call shapes of dense GEMMs and prefill
-attention).
-
-What runs where: the CPU path (gloo) is what the tests run. The CUDA path (NCCL, one GPU
-per rank, torch._int_mm for the accumulator) is written but has not run in this
-repository's CI; benchmarks/gpu_tp.sh is the script for a 2-GPU machine.
+With reduce="int32" every TP degree gives the TP-1 bits; reduce="bf16" is the usual scheme. Why, and
+what is only measured: docs/tensor-parallel.md (Numerics); what runs where: docs/internals.md (requant/tp/__init__.py).
 """
 
 from requant.tp.compare import compare

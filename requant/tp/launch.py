@@ -5,22 +5,14 @@
     r.logits                            # prefill logits [T_i, vocab] per prompt (bf16 values)
     r.ids, r.steps                      # greedy ids per prompt; logits [B, vocab] per step
 
-How: torch.multiprocessing spawns max(degrees) processes (start method "spawn"), joined
-into one world through a TCPStore that the parent opens first on an ephemeral loopback port
-(port 0: the kernel picks a free one, and the parent holds it, so there is no window in
-which another program could take it). Every degree d runs on the subgroup of ranks 0..d-1
-(the others wait at a barrier), so one launch and one checkpoint load per process serve
-every degree and every LaunchConfig (backend, regime, reduce mode). Communication (Spec.comm): gloo on the CPU (run in the
-tests); on CUDA either NCCL with one GPU per rank (cuda:<rank>; written for a multi-GPU machine) or gloo, whose
-collectives stage CUDA tensors through the host, with ranks sharing the GPUs there are (cuda:<rank % count>): slow,
-but it runs the real kernels under tensor parallelism on a single GPU. Rank 0
-writes the results to a file in a private temporary directory; the parent reads it.
-Robustness: the process group and the store time out (timeout_s), the parent kills the
-workers when the whole run exceeds timeout_s, when one of them fails, or when it is itself
-interrupted (the workers are daemonic: they end with it), and a worker's exception comes back
-as a RuntimeError naming its rank and its last line. Spawned workers import the caller's main
-module again, so a script calling run() needs the `if __name__ == "__main__":` guard (the
-requant command line has it).
+max(degrees) spawned processes, one world; every degree d runs on ranks 0..d-1, so one launch and one
+checkpoint load per process serve every degree and every LaunchConfig. Spec.comm: gloo on the CPU; on
+CUDA NCCL with one GPU per rank, or gloo with the ranks sharing the GPUs there are. The run times out
+after timeout_s; a worker's exception comes back as a RuntimeError naming its rank and its last line.
+Spawned workers import the caller's main module again, so a script calling run() needs the
+`if __name__ == "__main__":` guard (the requant command line has it).
+
+How, and why: docs/internals.md (requant/tp/launch.py).
 """
 
 from __future__ import annotations

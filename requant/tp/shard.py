@@ -6,19 +6,13 @@
 Layout (Megatron's): every rank holds the whole embedding, every norm weight and the whole
 residual stream; the Linears are split.
   column-parallel (output rows split, the input replicated): q_proj, k_proj, v_proj by
-    attention head, gate_proj and up_proj by intermediate channel, lm_head by vocabulary row;
-    each rank's outputs are a slice of the unsharded outputs, bit for bit (an output element
-    reads one weight row, one weight scale and the replicated input).
-  row-parallel (input columns split): o_proj by attention head (its K = heads * head_dim),
-    down_proj by intermediate channel; each rank holds a K-slice of the weight and the
-    whole s_w, and the partial results are summed across ranks (requant.tp.engine). A
-    row-parallel Linear the checkpoint does not quantize stays whole on every rank.
-Heads: rank r runs query heads [r*H/tp, (r+1)*H/tp). When tp divides the KV heads, it runs
-KV heads [r*KV/tp, (r+1)*KV/tp), which are exactly the KV heads of its query heads (a query
-head h reads KV head h // (H/KV)). When tp is a multiple of KV instead (tp > KV), a KV head
-is replicated on the tp/KV ranks whose query heads read it: rank r holds KV head
-r // (tp/KV), computed on each of them from the same weight rows (the same bits). Any other
-tp is refused: it would split a query head's group across ranks.
+    attention head, gate_proj and up_proj by intermediate channel, lm_head by vocabulary row.
+  row-parallel (input columns split): o_proj by attention head, down_proj by intermediate
+    channel; the partial results are summed across ranks (requant.tp.engine).
+Heads: rank r runs query heads [r*H/tp, (r+1)*H/tp) and the KV heads they read; tp must divide
+the KV heads or be a multiple of them (then a KV head is replicated). Any other tp is refused.
+
+Why the slices are exact, and the KV-head rule in full: docs/internals.md (requant/tp/shard.py).
 """
 
 from __future__ import annotations
