@@ -14,8 +14,8 @@ the GEMM shapes from config.json alone (CKPT may be the directory or the config.
 one with a baseline row for the cublas backend's fused-scale order) or v1 (the seed paper's
 reproduction, C1..C7); v3 and v4 have v2's cells and the injection predictions (always scored
 from v4, which corrects v3's F9c claim: docs/audit.md).
-`--phases decode` adds the decode phase (audit/decode.py; the default); `--injection` injects
-every fault kernel into the generating model (audit/injection.py; off by default: 44 greedy
+`--phases decode` adds the decode phase (audit/phases/decode.py; the default); `--injection` injects
+every fault kernel into the generating model (audit/phases/injection.py; off by default: 44 greedy
 runs, about 14 s of CPU time on the embedded default, minutes more than the audit on a GPU). A MODULE:FUNCTION member of
 --backends declares `--order`, or the order conform's fingerprint names (requant.backends).
 
@@ -153,7 +153,7 @@ def _print_detection(detection: list, title: str) -> None:
 
 
 def _print_rest(result: dict) -> None:
-    from requant.audit.report import pow2_native_note
+    from requant.audit.phases.prefill import pow2_native_note
 
     card = result["scorecard"]
     note = pow2_native_note(result)
@@ -410,7 +410,7 @@ def audit_passed(result: dict) -> bool:
 
 def _check_limits(config, dev, longest, prompts, phases, batches, decode_tokens, inject, injection_tokens) -> None:
     """Positions and memory of the decode phase and the injection, before any work (requant.commands._limits)."""
-    from requant.audit.injection import DEFAULT_TOKENS
+    from requant.audit.phases.injection import DEFAULT_TOKENS
     from requant.commands._limits import check_generation_memory, check_positions
 
     if "decode" in phases:
