@@ -1,23 +1,13 @@
 """Batched evaluation of one Linear's cells: every variant and check at once, on the operands' device.
 
-Equal, cell by cell, to suite.evaluate_cell over audit_layer's cells (the per-cell path, kept as
-the oracle; REQUANT_AUDIT_PER_CELL=1 forces it). How, and why the two agree (docs/audit.md,
-"Batched evaluation"):
+Equal, cell by cell, to cells.evaluate_cell over audit_layer's cells (the per-cell path, kept as
+the oracle; REQUANT_AUDIT_PER_CELL=1 forces it). start_linear queues a Linear's work (its operand
+sets, one per prefill or decode step, concatenated along M); Started.finish reads the counts a
+`one` severity needs once the next Linear is queued; Read brings a window of Linears' results
+back without blocking, and resolves them into per-layer rows and cells.
 
-  * A Linear's operand sets (one per prefill, one per decode batch size and step: "segments")
-    are concatenated along M. Every computation of a cell before its statistics is row-wise (the
-    exact accumulator, each fp32 epilogue, F6's tile accumulation, F7's wrap), so on the
-    concatenation it gives each segment's rows bit for bit; the accumulator is computed once and
-    shared by every epilogue variant and every declared-order emulation.
-  * What is not row-wise is drawn per segment from the same seeded generators, with the same
-    calls, as audit/faults.py: `one` needs the count of changed elements (F1..F5) or of non-zero
-    activation scales (F9a), copied back in one small tensor per Linear without blocking
-    (start_linear queues everything else; Started.finish, called once the next Linear is queued,
-    reads it); `1pct` and F9b are index draws that depend on M*N or M*K alone.
-  * Statistics (mismatches, largest distance, ULP histogram; audit/batched_stats.py) and check
-    flags (C1, C4, C5, C6, C8) are reduced per (cell, segment) on the device into one int64
-    tensor per Linear; Read brings a window of Linears back without blocking. C2 and C7 cannot fire on per-layer cells (every run shares the weight tensors; no
-    logits) and C3 is static: they are decided by the per-cell check functions, on host metadata.
+How, and why the two agree: docs/audit.md ("Batched evaluation") and docs/internals.md
+(audit/batched.py).
 """
 
 from __future__ import annotations

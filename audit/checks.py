@@ -2,39 +2,16 @@
 description of the run under test) and returns a CheckResult: whether it is applicable
 (recorded apart from the verdict) and, if so, whether it fires.
 
-  C1 shared activation operands  digest of (int8 a, s_a) differs from the reference's
-  C2 shared weight operands      digest of (int8 w, s_w) differs from the reference's
-  C3 accumulator exactness       static: the kernel's accumulator cannot hold every integer
-     precondition                of magnitude K * 128 * 128 (the int8 range: (-128)**2 = 2**14
-                                 per product), from its declared type and width alone
-  C4 exact accumulator           the run's accumulator differs (as exact values) from the
-                                 reference int32 accumulator; n/a when the kernel exposes none
-  C5 power-of-two identity       output not bitwise equal to the reference; applicable only
-                                 when every weight scale of the layer is a power of two
-                                 (kernels.bf16.is_power_of_two)
-  C6 real-scale tolerance        some output element is more than one bf16 spacing from the
-                                 reference (kernels.bf16.ulp_distance), the smallest tolerance
-                                 that admits the legal CUTLASS/Triton difference
-  C7 token-level risk            end-to-end only (runs carrying logits): fires when some token's
-                                 top-1 logit margin (reference run) is smaller than the largest
-                                 logit deviation between the two runs at that token, or whose
-                                 top-1 token differs between the runs; n/a for per-layer cells
-                                 (no logits)
-  C8 declared-order identity     output not bitwise equal to the emulation of the epilogue
-                                 order the kernel declares (KernelDesc.declared_order, one of
-                                 records.KNOWN_ORDERS), computed on the run's *own* operands
-                                 with the exact int32 accumulator; applicable under any scales
-                                 whenever the kernel declares a known order
+  C1 shared activation operands   C5 power-of-two identity
+  C2 shared weight operands       C6 real-scale tolerance (one bf16 spacing)
+  C3 accumulator exactness        C7 token-level risk (end to end: runs carrying logits)
+     precondition                 C8 declared-order identity
+  C4 exact accumulator
 
 Matrix v1 (prediction_matrix.json) scores C1..C7 (CHECK_IDS); matrix v2 adds C8
 (ALL_CHECK_IDS). run_checks runs the checks a matrix names, so a v1 run is unchanged.
 
-Why C5 and C6 both exist: C6 is the best a tolerance suite can do, and it is blind to every
-fault that moves an output by exactly one spacing. C5 is an equality, so it sees those, but
-only where power-of-two scales make equality a legal requirement.
-
-Why C8 sees what C5 and C6 cannot (every declared order is a function of its operands, not a
-tolerance band): docs/audit.md, "Fault definitions". Proof: tests/audit/test_checks.py.
+Each check's definition, and why C5, C6 and C8 all exist: docs/internals.md (audit/checks.py).
 """
 
 from __future__ import annotations

@@ -34,6 +34,10 @@ MOVED = {
     "requant.audit.formulas": "requant.audit.conform.formulas",
     "requant.audit.vectors": "requant.audit.conform.vectors",
     "requant.audit.fault_kernels": "requant.audit.conform.fault_kernels",
+    "requant.audit.decode": "requant.audit.phases.decode",
+    "requant.audit.injection": "requant.audit.phases.injection",
+    # the decode and injection sections (decode_markdown, injection_markdown, plot_injection)
+    "requant.audit.report_phases": "requant.audit.phases",
 }
 
 

@@ -137,7 +137,7 @@ def _print_detection(detection: list, title: str) -> None:
 
 
 def _print_rest(result: dict) -> None:
-    from requant.audit.report import pow2_native_note
+    from requant.audit.phases.prefill import pow2_native_note
 
     card = result["scorecard"]
     note = pow2_native_note(result)
@@ -394,7 +394,7 @@ def audit_passed(result: dict) -> bool:
 
 def _check_limits(config, dev, longest, prompts, phases, batches, decode_tokens, inject, injection_tokens) -> None:
     """Positions and memory of the decode phase and the injection, before any work (requant.commands._limits)."""
-    from requant.audit.injection import DEFAULT_TOKENS
+    from requant.audit.phases.injection import DEFAULT_TOKENS
     from requant.commands._limits import check_generation_memory, check_positions
 
     if "decode" in phases:

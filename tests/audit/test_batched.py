@@ -1,4 +1,4 @@
-"""audit/batched.py equals the per-cell path (suite.layer_cells, evaluate_cell on each cell), cell by
+"""audit/batched.py equals the per-cell path (cells.layer_cells, evaluate_cell on each cell), cell by
 cell: every field of every CellResult (observable, mismatches, max_ulp, each check's outcome, the
 ULP histogram) and every per_layer row, on crafted layers that exercise every fault family and on
 the embedded default (prefill and decode, whole audit). The per-cell path is the independent
@@ -10,9 +10,10 @@ import torch
 
 from requant import DEFAULT_CHECKPOINT, kernels
 from requant.audit.batched import PER_CELL_ENV, Segment, evaluate_linear, resolve_all
+from requant.audit.cells import backend_kernel, layer_cells
 from requant.audit.matrix import load_matrix, matrix_path
 from requant.audit.records import Activations
-from requant.audit.suite import backend_kernel, layer_cells, run_audit
+from requant.audit.suite import run_audit
 from requant.backends import REFERENCE_PAIR
 from requant.checkpoint import open_checkpoint
 from tests.audit.conftest import make_operands

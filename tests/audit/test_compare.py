@@ -49,12 +49,12 @@ def _sm90() -> bool:
 @pytest.mark.gpu
 @pytest.mark.skipif(not _sm90(), reason="needs an sm90 GPU (CUTLASS)")
 def test_real_pair_on_random_operands_gpu():
-    """cutlass vs triton through audit.suite.audit_layer on random operands on the GPU,
+    """cutlass vs triton through audit.cells.audit_layer on random operands on the GPU,
     scored against the pinned matrix; the reference is kernels.reference (Triton order)."""
+    from requant.audit.cells import audit_layer
     from requant.audit.matrix import load_matrix
     from requant.audit.records import Activations, Weights
     from requant.audit.scoring import Scorer
-    from requant.audit.suite import audit_layer
 
     scorer = Scorer(load_matrix())
     for regime in ("native", "pow2"):
@@ -86,3 +86,12 @@ def test_real_pair_audit_of_the_default_gpu():
     assert result["end_to_end"]["pow2"]["bitwise_equal"]
     s = result["per_layer_summary"]["pow2"]
     assert s["bitwise_equal"] == s["layers"]
+
+
+def test_power_of_two_native_scales_are_said_so():
+    rows = [
+        {"regime": r, "bitwise_equal": True, "mismatches": 0, "elements": 4, "max_ulp": 0} for r in ("native", "pow2")
+    ]
+    assert summarize_layers(rows)["line"] == "pow2: 1/1 layers bitwise equal; native: 1/1"
+    line = summarize_layers(rows, native_is_pow2=True)["line"]
+    assert line == "pow2: 1/1 layers bitwise equal; native scales are already powers of two: native = pow2"

@@ -1,4 +1,4 @@
-"""audit/prediction_matrix.json and its pin (audit.matrix.PINNED_SHA256)."""
+"""The prediction matrices (audit/prediction_matrix*.json) and their pins (audit.matrix.PINS)."""
 
 import hashlib
 import json
@@ -13,6 +13,7 @@ from requant.audit.matrix import (
     baseline_variant,
     file_sha256,
     load_matrix,
+    matrix_path,
 )
 
 
@@ -56,3 +57,19 @@ def test_a_tampered_matrix_is_not_pinned(tmp_path):
 def test_baseline_rows_by_epilogue_order():
     assert baseline_variant("cutlass") == baseline_variant("reference-cutlass-order") == "B.cutlass-order"
     assert baseline_variant("triton") == baseline_variant("reference-triton-order") == "B.triton-order"
+
+
+def test_matrix_v3_repeats_v2_and_predicts_the_injection():
+    v2, v3 = load_matrix(matrix_path("v2")), load_matrix(matrix_path("v3"))
+    assert v3.pinned and v3.cells == v2.cells and v3.end_to_end == v2.end_to_end
+    assert v3.injection[("C7", "F8", "native", "one_layer")] == "silent"
+    assert ("C7", "F4", "pow2", "all") not in v3.injection  # no claim
+
+
+def test_matrix_v4_is_v3_but_the_f9c_claim():
+    v3, v4 = load_matrix(matrix_path("v3")), load_matrix(matrix_path("v4"))
+    assert v4.pinned and v4.version == 4 and v3.pinned
+    assert v4.cells == v3.cells and v4.end_to_end == v3.end_to_end
+    moved = {("C7", "F9c", r, "all") for r in ("native", "pow2")}
+    assert {k: v for k, v in v3.injection.items() if k not in moved} == v4.injection
+    assert all(v3.injection[k] == "fire" for k in moved)

@@ -1,6 +1,6 @@
 """audit/stats_triton.py's one-pass statistics equal the torch formulation (audit/batched_stats.py: the
 int16 mismatch count, _ordinal distances, torch.isnan, _row_hist) bit for bit, and the batched path
-using them equals the per-cell path (suite.layer_cells) cell by cell on crafted layers with every
+using them equals the per-cell path (cells.layer_cells) cell by cell on crafted layers with every
 fault family, NaN rows and zero scales: under Triton's interpreter on the CPU (a child process, so
 that TRITON_INTERPRET is set before Triton is imported) and on a GPU (marker gpu)."""
 

@@ -1,38 +1,41 @@
-"""Faults end to end: each fault kernel injected into the generating model, C7 measured.
+"""The injection phase: each fault kernel injected into the generating model, C7 measured.
 
 The per-layer suite injects faults into emulations of one GEMM at a time, so it never
 shows what a fault does to the tokens a model serves. Here each kernel of
-audit/fault_kernels.py (F1..F8, and F9 as its three operand variants F9a, F9b, F9c) replaces
-the GEMM of the selected quantized Linears while the runtime (reference engine) generates
-greedily, in two scopes: `all` (every quantized Linear) and `one_layer` (the seven Linears
-of decoder layer num_hidden_layers // 2), under both scale regimes.
+audit/conform/fault_kernels.py (F1..F8, and F9 as its three operand variants F9a, F9b, F9c)
+replaces the GEMM of the selected quantized Linears while the runtime (reference engine)
+generates greedily, in two scopes: `all` (every quantized Linear) and `one_layer` (the seven
+Linears of decoder layer num_hidden_layers // 2), under both scale regimes.
 
-The injector is a scaled_mm backend registered in the kernels registry
-(kernels.register_scaled_mm): the runtime calls kernels.scaled_mm(q, w, s, s_w) with
-`w, s_w = model.linears[name]`, so the injector tells the Linear by the identity of `w`
-(its data_ptr) and runs the fault kernel there, the base backend elsewhere. The base is the
-pair member implementing the Triton order (the order the fault kernels modify), else
-reference-triton-order; the unfaulted run is the base everywhere, so F8 must give its bits.
-
-Measured per fault, regime and scope, against the unfaulted greedy run (its tokens fed to
-the faulted model, so that both runs see the same prefixes and their logits compare
-position by position; up to the first divergence this is the faulted model's own greedy
-run): prompts whose tokens change, the first diverging position, the largest logit
-deviation, and C7's per-token verdict (tokens flagged, top-1 flips). C7's outcome is scored
-against the `injection` predictions of matrix v4 (scored only where the logits differ; v4
-corrects v3's F9c claim, docs/audit.md).
+run_injection measures one regime's model; score_injection makes the JSON's `injection` and
+`injection_scorecard` (matrix v4's `injection` predictions); injection_markdown and
+plot_injection are the report's section and injection.png. How the injector finds its
+Linears, and what is measured: docs/internals.md (audit/phases/injection.py).
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import torch
 
 from requant import kernels
 from requant.audit.checks import FIRE, NOT_APPLICABLE, SILENT, token_risk
 from requant.audit.conform.fault_kernels import FAULTS
-from requant.audit.matrix import INJECTION_MATRIX_PATH, PREDICTED_MISS, load_matrix
+from requant.audit.matrix import INJECTION_MATRIX_PATH, PREDICTED_MISS, REGIMES, load_matrix
+from requant.io.markdown import table
 
-__all__ = ["INJECTOR", "SCOPES", "FaultInjector", "base_backend", "one_layer_names", "run_injection", "score_injection"]
+__all__ = [
+    "INJECTOR",
+    "SCOPES",
+    "FaultInjector",
+    "base_backend",
+    "injection_markdown",
+    "one_layer_names",
+    "plot_injection",
+    "run_injection",
+    "score_injection",
+]
 
 INJECTOR = "audit-fault-injector"
 SCOPES = ("all", "one_layer")
@@ -185,12 +188,12 @@ def score_injection(by_regime: dict, options: dict | None = None) -> tuple[dict,
     matrix = load_matrix(INJECTION_MATRIX_PATH)
     fp = fn = mism = scored = 0
     contradictions = []
-    table: dict = {}
+    by_fault: dict = {}
     meta = {}
     for regime, run in by_regime.items():
         meta[regime] = {k: v for k, v in run.items() if k != "faults"}
         for fault, scopes in run["faults"].items():
-            entry = table.setdefault(fault, {}).setdefault(regime, {})
+            entry = by_fault.setdefault(fault, {}).setdefault(regime, {})
             for scope, meas in scopes.items():
                 exp = matrix.injection.get(("C7", fault, regime, scope))
                 meas = dict(meas, expected=exp)
@@ -225,4 +228,103 @@ def score_injection(by_regime: dict, options: dict | None = None) -> tuple[dict,
         "runs": meta,
         "options": dict(options or {}),
     }
-    return table, card
+    return by_fault, card
+
+
+def injection_markdown(result: dict) -> list[str]:
+    inj, card = result.get("injection"), result.get("injection_scorecard")
+    if not inj:
+        return []
+    runs = card["runs"]
+    any_run = next(iter(runs.values()))
+    lines = [
+        "## Faults injected into the generating model",
+        "",
+        f"Each fault kernel (audit/fault_kernels.py) replaced the GEMM of every quantized Linear (`all`) or of the "
+        f"Linears of one decoder layer (`one layer`: {', '.join(f'`{n}`' for n in any_run['one_layer'])}) while the "
+        f"model generated {any_run['tokens']} greedy tokens for {any_run['prompts']} prompts (base backend "
+        f"`{any_run['base']}`, fed the unfaulted run's tokens). C7 compares the faulted logits with the unfaulted ones.",
+        "",
+        f"Injection scorecard (matrix v{card['matrix_version']} `{card['matrix_sha256'][:12]}`, "
+        f"{'pinned' if card['matrix_pinned'] else 'NOT PINNED'}): {card['scored']} scored verdicts, false positives "
+        f"**{card['false_positives']}**, false negatives **{card['false_negatives']}**.",
+        "",
+    ]
+    rows = []
+    for fam, regs in inj.items():
+        for r in REGIMES:
+            m = regs.get(r)
+            if m is None:
+                continue
+            o = m["one_layer"]
+            rows.append(
+                [
+                    fam,
+                    r,
+                    f"{m['changed_prompts']}/{m['prompts']}",
+                    "-" if m["first_divergence"] is None else m["first_divergence"],
+                    f"{m['logit_max_abs']:.4g}",
+                    f"{m['c7_flagged']}/{m['tokens']}",
+                    m["c7_top1_flips"],
+                    m["expected"] or "no claim",
+                    f"{o['changed_prompts']}/{o['prompts']}",
+                    f"{o['logit_max_abs']:.4g}",
+                    f"{o['c7_flagged']}/{o['tokens']}",
+                    o["expected"] or "no claim",
+                ]
+            )
+    lines += table(
+        [
+            "fault",
+            "regime",
+            "prompts changed",
+            "first divergence",
+            "max logit deviation",
+            "C7 flagged",
+            "top-1 flips",
+            "C7 expected",
+            "one layer: changed",
+            "one layer: deviation",
+            "one layer: flagged",
+            "one layer: expected",
+        ],
+        rows,
+    )
+    if card["contradictions"]:
+        lines += [
+            "",
+            "Contradictions: "
+            + "; ".join(f"{c['kind']} {c['fault']} {c['regime']} {c['scope']}" for c in card["contradictions"]),
+        ]
+    return lines + [""]
+
+
+def plot_injection(result: dict, path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    inj = result["injection"]
+    fams = list(inj)
+    x = np.arange(len(fams))
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
+    for off, (r, scope) in zip((-0.3, -0.1, 0.1, 0.3), [(r, s) for r in REGIMES for s in ("all", "one_layer")]):
+        pick = [inj[f].get(r, {}) for f in fams]
+        pick = [m if scope == "all" else m.get("one_layer", {}) for m in pick]
+        dev = [m.get("logit_max_abs", 0.0) for m in pick]
+        flagged = [m.get("c7_flagged", 0) / max(m.get("tokens", 1), 1) for m in pick]
+        axes[0].bar(x + off, dev, width=0.2, label=f"{r}, {scope}")
+        axes[1].bar(x + off, flagged, width=0.2, label=f"{r}, {scope}")
+    axes[0].set_yscale("symlog", linthresh=0.01)
+    axes[0].set_title("largest logit deviation from the unfaulted run")
+    axes[1].set_title("fraction of generated tokens C7 flags")
+    for ax in axes:
+        ax.set_xticks(x, fams, fontsize=8)
+        ax.legend(fontsize=7)
+    fig.suptitle("faults injected into the generating model")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100, format="png")
+    plt.close(fig)
+    return path

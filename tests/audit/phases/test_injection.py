@@ -1,9 +1,10 @@
-"""The decode phase and the end-to-end fault injection on the embedded default, reference pair.
+"""audit/phases/injection.py: the fault kernels injected into the generating model, on the
+embedded default with the reference pair, and the injector's registration (kernels.register_scaled_mm).
 
 Independent references: the runtime's own greedy decoding (Model.greedy) for the tokens the
-capture and the injection decode; the definitions in audit/faults.py for which faults leave
-the bits unchanged under power-of-two scales; the prefill-only audit (conftest.default_audit)
-for the prefill keys, which the decode phase must leave exactly as they were.
+injection decodes; the definitions in audit/faults.py for which faults leave the bits unchanged
+under power-of-two scales; the fault kernels of audit/conform/fault_kernels.py for the
+injector's bits.
 """
 
 import json
@@ -12,65 +13,15 @@ import pytest
 import torch
 
 from requant import DEFAULT_CHECKPOINT, kernels
-from requant.audit.compare import summarize_layers
-from requant.audit.decode import batch_prompts, decode_operands
-from requant.audit.injection import INJECTOR, run_injection, score_injection
-from requant.audit.matrix import PINS, load_matrix, matrix_path
-from requant.audit.suite import run_audit
+from requant.audit.matrix import PINS
+from requant.audit.phases.injection import INJECTOR, run_injection, score_injection
 from requant.backends import REFERENCE_PAIR
-from requant.checkpoint import open_checkpoint
 from requant.models.prompts import prompts
 from requant.runtime import load_model
-
-PREFILL_KEYS = ("per_layer", "per_layer_summary", "cells", "scorecard", "detection", "baseline", "end_to_end")
 
 
 def _tokens(model, n):
     return [model.tokenizer.encode(t) for t in prompts(n)]
-
-
-def test_decode_phase_audits_each_step_at_its_batch_size(default_audit):
-    res = run_audit(
-        open_checkpoint(DEFAULT_CHECKPOINT),
-        REFERENCE_PAIR,
-        3,
-        "cpu",
-        phases=("prefill", "decode"),
-        decode_batches=(1, 3),
-        decode_steps=1,
-    )
-    for k in PREFILL_KEYS:  # the prefill record is the prefill-only audit's, key by key
-        assert res[k] == default_audit[k], k
-    dec = res["decode"]
-    layers = res["layers"]
-    assert dec["batches"] == [1, 3] and dec["steps"] == 1
-    assert dec["cells"] == layers * 21 * 2 * 2  # 21 variants x 2 regimes x 2 batch sizes x 1 step
-    assert len(dec["per_layer"]) == layers * 2 * 2
-    assert all(r["m"] == r["batch"] for r in dec["per_layer"])  # never concatenated: M = the batch
-    card = dec["scorecard"]
-    assert card["matrix_pinned"] and card["false_positives"] == 0 and card["false_negatives"] == 0
-    s = dec["per_layer_summary"]
-    assert s["pow2"]["bitwise_equal"] == s["pow2"]["layers"] == layers * 2
-    assert set(s["by_batch"]) == {"1", "3"}
-    assert dec["end_to_end"]["pow2"]["3"]["bitwise_equal"] and dec["end_to_end"]["pow2"]["3"]["outcome"] == "silent"
-    from requant.audit.report import markdown
-
-    md = markdown(res)
-    pre = res["per_layer_summary"]["pow2"]
-    assert "## Decode beside prefill" in md
-    assert f"| prefill | M = {res['tokens']} (packed) | {pre['bitwise_equal']}/{pre['layers']} |" in md
-    assert f"| decode | M = 3, 1 steps | {layers}/{layers} |" in md
-
-
-def test_decode_capture_decodes_the_greedy_tokens():
-    model = load_model(DEFAULT_CHECKPOINT, engine="reference")
-    toks = batch_prompts(_tokens(model, 2), 3)  # cycled: prompt 0 twice
-    ops, fed, _ = decode_operands(model, toks, 3)
-    want = model.greedy(toks, 3)  # independent: the runtime's own greedy loop
-    assert torch.stack(fed, 1).tolist() == [w[:3] for w in want]
-    q = ops[1]["model.layers.0.self_attn.q_proj"]
-    assert q is ops[1]["model.layers.0.self_attn.v_proj"] and q.a.shape == (3, model.arch.hidden)
-    assert torch.equal(q.a[0], q.a[2]) and torch.equal(q.s_a[0], q.s_a[2])  # same prompt, same row bits
 
 
 def test_injection_scored_on_both_regimes(tmp_path):
@@ -93,7 +44,7 @@ def test_injection_scored_on_both_regimes(tmp_path):
         assert table[f]["pow2"]["logits_bitwise_equal"] and table[f]["pow2"]["one_layer"]["logits_bitwise_equal"]
     assert not table["F4"]["pow2"]["logits_bitwise_equal"]  # truncation is not hidden by pow2 scales
     assert len(runs["pow2"]["one_layer"]) == 7
-    from requant.audit.report_phases import injection_markdown, plot_injection
+    from requant.audit.phases.injection import injection_markdown, plot_injection
 
     result = {"injection": table, "injection_scorecard": card}
     md = "\n".join(injection_markdown(result))
@@ -101,22 +52,6 @@ def test_injection_scored_on_both_regimes(tmp_path):
     assert f"| F7 | pow2 | {f7['changed_prompts']}/2 |" in md and "16 scored verdicts" in md
     assert plot_injection(result, tmp_path / "i.png").read_bytes()[:4] == b"\x89PNG"
     assert all(n.startswith("model.layers.3.") for n in runs["pow2"]["one_layer"])
-
-
-def test_matrix_v3_repeats_v2_and_predicts_the_injection():
-    v2, v3 = load_matrix(matrix_path("v2")), load_matrix(matrix_path("v3"))
-    assert v3.pinned and v3.cells == v2.cells and v3.end_to_end == v2.end_to_end
-    assert v3.injection[("C7", "F8", "native", "one_layer")] == "silent"
-    assert ("C7", "F4", "pow2", "all") not in v3.injection  # no claim
-
-
-def test_power_of_two_native_scales_are_said_so():
-    rows = [
-        {"regime": r, "bitwise_equal": True, "mismatches": 0, "elements": 4, "max_ulp": 0} for r in ("native", "pow2")
-    ]
-    assert summarize_layers(rows)["line"] == "pow2: 1/1 layers bitwise equal; native: 1/1"
-    line = summarize_layers(rows, native_is_pow2=True)["line"]
-    assert line == "pow2: 1/1 layers bitwise equal; native scales are already powers of two: native = pow2"
 
 
 def test_register_scaled_mm():
@@ -142,7 +77,7 @@ def test_register_scaled_mm():
 
 def test_the_injector_faults_only_its_target_weights():
     from requant.audit.conform.fault_kernels import FAULTS
-    from requant.audit.injection import FaultInjector
+    from requant.audit.phases.injection import FaultInjector
     from requant.kernels.reference import scaled_mm_triton_order
     from tests.audit.conftest import make_operands
 
@@ -159,22 +94,22 @@ def test_the_injector_faults_only_its_target_weights():
 
 
 def test_device_fault_kernels_name_the_same_variants_as_fault_kernels():
-    """audit.injection.device_faults: on CPU the kernels of audit/fault_kernels.py themselves; its
+    """audit.phases.injection.device_faults: on CPU the kernels of audit/fault_kernels.py themselves; its
     variant table names each kernel's own variant (fault_kernels' function names are the variant
     ids)."""
-    from requant.audit.fault_kernels import FAULTS
-    from requant.audit.injection import _VARIANT_OF, device_faults
+    from requant.audit.conform.fault_kernels import FAULTS
+    from requant.audit.phases.injection import _VARIANT_OF, device_faults
 
     assert device_faults("cpu") == FAULTS
     assert {f: fn.__name__ for f, fn in FAULTS.items()} == {f: v.replace(".", "_") for f, v in _VARIANT_OF.items()}
 
 
 def test_lean_fault_kernels_give_the_fault_kernels_bits():
-    """audit.injection.lean_faults (no reference output, the accumulators passed in) equals
+    """audit.phases.injection.lean_faults (no reference output, the accumulators passed in) equals
     audit/fault_kernels.py's kernels bit for bit, on the definitions' accumulators (CPU)."""
-    from requant.audit.fault_kernels import FAULTS
+    from requant.audit.conform.fault_kernels import FAULTS
     from requant.audit.faults import accumulate_bf16_tiles
-    from requant.audit.injection import lean_faults
+    from requant.audit.phases.injection import lean_faults
     from requant.kernels.reference import accumulate
     from tests.audit.conftest import make_operands
 
@@ -191,8 +126,8 @@ def test_lean_fault_kernels_give_the_fault_kernels_bits():
 def test_device_fault_kernels_on_cuda_give_the_definitions_bits():
     """On CUDA the injection's kernels (cuBLASLt accumulator, Triton F6) equal audit/fault_kernels.py's
     (float64 accumulator, F6's torch tile loop) bit for bit, at decode and prefill sizes."""
-    from requant.audit.fault_kernels import FAULTS
-    from requant.audit.injection import device_faults
+    from requant.audit.conform.fault_kernels import FAULTS
+    from requant.audit.phases.injection import device_faults
     from tests.audit.conftest import make_operands
 
     fast = device_faults("cuda")
@@ -203,15 +138,6 @@ def test_device_fault_kernels_on_cuda_give_the_definitions_bits():
             assert torch.equal(fast[f](*ops).view(torch.int16), fn(*ops).view(torch.int16)), (f, m)
 
 
-def test_matrix_v4_is_v3_but_the_f9c_claim():
-    v3, v4 = load_matrix(matrix_path("v3")), load_matrix(matrix_path("v4"))
-    assert v4.pinned and v4.version == 4 and v3.pinned
-    assert v4.cells == v3.cells and v4.end_to_end == v3.end_to_end
-    moved = {("C7", "F9c", r, "all") for r in ("native", "pow2")}
-    assert {k: v for k, v in v3.injection.items() if k not in moved} == v4.injection
-    assert all(v3.injection[k] == "fire" for k in moved)
-
-
 def test_injection_one_prompt_one_token_is_scored_without_false_negatives(tmp_path):
     """The run that contradicted v3: 1 prompt, 1 greedy token. F9c moves the logits by less than
     that one token's top-1 margin (margin and deviation computed here from the run's own logits),
@@ -219,8 +145,8 @@ def test_injection_one_prompt_one_token_is_scored_without_false_negatives(tmp_pa
     from typer.testing import CliRunner
 
     from requant.audit.checks import token_risk
-    from requant.audit.fault_kernels import FAULTS
-    from requant.audit.injection import INJECTOR, FaultInjector, base_backend
+    from requant.audit.conform.fault_kernels import FAULTS
+    from requant.audit.phases.injection import INJECTOR, FaultInjector, base_backend
     from requant.cli import app
 
     out = tmp_path / "a.json"

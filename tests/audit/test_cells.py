@@ -1,4 +1,4 @@
-"""audit/suite.py on random operands with the reference pair (kernels.reference orders):
+"""audit/cells.py on random operands with the reference pair (kernels.reference orders):
 the pinned matrix must hold beyond the embedded default, for any seed, on layer-like
 shapes (K >= 256, at least 512 outputs).
 
@@ -11,9 +11,9 @@ random outputs may have no element that a one-step activation shift moves by two
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from requant.audit.cells import CELLS_PER_LAYER, audit_layer
 from requant.audit.matrix import load_matrix
 from requant.audit.scoring import Scorer
-from requant.audit.suite import CELLS_PER_LAYER, audit_layer
 from requant.backends import REFERENCE_PAIR, parse_backends
 from tests.audit.conftest import make_operands
 

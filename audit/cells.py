@@ -1,0 +1,145 @@
+"""The cells of one Linear: the pair compared, the baseline rows and the 21 fault variants, checked
+and scored. Shared by the prefill and decode phases (audit/phases/).
+
+A Linear's cells are evaluated together (audit/batched.py: every variant, check and decode
+step at once on the operands' device, one small tensor read back per window of Linears);
+the per-cell path (layer_cells: each cell on its own through audit.faults.reference_case and
+audit/checks.py) is the oracle it equals, kept and forced by REQUANT_AUDIT_PER_CELL=1.
+
+Cells: 21 variants x 2 regimes per quantized Linear (a Qwen3-1.7B config: 196 Linears,
+8,232 cells). Baseline rows (each backend of the pair as the kernel under test, no fault)
+are run on every (layer, regime) too and reported beside the cells, not counted among them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from requant import kernels
+from requant.audit.batched import Pending, Read, Segment, Started, per_cell_forced, start_linear
+from requant.audit.checks import CHECK_IDS, run_checks
+from requant.audit.compare import compare_layer
+from requant.audit.faults import VARIANTS, LayerCase, inject, reference_case
+from requant.audit.matrix import REGIMES, baseline_variant
+from requant.audit.records import BACKEND_KERNELS, Activations, KernelDesc, Run, Weights, output_distance, output_equal
+from requant.audit.scoring import CellResult, Scorer, ulp_histogram
+
+CELLS_PER_LAYER = len(VARIANTS) * len(REGIMES)
+
+
+def backend_kernel(name: str) -> KernelDesc:
+    """The documented description of a registered backend (audit.records.BACKEND_KERNELS);
+    every backend in kernels/ accumulates in int32 and returns no accumulator. A backend
+    registered at run time (a MODULE:FUNCTION kernel) is described by the order it declares
+    (kernels.EMULATION_OF); its accumulator is not visible, so int32 is its claim, not a fact."""
+    if name in BACKEND_KERNELS:
+        return BACKEND_KERNELS[name]
+    emu = kernels.EMULATION_OF.get(name)
+    order = "unknown" if emu is None else ("exact" if emu == "reference" else emu.removeprefix("reference-"))
+    return KernelDesc(name, "int", 32, order, False)
+
+
+def evaluate_cell(case: LayerCase, variant: str, family: str, severity: str, test: Run, checks=CHECK_IDS) -> CellResult:
+    outcomes = {cid: r.outcome for cid, r in run_checks(case.ref, test, checks=checks).items()}
+    if output_equal(case.ref, test):
+        return CellResult(case.name, case.regime, variant, family, severity, False, 0, 0, outcomes, [])
+    dist = output_distance(case.ref, test)
+    mism = int((test.y.view(torch.int16) != case.ref.y.view(torch.int16)).sum())
+    return CellResult(
+        case.name, case.regime, variant, family, severity, True, mism, int(dist.max()), outcomes, ulp_histogram(dist)
+    )
+
+
+def layer_cells(
+    name: str, regime: str, act: Activations, wt: Weights, backends: tuple[str, str], checks=CHECK_IDS, outs=None
+) -> tuple[dict, list[CellResult]]:
+    """The per-cell path (the oracle of audit/batched.py): pair row, baseline rows and the 21
+    fault cells of one (layer, regime), each cell evaluated on its own."""
+    case = reference_case(name, regime, act, wt)
+    if outs is None:
+        outs = {b: kernels.scaled_mm(act.a, wt.w, act.s_a, wt.s_w, backend=b) for b in dict.fromkeys(backends)}
+    row = compare_layer(name, regime, outs[backends[0]], outs[backends[1]], case.shape)
+    cells = [
+        evaluate_cell(case, baseline_variant(b), "B", "none", Run(act, wt, None, outs[b], backend_kernel(b)), checks)
+        for b in dict.fromkeys(backends)
+    ]
+    cells += [evaluate_cell(case, v.id, v.family, v.severity, inject(v, case), checks) for v in VARIANTS]
+    return row, cells
+
+
+def audit_layer(
+    name: str,
+    regime: str,
+    act: Activations,
+    wt: Weights,
+    backends: tuple[str, str],
+    scorer: Scorer,
+    advance: Callable[[int], None] | None = None,
+) -> dict:
+    """Pair comparison, baseline rows and the 21 fault cells of one (layer, regime), per cell."""
+    row, cells = layer_cells(name, regime, act, wt, backends, scorer.checks)
+    for cell in cells:
+        scorer.add(cell)
+    if advance is not None:
+        advance(len(VARIANTS))
+    return row
+
+
+class LinearQueue:
+    """Evaluates Linears through audit/batched.py (or per cell when REQUANT_AUDIT_PER_CELL is set,
+    or when a Linear needs it), reading results back once per `window` Linears.
+
+    put(key, labelled, wt): labelled = [(label, Activations)], one per segment; results() then
+    maps each key to [(per_layer row, cells)] in segment order."""
+
+    def __init__(self, regime: str, backends: tuple[str, str], checks, advance=None, window: int = 16):
+        self.regime, self.backends, self.checks, self.advance, self.window = regime, backends, checks, advance, window
+        self.per_cell = per_cell_forced()
+        self.queued: list = []
+        self.reading: list = []  # (entries, Read): windows whose results are on their way
+        self.done: dict = {}
+
+    def put(self, key, labelled: list, wt: Weights) -> None:
+        pair = tuple(dict.fromkeys(self.backends))
+        outs = [{b: kernels.scaled_mm(act.a, wt.w, act.s_a, wt.s_w, backend=b) for b in pair} for _, act in labelled]
+        work = None
+        if not self.per_cell:
+            segs = [Segment(label, act, o) for (label, act), o in zip(labelled, outs)]
+            work = start_linear(self.regime, segs, wt, self.backends, backend_kernel)
+        # The Linear queued before this one reads its counts now: its copy is done or nearly, and the
+        # device has this Linear's work queued behind it (no idle device while the host reads).
+        self._finish_started()
+        if work is None:
+            res = [
+                layer_cells(label, self.regime, act, wt, self.backends, self.checks, o)
+                for (label, act), o in zip(labelled, outs)
+            ]
+            self.queued.append((key, res, len(labelled)))
+        else:
+            self.queued.append((key, work, len(labelled)))
+        if sum(isinstance(r, (Pending, Started)) for _, r, _ in self.queued) >= self.window:
+            self.flush()
+
+    def _finish_started(self) -> None:
+        self.queued = [(k, r.finish() if isinstance(r, Started) else r, n) for k, r, n in self.queued]
+
+    def flush(self, wait: bool = False) -> None:
+        """Send the queued Linears' results to the host; resolve the window sent before (or, with
+        `wait`, every window): the device works on while the host reads and scores."""
+        self._finish_started()
+        if self.queued:
+            self.reading.append((self.queued, Read([r for _, r, _ in self.queued if isinstance(r, Pending)])))
+        self.queued = []
+        while self.reading and (wait or len(self.reading) > 1):
+            entries, read = self.reading.pop(0)
+            resolved = iter(read.resolve(self.checks))
+            for key, r, n_seg in entries:
+                self.done[key] = next(resolved) if isinstance(r, Pending) else r
+                if self.advance is not None:
+                    self.advance(len(VARIANTS) * n_seg)
+
+    def results(self) -> dict:
+        self.flush(wait=True)
+        return self.done
