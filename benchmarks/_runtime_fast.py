@@ -35,7 +35,6 @@ import torch
 
 from benchmarks._timing import Stopwatch, median_ms, per_call, rates, repeat, sync, transformers_decode
 from requant.io.markdown import table
-from requant.runtime.fast import BUCKETS
 
 GPU = "cuda"  # every timer synchronises this device
 
@@ -148,15 +147,12 @@ def requant_decoder(model, prompts, steps: int, graphs: bool):
 
     fw = model.impl
     b = len(prompts)
-    bucket = next((k for k in BUCKETS if k >= b), b)
     cap = pow2_at_least(max(len(p) for p in prompts) + steps + 8)
-    dec = fw.decoder(bucket, cap, graphs)
+    dec = fw.decoder(b, cap, graphs)
     with torch.no_grad():
         logits = fw.prefill(prompts, cache=dec.cache, last_only=True)
-        dec.tok.zero_()
+        dec.start([len(p) for p in prompts])
         dec.tok[:b] = logits.argmax(-1)
-        dec.pos.zero_()
-        dec.pos[:b] = torch.tensor([len(p) for p in prompts], dtype=torch.int32, device="cuda")
         dec.step()
         dec.step()  # eager first step, then the capture (graphs) and one replay
     return dec

@@ -66,8 +66,8 @@ def cpu_seconds_per_token(args) -> dict:
         t = time.perf_counter()
         logits = m.impl.prefill([prompt], cache=dec.cache, last_only=True)
         first = time.perf_counter() - t
+        dec.start([len(prompt)])
         dec.tok[:1] = logits.argmax(-1)
-        dec.pos[:1] = len(prompt)
         t = time.perf_counter()
         for _ in range(args.steps):
             dec.step()

@@ -7,6 +7,7 @@
     model.generate(prompts, max_new_tokens=64, eos_id=None, keep_logits=False, choose=None)
     model.greedy(prompts, max_new_tokens=64)    # new ids per prompt
     model.prefill / extend / decode_step / new_cache   # the engine's methods, on a KVCache
+    requant.runtime.engine: the Engine protocol and the one decode loop (generate)
 
 Design notes: docs/internals.md (requant/runtime/__init__.py).
 """
@@ -15,6 +16,8 @@ import importlib
 
 # Lazy (PEP 562): `import requant.runtime.sampling` must not import torch kernels or Triton.
 _EXPORTS = {
+    "Decoder": "engine",
+    "Engine": "engine",
     "Generation": "cache",
     "KVCache": "cache",
     "ENGINES": "model",
@@ -47,6 +50,8 @@ def __getattr__(name: str):
 __all__ = [
     "load_model",
     "ENGINES",
+    "Engine",
+    "Decoder",
     "Model",
     "KVCache",
     "Generation",

@@ -1,31 +1,15 @@
-"""The fast engine: fused Triton kernels, one attention for prefill and decode, a bf16
-lm_head with one fixed tile, and decode steps replayed from CUDA graphs.
+"""The fast engine: fused Triton kernels, one attention for prefill and decode, a bf16 lm_head
+with one fixed tile, and decode steps replayed from CUDA graphs.
 
-FastEngine has the reference engine's methods (prefill, extend, decode_step, generate,
-new_cache); requant.runtime.Model chooses one of them once (engine="auto" picks this one on
-CUDA when `fast_supported` says the model can run it). Its weights are laid out once
-(`FastLayout`: q/k/v and gate/up stacked along N, which gives the same bits as separate GEMMs)
-and shared by every with_backends copy. One decoder layer on T packed tokens:
-    add_rms_norm(x, input_layernorm, delta = previous down_proj)  -> x += delta; q8, s8
-    qkv  = scaled_mm(q8, [Wq; Wk; Wv]);  q = qk_norm_rope(qkv)  (k, v written to the cache)
-    attn = attention(q, cache);  o = scaled_mm(quantize_activations(attn), Wo)
-    add_rms_norm(x, post_attention_layernorm, delta = o) -> x += o; q8, s8
-    gu   = scaled_mm(q8, [Wgate; Wup]);  q8, s8 = silu_mul_quantize(gu);  delta = scaled_mm(q8, Wdown)
-then add_rms_norm(x, model.norm, delta) and the lm_head (kernels/triton/dense.py, or scaled_mm
-when the checkpoint quantizes it). Each kernel's numerics: its module docstring; their torch
-emulations: kernels/triton/emulation.py; why a token's logits are the same bits prefilled,
-extended, decoded, batched or replayed from a graph: docs/runtime.md.
-
-capture (prefill and decode_step, eager only): record(names, q, s) with the operands this
-engine feeds its GEMMs: (q, k, v names) and (gate, up names) share one record each, then
-o_proj, down_proj, lm_head when quantized. The names and shapes are the reference engine's;
-the values can differ, since the hidden states are computed differently (docs/runtime.md).
-
-CUDA graphs (generate(graphs=True), the default): the batch is padded to a bucket (BUCKETS;
-larger batches run eagerly at their exact size); padded rows decode token 0 in cache rows of
-their own and are never read. The graph holds the forward only: `choose` runs after it on the
-logits it wrote, so the tokens are the same bits eager or replayed. The first decode step of a
-(bucket, capacity, backends) runs eagerly, then it is captured; the last two decoders are kept.
+`FastEngine` is an `Engine` (requant/runtime/engine.py); `Model` picks it on CUDA when
+`fast_supported` allows. Its weights are laid out once (`FastLayout`: q/k/v and gate/up stacked
+along N, the same bits as separate GEMMs) and shared by every with_backends copy. Its decoder
+(`_Decoder`) pads the batch to a bucket (BUCKETS) and replays the step from a CUDA graph; the
+graph holds the forward only, so `choose` sees the same bits eager or replayed. capture
+(prefill and decode_step, eager only) records what its GEMMs consume: the reference engine's
+names and shapes, not its values. The layer, the kernels' numerics and why a token's logits are
+the same bits prefilled, extended, decoded, batched or replayed: docs/runtime.md and
+docs/internals.md (requant/runtime/fast.py).
 """
 
 from __future__ import annotations
@@ -36,7 +20,7 @@ import torch
 
 from requant import kernels
 from requant.models.qwen3 import LAYER_LINEARS
-from requant.runtime.cache import Generation, KVCache, argmax_choose, generation_capacity, stop_ids
+from requant.runtime.cache import KVCache
 from requant.runtime.ops import rope_tables
 
 __all__ = ["BUCKETS", "FastEngine", "FastLayout", "capture_graph", "fast_supported"]
@@ -80,7 +64,10 @@ def _stack(linears, names):
 
 class _Decoder:
     """Static buffers, a KV cache and (once captured) the CUDA graph of one decode step: the
-    forward of `tok` at `pos` into `logits`, then pos += 1."""
+    forward of `tok` at `pos` into `logits`, then pos += 1. A `Decoder` (runtime/engine.py)."""
+
+    static_logits = True  # step returns a view of self.logits
+    sync_every = 16  # the loop reads ids on the host every 16 steps: no sync between replays
 
     def __init__(self, engine: FastEngine, bucket: int, capacity: int, graphs: bool):
         dev = engine.model.device
@@ -95,6 +82,13 @@ class _Decoder:
         self.graphs = graphs and dev.type == "cuda"
         self.graph = None
         self.eager_steps = 0
+
+    def start(self, lengths: list[int]) -> None:
+        """After a prefill of rows 0..len(lengths)-1: decode from their lengths; the padding rows
+        decode token 0 from position 0 in rows of their own, never read."""
+        self.tok.zero_()
+        self.pos.zero_()
+        self.pos[: len(lengths)] = torch.tensor(lengths, dtype=torch.int32).to(self.engine.model.device)
 
     def _step(self):
         self.engine.forward(self.tok, self.pos, self.rows, self.blocks, self.cache.k, self.cache.v, None, self.logits)
@@ -317,8 +311,11 @@ class FastEngine:
         return out
 
     # -- decoding ------------------------------------------------------------------------------
-    def decoder(self, bucket: int, capacity: int, graphs: bool) -> _Decoder:
-        """The decoder of (bucket, capacity, backends, graphs), built or reused (most recent kept)."""
+    def decoder(self, batch: int, capacity: int, graphs: bool) -> _Decoder:
+        """The decoder of `batch` rows (padded to its bucket; larger batches at their
+        exact size), capacity and graphs for the current backends: built, or the one kept (the
+        last _KEEP_DECODERS are kept, most recent last)."""
+        bucket = next((k for k in BUCKETS if k >= batch), batch)
         m, decoders = self.model, self.layout.decoders
         key = (bucket, capacity, m.backend, m.act_backend, graphs)
         dec = decoders.pop(key, None)
@@ -329,58 +326,3 @@ class FastEngine:
         dec.engine = self
         decoders[key] = dec  # most recent last
         return dec
-
-    def generate(
-        self,
-        prompts: list[torch.Tensor],
-        max_new_tokens: int = 64,
-        eos_id=None,
-        keep_logits: bool = False,
-        graphs: bool = True,
-        choose=None,
-    ) -> Generation:
-        """The reference engine's generate, with decode steps from CUDA graphs (graphs=True,
-        on CUDA) or the same kernels launched eagerly (the same bits)."""
-        choose = argmax_choose if choose is None else choose
-        eos = stop_ids(eos_id)
-        b = len(prompts)
-        gen = Generation([[] for _ in prompts])
-        if max_new_tokens <= 0:
-            return gen
-        bucket = next((k for k in BUCKETS if k >= b), b)
-        cap = generation_capacity(max(len(t) for t in prompts) + max_new_tokens)
-        dec = self.decoder(bucket, cap, graphs)
-        logits = self.prefill(prompts, cache=dec.cache, last_only=True)
-        dec.tok.zero_()
-        dec.pos.zero_()
-        dec.pos[:b] = torch.tensor([len(t) for t in prompts], dtype=torch.int32).to(self.model.device)
-        steps_ids, steps_logits = [], []
-        nxt = None
-        for step in range(max_new_tokens):
-            if step:
-                if eos and step % 16 == 0 and _all_done(steps_ids, eos):
-                    break
-                logits = dec.step(nxt)
-                if keep_logits:
-                    logits = logits.clone()
-            nxt = choose(step, logits).reshape(-1).to(torch.long)
-            steps_ids.append(nxt)
-            if keep_logits:
-                steps_logits.append(logits)
-        ids = torch.stack(steps_ids, 1).tolist()  # [B, steps]
-        # what the reference loop emits: each sequence up to its first eos; steps until all are done
-        n_steps = 0
-        for j, row in enumerate(ids):
-            for tok in row:
-                gen.ids[j].append(tok)
-                if tok in eos:
-                    break
-            n_steps = max(n_steps, len(gen.ids[j]))
-        if keep_logits:
-            gen.step_logits = steps_logits[:n_steps]
-        return gen
-
-
-def _all_done(steps_ids, eos) -> bool:
-    ids = torch.stack(steps_ids, 1).tolist()
-    return all(any(t in eos for t in row) for row in ids)

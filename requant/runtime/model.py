@@ -1,7 +1,8 @@
 """The runtime's front: `Model`, a Qwen3 on one device (its weights, backends and regime)
-over one engine chosen once, and `load_model`. The engines (requant/runtime/reference.py,
-requant/runtime/fast.py) have the same methods; the front validates the prompts and
-delegates. The contract: requant/runtime/__init__.py; the numerics: docs/runtime.md.
+over one engine chosen once, and `load_model`. The engines (reference.py, fast.py, portable.py)
+are `Engine`s (engine.py); the front validates the prompts and delegates, and `generate` is the
+one decode loop, engine.generate. The contract: requant/runtime/__init__.py; the numerics:
+docs/runtime.md.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import torch
 
 from requant import kernels
 from requant.runtime.cache import Generation, KVCache
+from requant.runtime.engine import generate as run_generation
 from requant.runtime.fast import FastEngine, FastLayout, fast_supported
 from requant.runtime.reference import ReferenceEngine
 from requant.runtime.weights import (
@@ -43,8 +45,9 @@ class Model:
     a bf16 model), a GEMM backend and an activation-quantization backend by name, and an
     engine: "reference" (torch ops), "fast" (fused Triton kernels, CUDA graphs; its
     activation quantization is always its own Triton kernels, the same bits as every act
-    backend) or "auto" (fast on CUDA when the model allows it), resolved once: `engine` is
-    then "reference" or "fast", and `impl` the engine object."""
+    backend), "portable" (runtime/portable.py; only on request) or "auto" (fast on CUDA when
+    the model allows it), resolved once: `engine` is then the engine's name, and `impl` the
+    engine object."""
 
     def __init__(
         self,
@@ -218,7 +221,7 @@ class Model:
         if longest > self.max_length:
             raise ValueError(f"prompt + new tokens = {longest} positions, more than max_length {self.max_length}")
         with torch.no_grad():
-            return self.impl.generate(tensors, max_new_tokens, eos_id, keep_logits, graphs, choose)
+            return run_generation(self.impl, tensors, max_new_tokens, eos_id, keep_logits, graphs, choose)
 
     def greedy(self, prompts, max_new_tokens: int = 64, eos_id=None) -> list[list[int]]:
         """generate's new ids per prompt (the argmax at every step)."""

@@ -1,22 +1,15 @@
 """The portable engine: the fast engine's layer, in an arithmetic every machine computes the same.
 
-`load_model(..., engine="portable")`. One decoder layer is the fast engine's (requant/runtime/fast.py:
-the fused RMSNorm + quantization, q/k/v and gate/up stacked, the int8 GEMMs, the same packing,
-caches, buckets and CUDA graphs), with four changes that remove every operation whose bits depend
-on the machine (the specification: kernels/portable.py and docs/runtime.md, "The portable
-arithmetic"):
-  * attention: dot products in a fixed lane order instead of the tensor cores' MMA, software exp2;
-  * SiLU: software exp;
-  * the bf16 lm_head: a fixed lane order instead of the MMA;
-  * RoPE tables: computed once on the host from float64 + and * only, then moved to the device.
-Two implementations of the same operations:
-  * kernels="triton": kernels/triton/portable.py and the fast engine's fused row kernels (a GPU,
-    or the CPU under TRITON_INTERPRET=1);
-  * kernels="torch": vectorised torch on the CPU, the specification itself (kernels/portable.py,
-    kernels/triton/emulation.py's row references, kernels.reference's GEMM orders).
-"auto" picks triton on CUDA and torch elsewhere; the environment variable REQUANT_PORTABLE_KERNELS
-(triton|torch) overrides it (the tests' handle on the Triton kernels under the interpreter).
-A record made by this engine carries "arithmetic": ARITHMETIC.
+`load_model(..., engine="portable")`. The fast engine's layer, packing, caches, buckets and CUDA
+graphs (requant/runtime/fast.py), with every operation whose bits depend on the machine replaced:
+attention dot products in a fixed lane order with a software exp2, SiLU with a software exp, the
+bf16 lm_head in a fixed lane order, RoPE tables made on the host from float64 + and *. Two
+implementations of the same operations: kernels="triton" (kernels/triton/portable.py and the fused
+row kernels; CUDA, or the CPU under TRITON_INTERPRET=1) and kernels="torch" (the specification,
+kernels/portable.py, on the CPU); "auto" picks triton on CUDA, torch elsewhere, and
+REQUANT_PORTABLE_KERNELS=triton|torch overrides it. A record made by this engine carries
+"arithmetic": ARITHMETIC. The specification: docs/runtime.md ("The portable arithmetic"); the
+rest of this docstring: docs/internals.md (requant/runtime/portable.py).
 """
 
 from __future__ import annotations

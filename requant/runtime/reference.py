@@ -22,7 +22,8 @@ from collections.abc import Callable
 import torch
 
 from requant import kernels
-from requant.runtime.cache import Generation, KVCache, argmax_choose, generation_capacity, pow2_at_least, stop_ids
+from requant.runtime.cache import KVCache, pow2_at_least
+from requant.runtime.engine import EagerDecoder
 from requant.runtime.ops import apply_rope, attend_decode, attend_prompt, dense_rows, rms_norm, rope_tables
 
 __all__ = ["DeviceLinears", "ReferenceEngine", "decode_attention"]
@@ -93,7 +94,7 @@ def decode_attention(cache: KVCache, arch, device) -> tuple[torch.Tensor, torch.
 
 
 class ReferenceEngine:
-    """The torch-ops forward of `model` (its arch, dense, device, tree), with `linears` (default
+    """An `Engine` (runtime/engine.py): the torch-ops forward of `model` (its arch, dense, device, tree), with `linears` (default
     DeviceLinears(model)), `heads`/`kv_heads` the attention heads this engine holds (default:
     all) and `prompt_attention(q, k, v, scale)` for one prompt (default ops.attend_prompt)."""
 
@@ -183,35 +184,6 @@ class ReferenceEngine:
         cache.lengths = [n + 1 for n in cache.lengths]
         return self.head(x, capture)
 
-    def generate(
-        self,
-        prompts: list[torch.Tensor],
-        max_new_tokens: int = 64,
-        eos_id=None,
-        keep_logits: bool = False,
-        graphs: bool = True,
-        choose=None,
-    ) -> Generation:
-        """Decoding with a KV cache (graphs: no CUDA graphs here). choose(step, logits [B,
-        vocab]) -> ids [B] picks each step's tokens (None: the argmax, ties to the lowest id),
-        called on every row; a finished row keeps its row (its tokens are dropped)."""
-        choose = argmax_choose if choose is None else choose
-        eos = stop_ids(eos_id)
-        gen = Generation([[] for _ in prompts])
-        if max_new_tokens <= 0:
-            return gen
-        cache = self.new_cache(len(prompts), generation_capacity(max(len(t) for t in prompts) + max_new_tokens))
-        done = [False] * len(prompts)
-        logits = self.prefill(prompts, cache=cache, last_only=True)
-        for step in range(max_new_tokens):
-            nxt = choose(step, logits)
-            if keep_logits:
-                gen.step_logits.append(logits)
-            for j, tok in enumerate(nxt.tolist()):
-                if not done[j]:
-                    gen.ids[j].append(tok)
-                    done[j] = tok in eos
-            if all(done) or step == max_new_tokens - 1:
-                break
-            logits = self.decode_step(nxt, cache)  # rows never interact
-        return gen
+    def decoder(self, batch: int, capacity: int, graphs: bool) -> EagerDecoder:
+        """decode_step on a cache of `batch` rows (graphs: no CUDA graphs here)."""
+        return EagerDecoder(self, batch, capacity)

@@ -5,21 +5,12 @@
     m.logits(prompts)                          # fp32 [T_i, vocab] per prompt, on every rank
     m.generate(prompts, max_new_tokens=16)     # a requant.runtime Generation (ids, step logits)
 
-The forward is the runtime's reference engine (requant/runtime/reference.py: the same layer,
-prefill, decode_step and generate code) with two things supplied by this module: the Linears
-(`ShardedLinears`: column-parallel q/k/v, gate/up and lm_head on this rank's weight rows;
-row-parallel o_proj and down_proj on a K-slice, with their all-reduces) and a prompt attention
-that runs one query head per call (`attend_heads`). Sharding: requant/tp/shard.py.
-
-Contract (reduce="int32", the default): every TP degree gives the TP-1 bits, and TP 1 is the
-reference engine's forward bit for bit on the CPU (tested on gloo). Row-parallel inputs are
-quantized with the scale of the whole row (a MAX all-reduce of the per-token absmax, then
-kernels.epilogue.quantize_slice); the int32 accumulators are SUM all-reduced (exact and
-associative) and the backend's epilogue runs once on the full sum. reduce="bf16" (the usual
-scheme, for contrast) sums bf16 partial outputs instead, which rounds twice and in the
-collective's order. Dense Linears run in fixed [64, K] x [K, COL_CHUNK] blocks (dense_cols)
-and prefill attention one head per call, so the BLAS library sees one call shape at every
-degree. The proof, and what is only measured: docs/tensor-parallel.md.
+The reference engine (its layer, prefill and decode_step) and the one decode loop
+(requant/runtime/engine.py) run on each rank, with this module's Linears (`ShardedLinears`) and a
+prompt attention of one query head per call (`attend_heads`). Contract (reduce="int32", the
+default): every TP degree gives the TP-1 bits, and TP 1 is the reference engine's forward bit for
+bit on the CPU (tested on gloo). The proof: docs/tensor-parallel.md; the rest of this docstring:
+docs/internals.md (requant/tp/engine.py).
 """
 
 from __future__ import annotations
@@ -31,6 +22,7 @@ from requant import kernels
 from requant.kernels.epilogue import apply_epilogue, int_mm, order_of, quantize_slice
 from requant.models.qwen3 import Qwen3Arch
 from requant.runtime.cache import Generation, KVCache
+from requant.runtime.engine import generate
 from requant.runtime.ops import attend_prompt, dense_rows
 from requant.runtime.reference import DeviceLinears, ReferenceEngine
 from requant.runtime.weights import arch_from_config
@@ -225,8 +217,9 @@ class ShardedModel:
         return list(torch.split(flat, [len(t) for t in tensors]))
 
     def generate(self, prompts, max_new_tokens: int, eos_id=None, keep_logits: bool = True, choose=None) -> Generation:
-        """The reference engine's generate on this rank (every rank gets the same Generation):
-        the new ids per prompt and (keep_logits) the fp32 logits [B, vocab] of each step."""
+        """The one decode loop (requant.runtime.engine.generate) on this rank's reference engine;
+        every rank gets the same Generation: the new ids per prompt and (keep_logits) the fp32
+        logits [B, vocab] of each step."""
         tensors = self._tensors(prompts)
         with torch.no_grad():
-            return self.impl.generate(tensors, max_new_tokens, eos_id, keep_logits, False, choose)
+            return generate(self.impl, tensors, max_new_tokens, eos_id, keep_logits, False, choose)
