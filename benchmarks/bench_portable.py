@@ -19,6 +19,8 @@ from pathlib import Path
 
 import torch
 
+from requant.io.markdown import table
+
 
 def _sync():
     torch.cuda.synchronize()
@@ -175,15 +177,16 @@ def main(argv=None) -> int:
         print(f"decode batch {b}: {rec['decode'][b]}", flush=True)
         flush()
     lines = [f"# fast vs portable, {rec['shape']}, {rec['backend']}, {rec['device']} (commit {rec['commit']})", ""]
-    lines += ["| what | fast | portable | portable time / fast time |", "| --- | --- | --- | --- |"]
-    for n, r in rec["prefill"].items():
-        lines.append(
-            f"| prefill 1 x {n} (tok/s) | {r['fast']['tok_s']:.0f} | {r['portable']['tok_s']:.0f} | {r['portable_over_fast_time']:.2f} |"
-        )
-    for b, r in rec["decode"].items():
-        lines.append(
-            f"| decode batch {b} (tok/s) | {r['fast']['tok_s']:.1f} | {r['portable']['tok_s']:.1f} | {r['portable_over_fast_time']:.2f} |"
-        )
+    rows = [
+        [f"prefill 1 x {n} (tok/s)", f"{r['fast']['tok_s']:.0f}", f"{r['portable']['tok_s']:.0f}",
+         f"{r['portable_over_fast_time']:.2f}"]
+        for n, r in rec["prefill"].items()
+    ] + [
+        [f"decode batch {b} (tok/s)", f"{r['fast']['tok_s']:.1f}", f"{r['portable']['tok_s']:.1f}",
+         f"{r['portable_over_fast_time']:.2f}"]
+        for b, r in rec["decode"].items()
+    ]  # fmt: skip
+    lines += table(["what", "fast", "portable", "portable time / fast time"], rows)
     (out / "bench_portable.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

@@ -24,6 +24,8 @@ if "--smoke" in sys.argv:  # before Triton is imported
 
 import torch  # noqa: E402
 
+from requant.io.markdown import table  # noqa: E402
+
 # the fast engine's Linears at Qwen3-8B: (name, N, K)
 LINEARS_8B = [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 24576, 4096), ("down", 4096, 12288)]
 SMOKE = [("tiny", 130, 600), ("tiny_k", 64, 1024)]
@@ -68,20 +70,19 @@ def measure(ms, shapes, device: str, rep_ms: float, timed: bool) -> list[dict]:
 def markdown(rec: dict) -> str:
     lines = [f"# Split-K at decode M ({rec['device']})", ""]
     timed = any("speedup" in r for r in rec["rows"])
-    head = "| M | Linear | N x K | config_for | splits | same bits |"
+    head = ["M", "Linear", "N x K", "config_for", "splits", "same bits"]
     if timed:
-        head += " decode ms | decode_splitk ms | speedup | split-K weight GB/s |"
-    lines += [head, "|" + "---|" * (head.count("|") - 1)]
+        head += ["decode ms", "decode_splitk ms", "speedup", "split-K weight GB/s"]
+    rows = []
     for r in rec["rows"]:
-        line = (
-            f"| {r['m']} | {r['linear']} | {r['n']} x {r['k']} | {r['config_for']} | {r['splits']} | {r['same_bits']} |"
-        )
+        row = [r["m"], r["linear"], f"{r['n']} x {r['k']}", r["config_for"], r["splits"], r["same_bits"]]
         if timed:
-            line += (
-                f" {r['decode_ms']:.4f} | {r['decode_splitk_ms']:.4f} | {r['speedup']:.2f}x "
-                f"| {r['decode_splitk_weight_gb_s']:.0f} |"
-            )
-        lines.append(line)
+            row += [
+                f"{r['decode_ms']:.4f}", f"{r['decode_splitk_ms']:.4f}", f"{r['speedup']:.2f}x",
+                f"{r['decode_splitk_weight_gb_s']:.0f}",
+            ]  # fmt: skip
+        rows.append(row)
+    lines += table(head, rows)
     return "\n".join(lines) + "\n"
 
 
