@@ -20,8 +20,9 @@ What is measured (CUDA-synchronised, perf_counter, median of --reps [min-max] af
     with its DynamicCache; B in --batches;
   * decode GPU time per step by kernel family (torch.profiler, eager steps) and the weight-read
     bound (bytes of weights read per step / --hbm bytes/s);
-  * invariance, bitwise: graph == eager (ids and logits), prefill == chunks (1, 3, 7) after a
-    cached prefix == decode, alone == in a batch of mixed lengths, cutlass == triton;
+  * invariance, bitwise (requant.runtime.invariance): graph == eager (ids and logits), prefill ==
+    chunks (1, 3, 7) after a cached prefix == decode, alone == in a batch of mixed lengths,
+    cutlass == triton;
   * the price of invariance: graph vs eager; the fixed-tile lm_head vs cuBLAS (torch.matmul,
     free tile/split); our attention (fixed tile walk from position 0) vs torch SDPA (flash,
     free split); the tree-sum RMSNorm kernel vs torch's rms_norm.
@@ -224,63 +225,43 @@ def prefill_profile(model, prompts, calls: int = 2) -> dict:
 # -- invariance -----------------------------------------------------------------------------------
 
 
-def _same(a, b) -> bool:
-    return a.shape == b.shape and torch.equal(a.view(torch.int32), b.view(torch.int32))
-
-
 def invariance(model, other_backend: str | None, vocab: int) -> dict:
+    """requant.runtime.invariance.check on 8 random prompts (32 new tokens; 3 also alone) and a
+    400-token sequence (a 100-token prefix, chunks of 1, 3, 7 x 10, then decode steps), the other
+    backend over 64 tokens; the counts of identical positions, prompts and steps, and where the first
+    difference is (null when none)."""
+    from requant.runtime import invariance as inv
+
     g = torch.Generator().manual_seed(7)
     lens = [37, 200, 5, 64, 129, 90, 1, 300]
     prompts = [torch.randint(0, vocab, (n,), generator=g) for n in lens]
-    out = {}
-    with torch.no_grad():
-        a = model.generate(prompts, 32, keep_logits=True, graphs=True)
-        b = model.generate(prompts, 32, keep_logits=True, graphs=False)
-        out["graph_vs_eager"] = {
-            "ids_identical": a.ids == b.ids,
-            "steps": len(a.step_logits),
-            "logits_identical": sum(_same(x, y) for x, y in zip(a.step_logits, b.step_logits)),
-        }
-        seq = torch.randint(0, vocab, (400,), generator=g)
-        whole = model.logits([seq])[0]
-        cache = model.new_cache(1, 512)
-        parts = [model.extend([seq[:100]], cache)]
-        i = 100
-        for c in (1, 3, 7) * 10:
-            parts.append(model.extend([seq[i : i + c]], cache))
-            i += c
-        while i < len(seq):
-            parts.append(model.decode_step(seq[i : i + 1], cache))
-            i += 1
-        got = torch.cat(parts)
-        out["prefill_chunks_decode"] = {
-            "positions": len(seq),
-            "identical": int((got.view(torch.int32) == whole.view(torch.int32)).all(-1).sum()),
-        }
-        batch = model.logits(prompts)
-        out["alone_vs_batch_prefill"] = {
+    seq = torch.randint(0, vocab, (400,), generator=g)
+    v = inv.check(model, prompts, seq, inv.pieces(400, 100, (1, 3, 7) * 10), 512, 32, range(3), other_backend, 64)
+    ge, pcd, abp, abd = (
+        v[k] for k in ("graph_vs_eager", "prefill_chunks_decode", "alone_vs_batch_prefill", "alone_vs_batch_decode")
+    )
+    out = {
+        "graph_vs_eager": {
+            "ids_identical": ge.ids[0] == ge.ids[1],
+            "steps": ge.compared,
+            "logits_identical": ge.identical,
+            "first_difference": ge.first,
+        },
+        "prefill_chunks_decode": {"positions": pcd.compared, "identical": pcd.identical, "first_difference": pcd.first},
+        "alone_vs_batch_prefill": {"prompts": abp.compared, "identical": abp.identical, "first_difference": abp.first},
+        "alone_vs_batch_decode": {"prompts": abd.compared, "identical": abd.identical, "first_difference": abd.first},
+    }
+    if other_backend:
+        name = f"{model.backend}_vs_{other_backend}"
+        gen, pre = v["other_backend"], v["other_backend_prefill"]
+        out[name] = {
             "prompts": len(prompts),
-            "identical": sum(_same(model.logits([p])[0], batch[j]) for j, p in enumerate(prompts)),
+            "ids_identical": gen.ids[0],
+            "new_tokens": 64,
+            "step_logits_identical": gen.identical,
+            "prefill_logits_identical": pre.identical,
+            "first_difference": gen.first or pre.first,
         }
-        alone = [model.generate([p], 32, keep_logits=True) for p in prompts[:3]]
-        out["alone_vs_batch_decode"] = {
-            "prompts": 3,
-            "identical": sum(
-                al.ids[0] == a.ids[j] and all(_same(al.step_logits[s][0], a.step_logits[s][j]) for s in range(32))
-                for j, al in enumerate(alone)
-            ),
-        }
-        if other_backend:
-            o = model.with_backends(other_backend)
-            c = o.generate(prompts, 64, keep_logits=True)
-            d = model.generate(prompts, 64, keep_logits=True)
-            out[f"{model.backend}_vs_{other_backend}"] = {
-                "prompts": len(prompts),
-                "ids_identical": sum(x == y for x, y in zip(c.ids, d.ids)),
-                "new_tokens": 64,
-                "step_logits_identical": sum(_same(x, y) for x, y in zip(c.step_logits, d.step_logits)),
-                "prefill_logits_identical": sum(_same(x, y) for x, y in zip(o.logits(prompts), batch)),
-            }
     return out
 
 

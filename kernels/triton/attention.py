@@ -8,44 +8,25 @@ positions; blocks int32 [NB, 3] = (first token, count <= BLOCK_M // G, cache row
 tokens of one sequence. A block's BLOCK_M rows are (token, query head) pairs: the G = H / KV heads
 of one KV head for BLOCK_M / G tokens (GQA packing); rows beyond its tokens are padding.
 
-Split + combine, two kernels. _split_kernel, one program per (block, KV head, split j): split j is the absolute
-positions [j * SPLIT, (j + 1) * SPLIT), SPLIT a constant (a multiple of BLOCK_N); the grid's
-third axis is ceil(capacity / SPLIT), programs past the block's last position do nothing. Inside
-its split a program walks KV tiles of BLOCK_N ascending (flash online softmax, fp32):
-    s = (q . k) * (scale * log2 e)   (fp32 MMA; masked: -inf where the position > the row's)
-    m' = max(m, max_j s_j); alpha = 1 if m' == m else exp2(m - m'); p_j = exp2(s_j - m')
-    l = l * alpha + sum_j p_j;  acc = acc * alpha + bf16(p) @ v     (fp32 MMA)
-from m = -inf, l = 0, acc = 0, and stores (m, l, acc) for the rows whose position reaches j.
-_combine_kernel, one program per (block, KV head): a row has the splits 0 .. pos // SPLIT; from
-split 0's partial it folds splits 1, 2, ... in ascending order, in fp32:
-    M' = max(M, m_j); a = 1 if M' == M else exp2(M - M'); b = 1 if M' == m_j else exp2(m_j - M')
-    L = L * a + l_j * b;  A = A * a + acc_j * b;  then out = bf16(A / L)    (IEEE division)
-exp2 is the device's (an approximation on a GPU). P is rounded to bf16 before P @ V unnormalised.
-One split (every position < SPLIT) is the fold's identity: out = bf16(acc_0 / l_0), the
-arithmetic of the unsplit walk. The torch emulation: kernels/triton/emulation.py attention_ref.
-
-The fused fold, _fold_kernel, one program per (block, KV head): the same computation without the
-partials' round trip through memory. It walks split 0 (the state), then each split j = 1, 2, ...
-of the block in ascending order and folds it into the state at once, with the fillers and row
-selection of the combine kernel: _split_kernel's walk (_walk) and _combine_kernel's fold step
-(_fold) are the same jit functions in both, so each row gets the same fp32 operations in the
-same order and the same bits (an fp32 partial stored and loaded is the same value). `fold_path`
-picks it from the launch's shape (blocks of several tokens, FOLD_MIN_PROGRAMS programs or more:
-prefill, chunked prefill); decode and small launches keep split + combine, whose parallelism
-over splits matters there. The grid is (blocks, KV heads), longest blocks first.
-
-Why the bits do not depend on the batch, the chunking or the path (INVARIANCE): docs/internals.md.
-Launch groups of blocks (PARTIAL_BUDGET bytes of partials each) change nothing: a block's
-programs read only their own partials. Tests: tests/requant/runtime/test_fast.py,
-test_attention_fold.py (CPU, interpreter), test_fast_gpu.py, test_attention_fold_gpu.py.
+Split + combine (_split_kernel, _combine_kernel: splits at absolute positions [j * SPLIT,
+(j + 1) * SPLIT), each walked with the flash online softmax in fp32, then folded in ascending
+order), or the fused fold (_fold_kernel: the same walk _walk and fold step _fold, without the
+partials' round trip) for long launches (fold_path); the same bits on both paths. The split and
+combine kernels also compute the portable arithmetic (PORTABLE: lane dots, adjacent trees,
+software exp2; kernels/triton/portable.py), resolved at compile time. The arithmetic, the fold
+and why the bits depend on neither batch, chunking nor path: docs/runtime.md ("Split-KV
+attention") and docs/internals.md. The torch emulation: kernels/triton/emulation.py attention_ref.
 """
 
 import torch
 import triton
 import triton.language as tl
 
+from requant.kernels import portable as spec
 from requant.kernels.triton import _launch
 from requant.kernels.triton._bf16 import bf16_rne_bits
+from requant.kernels.triton._portable_math import OPTIONS, exp2_p
+from requant.kernels.triton.fused import bits_to_fp32, tree_sum_rows
 
 __all__ = [
     "BLOCK_M",
@@ -147,12 +128,83 @@ def _walk(
 
 
 @triton.jit
-def _fold(m, l_sum, acc, mj, lj, aj, inc):
+def _walk_lanes(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    tok,
+    head,
+    crow,
+    kvh,
+    cap,
+    lo,
+    top,
+    hi,
+    pos,
+    qk_scale,
+    H: tl.constexpr,
+    KV: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    TILE: tl.constexpr,
+    LANES: tl.constexpr,
+):
+    """_walk in the portable arithmetic (docs/runtime.md, "The portable arithmetic"): q and the
+    caches read as bf16 bits, lane dots and adjacent trees instead of MMAs and tl.sum, exp2_p."""
+    d = tl.arange(0, D)
+    lane = tl.arange(0, LANES)
+    qrow = (tok * H + head) * D
+    base = (crow * KV + kvh) * cap * D
+    m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+    l_sum = tl.zeros((BLOCK_M,), tl.float32)
+    acc = tl.zeros((BLOCK_M, D), tl.float32)
+    for n0 in range(lo, top, TILE):
+        n = n0 + tl.arange(0, TILE)
+        live = n < hi
+        nrow = base + n.to(tl.int64) * D
+        s3 = tl.zeros((BLOCK_M, TILE, LANES), tl.float32)
+        for c in tl.static_range(0, D, LANES):
+            lm = c + lane < D  # D below LANES: the lanes past it hold zeros (the spec's padding)
+            qc = bits_to_fp32(tl.load(q_ptr + qrow[:, None] + c + lane[None, :], mask=lm[None, :], other=0))
+            kc = bits_to_fp32(
+                tl.load(k_ptr + nrow[:, None] + c + lane[None, :], mask=live[:, None] & lm[None, :], other=0)
+            )
+            s3 = s3 + qc[:, None, :] * kc[None, :, :]
+        s = tl.reshape(tree_sum_rows(tl.reshape(s3, (BLOCK_M * TILE, LANES)), BLOCK_M * TILE, LANES), (BLOCK_M, TILE))
+        s = s * qk_scale
+        causal = n[None, :] <= pos[:, None]
+        s = tl.where(causal, s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, 1))
+        alpha = tl.where(m_new == m, 1.0, exp2_p(m - m_new))
+        p = tl.where(causal, exp2_p(s - m_new[:, None]), 0.0)
+        psum = tl.reshape(tree_sum_rows(p, BLOCK_M, TILE), (BLOCK_M,))
+        upd = n0 <= pos
+        l_sum = tl.where(upd, l_sum * alpha + psum, l_sum)
+        pb = bits_to_fp32(bf16_rne_bits(p))
+        v = bits_to_fp32(tl.load(v_ptr + nrow[:, None] + d[None, :], mask=live[:, None], other=0))
+        pv3 = tl.where(causal[:, :, None], pb[:, :, None] * v[None, :, :], 0.0)
+        pv3 = tl.reshape(tl.permute(pv3, (0, 2, 1)), (BLOCK_M * D, TILE))
+        pv = tl.reshape(tree_sum_rows(pv3, BLOCK_M * D, TILE), (BLOCK_M, D))
+        acc = tl.where(upd[:, None], acc * alpha[:, None] + pv, acc)
+        m = tl.where(upd, m_new, m)
+    return m, l_sum, acc
+
+
+@triton.jit
+def _exp2(x, PORTABLE: tl.constexpr):
+    # resolved at compile time: the device's exp2, or the portable arithmetic's
+    if PORTABLE:
+        return exp2_p(x)
+    return tl.exp2(x)
+
+
+@triton.jit
+def _fold(m, l_sum, acc, mj, lj, aj, inc, PORTABLE: tl.constexpr):
     """Fold split j's partial (mj, lj, aj) into the running (m, l, acc) for the rows `inc` (the
-    others keep their state): the one fold step both paths run."""
+    others keep their state): the one fold step every path runs."""
     m_new = tl.maximum(m, mj)
-    alpha = tl.where(m_new == m, 1.0, tl.exp2(m - m_new))
-    beta = tl.where(m_new == mj, 1.0, tl.exp2(mj - m_new))
+    alpha = tl.where(m_new == m, 1.0, _exp2(m - m_new, PORTABLE))
+    beta = tl.where(m_new == mj, 1.0, _exp2(mj - m_new, PORTABLE))
     l_sum = tl.where(inc, l_sum * alpha + lj * beta, l_sum)
     acc = tl.where(inc[:, None], acc * alpha[:, None] + aj * beta[:, None], acc)
     m = tl.where(inc, m_new, m)
@@ -181,6 +233,8 @@ def _split_kernel(
     BLOCK_N: tl.constexpr,
     SPLIT: tl.constexpr,
     INTERPRET: tl.constexpr,
+    LANES: tl.constexpr,
+    PORTABLE: tl.constexpr,
 ):
     b = tl.program_id(0)  # the block within this launch's group
     kvh = tl.program_id(1)
@@ -188,12 +242,37 @@ def _split_kernel(
     r, valid, tok, head, pos, hi, crow = _rows(blocks_ptr, pos_ptr, blk0 + b, kvh, G, BLOCK_M)
     lo = j * SPLIT
     if lo < hi:  # else no row of the block reaches split j: nothing to do
-        d = tl.arange(0, D)
-        q = tl.load(q_ptr + (tok[:, None] * H + head[:, None]) * D + d[None, :])
-        base = (crow * KV + kvh) * cap * D
-        m, l_sum, acc = _walk(
-            q, k_ptr, v_ptr, base, lo, tl.minimum(lo + SPLIT, hi), hi, pos, qk_scale, D, BLOCK_M, BLOCK_N, INTERPRET
-        )
+        if PORTABLE:  # q, k, v as bf16 bits (int16)
+            top = tl.minimum(lo + SPLIT, hi)
+            m, l_sum, acc = _walk_lanes(
+                q_ptr,
+                k_ptr,
+                v_ptr,
+                tok,
+                head,
+                crow,
+                kvh,
+                cap,
+                lo,
+                top,
+                hi,
+                pos,
+                qk_scale,
+                H,
+                KV,
+                D,
+                BLOCK_M,
+                BLOCK_N,
+                LANES,
+            )
+            d = tl.arange(0, D)
+        else:
+            d = tl.arange(0, D)
+            q = tl.load(q_ptr + (tok[:, None] * H + head[:, None]) * D + d[None, :])
+            base = (crow * KV + kvh) * cap * D
+            m, l_sum, acc = _walk(
+                q, k_ptr, v_ptr, base, lo, tl.minimum(lo + SPLIT, hi), hi, pos, qk_scale, D, BLOCK_M, BLOCK_N, INTERPRET
+            )
         # only the rows that include split j (pos >= lo) keep a partial
         keep = valid & (pos >= lo)
         slot = ((b * KV + kvh) * nsplit + j) * BLOCK_M + r
@@ -218,6 +297,7 @@ def _combine_kernel(
     G: tl.constexpr,
     BLOCK_M: tl.constexpr,
     SPLIT: tl.constexpr,
+    PORTABLE: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -234,7 +314,7 @@ def _combine_kernel(
         mj = tl.load(m_ptr + sj, mask=inc, other=0.0)
         lj = tl.load(l_ptr + sj, mask=inc, other=0.0)
         aj = tl.load(acc_ptr + sj.to(tl.int64)[:, None] * D + d[None, :], mask=inc[:, None], other=0.0)
-        m, l_sum, acc = _fold(m, l_sum, acc, mj, lj, aj, inc)
+        m, l_sum, acc = _fold(m, l_sum, acc, mj, lj, aj, inc, PORTABLE)
     out = tl.math.div_rn(acc, l_sum[:, None])
     tl.store(
         o_ptr + (tok[:, None] * H + head[:, None]) * D + d[None, :],
@@ -284,7 +364,7 @@ def _fold_kernel(
         mj = tl.where(inc, mj, 0.0)
         lj = tl.where(inc, lj, 0.0)
         aj = tl.where(inc[:, None], aj, 0.0)
-        m, l_sum, acc = _fold(m, l_sum, acc, mj, lj, aj, inc)
+        m, l_sum, acc = _fold(m, l_sum, acc, mj, lj, aj, inc, False)
     out = tl.math.div_rn(acc, l_sum[:, None])
     tl.store(
         o_ptr + (tok[:, None] * H + head[:, None]) * D + d[None, :],
@@ -341,11 +421,46 @@ def attention(
     out = torch.empty((t, heads * d), dtype=torch.bfloat16, device=q.device)
     if t == 0:
         return out
-    g = heads // kv
     tokens_per_block(heads, kv)
-    cap = k_cache.shape[2]
     nb = blocks.shape[0]
     qk_scale = float(scale * _LOG2E)
+    if path == "fold" or (path is None and fold_path(t, nb, kv)):
+        consts = {
+            "H": heads,
+            "KV": kv,
+            "D": d,
+            "G": heads // kv,
+            "BLOCK_M": bm,
+            "BLOCK_N": bn,
+            "SPLIT": split,
+            "INTERPRET": _launch.INTERPRET,
+        }
+        args = (q, k_cache, v_cache, out.view(torch.int16), pos, blocks, nb, k_cache.shape[2], qk_scale)
+        key = (
+            _launch.launch_key("attention_fold", (warps, stages), index, args, tuple(consts.values()))
+            if index is not None and not _launch.INTERPRET
+            else None
+        )
+        _launch.launch(_fold_kernel, (nb, kv, 1), args, consts, {"num_warps": warps, "num_stages": stages}, key, index)
+        return out
+    _split_combine(q, k_cache, v_cache, pos, blocks, out, qk_scale, bm, bn, split, warps, stages, index, False)
+    return out
+
+
+def _split_combine(q, k_cache, v_cache, pos, blocks, out, qk_scale, bm, bn, split, warps, stages, index, portable):
+    """The split + combine launches over groups of blocks (PARTIAL_BUDGET bytes of partials each)
+    into `out` (bf16 [T, H * D]). portable: the portable arithmetic (BLOCK_N is its TILE; q and the
+    caches passed as bf16 bits; compiled with _portable_math.OPTIONS; its own launch keys)."""
+    t, heads, d = q.shape
+    kv = k_cache.shape[1]
+    g = heads // kv
+    cap = k_cache.shape[2]
+    nb = blocks.shape[0]
+    ns = n_splits(cap, split)
+    group = max(1, min(nb, PARTIAL_BUDGET // (kv * ns * bm * (d + 2) * 4)))
+    m_part = torch.empty((group, kv, ns, bm), dtype=torch.float32, device=q.device)
+    l_part = torch.empty_like(m_part)
+    acc_part = torch.empty((group, kv, ns, bm, d), dtype=torch.float32, device=q.device)
     split_consts = {
         "H": heads,
         "KV": kv,
@@ -355,38 +470,23 @@ def attention(
         "BLOCK_N": bn,
         "SPLIT": split,
         "INTERPRET": _launch.INTERPRET,
+        "LANES": spec.LANES,
+        "PORTABLE": portable,
     }
+    combine_consts = {"H": heads, "KV": kv, "D": d, "G": g, "BLOCK_M": bm, "SPLIT": split, "PORTABLE": portable}
+    if portable:
+        q, k_cache, v_cache = q.view(torch.int16), k_cache.view(torch.int16), v_cache.view(torch.int16)
+        names, cfgs = ("p_attention_split", "p_attention_combine"), ("portable", "portable")
+        split_opts = combine_opts = dict(OPTIONS, num_warps=warps)
+    else:
+        names, cfgs = ("attention_split", "attention_combine"), ((warps, stages), (warps,))
+        split_opts, combine_opts = {"num_warps": warps, "num_stages": stages}, {"num_warps": warps}
     cached = index is not None and not _launch.INTERPRET
-    opts = {"num_warps": warps, "num_stages": stages}
-    if path == "fold" or (path is None and fold_path(t, nb, kv)):
-        args = (q, k_cache, v_cache, out.view(torch.int16), pos, blocks, nb, cap, qk_scale)
-        key = (
-            _launch.launch_key("attention_fold", (warps, stages), index, args, tuple(split_consts.values()))
-            if cached
-            else None
-        )
-        _launch.launch(_fold_kernel, (nb, kv, 1), args, split_consts, opts, key, index)
-        return out
-    ns = n_splits(cap, split)
-    group = max(1, min(nb, PARTIAL_BUDGET // (kv * ns * bm * (d + 2) * 4)))
-    m_part = torch.empty((group, kv, ns, bm), dtype=torch.float32, device=q.device)
-    l_part = torch.empty_like(m_part)
-    acc_part = torch.empty((group, kv, ns, bm, d), dtype=torch.float32, device=q.device)
-    combine_consts = {"H": heads, "KV": kv, "D": d, "G": g, "BLOCK_M": bm, "SPLIT": split}
     for b0 in range(0, nb, group):
         n = min(group, nb - b0)
         args = (q, k_cache, v_cache, m_part, l_part, acc_part, pos, blocks, b0, ns, cap, qk_scale)
-        key = (
-            _launch.launch_key("attention_split", (warps, stages), index, args, tuple(split_consts.values()))
-            if cached
-            else None
-        )
-        _launch.launch(_split_kernel, (n, kv, ns), args, split_consts, opts, key, index)
+        key = _launch.launch_key(names[0], cfgs[0], index, args, tuple(split_consts.values())) if cached else None
+        _launch.launch(_split_kernel, (n, kv, ns), args, split_consts, split_opts, key, index)
         args = (m_part, l_part, acc_part, out.view(torch.int16), pos, blocks, b0, ns)
-        key = (
-            _launch.launch_key("attention_combine", (warps,), index, args, tuple(combine_consts.values()))
-            if cached
-            else None
-        )
-        _launch.launch(_combine_kernel, (n, kv, 1), args, combine_consts, {"num_warps": warps}, key, index)
-    return out
+        key = _launch.launch_key(names[1], cfgs[1], index, args, tuple(combine_consts.values())) if cached else None
+        _launch.launch(_combine_kernel, (n, kv, 1), args, combine_consts, combine_opts, key, index)

@@ -19,6 +19,7 @@ import triton.language as tl
 
 from requant.kernels.triton import _launch
 from requant.kernels.triton._bf16 import bf16_rne_bits
+from requant.kernels.triton._portable_math import exp_p
 from requant.kernels.triton.quantize import _POISON, _round_half_even, activation_scales
 
 __all__ = ["add_rms_norm", "qk_norm_rope", "row_block", "silu_mul_quantize"]
@@ -224,10 +225,12 @@ def _qk_norm_rope_kernel(
 
 
 @triton.jit
-def _silu_mul_quantize_kernel(gu_ptr, act_ptr, q_ptr, s_ptr, n, BLOCK_K: tl.constexpr):
+def _silu_mul_quantize_kernel(gu_ptr, act_ptr, q_ptr, s_ptr, n, BLOCK_K: tl.constexpr, PORTABLE: tl.constexpr):
     # Two passes over the row in BLOCK_K slices (few registers, many programs per SM): the first
     # writes act = bf16(SiLU(g) * u) to `act` and keeps the largest magnitude bits (an exact
     # max, in any order), the second quantizes act as read back (each thread reads what it wrote).
+    # PORTABLE (kernels/triton/portable.py): the software exp_p for the device's exp, resolved at
+    # compile time.
     t = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK_K)
     mag = tl.zeros((BLOCK_K,), tl.int32)
@@ -235,7 +238,10 @@ def _silu_mul_quantize_kernel(gu_ptr, act_ptr, q_ptr, s_ptr, n, BLOCK_K: tl.cons
         mask = k0 + offs < n
         g = bits_to_fp32(tl.load(gu_ptr + t * 2 * n + k0 + offs, mask=mask, other=0))
         u = bits_to_fp32(tl.load(gu_ptr + t * 2 * n + n + k0 + offs, mask=mask, other=0))
-        bits = bf16_rne_bits(tl.math.div_rn(g, 1.0 + tl.exp(-g)) * u)
+        if PORTABLE:
+            bits = bf16_rne_bits(tl.math.div_rn(g, exp_p(-g) + 1.0) * u)
+        else:
+            bits = bf16_rne_bits(tl.math.div_rn(g, 1.0 + tl.exp(-g)) * u)
         tl.store(act_ptr + t * n + k0 + offs, bits, mask=mask)
         m = bits_to_fp32(bits).to(tl.int32, bitcast=True) & 0x7FFFFFFF
         mag = tl.maximum(mag, tl.where(mask, m, 0))
@@ -393,7 +399,7 @@ def silu_mul_quantize(gate_up: torch.Tensor):
         _silu_mul_quantize_kernel,
         (t, 1, 1),
         (_bits(gate_up), act, q, s, n),
-        {"BLOCK_K": SILU_BLOCK_K},
+        {"BLOCK_K": SILU_BLOCK_K, "PORTABLE": False},
         4,
         index,
     )

@@ -4,10 +4,13 @@ embedded default, with the real compiled kernels.
 References, each independent of the code under test:
   * the fused row kernels against their torch emulations (kernels/triton/emulation.py) run
     on the CPU, bit for bit;
-  * prefill/decode invariance: the same token's logits prefilled with the whole prompt, in
-    chunks of 1, 3 and 7 after a cached prefix, and decoded one token at a time;
-  * batch invariance: each prompt alone against its row of a batch of mixed lengths;
-  * graph vs eager: generate(graphs=True) against the same kernels launched one by one;
+  * prefill/decode invariance: the same token's logits prefilled with the whole prompt (the
+    reference, Model.logits), in chunks of 1, 3 and 7 after a cached prefix, and decoded one token
+    at a time;
+  * batch invariance: each prompt alone against its row of a batch of mixed lengths (the reference);
+  * graph vs eager: generate(graphs=True) against the same kernels launched one by one (the reference);
+  (the chunked and decoded paths and the bitwise comparison: requant.runtime.invariance, whose
+  procedure tests/requant/runtime/test_invariance.py checks on the CPU)
   * kernel invariance: cutlass against triton under pow2 (8 prompts, 64 tokens);
   * the same across split-KV boundaries, at the production SPLIT (1100 tokens: 3 splits) and
     at SPLIT = 64: chunks straddling a boundary, decode steps crossing one, alone against a
@@ -26,7 +29,7 @@ if not torch.cuda.is_available():
 from requant import DEFAULT_CHECKPOINT
 from requant.kernels.bf16 import bitwise_equal
 from requant.models.prompts import prompts
-from requant.runtime import load_model
+from requant.runtime import invariance, load_model
 
 pytestmark = pytest.mark.gpu
 SM90 = torch.cuda.get_device_capability() == (9, 0)
@@ -135,31 +138,21 @@ def test_prefill_chunks_and_decode_give_the_same_logits(model, toks, backend):
     m = model.with_backends(backend)
     seq = torch.tensor([t for p in toks for t in p] * 2)[:300]  # 2 x 174 tokens
     whole = m.logits([seq])[0]
-    cache = m.new_cache(1, 512)
-    parts = [m.extend([seq[:40]], cache)]
-    i = 40
-    for c in (1, 3, 7) * 5:
-        parts.append(m.extend([seq[i : i + c]], cache))
-        i += c
-    while i < len(seq):
-        parts.append(m.decode_step(seq[i : i + 1], cache))
-        i += 1
-    got = torch.cat(parts)
-    bad = (got != whole).any(-1).nonzero().flatten().tolist()
-    assert same(got, whole), bad
+    got = invariance.piecewise_logits(m, seq, invariance.pieces(300, 40, (1, 3, 7) * 5), 512)
+    verdict = invariance.compare_positions("prefill == chunks == decode", got, whole)
+    assert verdict.ok and verdict.compared == 300, verdict
+    assert same(got, whole)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_alone_equals_in_the_batch(model, toks, backend):
     m = model.with_backends(backend)
     batch = m.logits(toks)
-    for i, t in enumerate(toks):
-        assert same(m.logits([t])[0], batch[i]), i
+    verdict = invariance.compare_items("alone == batch (prefill)", invariance.alone_rows(m, toks), batch)
+    assert verdict.ok and verdict.compared == len(toks), verdict
     gen = m.generate(toks, 24, keep_logits=True)
-    for i in (0, 5):
-        alone = m.generate([toks[i]], 24, keep_logits=True)
-        assert alone.ids[0] == gen.ids[i]
-        assert all(same(alone.step_logits[s][0], gen.step_logits[s][i]) for s in range(24)), i
+    verdict = invariance.alone_vs_batch_decode(m, toks, 24, (0, 5), batch=gen)
+    assert verdict.ok and verdict.compared == 2, verdict
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -167,9 +160,9 @@ def test_graph_equals_eager(model, toks, backend):
     m = model.with_backends(backend)
     g = m.generate(toks, 64, keep_logits=True, graphs=True)
     e = m.generate(toks, 64, keep_logits=True, graphs=False)
+    verdict = invariance.compare_generations("graph == eager", g, e)
+    assert verdict.ok and verdict.compared == 64 and len(g.step_logits) == 64, verdict
     assert g.ids == e.ids
-    assert len(g.step_logits) == len(e.step_logits) == 64
-    assert all(same(a, b) for a, b in zip(g.step_logits, e.step_logits))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -180,13 +173,10 @@ def test_prefill_chunks_and_decode_across_splits(model, toks, backend, split):
     seq = torch.tensor([t for p in toks for t in p] * 16)[:1100]
     assert len(seq) == 1100 and 1100 > 2 * split
     whole = m.logits([seq])[0]
-    cache = m.new_cache(1, 2048)
-    parts = [m.extend([seq[a:b]], cache) for a, b in ((0, 500), (500, 530), (530, 1020))]
-    parts += [m.decode_step(seq[i : i + 1], cache) for i in range(1020, 1031)]
-    parts.append(m.extend([seq[1031:]], cache))
-    got = torch.cat(parts)
-    bad = (got != whole).any(-1).nonzero().flatten().tolist()
-    assert same(got, whole), bad
+    plan = [("extend", 500), ("extend", 30), ("extend", 490), ("decode", 11), ("extend", 69)]
+    got = invariance.piecewise_logits(m, seq, plan, 2048)
+    verdict = invariance.compare_positions("prefill == chunks == decode across splits", got, whole)
+    assert verdict.ok and verdict.compared == 1100, verdict
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -197,13 +187,16 @@ def test_alone_equals_in_the_batch_and_graph_equals_eager_across_splits(model, t
     long = [t for p in toks for t in p] * 16
     long = long[:1020]
     batch = [long] + toks
-    assert same(m.logits([long])[0], m.logits(batch)[0])
-    alone = m.generate([long], 12, keep_logits=True, graphs=True)
+    verdict = invariance.compare_items(
+        "alone == batch (prefill)", invariance.alone_rows(m, [long]), m.logits(batch)[:1]
+    )
+    assert verdict.ok, verdict
     g = m.generate(batch, 12, keep_logits=True, graphs=True)
     e = m.generate(batch, 12, keep_logits=True, graphs=False)
-    assert g.ids == e.ids and alone.ids[0] == g.ids[0]
-    assert all(same(a, b) for a, b in zip(g.step_logits, e.step_logits))
-    assert all(same(alone.step_logits[s][0], g.step_logits[s][0]) for s in range(len(alone.step_logits)))
+    verdict = invariance.compare_generations("graph == eager", g, e)
+    assert verdict.ok and verdict.compared == 12, verdict
+    verdict = invariance.alone_vs_batch_decode(m, batch, 12, (0,), batch=g)
+    assert verdict.ok, verdict
 
 
 @pytest.mark.skipif(not SM90, reason="the pair needs CUTLASS (sm90a)")
