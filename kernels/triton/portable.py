@@ -1,8 +1,7 @@
 """The portable engine's Triton kernels: the arithmetic of kernels/portable.py (its torch
 specification) on a GPU, operation for operation.
 
-    exp2_p(x), exp_p(x)        device functions: software exp2 / exp from IEEE fp32 operations
-                               (defined in _portable_math.py)
+    exp2_p(x), exp_p(x)        software exp2 / exp from IEEE fp32 operations (_portable_math.py)
     attention(q, k_cache, v_cache, pos, blocks, scale) -> bf16 [T, H * D]
                                (attention.py's split + combine kernels with PORTABLE=True)
     silu_mul_quantize(gate_up) -> (q int8 [T, I], s fp32 [T, 1])
