@@ -58,6 +58,20 @@ def point_hub_library_at(monkeypatch, env: dict[str, str]) -> None:
                 monkeypatch.setattr(mod, name, value)
 
 
+@pytest.fixture(autouse=True)
+def _torch_threads_restored():
+    """Each test ends with torch's intra-op thread count as it began. A command run in-process
+    (CliRunner) sets it for the rest of the process (`--threads`: 1 on a CPU device), so without
+    this a test's speed depended on the tests before it: the GPU suite in reversed order ran the
+    exhaustive exp test's CPU side on one thread after the record tests' `replay --device cpu`."""
+    import torch
+
+    n = torch.get_num_threads()
+    yield
+    if torch.get_num_threads() != n:
+        torch.set_num_threads(n)
+
+
 @pytest.fixture
 def hub(tmp_path, monkeypatch):
     """A FakeHub on 127.0.0.1 (free port) that wants TOKEN for writes; huggingface_hub pointed
