@@ -42,6 +42,7 @@ gpu_out() {
 gpu_env() {
     date -u
     echo "commit $(bash benchmarks/commit_id.sh)"
+    echo "tree $(bash benchmarks/commit_id.sh --tree)"
     timeout 20 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,power.draw,power.limit,temperature.gpu \
         --format=csv
     timeout 60 python3 - "$@" <<'EOF'
