@@ -4,8 +4,10 @@ records, the time limit, skipped steps, $OUT resolution, and that every GPU scri
 Independent references: the exit statuses of the stand-ins (true 0, false 1, timeout's 124)
 and the files written by hand here."""
 
+import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -91,3 +93,24 @@ def test_synthetic_checkpoints_lists_the_ones_that_exist(tmp_path):
     r = _bash('SIZES="a b c" STEPS=tests synthetic_checkpoints\necho "${CKPTS[*]}"', tmp_path, CKPT_ROOT=str(tmp_path))
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == str(tmp_path / "requant-a-synthetic")
+
+
+def test_the_reverse_order_plugin_reverses_the_collected_tests(tmp_path):
+    """gpu_suite.sh's reversed pass: the same tests, the order of a plain run reversed. Reference:
+    pytest's own collection without the plugin."""
+    (tmp_path / "test_x.py").write_text("def test_a(): pass\n\ndef test_b(): pass\n\ndef test_c(): pass\n")
+
+    def collected(*extra):
+        r = subprocess.run(
+            [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *extra, "test_x.py"],
+            cwd=tmp_path,
+            env=dict(os.environ, PYTHONPATH=str(ROOT)),
+            capture_output=True,
+            text=True,
+        )
+        assert r.returncode == 0, r.stdout + r.stderr
+        return [line for line in r.stdout.splitlines() if "::" in line]
+
+    plain = collected()
+    assert [t.split("::")[1] for t in plain] == ["test_a", "test_b", "test_c"]
+    assert collected("-p", "benchmarks._reverse_order") == plain[::-1]
