@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# The GPU test suite (`pytest -m gpu tests`) in collection order, then in reversed order, in one GPU
-# call, from the repository root on the GPU machine:
+# The GPU test suite (`pytest -m gpu tests`) in collection order, then in reversed order, from the
+# repository root on the GPU machine:
 #
 #     OUT=/some/dir REQUANT_COMMIT=$(bash benchmarks/commit_id.sh) bash benchmarks/gpu_suite.sh
 #
-# ORDERS (default "forward reversed") picks the passes; LIMIT_S (default 300) is each pass's limit
+# ORDERS (default "forward reversed") picks the passes (one call of 600 s may not hold both: ORDERS=forward,
+# then ORDERS=reversed in a second call while the machine is warm); LIMIT_S (default 300) is each pass's limit
 # (the suite took 243 s in collection order at c23ab4e; the CUTLASS build before it 60-90 s). Each
 # pass is verbose (one line per test, so a pass cut by its limit still says where it stopped) and
 # ends with the 40 slowest tests. Files in $OUT: env.txt, timings.txt, suite_forward.log,
