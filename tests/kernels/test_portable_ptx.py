@@ -85,8 +85,9 @@ FORBIDDEN = {
 
 
 @pytest.fixture(scope="module")
-def ptx():
+def ptx(tmp_path_factory):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compile, not interpret
+    env["TRITON_CACHE_DIR"] = str(tmp_path_factory.mktemp("triton_cache"))  # nothing written outside tmp
     res = subprocess.run([sys.executable, "-c", _SCRIPT], env=env, capture_output=True, text=True, timeout=900)
     if res.returncode != 0 and "ptxas" in res.stderr and "not found" in res.stderr.lower():
         pytest.skip("this Triton has no ptxas to compile for sm_90a")
