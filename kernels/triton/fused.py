@@ -19,6 +19,7 @@ import triton.language as tl
 
 from requant.kernels.triton import _launch
 from requant.kernels.triton._bf16 import bf16_rne_bits
+from requant.kernels.triton._portable_math import OPTIONS as PORTABLE_OPTIONS
 from requant.kernels.triton._portable_math import exp_p
 from requant.kernels.triton.quantize import _POISON, _round_half_even, activation_scales
 
@@ -265,14 +266,16 @@ def _index(t: torch.Tensor):
     return _launch.device_index(t)
 
 
-def _launch_plain(kernel, grid, args, consts, warps, index):
-    # cached launches (see _launch.py): the key holds every argument's specialization class
+def _launch_plain(kernel, grid, args, consts, warps, index, portable: bool = False):
+    # cached launches (see _launch.py): the key holds every argument's specialization class;
+    # portable: the portable arithmetic's compile options (_portable_math.OPTIONS)
+    tag, options = ("portable", PORTABLE_OPTIONS) if portable else ("fused", OPTIONS)
     key = (
         None
         if index is None or _launch.INTERPRET
-        else _launch.launch_key(kernel.fn.__name__, "fused", index, args, tuple(consts.values()))
+        else _launch.launch_key(kernel.fn.__name__, tag, index, args, tuple(consts.values()))
     )
-    _launch.launch(kernel, grid, args, consts, dict(OPTIONS, num_warps=warps), key, index)
+    _launch.launch(kernel, grid, args, consts, dict(options, num_warps=warps), key, index)
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
@@ -384,9 +387,10 @@ def qk_norm_rope(
     return q
 
 
-def silu_mul_quantize(gate_up: torch.Tensor):
+def silu_mul_quantize(gate_up: torch.Tensor, portable: bool = False):
     """gate_up bf16 [T, 2 I] (gate, then up) -> the quantization of bf16(SiLU(gate) * up):
-    (q int8 [T, I], s fp32 [T, 1])."""
+    (q int8 [T, I], s fp32 [T, 1]). portable: SiLU's exp is the software exp_p, compiled with the
+    portable options (kernels/triton/portable.py)."""
     index = _index(gate_up)
     t, n2 = gate_up.shape
     n = n2 // 2
@@ -399,8 +403,9 @@ def silu_mul_quantize(gate_up: torch.Tensor):
         _silu_mul_quantize_kernel,
         (t, 1, 1),
         (_bits(gate_up), act, q, s, n),
-        {"BLOCK_K": SILU_BLOCK_K, "PORTABLE": False},
+        {"BLOCK_K": SILU_BLOCK_K, "PORTABLE": portable},
         4,
         index,
+        portable,
     )
     return q, s

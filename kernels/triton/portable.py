@@ -96,19 +96,9 @@ def attention(q, k_cache, v_cache, pos, blocks, scale: float, split: int | None 
 
 # -- SiLU and the lm_head ------------------------------------------------------------------------
 def silu_mul_quantize(gate_up: torch.Tensor):
-    """gate_up bf16 [T, 2 I] -> quantize_activations(kernels.portable.silu_mul(gate_up))."""
-    index = _launch.device_index(gate_up)
-    t, n2 = gate_up.shape
-    n = n2 // 2
-    q = torch.empty((t, n), dtype=torch.int8, device=gate_up.device)
-    s = torch.empty((t, 1), dtype=torch.float32, device=gate_up.device)
-    if t == 0:
-        return q, s
-    act = torch.empty((t, n), dtype=torch.int16, device=gate_up.device)
-    args = (gate_up.contiguous().view(torch.int16), act, q, s, n)
-    consts = {"BLOCK_K": 2048, "PORTABLE": True}
-    _launch_cfg(fused._silu_mul_quantize_kernel, "p_silu", (t, 1, 1), args, consts, 4, index)
-    return q, s
+    """gate_up bf16 [T, 2 I] -> quantize_activations(kernels.portable.silu_mul(gate_up)): the fast
+    engine's SiLU kernel with the software exp (fused.silu_mul_quantize(portable=True))."""
+    return fused.silu_mul_quantize(gate_up, portable=True)
 
 
 @triton.jit(do_not_specialize=["M"])

@@ -100,15 +100,19 @@ class SafetensorsFile:
         info = self.info(name)
         buf = bytearray(info.nbytes)
         if info.nbytes:
-            try:
-                fd = os.open(self.path, os.O_RDONLY)
-            except OSError as exc:
-                raise TensorError(f"opening failed: {os_reason(exc)}", file=self.path, tensor=name) from exc
-            try:
-                pread_exact(fd, memoryview(buf), self.data_start + info.begin, file=self.path, tensor=name)
-            finally:
-                os.close(fd)
+            self._read_into(name, info, memoryview(buf))
         return buf
+
+    def _read_into(self, name: str, info, view: memoryview) -> None:
+        """The bytes of tensor `name` into `view` (one open, one pread_exact)."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except OSError as exc:
+            raise TensorError(f"opening failed: {os_reason(exc)}", file=self.path, tensor=name) from exc
+        try:
+            pread_exact(fd, view, self.data_start + info.begin, file=self.path, tensor=name)
+        finally:
+            os.close(fd)
 
     def tensor(self, name: str) -> torch.Tensor:
         """One tensor, read from disk into its own memory (not a view of the file)."""
@@ -125,15 +129,7 @@ class SafetensorsFile:
             t = self.tensor(name)
             return t.pin_memory() if pin else t
         if info.nbytes:
-            try:
-                fd = os.open(self.path, os.O_RDONLY)
-            except OSError as exc:
-                raise TensorError(f"opening failed: {os_reason(exc)}", file=self.path, tensor=name) from exc
-            try:
-                view = memoryview(t.reshape(-1).view(torch.uint8).numpy())
-                pread_exact(fd, view, self.data_start + info.begin, file=self.path, tensor=name)
-            finally:
-                os.close(fd)
+            self._read_into(name, info, memoryview(t.reshape(-1).view(torch.uint8).numpy()))
         return t
 
 

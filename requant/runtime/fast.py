@@ -23,7 +23,7 @@ from requant.models.qwen3 import LAYER_LINEARS
 from requant.runtime.cache import KVCache
 from requant.runtime.ops import rope_tables
 
-__all__ = ["BUCKETS", "FastEngine", "FastLayout", "capture_graph", "fast_supported"]
+__all__ = ["BUCKETS", "FastEngine", "FastLayout", "FastOps", "capture_graph", "fast_supported"]
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 _KEEP_DECODERS = 2
@@ -169,15 +169,42 @@ class FastLayout:
         self.decoders: dict = {}
 
 
+class FastOps:
+    """The operations of the fast engine's forward: its Triton kernels. The portable engine
+    supplies its own (runtime/portable.py), and runs the same forward."""
+
+    def __init__(self):
+        from requant.kernels.triton import attention, dense, fused
+
+        self.add_rms_norm = fused.add_rms_norm
+        self.qk_norm_rope = fused.qk_norm_rope
+        self.silu_mul_quantize = fused.silu_mul_quantize
+        self.dense = dense.dense
+        self._attention = attention.attention
+
+    def attention(self, q, k_cache, v_cache, pos, rows, blocks, scale):
+        return self._attention(q, k_cache, v_cache, pos, blocks, scale)
+
+    @staticmethod
+    def quantize(x):
+        # the o_proj input: the Triton quantizer (the same bits as every act backend; no host copies)
+        return kernels.quantize_activations(x, backend="triton", check=False)
+
+    @staticmethod
+    def scaled_mm(q, w, s, s_w, backend):
+        return kernels.scaled_mm(q, w, s, s_w, backend=backend)
+
+
 class FastEngine:
     """The fast engine of `model` (its backend names are read at each call) over a shared
-    FastLayout (built from the model when none is given)."""
+    FastLayout (built from the model when none is given), running `ops` (default FastOps)."""
 
     name = "fast"
 
-    def __init__(self, model, layout: FastLayout | None = None):
+    def __init__(self, model, layout: FastLayout | None = None, ops=None):
         self.model = model
         self.layout = layout if layout is not None else FastLayout(model)
+        self.ops = ops if ops is not None else FastOps()
 
     def new_cache(self, batch: int, capacity: int) -> KVCache:
         a = self.model.arch
@@ -195,47 +222,35 @@ class FastEngine:
         """fp32 logits of the rows head_rows (all when None) of the packed tokens ids [T]:
         pos, rows int32 [T] (position and KV-cache row of each token), blocks int32 [NB, 3]
         (attention programs, see kernels/triton/attention.py). K/V go to the caches."""
-        from requant.kernels.triton.attention import attention
-        from requant.kernels.triton.dense import dense
-        from requant.kernels.triton.fused import add_rms_norm, qk_norm_rope, silu_mul_quantize
-
-        m, lay = self.model, self.layout
+        m, lay, ops = self.model, self.layout, self.ops
         a = m.arch
         backend = m.backend
-        # the o_proj input: the Triton quantizer (the same bits as every act backend; no host copies)
-        act_backend = "triton"
         eps = a.eps
         scale = a.head_dim**-0.5
 
         def mm(q, s, ws, names):
             if capture is not None:
                 capture.record(names, q, s)
-            return kernels.scaled_mm(q, ws[0], s, ws[1], backend=backend)
+            return ops.scaled_mm(q, ws[0], s, ws[1], backend)
 
         x = lay.embed[ids].to(torch.bfloat16).contiguous()
         delta = None
         for i, w in enumerate(lay.layers):
-            _, q8, s8 = add_rms_norm(x, w["in_norm"], eps, delta=delta)
+            _, q8, s8 = ops.add_rms_norm(x, w["in_norm"], eps, delta=delta)
             qkv = mm(q8, s8, w["qkv"], w["names"]["qkv"])
-            q = qk_norm_rope(
+            q = ops.qk_norm_rope(
                 qkv, w["q_norm"], w["k_norm"], lay.cos, lay.sin, pos, rows, k_caches[i], v_caches[i],
                 a.heads, a.kv_heads, eps,
             )  # fmt: skip
-            att = attention(q, k_caches[i], v_caches[i], pos, blocks, scale)
-            qa, sa = kernels.quantize_activations(att, backend=act_backend, check=False)
+            att = ops.attention(q, k_caches[i], v_caches[i], pos, rows, blocks, scale)
+            qa, sa = ops.quantize(att)
             o = mm(qa, sa, w["o"], w["names"]["o"])
-            _, q8, s8 = add_rms_norm(x, w["post_norm"], eps, delta=o)
+            _, q8, s8 = ops.add_rms_norm(x, w["post_norm"], eps, delta=o)
             gu = mm(q8, s8, w["gu"], w["names"]["gu"])
-            qm, sm = silu_mul_quantize(gu)
+            qm, sm = ops.silu_mul_quantize(gu)
             delta = mm(qm, sm, w["down"], w["down_name"])
-        h, q8, s8 = add_rms_norm(
-            x,
-            lay.final_norm,
-            eps,
-            delta=delta,
-            quantize=lay.lm_quantized,
-            write_h=not lay.lm_quantized,
-            rows=head_rows,
+        h, q8, s8 = ops.add_rms_norm(
+            x, lay.final_norm, eps, delta=delta, quantize=lay.lm_quantized, write_h=not lay.lm_quantized, rows=head_rows
         )
         if lay.lm_quantized:
             logits = mm(q8, s8, lay.lm_head, ("lm_head",)).to(torch.float32)
@@ -243,7 +258,7 @@ class FastEngine:
                 out.copy_(logits)
                 return out
             return logits
-        return dense(h, lay.lm_head, out=out)
+        return ops.dense(h, lay.lm_head, out=out)
 
     # -- packed sequences from the host --------------------------------------------------------
     def _run(self, seqs, k_caches, v_caches, last_only: bool, capture=None) -> torch.Tensor:

@@ -21,7 +21,7 @@ import torch
 
 from requant import kernels
 from requant.kernels import portable as spec
-from requant.runtime.fast import FastEngine, FastLayout, fast_supported
+from requant.runtime.fast import FastEngine, FastLayout, FastOps, fast_supported
 
 __all__ = ["ARITHMETIC", "PortableEngine", "PortableLayout", "portable_supported", "with_kernels"]
 
@@ -175,29 +175,16 @@ class _TorchOps:
         return y
 
 
-class _TritonOps:
-    """The same operations as Triton kernels."""
+class _TritonOps(FastOps):
+    """The fast engine's kernels with the portable SiLU, attention and lm_head."""
 
     def __init__(self):
+        super().__init__()
         from requant.kernels.triton import portable as tp
-        from requant.kernels.triton.fused import add_rms_norm, qk_norm_rope
 
-        self.add_rms_norm = add_rms_norm
-        self.qk_norm_rope = qk_norm_rope
         self.silu_mul_quantize = tp.silu_mul_quantize
         self.dense = tp.dense
         self._attention = tp.attention
-
-    def attention(self, q, k_cache, v_cache, pos, rows, blocks, scale):
-        return self._attention(q, k_cache, v_cache, pos, blocks, scale)
-
-    @staticmethod
-    def quantize(x):
-        return kernels.quantize_activations(x, backend="triton", check=False)
-
-    @staticmethod
-    def scaled_mm(q, w, s, s_w, backend):
-        return kernels.scaled_mm(q, w, s, s_w, backend=backend)
 
 
 class PortableEngine(FastEngine):
@@ -207,9 +194,9 @@ class PortableEngine(FastEngine):
     arithmetic = ARITHMETIC
 
     def __init__(self, model, layout: PortableLayout | None = None, kernels_: str = "auto"):
-        super().__init__(model, layout if layout is not None else PortableLayout(model))
+        layout = layout if layout is not None else PortableLayout(model)
         self.kernels = _kernels_for(model, kernels_)
-        self.ops = _TritonOps() if self.kernels == "triton" else _TorchOps(self.layout)
+        super().__init__(model, layout, _TritonOps() if self.kernels == "triton" else _TorchOps(layout))
 
     def tokens_per_block(self) -> int:
         a = self.model.arch
@@ -218,46 +205,6 @@ class PortableEngine(FastEngine):
         from requant.kernels.triton.portable import tokens_per_block
 
         return tokens_per_block(a.heads, a.kv_heads)
-
-    def forward(self, ids, pos, rows, blocks, k_caches, v_caches, head_rows=None, out=None, capture=None):
-        """FastEngine.forward with the portable operations (module docstring)."""
-        m, lay, ops = self.model, self.layout, self.ops
-        a = m.arch
-        backend = m.backend
-        eps = a.eps
-        scale = a.head_dim**-0.5
-
-        def mm(q, s, ws, names):
-            if capture is not None:
-                capture.record(names, q, s)
-            return ops.scaled_mm(q, ws[0], s, ws[1], backend)
-
-        x = lay.embed[ids].to(torch.bfloat16).contiguous()
-        delta = None
-        for i, w in enumerate(lay.layers):
-            _, q8, s8 = ops.add_rms_norm(x, w["in_norm"], eps, delta=delta)
-            qkv = mm(q8, s8, w["qkv"], w["names"]["qkv"])
-            q = ops.qk_norm_rope(
-                qkv, w["q_norm"], w["k_norm"], lay.cos, lay.sin, pos, rows, k_caches[i], v_caches[i],
-                a.heads, a.kv_heads, eps,
-            )  # fmt: skip
-            att = ops.attention(q, k_caches[i], v_caches[i], pos, rows, blocks, scale)
-            qa, sa = ops.quantize(att)
-            o = mm(qa, sa, w["o"], w["names"]["o"])
-            _, q8, s8 = ops.add_rms_norm(x, w["post_norm"], eps, delta=o)
-            gu = mm(q8, s8, w["gu"], w["names"]["gu"])
-            qm, sm = ops.silu_mul_quantize(gu)
-            delta = mm(qm, sm, w["down"], w["down_name"])
-        h, q8, s8 = ops.add_rms_norm(
-            x, lay.final_norm, eps, delta=delta, quantize=lay.lm_quantized, write_h=not lay.lm_quantized, rows=head_rows
-        )
-        if lay.lm_quantized:
-            logits = mm(q8, s8, lay.lm_head, ("lm_head",)).to(torch.float32)
-            if out is not None:
-                out.copy_(logits)
-                return out
-            return logits
-        return ops.dense(h, lay.lm_head, out=out)
 
 
 def with_kernels(model, kernels_: str):

@@ -13,19 +13,11 @@ import json
 
 import pytest
 import torch
-from typer.testing import CliRunner
 
 from requant import DEFAULT_CHECKPOINT, kernels
-from requant.cli import app
+from tests.requant.commands.cli import invoke
 
-runner = CliRunner()
 NEW = 5
-
-
-def invoke(*args):
-    res = runner.invoke(app, [str(a) for a in args])
-    assert "Traceback" not in res.output, res.output
-    return res
 
 
 def records(path):

@@ -14,30 +14,14 @@ import json
 import threading
 
 import pytest
-from typer.testing import CliRunner
 
 from requant import DEFAULT_CHECKPOINT
-from requant.cli import app
 from requant.commands import _limits as limits
 from requant.evidence import manifest
+from tests.requant.commands.cli import invoke, refused
 
-runner = CliRunner()
 AUDIT = ["audit", "--prompts", "1"]
 CONFIG = json.loads((DEFAULT_CHECKPOINT / "config.json").read_text())
-
-
-def invoke(*args):
-    res = runner.invoke(app, [str(a) for a in args])
-    assert "Traceback" not in res.output, res.output
-    return res
-
-
-def refused(res, *words) -> str:
-    assert res.exit_code == 2, res.output
-    (line,) = [ln for ln in res.stderr.splitlines() if ln.startswith("error:")]
-    for w in words:
-        assert w in line, line
-    return line
 
 
 @pytest.fixture(scope="module")

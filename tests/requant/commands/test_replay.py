@@ -13,23 +13,15 @@ import shutil
 
 import pytest
 import torch
-from typer.testing import CliRunner
 
 from requant import DEFAULT_CHECKPOINT
-from requant.cli import app
+from tests.requant.commands.cli import invoke
 
-runner = CliRunner()
 NEW = 6
 # "To bake bread, ...": under native scales the two emulated orders' logits differ on the default
 # (measured); which step, and whether a token changes, the direct comparison below decides.
 PROMPT = "To bake bread, mix flour, water, salt and yeast, then let the dough rise."
 SAMPLED = ["--temperature", "1.0", "--seed", "1", "--top-p", "0.95"]
-
-
-def invoke(*args):
-    res = runner.invoke(app, [str(a) for a in args])
-    assert "Traceback" not in res.output, res.output
-    return res
 
 
 def make(tmp_path, name, *args, ckpt=None):

@@ -14,7 +14,6 @@ import json
 
 import pytest
 import torch
-from typer.testing import CliRunner
 
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
@@ -22,19 +21,12 @@ if torch.cuda.get_device_capability() != (9, 0):
     pytest.skip("CUTLASS is sm90a only", allow_module_level=True)
 
 from requant import DEFAULT_CHECKPOINT
-from requant.cli import app
+from tests.requant.commands.cli import invoke
 
 pytestmark = pytest.mark.gpu
-runner = CliRunner()
 NEW = 32
 PROMPT = "To bake bread, mix flour, water, salt and yeast, then let the dough rise."
 MODES = {"greedy": [], "sampled": ["--temperature", "0.8", "--top-p", "0.95", "--seed", "3"]}
-
-
-def invoke(*args):
-    res = runner.invoke(app, [str(a) for a in args])
-    assert "Traceback" not in res.output, res.output
-    return res
 
 
 def make(tmp_path, regime, mode):

@@ -12,20 +12,11 @@ import os
 
 import pytest
 import torch
-from typer.testing import CliRunner
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from requant.cli import app
-
-runner = CliRunner()
-
-
-def invoke(*args):
-    res = runner.invoke(app, [str(a) for a in args])
-    assert "Traceback" not in res.output, res.output
-    return res
+from tests.requant.commands.cli import invoke
 
 
 def _prompts_file(path, rows):

@@ -11,26 +11,9 @@ import json
 import os
 
 import pytest
-from typer.testing import CliRunner
 
-from requant.cli import app
 from requant.io.jsonlines import MAX_FILE_BYTES, MAX_LINE_BYTES
-
-runner = CliRunner()
-
-
-def invoke(*args):
-    res = runner.invoke(app, [str(a) for a in args])
-    assert "Traceback" not in res.output, res.output
-    return res
-
-
-def refused(res, *words) -> str:
-    assert res.exit_code == 2, res.output
-    (line,) = [ln for ln in res.stderr.splitlines() if ln.startswith("error:")]
-    for w in words:
-        assert w in line, line
-    return line
+from tests.requant.commands.cli import invoke, refused
 
 
 def prompts(tmp_path, *lines, name="p.jsonl") -> str:

@@ -30,7 +30,6 @@ import requant.kernels.triton.attention as attention_module
 from requant.kernels.bf16 import bitwise_equal
 from requant.kernels.triton.attention import attention, fold_path, tokens_per_block
 from requant.kernels.triton.emulation import attention_ref
-from requant.runtime import load_model
 
 SMALL_SPLIT = 64
 
@@ -124,15 +123,6 @@ def test_dispatch_depends_on_the_launch_shape(monkeypatch):
     kc = torch.zeros(1, 2, 64, 16, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="path 'both'"):
         attention(q, kc, kc, torch.zeros(1, dtype=torch.int32), torch.zeros(1, 3, dtype=torch.int32), 1.0, path="both")
-
-
-@pytest.fixture(scope="module")
-def micro_fast(tmp_path_factory):
-    from requant.synthetic import generate
-    from tests.requant.conftest import MICRO
-
-    path = generate(MICRO, tmp_path_factory.mktemp("micro") / "micro", seed=1)
-    return load_model(path, regime="pow2", engine="fast")
 
 
 @pytest.fixture

@@ -43,7 +43,6 @@ from requant.kernels.triton.emulation import (
     silu_mul_quantize_ref,
 )
 from requant.kernels.triton.fused import add_rms_norm, qk_norm_rope, silu_mul_quantize
-from requant.runtime import load_model
 from requant.runtime.ops import attend_prompt, rope_tables
 
 # one KV tile per split: split boundaries at 64, 128, ... within the interpreter's short contexts
@@ -189,15 +188,6 @@ def test_dense_rows_do_not_depend_on_the_batch():
     assert same(dense(x[3:40], w), full[3:40])
     ref = (x.float() @ w.float().T).to(torch.bfloat16).float()  # one rounding; sums in another order
     assert (full - ref).abs().max() <= 2.0**-7 * ref.abs().max()
-
-
-@pytest.fixture(scope="module")
-def micro_fast(tmp_path_factory):
-    from requant.models.synthetic import generate
-    from tests.requant.conftest import MICRO
-
-    path = generate(MICRO, tmp_path_factory.mktemp("micro") / "micro", seed=1)
-    return load_model(path, regime="pow2", engine="fast")
 
 
 def test_prefill_chunks_and_decode_give_the_same_logits(micro_fast):

@@ -25,7 +25,7 @@ if not _launch.INTERPRET:
         allow_module_level=True,
     )
 
-from requant.runtime import invariance, load_model
+from requant.runtime import invariance
 
 
 def hexbits(t: torch.Tensor, index) -> str:
@@ -38,15 +38,6 @@ def flip_last_bit(t: torch.Tensor, index) -> torch.Tensor:
     out = t.clone()
     out.view(torch.int32)[index] ^= 1
     return out
-
-
-@pytest.fixture(scope="module")
-def micro_fast(tmp_path_factory):
-    from requant.models.synthetic import generate
-    from tests.requant.conftest import MICRO
-
-    path = generate(MICRO, tmp_path_factory.mktemp("micro") / "micro", seed=1)
-    return load_model(path, regime="pow2", engine="fast")
 
 
 @pytest.fixture(scope="module")

@@ -15,18 +15,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from typer.testing import CliRunner
 
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
 from requant import DEFAULT_CHECKPOINT
-from requant.cli import app
 from requant.kernels import portable as P
 from requant.kernels.triton import portable as TP
+from tests.requant.commands.cli import invoke
 
 pytestmark = pytest.mark.gpu
-runner = CliRunner()
 CUTLASS = torch.cuda.get_device_capability() == (9, 0)
 BACKENDS = ["triton"] + (["cutlass"] if CUTLASS else [])
 
@@ -111,12 +109,6 @@ PROMPTS = [
     {"prompt": "Once upon a time", "temperature": 1.0, "top_k": 40, "seed": 8},
     {"prompt": "In 1905,"},
 ]
-
-
-def invoke(*args):
-    res = runner.invoke(app, [str(a) for a in args])
-    assert "Traceback" not in res.output, res.output
-    return res
 
 
 def _keep(path: Path):

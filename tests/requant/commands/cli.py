@@ -1,0 +1,23 @@
+"""The command tests' way of running `requant` in-process (typer's CliRunner) and reading a refusal."""
+
+from typer.testing import CliRunner
+
+from requant.cli import app
+
+runner = CliRunner()
+
+
+def invoke(*args):
+    """requant ARGS (each str()-ed); never a traceback, whatever the exit code."""
+    res = runner.invoke(app, [str(a) for a in args])
+    assert "Traceback" not in res.output, res.output
+    return res
+
+
+def refused(res, *words) -> str:
+    """The one `error:` line of an exit-2 refusal, holding every word."""
+    assert res.exit_code == 2, res.output
+    (line,) = [ln for ln in res.stderr.splitlines() if ln.startswith("error:")]
+    for w in words:
+        assert w in line, line
+    return line
