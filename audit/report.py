@@ -12,24 +12,12 @@ from requant.audit.checks import CHECK_TITLES
 from requant.audit.matrix import PINNED_SHA256, PINS
 from requant.audit.phases.decode import decode_markdown
 from requant.audit.phases.injection import injection_markdown, plot_injection
-from requant.audit.phases.prefill import plot_heatmap, plot_histograms, pow2_native_note, prefill_markdown, scope_note
+from requant.audit.phases.prefill import plot_heatmap, plot_histograms, prefill_markdown
 from requant.evidence.identity import markdown_lines as identity_lines
 from requant.io.output import json_bytes, write_files_atomic, write_json_atomic
 from requant.models.tokenizer import summary as tokenizer_summary
 
-# The notes and plots are the prefill phase's; their names stay importable from here.
-__all__ = [
-    "REPORT_FILES",
-    "markdown",
-    "matrix_warning",
-    "plot_heatmap",
-    "plot_histograms",
-    "pow2_native_note",
-    "report_items",
-    "scope_note",
-    "write_json",
-    "write_report",
-]
+__all__ = ["REPORT_FILES", "markdown", "matrix_warning", "report_items", "write_json", "write_report"]
 
 
 def matrix_warning(result: dict) -> str | None:

@@ -11,7 +11,7 @@ import time
 import torch
 
 from requant.audit.capture import prompts
-from requant.audit.cells import CELLS_PER_LAYER, LinearQueue, audit_layer, backend_kernel, evaluate_cell, layer_cells
+from requant.audit.cells import CELLS_PER_LAYER, backend_kernel
 from requant.audit.faults import FAULT_KERNELS, VARIANTS
 from requant.audit.linears import AuditLinears
 from requant.audit.matrix import REGIMES, Matrix, load_matrix
@@ -25,18 +25,7 @@ from requant.models.qwen3 import Qwen3Arch
 from requant.models.tokenizer import load_tokenizer
 from requant.runtime import Model, load_dense
 
-# The cell functions are audit/cells.py's; their names stay importable from here.
-__all__ = [
-    "CELLS_PER_LAYER",
-    "LinearQueue",
-    "audit_layer",
-    "backend_kernel",
-    "converted_info",
-    "evaluate_cell",
-    "layer_cells",
-    "plan_from_config",
-    "run_audit",
-]
+__all__ = ["converted_info", "plan_from_config", "run_audit"]
 
 
 def plan_from_config(config: dict) -> dict:

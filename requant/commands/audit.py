@@ -277,8 +277,8 @@ def audit(
             return
         from requant import DEFAULT_CHECKPOINT
         from requant.audit.capture import prompts as prompt_list
+        from requant.audit.cells import CELLS_PER_LAYER
         from requant.audit.custom_orders import declare_custom_orders
-        from requant.audit.suite import CELLS_PER_LAYER
         from requant.backends import check_runnable, parse_backends
         from requant.checkpoint import open_checkpoint
         from requant.evidence.identity import with_progress
