@@ -60,10 +60,10 @@ def point_hub_library_at(monkeypatch, env: dict[str, str]) -> None:
 
 @pytest.fixture(autouse=True)
 def _torch_threads_restored():
-    """Each test ends with torch's intra-op thread count as it began. A command run in-process
-    (CliRunner) sets it for the rest of the process (`--threads`: 1 on a CPU device), so without
-    this a test's speed depended on the tests before it: the GPU suite in reversed order ran the
-    exhaustive exp test's CPU side on one thread after the record tests' `replay --device cpu`."""
+    """Each test ends with torch's intra-op thread count as it began, so that no test's speed
+    depends on the tests before it. (The GPU suite in reversed order once ran the exhaustive exp
+    test's CPU side on one thread after an in-process `replay --device cpu`; commands now hand the
+    count back themselves, tests/requant/commands/test_threads.py, and this guards every test.)"""
     import torch
 
     n = torch.get_num_threads()

@@ -111,7 +111,22 @@ class RequantCommand(TyperCommand):
     def invoke(self, ctx):
         with cannot_run():
             check_outputs(*command_paths(ctx.command, ctx.params, ctx.info_name))
-        return super().invoke(ctx)
+        with _torch_threads_kept():
+            return super().invoke(ctx)
+
+
+@contextlib.contextmanager
+def _torch_threads_kept():
+    """torch's intra-op thread count as the caller had it once the command ends: `--threads`
+    (set_threads) is the command's own setting, not its caller's (a command run in-process, by
+    typer's CliRunner or from Python, left every later torch call on its count)."""
+    torch = sys.modules.get("torch")  # not imported: nothing to keep (and no import for it)
+    n = torch.get_num_threads() if torch is not None else None
+    try:
+        yield
+    finally:
+        if n is not None and torch.get_num_threads() != n:
+            torch.set_num_threads(n)
 
 
 # -- stdout nobody reads ------------------------------------------------------------------
