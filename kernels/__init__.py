@@ -10,6 +10,12 @@ Triton or compiles CUTLASS; a resolved backend is kept, so later calls cost one 
 Design notes: docs/internals.md (kernels/__init__.py).
 """
 
+if __name__ == "kernels":  # imported from the clone's root under its bare name: requant/_toplevel.py
+    from requant._toplevel import hand_over
+
+    hand_over(__name__, __file__)
+
+
 import importlib
 
 import torch

@@ -5,6 +5,12 @@
 data, so an installed wheel renders the same card as a checkout.
 """
 
+if __name__ == "model_cards":  # imported from the clone's root under its bare name: requant/_toplevel.py
+    from requant._toplevel import hand_over
+
+    hand_over(__name__, __file__)
+
+
 from pathlib import Path
 
 TEMPLATE = "requant_w8a8.md.j2"

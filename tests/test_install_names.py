@@ -149,3 +149,104 @@ def test_project_environment_has_no_top_level_kernels(tmp_path):
     origin = Path(lines["requant.kernels"])
     # this checkout's kernels/ (editable install), or requant/kernels/ of an installed wheel
     assert origin.parts[-2:] == ("kernels", "__init__.py")
+
+
+# The clone's top-level names that install under requant (pyproject's package-dir) and so must never
+# hide a distribution of the same name when Python runs from the clone's root. tests/, benchmarks/
+# and training/ are the clone's own development packages, run only from the clone (pytest inserts
+# the root for tests/): they are not listed, and test_no_installed_distribution_is_hidden says so.
+HANDED_OVER = ("kernels", "audit", "model_cards", "cli")
+DEV_ONLY = ("tests", "benchmarks", "training")
+
+
+def _clone_top_level() -> set[str]:
+    names = {p.name for p in ROOT.iterdir() if p.is_dir() and (p / "__init__.py").is_file()}
+    return names | {p.stem for p in ROOT.glob("*.py")}
+
+
+def test_the_handed_over_names_are_every_top_level_name_but_requant_and_dev_packages():
+    assert _clone_top_level() == {*HANDED_OVER, *DEV_ONLY, "requant"}
+
+
+def test_from_the_clone_root_each_name_is_the_installed_distribution(tmp_path):
+    """A stand-in distribution for every top-level name of the clone, on PYTHONPATH (as site-packages
+    is, after the current directory): run from the clone's root, each import gets the stand-in, its
+    submodules and attributes included (the reference: the stand-in's own marker)."""
+    site = tmp_path / "site"
+    for name in HANDED_OVER:
+        if name == "cli":
+            (site / "cli.py").parent.mkdir(parents=True, exist_ok=True)
+            (site / "cli.py").write_text("MARK = 'installed cli'\n")
+        else:
+            (site / name).mkdir(parents=True)
+            (site / name / "__init__.py").write_text(f"MARK = 'installed {name}'\n")
+            (site / name / "sub.py").write_text(f"MARK = 'installed {name}.sub'\n")
+    code = "import importlib\n"
+    for name in HANDED_OVER:
+        code += f"m = importlib.import_module({name!r}); print(m.MARK, m.__file__)\n"
+        if name != "cli":
+            code += f"s = importlib.import_module({name + '.sub'!r}); print(s.MARK)\n"
+    code += (
+        "import requant.kernels as k, requant.audit.matrix, requant.model_cards as mc; print(k.__file__, mc.__file__)\n"
+    )
+    lines = _probe(code, cwd=ROOT, pythonpath=str(site)).splitlines()
+    want = []
+    for name in HANDED_OVER:
+        origin = site / ("cli.py" if name == "cli" else f"{name}/__init__.py")
+        want.append(f"installed {name} {origin}")
+        if name != "cli":
+            want.append(f"installed {name}.sub")
+    want.append(f"{ROOT / 'kernels' / '__init__.py'} {ROOT / 'model_cards' / '__init__.py'}")
+    assert lines == want
+
+
+def test_from_the_clone_root_a_name_not_installed_stays_the_clones(tmp_path):
+    """Where no distribution has the name, nothing is hidden and the clone's module stays itself."""
+    out = _probe(
+        "import kernels, cli; print(kernels.__file__); print(cli.__file__)", cwd=ROOT, pythonpath=str(tmp_path)
+    )
+    found = _probe(
+        "import importlib.util as u; s = u.find_spec('kernels'); print(s and s.origin)", cwd=tmp_path
+    ).strip()
+    if found != "None":  # an installed `kernels` (Hugging Face's): the test above covers it
+        pytest.skip(f"`kernels` is installed here ({found})")
+    assert out.splitlines() == [str(ROOT / "kernels" / "__init__.py"), str(ROOT / "cli.py")]
+
+
+def test_no_installed_distribution_is_hidden_from_the_clone_root(tmp_path):
+    """Every top-level name of every installed distribution that the clone also defines resolves,
+    from the clone's root, to the distribution's own file (found from outside the clone)."""
+    import importlib.metadata
+
+    clashes = sorted(set(importlib.metadata.packages_distributions()) & (_clone_top_level() - {"requant"}))
+    assert not set(clashes) & set(DEV_ONLY), (
+        f"an installed distribution has a name of the clone's dev packages: {clashes}"
+    )
+    for name in clashes:
+        outside = _probe(f"import importlib.util as u; print(u.find_spec({name!r}).origin)", cwd=tmp_path).strip()
+        inside = _probe(f"import {name}; print({name}.__file__)", cwd=ROOT).strip()
+        assert inside == outside, name
+
+
+def test_transformers_imports_from_the_clone_root():
+    """The failure a new user met: transformers >= 5.2x imports Hugging Face's `kernels`; from the
+    clone's root it must get that package, and the model class the runtime's parity test uses loads."""
+    out = _probe(
+        "import transformers\nfrom transformers import Qwen3ForCausalLM\nprint(Qwen3ForCausalLM.__name__)", cwd=ROOT
+    )
+    assert out.strip() == "Qwen3ForCausalLM"
+
+
+def test_import_requant_cli_from_the_folder_holding_a_clone_says_so_in_one_line(tmp_path):
+    """`import requant.cli` where the current directory holds a clone named requant: the clear line
+    requant/errors.py gives for every other module, not a circular-import traceback."""
+    (tmp_path / "requant").symlink_to(ROOT)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    for module in ("requant.cli", "requant.convert"):
+        res = subprocess.run(
+            [sys.executable, "-c", f"import {module}"], cwd=tmp_path, env=env, capture_output=True, text=True
+        )
+        assert res.returncode == 1
+        last = res.stderr.strip().splitlines()[-1]
+        assert last.startswith("ImportError: `import requant` found the directory ") and "python -P" in last, last
+        assert "circular import" not in res.stderr

@@ -4,6 +4,7 @@ with only the placeholders replaced:
 
   org/Qwen3-8B-W8A8, SRC   a tiny requant.models.synthetic checkpoint (no Qwen3 weights, no network)
   OUT                      out/roundtrip;  A B: that synthetic and out/roundtrip
+  requant/data/default     the embedded default's installed path (the worked example's clone path)
   me/model-pow2            kept: a repo id pushed to tests/hubserver.py's loopback fake Hub
 
 and a few options added to keep the whole file near a minute on a 2-core CPU (EXTRA: each says
@@ -23,6 +24,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
+from requant import DEFAULT_CHECKPOINT
 from requant.cli import app
 from requant.models.synthetic import generate
 
@@ -51,7 +53,13 @@ def quickstart_lines() -> list[str]:
 
 def _argv(line: str, synthetic: Path) -> list[str]:
     words = shlex.split(line)[1:]
-    subs = {"org/Qwen3-8B-W8A8": str(synthetic), "SRC": str(synthetic), "OUT": "out/roundtrip", "A": str(synthetic)}
+    subs = {
+        "org/Qwen3-8B-W8A8": str(synthetic),
+        "SRC": str(synthetic),
+        "OUT": "out/roundtrip",
+        "A": str(synthetic),
+        "requant/data/default": str(DEFAULT_CHECKPOINT),
+    }
     if words[0] == "verify" and words[1:] == ["A", "B"]:
         return ["verify", str(synthetic), "out/roundtrip"]
     return [subs.get(w, w) for w in words] + EXTRA.get(words[0], [])
@@ -85,3 +93,32 @@ def test_quickstart_runs_on_a_cpu_as_written(tmp_path, monkeypatch, hub):
     assert "Not measured" not in perplexity and "**nearest** (this checkpoint)" in perplexity
     assert (work / "out" / "triton.json").is_file() and (work / "out" / "8b.json").is_file()
     assert hub.requests  # the last line did push, to the loopback Hub
+
+
+def _setup_block() -> list[str]:
+    block = README.read_text().split("```bash", 1)[1].split("```", 1)[0]
+    return [re.sub(r"\s+#.*$", "", line).strip() for line in block.strip().splitlines()]
+
+
+def test_the_readme_set_up_is_two_commands_and_ci_runs_them():
+    """The README's set-up: one command installs and runs the main job on the embedded default, one
+    runs the tests; .ci/run (in a fresh venv) runs the same install, the main job and the test command."""
+    install, tests = _setup_block()
+    assert (
+        install
+        == "python3 -m pip install torch==2.13.0 -e '.[test]' && requant convert -o out/pow2 && requant audit out/pow2"
+    )
+    assert tests == "python3 -m pytest -q tests"
+    ci = (README.parent / ".ci" / "run").read_text()
+    assert "python3 -m venv" in ci and "torch==2.13.0 -e '.[test]'" in ci
+    assert "requant convert -o out/pow2 && requant audit out/pow2" in ci
+    assert ci.rstrip().splitlines()[-1] == tests
+
+
+def test_the_readme_main_job_runs_in_a_fresh_directory(tmp_path, monkeypatch):
+    """The set-up command's main job, as written (after the install), from an empty directory: both exit 0."""
+    monkeypatch.chdir(tmp_path)
+    for part in _setup_block()[0].split("&&")[1:]:
+        res = runner.invoke(app, shlex.split(part)[1:])
+        assert res.exit_code == 0, (part, res.output)
+    assert "pow2: 42/42 layers bitwise equal" in res.output
