@@ -4,8 +4,11 @@
 #
 #     OUT=/some/dir REQUANT_COMMIT=$(bash benchmarks/commit_id.sh) bash benchmarks/gpu_suite.sh
 #
-# ORDERS (default "forward reversed") picks the passes (one call of 600 s may not hold both: ORDERS=forward,
-# then ORDERS=reversed in a second call while the machine is warm); LIMIT_S (default 300) is each pass's limit
+# ORDERS (default "forward reversed") picks the passes; PARALLEL=1 runs them at once, as two pytest
+# processes on the one GPU (16 host cores; the suite has no timed test and every temporary path and
+# port is per process), so both orders fit one 10-minute call with the build. Without it, one call
+# of 600 s may not hold both: ORDERS=forward, then ORDERS=reversed in a second call while the machine
+# is warm. LIMIT_S (default 300) is each pass's limit
 # (the suite took 243 s in collection order at c23ab4e; the CUTLASS build before it 60-90 s). Each
 # pass is verbose (one line per test, so a pass cut by its limit still says where it stopped) and
 # ends with the 40 slowest tests. Files in $OUT: env.txt, timings.txt, suite_forward.log,
@@ -25,7 +28,15 @@ STEP_DIR="$OUT"
 for order in ${ORDERS:-forward reversed}; do
     plugin=()
     [ "$order" = reversed ] && plugin=(-p benchmarks._reverse_order)
-    step "suite_$order" "${LIMIT_S:-300}" python3 -m pytest -v -m gpu -p no:cacheprovider "${plugin[@]}" \
-        --durations=40 tests
+    if [ "${PARALLEL:-0}" = 1 ]; then
+        step "suite_$order" "${LIMIT_S:-300}" python3 -m pytest -v -m gpu -p no:cacheprovider "${plugin[@]}" \
+            --durations=40 tests &
+    else
+        step "suite_$order" "${LIMIT_S:-300}" python3 -m pytest -v -m gpu -p no:cacheprovider "${plugin[@]}" \
+            --durations=40 tests
+    fi
+done
+wait
+for order in ${ORDERS:-forward reversed}; do
     tail -n 3 "$OUT/suite_$order.log"
 done
