@@ -232,7 +232,7 @@ def audit(
     phases: Annotated[
         str,
         typer.Option(
-            "--phases", help="Prefill, or prefill,decode (default): the decode phase audits each step's operands."
+            "--phases", help="prefill, or prefill,decode (default): the decode phase audits each step's operands."
         ),
     ] = "prefill,decode",
     decode_batches: Annotated[
