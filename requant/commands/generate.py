@@ -25,6 +25,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from requant.backends import default_backend
 from requant.commands._common import (
     ByteTokensOpt,
     CkptArg,
@@ -51,10 +52,6 @@ from requant.links import shown
 __all__ = ["generate", "read_prompt_file", "default_backend", "Streamer"]
 
 _OVERRIDES = ("key", "seed", "temperature", "top_k", "top_p")
-
-
-def default_backend(device: str) -> str:
-    return "triton" if str(device).startswith("cuda") else "reference-triton-order"
 
 
 def read_prompt_file(path: Path) -> list[dict]:
