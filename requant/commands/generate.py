@@ -100,12 +100,14 @@ def check_top_k(base, requests: list[dict], params: list, vocab: int) -> None:
     """top_k at most the vocabulary's size (more keeps every token, as 0 does: a value past it
     is a mistake, refused before the model loads): UsageError naming --top-k or the prompt's line."""
     if base.top_k > vocab:
-        raise UsageError(f"--top-k {base.top_k}: more than the vocabulary's {vocab:,} tokens (0 keeps every token)")
+        raise UsageError(
+            f"--top-k must be an integer from 0 (every token) to the vocabulary's size, {vocab:,} here, got {base.top_k}"
+        )
     for r, p in zip(requests, params):
         if "top_k" in r and p.top_k > vocab:
             raise UsageError(
-                f"{r['where']}: field 'top_k' is {p.top_k}, more than the vocabulary's {vocab:,} tokens "
-                "(0 keeps every token)"
+                f"{r['where']}: field 'top_k' must be an integer from 0 (every token) to the vocabulary's size, "
+                f"{vocab:,} here, got {p.top_k}"
             )
 
 

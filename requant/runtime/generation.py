@@ -235,7 +235,8 @@ def check_against_model(records: list[dict], vocab: int, max_positions: int) -> 
         top_k = rec["sampling"]["top_k"]  # past the vocabulary: no record requant writes (generate refuses it)
         if top_k > vocab:
             raise ValueError(
-                f"{rec['where']}: field 'sampling.top_k' is {top_k}, more than the model's vocabulary of {vocab:,} tokens"
+                f"{rec['where']}: field 'sampling.top_k' must be an integer from 0 (every token) to the "
+                f"vocabulary's size, {vocab:,} here, got {top_k}"
             )
         need = len(rec["prompt_ids"]) + rec["max_new_tokens"]
         if need > max_positions:

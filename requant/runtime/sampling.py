@@ -81,7 +81,7 @@ class SamplingParams:
             raise ValueError(f"{at}{name['temperature']} must be a finite number >= 0, got {t!r}")
         if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= MAX_TOP_K:
             raise ValueError(
-                f"{at}{name['top_k']} must be an integer in 0..{MAX_TOP_K} (0 keeps every token), got {str(k)[:40]}"
+                f"{at}{name['top_k']} must be an integer from 0 (every token) to the vocabulary's size, got {str(k)[:40]}"
             )
         if isinstance(p, bool) or not isinstance(p, (int, float)) or not (0 < p <= 1):
             raise ValueError(f"{at}{name['top_p']} must be in (0, 1], got {p!r}")

@@ -136,7 +136,12 @@ _BAD = {
     "--top-p": ["0", "1.5", "-0.1", "1.0000001", "nan", "inf"],
     "--seed": ["-1", str(2**64), str(2**70)],
 }
-_RANGE = {"--temperature": ">= 0", "--top-k": "0..", "--top-p": "(0, 1]", "--seed": "[0, 2**64)"}
+_RANGE = {
+    "--temperature": ">= 0",
+    "--top-k": "from 0 (every token) to the vocabulary's size",
+    "--top-p": "(0, 1]",
+    "--seed": "[0, 2**64)",
+}
 
 
 @pytest.mark.parametrize("option,value", [(o, v) for o, vs in _BAD.items() for v in vs])
