@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import typer.main
 from typer.testing import CliRunner
 
 import requant.commands as commands_pkg
@@ -181,6 +182,28 @@ def test_every_argument_is_shown_in_upper_case(command):
     assert all(a == a.upper() for a in args), usage
     listed = re.findall(r"^  ([\w-]+) <", res.stdout.split("Options:")[0], flags=re.M)
     assert all(a == a.upper() for a in listed), listed
+
+
+def test_every_engine_synopsis_lists_every_engine():
+    # issue 37: docs/runtime.md listed `--engine auto|fast|reference` (no portable), and its
+    # determinism synopsis had no --engine; each command's own synopsis (its module docstring) too
+    import importlib
+
+    from requant.runtime.model import ENGINES
+
+    every = "|".join(ENGINES)
+    docs = (Path(__file__).parents[3] / "docs" / "runtime.md").read_text()
+    listed = re.findall(r"--engine ((?:[a-z]+\|)+[a-z]+)", docs)
+    assert listed and set(listed) == {every}, listed
+    synopsis = docs.split("requant determinism [CKPT]", 1)[1].split("```", 1)[0]
+    assert f"--engine {every}" in synopsis
+    group = typer.main.get_command(app)
+    modules = {"determinism": "determinism", "eval": "evaluate", "generate": "generate", "replay": "replay"}
+    with_engine = sorted(n for n, c in group.commands.items() if any("--engine" in p.opts for p in c.params))
+    assert with_engine == sorted(modules)
+    for name in with_engine:
+        doc = importlib.import_module(f"requant.commands.{modules[name]}").__doc__
+        assert f"--engine {every}" in doc, name
 
 
 def test_replay_help_shows_RECORD_and_its_json_writes_the_comparison_report():
