@@ -15,12 +15,27 @@ from __future__ import annotations
 
 import platform
 
-__all__ = ["REFERENCE_PAIR", "ORDERS", "is_custom", "parse_backends", "declare_orders", "check_runnable", "environment"]
+__all__ = [
+    "REFERENCE_PAIR",
+    "ORDERS",
+    "default_backend",
+    "is_custom",
+    "parse_backends",
+    "declare_orders",
+    "check_runnable",
+    "environment",
+]
 
 REFERENCE_PAIR = ("reference-cutlass-order", "reference-triton-order")
 
 
 ORDERS = ("cutlass-order", "triton-order", "fused-order")  # the orders with a baseline row (matrix v2)
+
+
+def default_backend(device: str) -> str:
+    """The one scaled_mm backend of the commands that run one model (generate, eval, tp-check):
+    triton on CUDA (the fast engine's kernel), its epilogue order emulated on a CPU."""
+    return "triton" if str(device).startswith("cuda") else "reference-triton-order"
 
 
 def is_custom(name: str) -> bool:

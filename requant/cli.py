@@ -5,18 +5,49 @@ What holds for every command is decided here, once, in `RequantGroup`: a usage e
 `error: ...` line on stderr and exit 2 (click's "did you mean" hint kept on that line);
 SIGTERM is treated as Ctrl-C for the whole run, so every command's cleanup runs and it exits
 130 with the interrupt line; REQUANT_DEBUG=1 prints the traceback behind an error line.
+Before that, from the first line of this module on, Ctrl-C or SIGTERM while the app loads (the
+imports, typer building the command) exits 130 with the same line: nothing is written yet.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import sys
 import threading
 from typing import Annotated
 
-import typer
-from typer.core import TyperGroup
+
+def _exit_interrupted(signum, frame):
+    """A signal before RequantGroup.main: nothing has started, so the line and 130, at once (an
+    exception here would surface as a traceback from whichever import it interrupted)."""
+    os.write(2, b"error: interrupted\n")
+    os._exit(130)
+
+
+def _handle(handlers: dict) -> dict:
+    """Install {signal: handler} (main thread only; a signal the caller ignores stays ignored, as
+    `nohup` and a shell's background jobs ask); {signal: the previous handler} of those installed."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {sig: signal.signal(sig, h) for sig, h in handlers.items() if signal.getsignal(sig) != signal.SIG_IGN}
+
+
+def _exit_on_interrupt() -> dict:
+    """Ctrl-C and SIGTERM exit 130 from here on; {signal: the previous handler}."""
+    return _handle({signal.SIGINT: _exit_interrupted, signal.SIGTERM: _exit_interrupted})
+
+
+def _restore(old: dict) -> None:
+    for sig, handler in old.items():
+        signal.signal(sig, handler)
+
+
+_LOADING = _exit_on_interrupt()  # first, before the imports that take most of the start-up
+
+import typer  # noqa: E402
+from typer.core import TyperGroup  # noqa: E402
 
 try:  # typer >= 0.24 vendors click (typer._click); older typers use click itself
     from typer._click.exceptions import NoArgsIsHelpError, UsageError
@@ -24,10 +55,20 @@ try:  # typer >= 0.24 vendors click (typer._click); older typers use click itsel
 except ImportError:  # pragma: no cover - depends on the installed typer
     from click.exceptions import Abort, NoArgsIsHelpError, UsageError
 
-from requant import __version__
-from requant.commands import audit, checkpoint, conform, determinism, evaluate, generate, publish, replay, tp_check
-from requant.commands._common import EXIT_ERROR, EXIT_INTERRUPTED, debug_traceback, err, plain
-from requant.commands._guards import RequantCommand, guarded_std_streams
+from requant import __version__  # noqa: E402
+from requant.commands import (  # noqa: E402
+    audit,
+    checkpoint,
+    conform,
+    determinism,
+    evaluate,
+    generate,
+    publish,
+    replay,
+    tp_check,
+)
+from requant.commands._common import EXIT_ERROR, EXIT_INTERRUPTED, debug_traceback, err, plain  # noqa: E402
+from requant.commands._guards import RequantCommand, guarded_std_streams  # noqa: E402
 
 __all__ = ["app", "RequantGroup"]
 
@@ -40,8 +81,8 @@ class RequantGroup(TyperGroup):
     """The app's group: the promises every command keeps, in one place."""
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
-        on_main = threading.current_thread() is threading.main_thread()
-        old = signal.signal(signal.SIGTERM, _raise_interrupt) if on_main else None
+        # the run's handlers: an interrupt is a KeyboardInterrupt, so every cleanup runs
+        old = _handle({signal.SIGTERM: _raise_interrupt, signal.SIGINT: signal.default_int_handler})
         try:
             try:
                 with guarded_std_streams():  # stdout nobody reads: the work and the exit code stand
@@ -56,8 +97,7 @@ class RequantGroup(TyperGroup):
                 err().print(f"[bold red]error:[/] {plain('interrupted')}")
                 rv = EXIT_INTERRUPTED
         finally:
-            if on_main:
-                signal.signal(signal.SIGTERM, old)
+            _restore(old)
         if not standalone_mode:
             return rv
         sys.exit(rv if isinstance(rv, int) else 0)
@@ -83,7 +123,20 @@ def _usage_error(exc: UsageError) -> int:
     return EXIT_ERROR
 
 
-app = typer.Typer(
+class RequantTyper(typer.Typer):
+    """The app: `app()` (the `requant` script, `python -m requant.cli`) exits 130 on an interrupt
+    until RequantGroup.main takes over (typer builds the command first), its caller's handlers
+    restored when it returns."""
+
+    def __call__(self, *args, **kwargs):
+        old = _exit_on_interrupt()
+        try:
+            return super().__call__(*args, **kwargs)
+        finally:
+            _restore(old)
+
+
+app = RequantTyper(
     name="requant",
     cls=RequantGroup,
     help="Power-of-two INT8 scales for deterministic W8A8 inference across GPU kernels.\n\n"
@@ -129,6 +182,7 @@ _COMMANDS = (
 )
 for _name, _fn, _short in _COMMANDS:
     app.command(_name, short_help=_short, cls=RequantCommand)(_fn)
+_restore(_LOADING)  # loaded: whoever imported this module keeps its own handlers
 
 if __name__ == "__main__":
     app()

@@ -136,6 +136,20 @@ def _print_detection(detection: list, title: str) -> None:
     out.print(t)
 
 
+def scorecard_line(label: str, cells, card: dict) -> str:
+    """The scorecard's line: false positives and negatives (what fails an audit), then the
+    applicability mismatches apart, as what they are (the JSON keeps applicability_mismatches):
+    checks whose applicability differs from the matrix's, a fact about the checkpoint (native
+    scales already powers of two make C5 apply under native), never counted against the run."""
+    line = f"{label}: {cells}  false positives: {card['false_positives']}  false negatives: {card['false_negatives']}"
+    n = card.get("applicability_mismatches") or 0
+    if n:
+        line += (
+            f"  ({n:,} checks whose applicability differs from the matrix's: a fact about the checkpoint, not a fault)"
+        )
+    return line
+
+
 def _print_rest(result: dict) -> None:
     from requant.audit.phases.prefill import pow2_native_note
 
@@ -143,17 +157,10 @@ def _print_rest(result: dict) -> None:
     note = pow2_native_note(result)
     if note:
         print(f"note: {note}")
-    print(
-        f"cells: {result['cells']}  false positives: {card['false_positives']}  false negatives: {card['false_negatives']}  "
-        f"applicability mismatches: {card['applicability_mismatches']}"
-    )
+    print(scorecard_line("cells", result["cells"], card))
     dec = result.get("decode")
     if dec:
-        dc = dec["scorecard"]
-        print(
-            f"decode cells: {dec['cells']}  false positives: {dc['false_positives']}  false negatives: "
-            f"{dc['false_negatives']}  applicability mismatches: {dc['applicability_mismatches']}"
-        )
+        print(scorecard_line("decode cells", dec["cells"], dec["scorecard"]))
     inj = result.get("injection_scorecard")
     if inj:
         print(
@@ -232,7 +239,7 @@ def audit(
     phases: Annotated[
         str,
         typer.Option(
-            "--phases", help="Prefill, or prefill,decode (default): the decode phase audits each step's operands."
+            "--phases", help="prefill, or prefill,decode (default): the decode phase audits each step's operands."
         ),
     ] = "prefill,decode",
     decode_batches: Annotated[

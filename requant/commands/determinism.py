@@ -2,7 +2,7 @@
 
     requant determinism [CKPT] [--backends cutlass,triton | reference | A,MODULE:FUNCTION] [--prompts 8]
                         [--new-tokens 64] [--json OUT] [--device DEV] [--act-backend NAME]
-                        [--revision REV] [--threads N]
+                        [--revision REV] [--threads N] [--engine auto|fast|reference|portable] [--byte-tokens]
 
 No CKPT: the embedded default. `--backends reference` is the pair
 reference-cutlass-order,reference-triton-order (the default without a CUDA GPU); with one,

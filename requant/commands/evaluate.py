@@ -4,6 +4,7 @@
                  [--tasks requant-heldout] [--backend NAME] [--act-backend NAME] [--limit N]
                  [--bootstrap 2000] [--seed 0] [--batch-size 4] [--max-length N]
                  [--json OUT] [--report DIR] [--device DEV] [--threads N]
+                 [--engine auto|fast|reference|portable] [--byte-tokens]
 
 No CKPT: the embedded default. Exit status 0 when the evaluation ran; 2 on a usage or
 checkpoint error (one line on stderr, no traceback), a SHA256SUMS that does not match the

@@ -2,7 +2,7 @@
 
     requant generate [CKPT] (--prompt TEXT ... | --prompts FILE.jsonl) [--max-new-tokens 64]
                      [--eos/--no-eos] [--temperature T] [--top-k K] [--top-p P] [--seed S]
-                     [--backend NAME] [--engine auto|fast|reference] [--regime native|pow2]
+                     [--backend NAME] [--engine auto|fast|reference|portable] [--regime native|pow2]
                      [--device DEV] [--json OUT] [--revision REV] [--threads N] [--byte-tokens]
 
 No CKPT: the embedded default. Greedy unless --temperature > 0 (requant.sampling: a counter-based
@@ -25,6 +25,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from requant.backends import default_backend
 from requant.commands._common import (
     ByteTokensOpt,
     CkptArg,
@@ -51,10 +52,6 @@ from requant.links import shown
 __all__ = ["generate", "read_prompt_file", "default_backend", "Streamer"]
 
 _OVERRIDES = ("key", "seed", "temperature", "top_k", "top_p")
-
-
-def default_backend(device: str) -> str:
-    return "triton" if str(device).startswith("cuda") else "reference-triton-order"
 
 
 def read_prompt_file(path: Path) -> list[dict]:
@@ -95,6 +92,25 @@ def read_prompt_file(path: Path) -> list[dict]:
     return reqs
 
 
+# The sampling options by the name a message gives them (SamplingParams.check's labels).
+_OPTION_OF = {"temperature": "--temperature", "top_k": "--top-k", "top_p": "--top-p", "seed": "--seed"}
+
+
+def check_top_k(base, requests: list[dict], params: list, vocab: int) -> None:
+    """top_k at most the vocabulary's size (more keeps every token, as 0 does: a value past it
+    is a mistake, refused before the model loads): UsageError naming --top-k or the prompt's line."""
+    if base.top_k > vocab:
+        raise UsageError(
+            f"--top-k must be an integer from 0 (every token) to the vocabulary's size, {vocab:,} here, got {base.top_k}"
+        )
+    for r, p in zip(requests, params):
+        if "top_k" in r and p.top_k > vocab:
+            raise UsageError(
+                f"{r['where']}: field 'top_k' must be an integer from 0 (every token) to the vocabulary's size, "
+                f"{vocab:,} here, got {p.top_k}"
+            )
+
+
 def check_requests(ids: list[list[int]], wheres: list[str], vocab: int, max_positions: int, new: int) -> None:
     """Each prompt's ids inside 0..vocab-1 and its positions (prompt + --max-new-tokens) inside
     the model's: UsageError naming the prompt (file and line) before any generation."""
@@ -111,7 +127,8 @@ def check_requests(ids: list[list[int]], wheres: list[str], vocab: int, max_posi
 
 class Streamer:
     """on_token for one request: prints the decoded text as it grows (a suffix is printed once
-    the decoding of all ids so far extends what was printed), and nothing after an eos."""
+    the decoding of all ids so far extends what was printed), and nothing of an eos (its token
+    text, `<|endoftext|>`, is not generated text: requant.runtime.generation.text_ids) or after it."""
 
     def __init__(self, tokenizer, eos: set, write=None):
         self.tok, self.eos, self.ids, self.shown, self.done = tokenizer, eos, [], "", False
@@ -120,8 +137,10 @@ class Streamer:
     def __call__(self, row: int, step: int, token: int) -> None:
         if self.done:
             return
-        self.ids.append(token)
         self.done = token in self.eos
+        if self.done:
+            return
+        self.ids.append(token)
         text = self.tok.decode(self.ids)
         if text.startswith(self.shown) and not text.endswith("\ufffd"):  # not in the middle of a character
             self.write(text[len(self.shown) :])
@@ -140,8 +159,12 @@ def generate(
     temperature: Annotated[
         float, typer.Option("--temperature", help="Sampling temperature; 0 is greedy (the default).")
     ] = 0.0,
-    top_k: Annotated[int, typer.Option("--top-k", help="Keep the k most likely tokens (0: all).")] = 0,
-    top_p: Annotated[float, typer.Option("--top-p", help="Keep the smallest set of probability >= p.")] = 1.0,
+    top_k: Annotated[
+        int, typer.Option("--top-k", help="Keep the k most likely tokens, 0 to the vocabulary size (0: all).")
+    ] = 0,
+    top_p: Annotated[
+        float, typer.Option("--top-p", help="Keep the smallest set of probability >= p, p in (0, 1].")
+    ] = 1.0,
     seed: Annotated[int, typer.Option("--seed", help="Sampling seed, 0 to 2**64-1.")] = 0,
     backend: Annotated[
         Optional[str],
@@ -150,7 +173,7 @@ def generate(
         ),
     ] = None,
     engine: EngineOpt = "auto",
-    regime: Annotated[str, typer.Option("--regime", help="Native (the checkpoint's scales) or pow2.")] = "native",
+    regime: Annotated[str, typer.Option("--regime", help="native (the checkpoint's scales) or pow2.")] = "native",
     device: DeviceOpt = None,
     json_out: JsonOpt = None,
     revision: RevisionOpt = None,
@@ -169,13 +192,15 @@ def generate(
         from requant.runtime.sampling import SamplingParams
 
         dev = check_device(device or default_device())
-        if (prompt is None) == (prompts_file is None):
+        if prompt is None and prompts_file is None:
+            raise UsageError("no prompt: give --prompt TEXT (repeatable) or --prompts FILE.jsonl")
+        if prompt is not None and prompts_file is not None:
             raise UsageError("give --prompt TEXT (repeatable) or --prompts FILE.jsonl, not both")
         if max_new_tokens < 1:
             raise UsageError("--max-new-tokens must be at least 1")
         if regime not in REGIMES:
             raise UsageError(f"--regime must be one of {', '.join(REGIMES)}, got {regime!r}")
-        base = SamplingParams(temperature, top_k, top_p, seed).check("--temperature/--top-k/--top-p/--seed")
+        base = SamplingParams(temperature, top_k, top_p, seed).check("", labels=_OPTION_OF)
         be = backend or default_backend(dev)
         from requant import kernels
 
@@ -191,21 +216,25 @@ def generate(
                 raise UsageError(f"{r['where']}: the text is not valid UTF-8")
         if prompts_file is not None:
             requests = read_prompt_file(prompts_file)
+        params = [
+            SamplingParams(**{**base.__dict__, **{k: r[k] for k in _OVERRIDES if k in r}}).check(
+                r["where"], labels={k: f"field {k!r}" for k in _OVERRIDES if k in r}
+            )
+            for r in requests
+        ]
         set_threads(threads, dev)
         checkpoint = open_checkpoint(DEFAULT_CHECKPOINT if ckpt is None else ckpt, revision=revision)
         check_layout(checkpoint)
+        check_top_k(base, requests, params, int(checkpoint.config["vocab_size"]))
         identity = with_progress(checkpoint, console)
         model = load_model(checkpoint, regime=regime, backend=be, device=dev, engine=engine)
         tok = model.tokenizer
-        ids, params, texts = [], [], []
+        ids, texts = [], []
         for r in requests:
             pids = tok.encode(r["prompt"]) if "prompt" in r else r["prompt_ids"]
             if not pids:
                 raise UsageError(f"{r['where']}: the prompt has no tokens")
-            fields = {k: r[k] for k in _OVERRIDES if k in r}
-            p = SamplingParams(**{**base.__dict__, **fields}).check(r["where"])
             ids.append(pids)
-            params.append(p)
             texts.append(r.get("prompt"))
         check_requests(ids, [r["where"] for r in requests], model.arch.vocab, model.max_length, max_new_tokens)
         from requant.commands._limits import check_generation_memory
@@ -214,7 +243,7 @@ def generate(
         check_generation_memory(checkpoint.config, len(ids), longest, dev, f"{len(ids)} prompts")
         eos_ids = list(tok.eos_ids) if eos else []
 
-    from requant.runtime.generation import make_record
+    from requant.runtime.generation import make_record, text_ids
     from requant.runtime.sampling import generate as sample
 
     stream = None
@@ -229,10 +258,10 @@ def generate(
         )
     wall = time.perf_counter() - t0
     if stream is not None:
-        print(text_out(tok.decode(out[0].ids)[len(stream.shown) :]))
+        print(text_out(tok.decode(text_ids(out[0].ids, eos_ids))[len(stream.shown) :]))
     else:
         for pids, s in zip(ids, out):
-            print(text_out(tok.decode(pids) + tok.decode(s.ids)))
+            print(text_out(tok.decode(pids) + tok.decode(text_ids(s.ids, eos_ids))))
             print()
     n_new = sum(len(s.ids) for s in out)
     mode = "greedy" if all(p.greedy for p in params) else "sampled"

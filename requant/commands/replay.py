@@ -29,7 +29,6 @@ from requant.commands._common import (
     EXIT_FAILED,
     ByteTokensOpt,
     DeviceOpt,
-    JsonOpt,
     ThreadsOpt,
     UsageError,
     byte_tokens_option,
@@ -67,7 +66,10 @@ def _portable_choice(record, first, be: str, eng: str, dev: str, backend_given: 
 
 @byte_tokens_option
 def replay(
-    record: Annotated[Path, typer.Argument(help="A record written by `requant generate --json`.", show_default=False)],
+    record: Annotated[
+        Path,
+        typer.Argument(help="A record written by `requant generate --json`.", show_default=False, metavar="RECORD"),
+    ],
     checkpoint: Annotated[
         Optional[str], typer.Option("--checkpoint", help="The checkpoint, when not at the record's path.")
     ] = None,
@@ -75,11 +77,13 @@ def replay(
         Optional[str], typer.Option("--backend", help="The scaled_mm backend (default: the record's).")
     ] = None,
     engine: Annotated[
-        Optional[str], typer.Option("--engine", help="Auto, fast, reference or portable (default: the record's).")
+        Optional[str], typer.Option("--engine", help="auto, fast, reference or portable (default: the record's).")
     ] = None,
     batch_with: Annotated[int, typer.Option("--batch-with", help="Run inside a batch with N filler prompts.")] = 0,
     device: DeviceOpt = None,
-    json_out: JsonOpt = None,
+    json_out: Annotated[
+        Optional[Path], typer.Option("--json", help="Write the comparison report (JSON) here (atomically).")
+    ] = None,
     threads: ThreadsOpt = None,
     byte_tokens: ByteTokensOpt = False,
 ) -> None:
@@ -103,8 +107,6 @@ def replay(
             record_params,
         )
 
-        if not (record.exists() or record.is_symlink()):
-            raise UsageError(f"{record}: no such file")
         records = read_records(record)
         first = records[0]
         if batch_with < 0:

@@ -39,6 +39,7 @@ from requant.commands._common import (
     err,
     fail,
     plain,
+    progress_bar,
     set_threads,
     sigterm_as_interrupt,
     write_json_atomic,
@@ -126,7 +127,7 @@ def tp_check(
     backend: Annotated[
         Optional[str],
         typer.Option(
-            "--backend", help="The scaled_mm backend (default: cutlass on CUDA, reference-triton-order on CPU)."
+            "--backend", help="The scaled_mm backend (default: triton on a GPU, reference-triton-order on CPU)."
         ),
     ] = None,
     regime: Annotated[
@@ -166,7 +167,7 @@ def tp_check(
     console = err()
     with cannot_run():
         from requant import DEFAULT_CHECKPOINT, kernels
-        from requant.backends import check_runnable
+        from requant.backends import check_runnable, default_backend
         from requant.checkpoint import open_checkpoint
         from requant.evidence.identity import with_progress
         from requant.models.prompts import prompts as prompt_list
@@ -179,7 +180,7 @@ def tp_check(
         if cuda and dev != "cuda":
             raise UsageError(f"--device {dev}: tp-check uses one GPU per rank from cuda:0; pass --device cuda")
         degrees = parse_degrees(tp)
-        name = backend or ("cutlass" if cuda else "reference-triton-order")
+        name = backend or default_backend(dev)  # generate's and eval's: one default for one model
         if name not in kernels.scaled_mm_backends():
             raise UsageError(f"--backend: unknown backend {name!r}; known: {', '.join(kernels.scaled_mm_backends())}")
         check_runnable((name,), dev, act_backend, option="--backend")
@@ -235,8 +236,17 @@ def tp_check(
         threads=threads or 1,
     )
     try:
-        with sigterm_as_interrupt():
-            results = run(spec, timeout_s=timeout)
+        # the launch takes seconds before a worker has anything to say (spawn, imports, the load):
+        # the audit's bar, one step for the load and one per degree, and each stage's line
+        with sigterm_as_interrupt(), progress_bar(console) as bar:
+            task = bar.add_task("tp-check", total=1 + len(degrees))
+            bar.console.log(f"starting {max(degrees)} process(es)")
+
+            def stage(line: str) -> None:
+                bar.console.log(plain(line))
+                bar.advance(task)
+
+            results = run(spec, timeout_s=timeout, progress=stage)
     except (RuntimeError, TimeoutError) as exc:
         fail(str(exc))
     except KeyboardInterrupt:

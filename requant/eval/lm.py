@@ -19,6 +19,7 @@ from lm_eval import utils as lm_utils
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 
+from requant.backends import default_backend
 from requant.runtime import load_model
 
 AUTO_BATCH = 8  # what batch_size=auto means here (no memory probing)
@@ -26,10 +27,6 @@ AUTO_BATCH = 8  # what batch_size=auto means here (no memory probing)
 
 def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def default_backend(device: str) -> str:
-    return "triton" if str(device).startswith("cuda") else "reference-triton-order"
 
 
 def _int_arg(name: str, value, minimum: int = 1) -> int:

@@ -2,7 +2,7 @@
 
 read_json_lines(path) -> [(line number, value)], every refusal one `error` naming the file
 (and the line):
-  * the file: a regular file only (a FIFO would block, /dev/zero never end), at most
+  * the file: "no such file" when it is missing; a regular file only (a FIFO would block, /dev/zero never end), at most
     MAX_FILE_BYTES, read with requant.inputs.read_small (bounded, non-blocking open);
   * lines: split on b"\\n" only (U+2028, U+0085 and a lone \\r are characters of a line, as
     in JSON), each at most MAX_LINE_BYTES, blank lines skipped;
@@ -67,6 +67,8 @@ def read_json_lines(path: str | os.PathLike, *, label: str | None = None, error=
     """The (line number, parsed value) of every non-blank line (module docstring); `error`
     (an exception class taking one message) naming `label` (default: the path) otherwise."""
     label = label if label is not None else shown(path)
+    if not os.path.exists(path):  # one wording for a missing input file, whichever command reads it
+        raise error(f"{label}: no such file" + (" (a link to nothing)" if os.path.islink(path) else ""))
     try:
         data = read_small(path, what="file", limit=MAX_FILE_BYTES)
     except CheckpointError as exc:

@@ -11,7 +11,11 @@ any work:
   (`slots`: the top-level requant-*.json names the manifest does not cover,
   requant.evidence.manifest.REPORTS), where the Quickstart keeps each report beside the bytes
   it describes;
-* two outputs that are the same file (the second would silently replace the first).
+* two outputs that are the same file (the second would silently replace the first);
+* an output file that is a symbolic link, wherever it leads: requant writes a report to a regular
+  file or a new name, never through a link (a link to another checkpoint's config.json would
+  replace it; that checkpoint is no input of the run, so no rule above sees it). Remove the link
+  or name another file. The checks above run first, so a link onto an input is named as that.
 
 Outputs are (option, path, files): `files` are the names a report directory gets (each
 checked as a file output), None for a file output, () for a directory replaced whole. Inputs are (label, path, slots): paths
@@ -118,3 +122,9 @@ def check_outputs(
                 )
         for key in keys:
             seen[key] = (option, path)
+    for option, path, _real, kind in rows:
+        if kind == "file" and path.is_symlink():
+            raise UsageError(
+                f"{option} {shown(path)}: is a symbolic link (to {shown(os.readlink(path))}); requant never writes "
+                "an output through a link (remove it, or name another file)"
+            )

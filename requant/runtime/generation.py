@@ -10,6 +10,8 @@ generated ids to everything that made them:
     made every bit, and which of its forms computed it, "triton" or "torch")
     sampling {temperature, top_k, top_p, seed, method}, key, max_new_tokens, eos_ids
     prompt (text or null), prompt_ids, ids, text, stop ("eos" or "length")
+    (text: the decoding of ids without the eos that stopped it, as generate prints it: the eos
+    token's text, `<|endoftext|>`, is not generated text; ids keep the eos id, stop says it)
     steps [{position, token, logits_sha256, logprob}]    (requant.sampling.Step; logprob: float.hex)
 Replaying a record runs the same prompt ids, params, key, regime, reduction and eos again, with
 the record's backend and engine or others, optionally inside a batch of filler prompts, and
@@ -26,6 +28,7 @@ from requant.runtime.sampling import METHOD, Sampled, SamplingParams
 __all__ = [
     "FORMAT",
     "make_record",
+    "text_ids",
     "read_records",
     "check_record",
     "check_against_model",
@@ -74,6 +77,12 @@ _REQUIRED = {
 FILLER_SAMPLING = {"temperature": 1.0, "top_k": 40, "top_p": 0.95}
 
 
+def text_ids(ids, eos) -> list[int]:
+    """The ids whose decoding is the generated text: `ids` without a last id in `eos` (the stop)."""
+    ids = list(ids)
+    return ids[:-1] if ids and ids[-1] in set(eos) else ids
+
+
 def make_record(*, sampled: Sampled, prompt_ids, prompt_text, model, context: dict, tokenizer) -> dict:
     """One record. context: the keys shared by a run (checkpoint, identity, device, ...)."""
     from requant import kernels
@@ -100,7 +109,7 @@ def make_record(*, sampled: Sampled, prompt_ids, prompt_text, model, context: di
         "prompt": prompt_text,
         "prompt_ids": [int(i) for i in prompt_ids],
         "ids": list(sampled.ids),
-        "text": tokenizer.decode(sampled.ids),
+        "text": tokenizer.decode(text_ids(sampled.ids, eos)),
         "stop": "eos" if sampled.ids and sampled.ids[-1] in eos else "length",
         "steps": [
             {"position": s.position, "token": s.token, "logits_sha256": s.logits_sha256, "logprob": s.logprob}
@@ -218,11 +227,17 @@ def read_records(path: str | Path) -> list[dict]:
 
 
 def check_against_model(records: list[dict], vocab: int, max_positions: int) -> None:
-    """Every id of every record inside the loaded model's vocabulary, every record's prompt plus
+    """Every id (and top_k) of every record inside the loaded model's vocabulary, every record's prompt plus
     max_new_tokens inside its positions: ValueError naming the record's file and line."""
     for rec in records:
         for field in ("prompt_ids", "ids", "eos_ids"):
             _ints(rec[field], f"{rec['where']}: field {field!r}", 0, vocab - 1)
+        top_k = rec["sampling"]["top_k"]  # past the vocabulary: no record requant writes (generate refuses it)
+        if top_k > vocab:
+            raise ValueError(
+                f"{rec['where']}: field 'sampling.top_k' must be an integer from 0 (every token) to the "
+                f"vocabulary's size, {vocab:,} here, got {top_k}"
+            )
         need = len(rec["prompt_ids"]) + rec["max_new_tokens"]
         if need > max_positions:
             raise ValueError(
@@ -250,7 +265,7 @@ def record_params(rec: dict, where: str = "record") -> SamplingParams:
         )
     except KeyError as exc:
         raise ValueError(f"{where}: field 'sampling.{exc.args[0]}' is missing") from None
-    return params.check(f"{where}: field 'sampling'")
+    return params.check(where, labels={f: f"field 'sampling.{f}'" for f in s} | {"key": "field 'key'"})
 
 
 def first_difference(rec: dict, sampled: Sampled) -> dict | None:

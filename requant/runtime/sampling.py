@@ -36,6 +36,7 @@ from requant.runtime.sampling_batch import choose_batch
 
 __all__ = [
     "METHOD",
+    "MAX_TOP_K",
     "SamplingParams",
     "Step",
     "Sampled",
@@ -53,6 +54,10 @@ __all__ = [
 ]
 
 METHOD = "requant-inverse-cdf-v1"
+# top_k past the vocabulary keeps every token, as 0 does; a value past any vocabulary (token ids
+# are below 2**31, requant.runtime.generation.MAX_ID) is refused rather than carried into a
+# record. The model's own vocabulary is checked once it is known (generate, replay).
+MAX_TOP_K = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -66,18 +71,24 @@ class SamplingParams:
     seed: int = 0
     key: str | None = None
 
-    def check(self, where: str = "sampling") -> "SamplingParams":
-        t, p = self.temperature, self.top_p
+    def check(self, where: str = "sampling", labels: dict | None = None) -> "SamplingParams":
+        """self, or ValueError naming `where` and the field (labels: {field: what to call it},
+        e.g. {"top_p": "--top-p"} on the command line; where "" then leaves only that name)."""
+        t, p, k = self.temperature, self.top_p, self.top_k
+        name = {f: f for f in ("temperature", "top_k", "top_p", "seed", "key")} | (labels or {})
+        at = f"{where}: " if where else ""
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
-            raise ValueError(f"{where}: temperature must be a finite number >= 0, got {t!r}")
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
-            raise ValueError(f"{where}: top_k must be an integer >= 0, got {self.top_k!r}")
+            raise ValueError(f"{at}{name['temperature']} must be a finite number >= 0, got {t!r}")
+        if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= MAX_TOP_K:
+            raise ValueError(
+                f"{at}{name['top_k']} must be an integer from 0 (every token) to the vocabulary's size, got {str(k)[:40]}"
+            )
         if isinstance(p, bool) or not isinstance(p, (int, float)) or not (0 < p <= 1):
-            raise ValueError(f"{where}: top_p must be in (0, 1], got {p!r}")
+            raise ValueError(f"{at}{name['top_p']} must be in (0, 1], got {p!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**64:
-            raise ValueError(f"{where}: seed must be an integer in [0, 2**64), got {self.seed!r}")
+            raise ValueError(f"{at}{name['seed']} must be an integer in [0, 2**64), got {str(self.seed)[:40]}")
         if self.key is not None and not isinstance(self.key, str):
-            raise ValueError(f"{where}: key must be a string, got {self.key!r}")
+            raise ValueError(f"{at}{name['key']} must be a string, got {self.key!r}")
         return self
 
     @property

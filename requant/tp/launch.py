@@ -9,6 +9,8 @@ max(degrees) spawned processes, one world; every degree d runs on ranks 0..d-1, 
 checkpoint load per process serve every degree and every LaunchConfig. Spec.comm: gloo on the CPU; on
 CUDA NCCL with one GPU per rank, or gloo with the ranks sharing the GPUs there are. The run times out
 after timeout_s; a worker's exception comes back as a RuntimeError naming its rank and its last line.
+run(..., progress=fn) calls fn(line) in the caller's process for each stage rank 0 reaches (the
+checkpoint loaded, each degree of each variant done), passed through the launch's TCPStore.
 Spawned workers import the caller's main module again, so a script calling run() needs the
 `if __name__ == "__main__":` guard (the requant command line has it).
 
@@ -25,6 +27,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable, Optional
 
 import torch
 
@@ -113,6 +116,27 @@ def _time(m, prompts: list[list[int]], new_tokens: int, reps: int, group, cuda: 
     }
 
 
+_STAGES = "requant-stages"  # the store's counter of stage lines; line i under f"{_STAGES}-{i}"
+
+
+def _stage(store, line: str) -> None:
+    """Rank 0's progress line for the caller (run's progress): the line first, then the count."""
+    n = store.add(f"{_STAGES}-next", 1) - 1
+    store.set(f"{_STAGES}-{n}", line)
+    store.add(_STAGES, 1)
+
+
+def _report(store, seen: int, progress) -> int:
+    """progress(line) for each stage line after the first `seen` (the master's view of what
+    rank 0 reported); the number seen now."""
+    if progress is None:
+        return seen
+    n = store.add(_STAGES, 0)
+    for i in range(seen, n):
+        progress(store.get(f"{_STAGES}-{i}").decode("utf-8", "replace"))
+    return max(seen, n)
+
+
 def _worker(rank: int, world: int, port: int, spec: Spec, out: str, timeout_s: float) -> None:
     import torch.distributed as dist
 
@@ -138,6 +162,8 @@ def _worker(rank: int, world: int, port: int, spec: Spec, out: str, timeout_s: f
         ckpt = open_checkpoint(spec.ckpt)
         check_layout(ckpt)
         dense = load_dense(ckpt, "cpu")
+        if rank == 0:
+            _stage(store, f"{world} process(es) started, checkpoint read")
         linears = {}  # per regime, loaded once
         device = torch.device(f"cuda:{gpu}") if cuda else None
         prompts = [list(p) for p in spec.prompts]
@@ -173,6 +199,7 @@ def _worker(rank: int, world: int, port: int, spec: Spec, out: str, timeout_s: f
                         if not spec.keep_logits:
                             logits, steps = [], []
                         results[(r, d)] = Result(logits, ids, steps, timing, dg)
+                        _stage(store, f"tp {d}{_label(r, spec)}: prefill and {spec.new_tokens} greedy tokens done")
                     del m
                 dist.barrier()
         if rank == 0:
@@ -190,6 +217,11 @@ def _worker(rank: int, world: int, port: int, spec: Spec, out: str, timeout_s: f
         dist.destroy_process_group()
 
 
+def _label(r: LaunchConfig, spec: Spec) -> str:
+    """A variant's name in a stage line, when the launch runs more than one."""
+    return f" ({r.backend}, {r.regime}, {r.reduce})" if len(spec.runs) > 1 else ""
+
+
 def comm_of(spec: Spec) -> str:
     """The collectives' library of a launch: spec.comm, with "auto" resolved."""
     if spec.comm == "auto":
@@ -199,8 +231,11 @@ def comm_of(spec: Spec) -> str:
     return spec.comm
 
 
-def run(spec: Spec, timeout_s: float = 300.0) -> dict[tuple[LaunchConfig, int], Result]:
-    """Every (LaunchConfig, degree) of spec, on max(degrees) processes; see the module docstring."""
+def run(
+    spec: Spec, timeout_s: float = 300.0, progress: Optional[Callable[[str], None]] = None
+) -> dict[tuple[LaunchConfig, int], Result]:
+    """Every (LaunchConfig, degree) of spec, on max(degrees) processes; progress(line) for each
+    stage (the module docstring)."""
     import torch.distributed as dist
     import torch.multiprocessing as mp
 
@@ -220,10 +255,13 @@ def run(spec: Spec, timeout_s: float = 300.0) -> dict[tuple[LaunchConfig, int], 
             start_method="spawn",
         )
         deadline = time.monotonic() + timeout_s
+        seen = 0
         try:
             while not ctx.join(timeout=0.5):
+                seen = _report(store, seen, progress)
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"tensor-parallel run did not finish within {timeout_s:g} s")
+            _report(store, seen, progress)
         except mp.ProcessRaisedException as exc:
             last = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
             raise RuntimeError(f"tensor-parallel rank {exc.error_index} failed: {last[-1] if last else exc}") from None

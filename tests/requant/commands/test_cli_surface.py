@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import typer.main
 from typer.testing import CliRunner
 
 import requant.commands as commands_pkg
@@ -119,12 +120,98 @@ COMMANDS = [
 ]
 
 
-@pytest.mark.parametrize("command", [None, *COMMANDS, "tp-check"])
-def test_help_has_no_bool_metavar_and_consistent_capitals(command):
+def _option_values() -> dict[str, set[str]]:
+    """{option: the values it takes, as the user types them}: the runtime's, scales', tensor
+    parallelism's and kernels' names, the audit's phases and matrices, tp-check's collectives."""
+    from requant import kernels
+    from requant.runtime.model import ENGINES
+    from requant.runtime.weights import REGIMES
+    from requant.tp.engine import REDUCES
+
+    mm, act = set(kernels.scaled_mm_backends()), set(kernels.quantize_backends())
+    return {
+        "--arm": set(ARMS),
+        "--arms": {"native", *ARMS},
+        "--engine": set(ENGINES),
+        "--regime": set(REGIMES),
+        "--reduce": set(REDUCES),
+        "--phases": {"prefill", "decode"},
+        "--matrix": {"v1", "v2", "v3", "v4"},
+        "--comm": {"auto", "gloo", "nccl"},
+        "--backend": mm,
+        "--backends": mm | {"reference"},
+        "--act-backend": act,
+    }
+
+
+def _option_helps(command) -> list[tuple[str, str]]:
+    """(flag, whole help text) of every option and argument of `command` (None: the app's own)."""
     res = runner.invoke(app, [command, "--help"] if command else ["--help"], env={"COLUMNS": "100"})
     assert res.exit_code == 0 and "<bool>" not in res.stdout and "╭" not in res.stdout
-    helps = re.findall(r"^  (?:-\w, )?--[\w-]+(?: <[^>]+>)?\s{2,}(\S.*)$", res.stdout, flags=re.M)
-    assert helps and all(h[0].isupper() for h in helps), helps
+    text = res.stdout.split("Arguments:", 1)[-1] if "Arguments:" in res.stdout else res.stdout
+    parts = re.split(r"^  (?:-\w, )?((?:--)?[\w-]+)(?: / --[\w-]+)?(?: <[^>]+>)?\s{2,}", text, flags=re.M)[1:]
+    return [(flag, " ".join(h.split())) for flag, h in zip(parts[::2], parts[1::2])]
+
+
+@pytest.mark.parametrize("command", [None, *COMMANDS, "tp-check"])
+def test_help_has_no_bool_metavar_and_consistent_capitals(command):
+    # a help starts with a capital, or with one of its option's values as typed ("native (...) or pow2")
+    values = _option_values()
+    helps = _option_helps(command)
+    assert helps, command
+    for flag, h in helps:
+        assert h[0].isupper() or re.split(r"[ ,.:;(]", h)[0] in values.get(flag, ()), (flag, h)
+
+
+@pytest.mark.parametrize("command", COMMANDS + ["tp-check"])
+def test_no_help_text_capitalises_an_option_value(command):
+    # issue 37: "Native ... or pow2", "Auto, fast ...", "Prefill, or prefill,decode": an option's
+    # value is spelled as it is typed, at the start of its help as anywhere else in it
+    values = _option_values()
+    for flag, h in _option_helps(command):
+        words = re.findall(r"[\w-]+", h)
+        capitalised = [w for w in words if w != w.lower() and w.lower() in values.get(flag, ())]
+        assert not capitalised, (command, flag, capitalised, h)
+
+
+@pytest.mark.parametrize("command", COMMANDS + ["tp-check"])
+def test_every_argument_is_shown_in_upper_case(command):
+    res = runner.invoke(app, [command, "--help"], env={"COLUMNS": "100"})
+    usage = res.stdout.splitlines()[0]
+    args = re.findall(r"[{\[]([^\]}]+)[}\]]", usage.split("[OPTIONS]", 1)[1])
+    assert all(a == a.upper() for a in args), usage
+    listed = re.findall(r"^  ([\w-]+) <", res.stdout.split("Options:")[0], flags=re.M)
+    assert all(a == a.upper() for a in listed), listed
+
+
+def test_every_engine_synopsis_lists_every_engine():
+    # issue 37: docs/runtime.md listed `--engine auto|fast|reference` (no portable), and its
+    # determinism synopsis had no --engine; each command's own synopsis (its module docstring) too
+    import importlib
+
+    from requant.runtime.model import ENGINES
+
+    every = "|".join(ENGINES)
+    docs = (Path(__file__).parents[3] / "docs" / "runtime.md").read_text()
+    listed = re.findall(r"--engine ((?:[a-z]+\|)+[a-z]+)", docs)
+    assert listed and set(listed) == {every}, listed
+    synopsis = docs.split("requant determinism [CKPT]", 1)[1].split("```", 1)[0]
+    assert f"--engine {every}" in synopsis
+    group = typer.main.get_command(app)
+    modules = {"determinism": "determinism", "eval": "evaluate", "generate": "generate", "replay": "replay"}
+    with_engine = sorted(n for n, c in group.commands.items() if any("--engine" in p.opts for p in c.params))
+    assert with_engine == sorted(modules)
+    for name in with_engine:
+        doc = importlib.import_module(f"requant.commands.{modules[name]}").__doc__
+        assert f"--engine {every}" in doc, name
+
+
+def test_replay_help_shows_RECORD_and_its_json_writes_the_comparison_report():
+    res = runner.invoke(app, ["replay", "--help"], env={"COLUMNS": "100"})
+    text = " ".join(res.stdout.split())
+    assert res.stdout.splitlines()[0] == "Usage: requant replay [OPTIONS] {RECORD}"
+    assert "RECORD <path>" in text and "{record}" not in text
+    assert "--json <path> Write the comparison report" in text
 
 
 def test_command_summaries_are_whole_sentences():

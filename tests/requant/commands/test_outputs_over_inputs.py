@@ -204,3 +204,24 @@ def test_every_output_option_is_refused_on_an_input(name, flag, ck, tmp_path, no
 def test_a_report_slot_hard_linked_to_the_weights_is_refused(ck, no_work):
     os.link(ck / "model.safetensors", ck / "requant-determinism.json")
     _refused(["determinism", ck, "--json", ck / "requant-determinism.json"], "--json", "hard link", inputs=[ck])
+
+
+@pytest.mark.parametrize("command", ["generate", "replay", "determinism"])
+def test_json_through_a_symlink_to_another_checkpoints_file_is_refused(ck, tmp_path, no_work, command):
+    # the probe's case: LINK -> a file of a checkpoint the run does not read; it was written through
+    other = tmp_path / "other"
+    shutil.copytree(DEFAULT_CHECKPOINT, other)
+    record = tmp_path / "r.jsonl"
+    record.write_text("{}\n")
+    (tmp_path / "r2.json").write_text("{}")  # a regular file beside the link: refused all the same
+    for target in (other / "config.json", tmp_path / "absent.json", tmp_path / "r2.json"):
+        link = tmp_path / "link.json"
+        link.unlink(missing_ok=True)
+        link.symlink_to(target)
+        args = {
+            "generate": ["generate", ck, "--prompt", "x"],
+            "replay": ["replay", record],
+            "determinism": ["determinism", ck],
+        }[command]
+        _refused([*args, "--json", link], "--json", str(link), "symbolic link", inputs=[ck, other])
+        assert link.is_symlink() and os.readlink(link) == str(target) and not (tmp_path / "absent.json").exists()

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from requant import DEFAULT_CHECKPOINT
-from tests.requant.commands.cli import invoke
+from tests.requant.commands.cli import invoke, refused
 
 NEW = 6
 # "To bake bread, ...": under native scales the two emulated orders' logits differ on the default
@@ -148,3 +148,24 @@ def test_a_different_token_is_named_with_its_step(records, tmp_path):
     )
     r = json.loads(out.read_text())["records"][0]
     assert r["first_difference"]["what"] == "token" and r["first_token_difference"] == 2 and not r["match"]
+
+
+def test_a_missing_file_reads_the_same_in_replay_and_generate(tmp_path):
+    gone = tmp_path / "gone.jsonl"
+    dangling = tmp_path / "link.jsonl"
+    dangling.symlink_to(tmp_path / "nothing-here")
+    for path in (gone, dangling):
+        lines = [
+            refused(invoke("replay", path), str(path), "no such file"),
+            refused(invoke("generate", "--prompts", path), str(path), "no such file"),
+        ]
+        # one wording: the same text after the path, whichever command read it
+        assert len({ln.split(str(path), 1)[1] for ln in lines}) == 1, lines
+
+
+@pytest.mark.parametrize("k", [8193, 2**31, 2**63, 2**70])
+def test_a_records_top_k_past_the_vocabulary_is_refused_not_a_mismatch(records, tmp_path, k):
+    rec = json.loads(records[("native", "sampled")].read_text())
+    path = tmp_path / "k.jsonl"
+    path.write_text(json.dumps(dict(rec, sampling=dict(rec["sampling"], top_k=k))) + "\n")
+    refused(invoke("replay", path), f"{path}:1", "'sampling.top_k'", str(k))

@@ -95,3 +95,27 @@ def test_parse_degrees_and_summary():
         parse_degrees("")
     ok = {"identical": True}
     assert summary_line((1, 2), [{"tp": 1, **ok}, {"tp": 2, **ok}]) == "tp 1,2: logits and tokens bitwise identical"
+
+
+def test_tp_check_shows_progress_while_it_runs():
+    # issue 37: only the header for ~18 s; now a line at the start, when the ranks have read the
+    # checkpoint, and when each degree is done (in that order), and the bar's count
+    res = runner.invoke(app, ["tp-check", "--tp", "2", "--prompts", "1", "--new-tokens", "1"])
+    assert res.exit_code == 0, res.output
+    err = res.stderr
+    marks = ["starting 2 process(es)", "checkpoint read", "tp 1: prefill and 1 greedy tokens done", "tp 2: prefill"]
+    at = [err.find(m) for m in marks]
+    assert all(i >= 0 for i in at) and at == sorted(at), err
+    assert "3/3" in err and res.stdout.splitlines()[-1] == "tp 1,2: logits and tokens bitwise identical"
+
+
+def test_tp_check_defaults_to_generate_and_evals_backend():
+    from requant.backends import default_backend
+    from requant.commands.generate import default_backend as generate_default
+    from requant.eval.lm import default_backend as eval_default
+
+    assert generate_default is eval_default is default_backend
+    assert default_backend("cuda") == "triton" and default_backend("cuda:1") == "triton"
+    assert default_backend("cpu") == "reference-triton-order"
+    res = runner.invoke(app, ["tp-check", "--help"], env={"COLUMNS": "200"})
+    assert "(default: triton on a GPU, reference-triton-order on CPU)" in res.stdout
