@@ -191,4 +191,7 @@ def run_audit(
         result["injection"], result["injection_scorecard"] = score_injection(inj, injection)
     if keep_cells:
         result["cell_results"] = prefill.scorer.rows
+    from requant.audit.report import verdict
+
+    result["verdict"] = verdict(result)[1]  # the culprit named when a kernel breaks its declared order
     return result
