@@ -94,7 +94,6 @@ class Pending:
 
     def __init__(self, regime, segments, cells, packed, k, wt):
         self.regime, self.packed, self.k, self.wt = regime, packed, k, wt
-        self.n_base = sum(c.backend is not None for c in cells)
         self._static: dict = {}  # (check, kernel) -> outcome of a check that reads K and the kernel only
         # keep what resolve reads, not the [R, N] tensors (a window of Linears waits for one read)
         self.segments = [Segment(s.label, s.act, {}) for s in segments]
@@ -251,12 +250,13 @@ class Started:
 
         cells = self.cells
         evidence = []
+        r0_dev = _to_device(torch.tensor(r0, dtype=torch.int64), dev)  # pinned, non-blocking on CUDA
         for b in dict.fromkeys(self.backends):
             kd = backend_kernel(b)
             y = torch.cat([sg.outs[b] for sg in segments]) if n_seg > 1 else segments[0].outs[b]
             cell = _Cell(baseline_variant(b), "B", "none", kd, y, declared(kd.declared_order), None, None, False, b)
             cells[cell.key] = cell
-            evidence.append(_first_difference(y, cell.want, seg, n_seg, self.r0))
+            evidence.append(_first_difference(y, cell.want, seg, n_seg, r0_dev))
         self.evidence = torch.stack(evidence).reshape(-1)  # [baseline cells * S * 5]
         for fam in _EPI:
             kd = FAULT_KERNELS[fam]
@@ -354,7 +354,8 @@ class Started:
 def _first_difference(y, want, seg, n_seg, r0) -> torch.Tensor:
     """[S, 5] per segment: elements of y that differ from `want` (the declared order's output on the
     shared operands; None: no order, nothing counted), and the first of them in row-major order
-    (row within the segment, column, y's bits, want's bits; zeros when none). On the device."""
+    (row within the segment, column, y's bits, want's bits; zeros when none). On the device, no
+    host read; r0: [S] each segment's first row, on the device."""
     r, n = y.shape
     out = torch.zeros(n_seg, 5, dtype=torch.int64, device=y.device)
     if want is None:
@@ -368,7 +369,7 @@ def _first_difference(y, want, seg, n_seg, r0) -> torch.Tensor:
     key = torch.where(ne.any(dim=1), r - rows, 0)
     g = (r - seg_reduce(key.unsqueeze(0), seg, n_seg, "amax")[0]).clamp_(max=r - 1)  # [S] global rows
     c = col[g]
-    out[:, 1] = g - torch.tensor(r0, dtype=torch.int64, device=y.device)
+    out[:, 1] = g - r0
     out[:, 2] = c
     out[:, 3] = yb[g, c].to(torch.int64) & 0xFFFF
     out[:, 4] = wb[g, c].to(torch.int64) & 0xFFFF
