@@ -399,10 +399,14 @@ def _check_limits(config, dev, longest, prompts, phases, batches, decode_tokens,
         # per step both backends' logits rows, and the operands of every Linear (about as many bytes)
         check_generation_memory(config, max(batches), longest + decode_tokens, dev, opt, kept_steps=3 * decode_tokens)
     if inject:
-        n = injection_tokens or DEFAULT_TOKENS["cuda" if str(dev).startswith("cuda") else "cpu"]
+        from requant.audit.phases.injection import runs_per_batch
+
+        cuda = str(dev).startswith("cuda")
+        n = injection_tokens or DEFAULT_TOKENS["cuda" if cuda else "cpu"]
         what = f"the longest audit prompt ({longest} tokens) + {n} injection tokens"
         check_positions(config, longest + n, f"--injection-tokens {n}", what)
-        check_generation_memory(config, prompts, longest + n, dev, f"--injection-tokens {n}", kept_steps=2 * n)
+        rows = prompts * runs_per_batch(prompts, cuda)  # on CUDA the teacher-forced runs go in batches
+        check_generation_memory(config, rows, longest + n, dev, f"--injection-tokens {n}", kept_steps=2 * n)
 
 
 def _parse_phases(phases: str, batches: str, tokens: int) -> tuple[tuple[str, ...], tuple[int, ...]]:
