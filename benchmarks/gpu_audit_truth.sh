@@ -7,20 +7,21 @@
 #   faulty         --backends cutlass,benchmarks._faulty_cutlass:flip_one_at_decode --order cutlass-order
 #                  (CUTLASS with one element one spacing off at M <= 8; exit 1 expected, the verdict
 #                  naming that kernel, decode M=1 and M=8, one element per layer, first at [M-1, N-1])
+# then `--injection` at 1.7B (prefill phase, 32 tokens; on CUDA its 22 runs per regime go as one batch,
+# audit/phases/injection.py; at most 180 s), the audit sizes re-timed with cutlass,triton (audit_0.6b,
+# audit_1.7b, audit_8b), then with what is left
 #   gpu_tests      pytest -m gpu tests/audit/test_batched.py tests/audit/phases/test_injection.py (batched
 #                  = per-cell for both real pairs and cutlass,triton on the tiny synthetic; the injection's
 #                  batched runs = the runs one after another on CUDA)
-# then the audit sizes re-timed with cutlass,triton (audit_0.6b, audit_1.7b, audit_8b), then `--injection`
-# at 1.7B (prefill phase, 32 tokens; on CUDA its 22 runs per regime go as one
-# batch, audit/phases/injection.py), then audit_14b when time is left. From the repository root:
+# and audit_14b. A second call for what a first one skipped: STEPS="build tests" (or "build generate
+# sizes" SIZES="14b 32b"). From the repository root:
 #
 #     OUT=/some/dir bash benchmarks/gpu_audit_truth.sh
 #
 # STEPS (default "build generate pairs tests sizes injection") picks the steps; SIZES (default "0.6b
-# 1.7b 8b") the sizes re-timed before the injection, EXTRA_SIZES (default "14b") after it; TOTAL_S
-# (default 570) the budget: a step that would start with less than its estimate left is skipped
-# (summary.txt says so), and the injection gets what is left, at most 300 s.
-# Each step runs under `timeout` (step in _gpu_common.sh). Checkpoints: $CKPT_ROOT/requant-qwen3-SIZE-
+# 1.7b 8b") the sizes re-timed after the injection, EXTRA_SIZES (default "14b") after the tests;
+# TOTAL_S (default 570) the budget: a step that would start with less than its estimate left is
+# skipped (summary.txt says so). Each step runs under `timeout` (step in _gpu_common.sh). Checkpoints: $CKPT_ROOT/requant-qwen3-SIZE-
 # synthetic (default /tmp), made on the GPU and reused. The device returns few files, so $OUT holds
 # env.txt, timings.txt, summary.txt, README.md and truth.tgz (every step's .log and .json).
 set -uo pipefail
@@ -72,11 +73,6 @@ if has pairs; then
     budget faulty 40 && audit faulty 1.7b 150 \
         --backends cutlass,benchmarks._faulty_cutlass:flip_one_at_decode --order cutlass-order
 fi
-if has tests; then
-    budget gpu_tests 60 && step gpu_tests 180 bash -c "python3 -m pytest -q -m gpu -p no:cacheprovider \
-        tests/audit/test_batched.py tests/audit/phases/test_injection.py > '$W/gpu_tests.log' 2>&1; rc=\$?; \
-        tail -n 5 '$W/gpu_tests.log'; exit \$rc"
-fi
 sizes() {  # sizes SIZE...: each generated when missing, then audited with cutlass,triton (the defaults)
     local size gen est
     for size in "$@"; do
@@ -85,15 +81,17 @@ sizes() {  # sizes SIZE...: each generated when missing, then audited with cutla
         budget "audit_$size" "$est" && audit "audit_$size" "$size" $((est * 4)) --backends cutlass,triton
     done
 }
+if has injection; then  # at most 180 s: before the change one regime took 128 s one run after another
+    budget injection_1.7b 60 && audit injection_1.7b 1.7b 180 --backends cutlass,triton --phases prefill \
+        --injection --injection-tokens 32
+fi
 has sizes && sizes $SIZES
-if has injection; then
-    lim=$(($(left) - 15))
-    [ "$lim" -gt 300 ] && lim=300
-    if [ "$lim" -ge 60 ]; then  # a cut run leaves its log (the phase lines)
-        audit injection_1.7b 1.7b "$lim" --backends cutlass,triton --phases prefill --injection --injection-tokens 32
-    else
-        skip injection_1.7b "$(left) s left of TOTAL_S=$TOTAL_S"
-    fi
+if has tests; then
+    lim=$(($(left) - 10))
+    [ "$lim" -gt 240 ] && lim=240
+    budget gpu_tests 60 && step gpu_tests "$lim" bash -c "python3 -m pytest -q -m gpu -p no:cacheprovider \
+        tests/audit/test_batched.py tests/audit/phases/test_injection.py > '$W/gpu_tests.log' 2>&1; rc=\$?; \
+        tail -n 5 '$W/gpu_tests.log'; exit \$rc"
 fi
 has sizes && sizes $EXTRA_SIZES
 
