@@ -125,6 +125,7 @@ class Scorer:
         self.fp = 0
         self.fn = 0
         self.e2e_fp_fn = [0, 0]  # the end-to-end part of fp, fn (a kernel fault explains them: summary)
+        self.fault_in_run = False  # a kernel fault proven in another phase of the run (set by the suite)
         self.applicability_mismatches = 0
         self.contradictions: dict = defaultdict(lambda: {"count": 0, "example_layers": []})
         self.detection: dict = {}
@@ -275,9 +276,10 @@ class Scorer:
             for k, v in sorted(self.contradictions.items())
         ]
         fp, fn = self.fp, self.fn
-        if self.kernel_faults:
-            # The end-to-end verdicts compare the pair's logits; with a kernel of the pair proven
-            # faulty they are its consequence, outside the matrix's premise (both kernels legal).
+        if self.kernel_faults or self.fault_in_run:
+            # The end-to-end verdicts compare the pair's logits (decode's include the prefill into
+            # the cache); with a kernel of the pair proven faulty in any phase they are its
+            # consequence, outside the matrix's premise (both kernels legal).
             fp, fn = fp - self.e2e_fp_fn[0], fn - self.e2e_fp_fn[1]
             for c in contradictions:
                 if c["variant"] == "E2E" and c["kind"] in ("false_positive", "false_negative"):

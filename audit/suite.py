@@ -160,6 +160,9 @@ def run_audit(
         previous = linears if cuda else None
         del linears
     layers = len(ckpt.quantized_linears)
+    scorers = [prefill.scorer] + ([decode.scorer] if decode is not None else [])
+    for sc in scorers:  # the end-to-end runs span the phases: a kernel fault in one explains another's
+        sc.fault_in_run = any(o.kernel_faults for o in scorers)
     converted = converted_info(config)
     if converted is not None:
         converted["scales_all_power_of_two"] = prefill.native_pow2_layers == layers
