@@ -82,9 +82,8 @@ def test_a_baseline_row_that_proves_its_kernel_faulty_is_a_kernel_fault_not_fals
     """A baseline cell with kernel-fault evidence (C8's comparison) is grouped per (backend, regime,
     M), first element kept, and not scored; the same row without evidence firing C5 stays a false
     positive; a kernel fault anywhere in the run relabels the end-to-end contradictions."""
-    from requant.audit.scoring import kernel_fault
-
     from requant.audit.matrix import matrix_path
+    from requant.audit.scoring import kernel_fault
 
     m = load_matrix(matrix_path("v2"))
     s = Scorer(m)
