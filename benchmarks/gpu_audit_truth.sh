@@ -13,8 +13,9 @@
 #   gpu_tests      pytest -m gpu tests/audit/test_batched.py tests/audit/phases/test_injection.py (batched
 #                  = per-cell for both real pairs and cutlass,triton on the tiny synthetic; the injection's
 #                  batched runs = the runs one after another on CUDA)
-# and audit_14b. A second call for what a first one skipped: STEPS="build tests" (or "build generate
-# sizes" SIZES="14b 32b"). From the repository root:
+# and audit_14b. A second call for what a first one skipped: STEPS="build tests", STEPS="build generate
+# injection" INJ_SIZES="8b" (the issue's 8B injection), or STEPS="build generate sizes" SIZES="14b 32b".
+# From the repository root:
 #
 #     OUT=/some/dir bash benchmarks/gpu_audit_truth.sh
 #
@@ -32,7 +33,8 @@ if ls .whl/*.whl > /dev/null 2>&1; then  # wheels carried: install them and this
 fi
 STEPS="${STEPS-build generate pairs tests sizes injection}"
 SIZES="${SIZES-0.6b 1.7b 8b}"
-EXTRA_SIZES="${EXTRA_SIZES-14b}"  # after the injection, while time is left
+EXTRA_SIZES="${EXTRA_SIZES-14b}"  # after the tests, while time is left
+INJ_SIZES="${INJ_SIZES-1.7b}"
 TOTAL_S="${TOTAL_S:-570}"
 CKPT_ROOT="${CKPT_ROOT:-/tmp}"
 W="$OUT/truth"
@@ -81,9 +83,12 @@ sizes() {  # sizes SIZE...: each generated when missing, then audited with cutla
         budget "audit_$size" "$est" && audit "audit_$size" "$size" $((est * 4)) --backends cutlass,triton
     done
 }
-if has injection; then  # at most 180 s: before the change one regime took 128 s one run after another
-    budget injection_1.7b 60 && audit injection_1.7b 1.7b 180 --backends cutlass,triton --phases prefill \
-        --injection --injection-tokens 32
+if has injection; then  # at most 180 s each: before the change one regime took 128 s at 1.7B, one run after another
+    for size in $INJ_SIZES; do
+        generate "$size" 60
+        budget "injection_$size" 60 && audit "injection_$size" "$size" 180 --backends cutlass,triton --phases prefill \
+            --injection --injection-tokens 32
+    done
 fi
 has sizes && sizes $SIZES
 if has tests; then
@@ -136,10 +141,12 @@ for size in ("0.6b", "1.7b", "8b", "14b", "32b"):
           f"{r['scorecard']['false_positives']}/{r['scorecard']['false_negatives']}, decode "
           f"{d['scorecard']['false_positives']}/{d['scorecard']['false_negatives']} | "
           + ", ".join(f"{k.removesuffix('_s')} {v}" for k, v in r["timings"].items()) + " |")
-r = load("injection_1.7b")
-if r is not None:
+for size in ("1.7b", "8b"):
+    r = load(f"injection_{size}")
+    if r is None:
+        continue
     c = r["injection_scorecard"]
-    print(f"injection 1.7b: scored {c['scored']}, FP {c['false_positives']} FN {c['false_negatives']}, "
+    print(f"injection {size}: scored {c['scored']}, FP {c['false_positives']} FN {c['false_negatives']}, "
           f"timings {r['timings']}")
     for fam, regs in r["injection"].items():
         print(f"  {fam}: " + "; ".join(
