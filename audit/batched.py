@@ -34,7 +34,7 @@ from requant.audit.faults import (
 )
 from requant.audit.matrix import baseline_variant
 from requant.audit.records import REFERENCE_KERNEL, Activations, KernelDesc, Run, Weights
-from requant.audit.scoring import HIST_BINS, CellResult
+from requant.audit.scoring import HIST_BINS, CellResult, kernel_fault
 from requant.kernels.bf16 import is_power_of_two
 from requant.kernels.reference import epilogue_triton_order
 
@@ -80,6 +80,13 @@ class _Cell:
     c1: torch.Tensor | None  # [S] 0/1 operands differ from the reference's; None: shared operands
     c4: torch.Tensor | None  # [S] 0/1 accumulator differs; None: the reference's own accumulator
     has_acc: bool  # the run hands an accumulator to the checks (C4 applicable if the kernel exposes it)
+    backend: str | None = None  # a baseline cell's backend: its cell, whatever order it declares
+
+    @property
+    def key(self) -> str:
+        """The cell's name within its Linear: a baseline belongs to a backend, not to an order (two
+        backends that declare one order have two cells, and the pair compares theirs)."""
+        return self.variant if self.backend is None else f"B:{self.backend}"
 
 
 class Pending:
@@ -91,7 +98,7 @@ class Pending:
         # keep what resolve reads, not the [R, N] tensors (a window of Linears waits for one read)
         self.segments = [Segment(s.label, s.act, {}) for s in segments]
         self.cells = [
-            _Cell(c.variant, c.family, c.severity, c.kernel, None, c.want is not None, None, None, c.has_acc)
+            _Cell(c.variant, c.family, c.severity, c.kernel, None, c.want is not None, None, None, c.has_acc, c.backend)
             for c in cells
         ]
 
@@ -102,7 +109,9 @@ class Pending:
         n_seg = len(self.segments)
         pow2 = bool(values[0])
         pair = values[1 : 1 + 2 * n_seg]
-        stats = values[1 + 2 * n_seg :]
+        end = 1 + 2 * n_seg + len(self.cells) * n_seg * _STAT
+        stats = values[1 + 2 * n_seg : end]
+        evidence = values[end:]  # [baseline cell, S, 5]: differing elements, first row, column, bits
         out = []
         for s, seg in enumerate(self.segments):
             m = seg.act.a.shape[0]
@@ -113,7 +122,12 @@ class Pending:
             for c, cell in enumerate(self.cells):
                 base = (c * n_seg + s) * _STAT
                 st = stats[base : base + _STAT]
-                cells.append(self._cell(seg, cell, st, pow2, checks))
+                res = self._cell(seg, cell, st, pow2, checks)
+                if cell.backend is not None:  # the baseline cells come first (finish's order)
+                    count, *first = evidence[(c * n_seg + s) * 5 : (c * n_seg + s + 1) * 5]
+                    res.backend = cell.backend
+                    res.fault = kernel_fault(res.outcomes, m, count, tuple(first) if count else None)
+                cells.append(res)
             out.append((row, cells))
         return out
 
@@ -235,12 +249,15 @@ class Started:
         pct = dict(zip(_EPI, pct_list))
 
         cells = self.cells
+        evidence = []
+        r0_dev = _to_device(torch.tensor(r0, dtype=torch.int64), dev)  # pinned, non-blocking on CUDA
         for b in dict.fromkeys(self.backends):
             kd = backend_kernel(b)
             y = torch.cat([sg.outs[b] for sg in segments]) if n_seg > 1 else segments[0].outs[b]
-            cells[baseline_variant(b)] = _Cell(
-                baseline_variant(b), "B", "none", kd, y, declared(kd.declared_order), None, None, False
-            )
+            cell = _Cell(baseline_variant(b), "B", "none", kd, y, declared(kd.declared_order), None, None, False, b)
+            cells[cell.key] = cell
+            evidence.append(_first_difference(y, cell.want, seg, n_seg, r0_dev))
+        self.evidence = torch.stack(evidence).reshape(-1)  # [baseline cells * S * 5]
         for fam in _EPI:
             kd = FAULT_KERNELS[fam]
             y_pct = ref_y.clone().reshape(-1)
@@ -264,8 +281,9 @@ class Started:
         kd = FAULT_KERNELS["F8"]  # the reference pipeline itself: its output is ref_y's computation
         cells["F8.all"] = _Cell("F8.all", "F8", "all", kd, ref_y, declared(kd.declared_order), None, None, True)
         cells.update(_operand_faults_bc(a, s_a, acc, wt, pct_f9, seg, n_seg))
-        y_a = cells[baseline_variant(self.backends[0])].y
-        y_b = cells[baseline_variant(self.backends[1])].y
+        # the pair compares its two backends' outputs (their own cells; one cell when A is B)
+        y_a = cells[f"B:{self.backends[0]}"].y
+        y_b = cells[f"B:{self.backends[1]}"].y
         self.pair_stats = cell_stats(y_b.unsqueeze(0), y_a, seg, n_seg, hist=False)[0, :, :2].reshape(-1)  # [S * 2]
         self.pow2 = is_power_of_two(wt.s_w).all().to(torch.int64).reshape(1)
         self._stats_of(list(cells.values()))
@@ -303,7 +321,7 @@ class Started:
                 flags.append(torch.stack([c1, c4, c8], dim=1))  # [S, 3]
             full = torch.cat([st[:, :, :2], torch.stack(flags), st[:, :, 2:]], dim=2)  # [C, S, _STAT]
             for c, block in zip(chunk, full.unbind(0)):
-                self.stat_of[c.variant] = block
+                self.stat_of[c.key] = block
                 # the [R, N] tensors are done with (the next Linear is queued before finish)
                 c.y, c.want = None, (None if c.want is None else True)
 
@@ -326,11 +344,36 @@ class Started:
             new.append(_Cell(f"{fam}.one", fam, "one", kd, y, self.declared(kd.declared_order), None, None, True))
         new.append(_operand_fault_a(self.s_a, self.acc, self.wt, plans[5], self.seg, n_seg))
         for c in new:
-            self.cells[c.variant] = c
+            self.cells[c.key] = c
         self._stats_of(new)
-        order = [baseline_variant(b) for b in dict.fromkeys(self.backends)] + [v.id for v in VARIANTS]
-        packed = torch.cat([self.pow2, self.pair_stats, *(self.stat_of[v].reshape(-1) for v in order)])
+        order = [f"B:{b}" for b in dict.fromkeys(self.backends)] + [v.id for v in VARIANTS]
+        packed = torch.cat([self.pow2, self.pair_stats, *(self.stat_of[v].reshape(-1) for v in order), self.evidence])
         return Pending(regime, segments, [self.cells[v] for v in order], packed, self.wt.w.shape[1], self.wt)
+
+
+def _first_difference(y, want, seg, n_seg, r0) -> torch.Tensor:
+    """[S, 5] per segment: elements of y that differ from `want` (the declared order's output on the
+    shared operands; None: no order, nothing counted), and the first of them in row-major order
+    (row within the segment, column, y's bits, want's bits; zeros when none). On the device, no
+    host read; r0: [S] each segment's first row, on the device."""
+    r, n = y.shape
+    out = torch.zeros(n_seg, 5, dtype=torch.int64, device=y.device)
+    if want is None:
+        return out
+    yb, wb = y.view(torch.int16), want.view(torch.int16)
+    ne = yb != wb  # [R, N]
+    out[:, 0] = seg_reduce(ne.sum(dim=1).unsqueeze(0), seg, n_seg, "sum")[0]
+    col = ne.to(torch.uint8).argmax(dim=1)  # the first differing column of each row (0 where none)
+    rows = torch.arange(r, device=y.device)
+    # the first differing row of each segment: the largest r - row among rows that differ (0: none)
+    key = torch.where(ne.any(dim=1), r - rows, 0)
+    g = (r - seg_reduce(key.unsqueeze(0), seg, n_seg, "amax")[0]).clamp_(max=r - 1)  # [S] global rows
+    c = col[g]
+    out[:, 1] = g - r0
+    out[:, 2] = c
+    out[:, 3] = yb[g, c].to(torch.int64) & 0xFFFF
+    out[:, 4] = wb[g, c].to(torch.int64) & 0xFFFF
+    return out
 
 
 def _to_device_many(host: list[torch.Tensor], dev: torch.device) -> list[torch.Tensor]:

@@ -19,12 +19,12 @@ import torch
 
 from requant import kernels
 from requant.audit.batched import Pending, Read, Segment, Started, per_cell_forced, start_linear
-from requant.audit.checks import CHECK_IDS, run_checks
+from requant.audit.checks import CHECK_IDS, declared_output, run_checks
 from requant.audit.compare import compare_layer
 from requant.audit.faults import VARIANTS, LayerCase, inject, reference_case
 from requant.audit.matrix import REGIMES, baseline_variant
 from requant.audit.records import BACKEND_KERNELS, Activations, KernelDesc, Run, Weights, output_distance, output_equal
-from requant.audit.scoring import CellResult, Scorer, ulp_histogram
+from requant.audit.scoring import CellResult, Scorer, kernel_fault, ulp_histogram
 
 CELLS_PER_LAYER = len(VARIANTS) * len(REGIMES)
 
@@ -62,11 +62,37 @@ def layer_cells(
         outs = {b: kernels.scaled_mm(act.a, wt.w, act.s_a, wt.s_w, backend=b) for b in dict.fromkeys(backends)}
     row = compare_layer(name, regime, outs[backends[0]], outs[backends[1]], case.shape)
     cells = [
-        evaluate_cell(case, baseline_variant(b), "B", "none", Run(act, wt, None, outs[b], backend_kernel(b)), checks)
-        for b in dict.fromkeys(backends)
+        baseline_cell(case, b, Run(act, wt, None, outs[b], backend_kernel(b)), checks) for b in dict.fromkeys(backends)
     ]
     cells += [evaluate_cell(case, v.id, v.family, v.severity, inject(v, case), checks) for v in VARIANTS]
     return row, cells
+
+
+def baseline_cell(case: LayerCase, backend: str, run: Run, checks=CHECK_IDS) -> CellResult:
+    """The baseline row of one backend (the kernel under test, no fault): its cell, named by the
+    backend, with its kernel-fault evidence (scoring.kernel_fault) against its declared order."""
+    cell = evaluate_cell(case, baseline_variant(backend), "B", "none", run, checks)
+    cell.backend = backend
+    cell.fault = kernel_fault(cell.outcomes, run.act.a.shape[0], *declared_difference(case.ref, run))
+    return cell
+
+
+def declared_difference(ref: Run, run: Run) -> tuple[int, tuple[int, int, int, int] | None]:
+    """(elements of the run's output that differ from its declared order emulated on its own
+    operands, (row, column, got bits, want bits) of the first in row-major order); (0, None)
+    for a kernel that declares no order."""
+    order = run.kernel.declared_order
+    if order is None:
+        return 0, None
+    want = declared_output(ref, run, order)
+    if want.shape != run.y.shape or want.dtype != run.y.dtype:
+        return max(want.numel(), 1), None
+    ne = want.view(torch.int16) != run.y.view(torch.int16)
+    if not bool(ne.any()):
+        return 0, None
+    idx = int(ne.reshape(-1).nonzero()[0])
+    r, c = divmod(idx, want.shape[1])
+    return int(ne.sum()), (r, c, int(run.y.view(torch.int16)[r, c]), int(want.view(torch.int16)[r, c]))
 
 
 def audit_layer(

@@ -17,7 +17,16 @@ from requant.evidence.identity import markdown_lines as identity_lines
 from requant.io.output import json_bytes, write_files_atomic, write_json_atomic
 from requant.models.tokenizer import summary as tokenizer_summary
 
-__all__ = ["REPORT_FILES", "markdown", "matrix_warning", "report_items", "write_json", "write_report"]
+__all__ = [
+    "REPORT_FILES",
+    "kernel_faults",
+    "markdown",
+    "matrix_warning",
+    "report_items",
+    "verdict",
+    "write_json",
+    "write_report",
+]
 
 
 def matrix_warning(result: dict) -> str | None:
@@ -28,6 +37,72 @@ def matrix_warning(result: dict) -> str | None:
     return (
         f"WARNING: the prediction matrix digest {card['matrix_sha256']} is NOT the pinned {pin}; "
         "this run was scored against an unpinned matrix."
+    )
+
+
+def kernel_faults(result: dict) -> list[dict]:
+    """Every phase's kernel-fault groups (scoring.Scorer: one per backend, regime and M whose
+    baseline cells prove the kernel faulty), each with its phase, prefill first."""
+    out = [dict(g, phase="prefill") for g in result.get("kernel_faults") or []]
+    out += [dict(g, phase="decode") for g in (result.get("decode") or {}).get("kernel_faults") or []]
+    return out
+
+
+def _culprit(backend: str, groups: list[dict], result: dict) -> str:
+    """One kernel's fault in a clause: its declared order, the checks, each (phase, M) with its layers
+    and elements (regimes summed), and the first differing element."""
+    order = ((result.get("kernels") or {}).get("backends") or {}).get(backend, {}).get("declares")
+    where: dict = {}
+    for g in groups:
+        w = where.setdefault((g["phase"], g["m"]), [0, 0])
+        w[0] += g["layers"]
+        w[1] += g["elements"]
+    checks = sorted({c for g in groups for c in g["checks"]})
+    first = next((g for g in groups if g["first"] is not None), None)
+    line = (
+        f"kernel {backend} is faulty: {'its output differs from its declared ' + str(order) + ' on its own operands' if 'C8' in checks else 'a check proves it'}"
+        f" ({', '.join(checks)}) in "
+        + ", ".join(f"{ph} M={m} ({n} layers, {e} elements)" for (ph, m), (n, e) in where.items())
+    )
+    if first is not None:
+        f = first["first"]
+        line += (
+            f"; first: {first['phase']} M={first['m']} {first['regime']} {f['layer']} element "
+            f"[{f['index'][0]}, {f['index'][1]}] (got {f['got']}, want {f['want']})"
+        )
+    if backend == (result.get("backends") or [None])[0]:
+        # the cells and the faults run on what its forward made: checks may then miss (a false negative)
+        line += "; it is the capture backend: every cell ran on operands its forward made"
+    return line
+
+
+def verdict(result: dict) -> tuple[bool, str]:
+    """(passed, the one-line verdict). Passed: every scorecard pinned, no false positive or negative,
+    no kernel fault, every pow2 layer bitwise equal, in prefill and (when run) in decode; the
+    injection's scorecard the same way. A kernel fault is named first (the culprit), then the
+    other failures; docs/audit.md ("The verdict")."""
+    faults = kernel_faults(result)
+    parts = []
+    for b in dict.fromkeys(g["backend"] for g in faults):
+        parts.append(_culprit(b, [g for g in faults if g["backend"] == b], result))
+    phases = [("prefill", result)] + ([("decode", result["decode"])] if result.get("decode") else [])
+    for name, ph in phases:
+        card, pow2 = ph["scorecard"], ph["per_layer_summary"]["pow2"]
+        if not card["matrix_pinned"]:
+            parts.append(f"{name} scored against an unpinned matrix")
+        if card["false_positives"] or card["false_negatives"]:
+            parts.append(
+                f"{name}: {card['false_positives']} false positives, {card['false_negatives']} false negatives"
+            )
+        if pow2["bitwise_equal"] != pow2["layers"]:
+            parts.append(f"{name}: pow2 {pow2['bitwise_equal']}/{pow2['layers']} layers bitwise equal")
+    inj = result.get("injection_scorecard")
+    if inj is not None and not (inj["matrix_pinned"] and inj["false_positives"] == 0 and inj["false_negatives"] == 0):
+        parts.append(f"injection: {inj['false_positives']} false positives, {inj['false_negatives']} false negatives")
+    if parts:
+        return False, "audit failed: " + "; ".join(parts)
+    return True, (
+        f"audit passed: {result['per_layer_summary']['line']}; no false positive or negative, no kernel fault"
     )
 
 
@@ -43,6 +118,8 @@ def markdown(result: dict, command: str | None = None) -> str:
         lines += [f"**{warn}**", ""]
     if command:
         lines += ["```bash", command, "```", ""]
+    if result.get("verdict"):
+        lines += [f"**{result['verdict']}**", ""]
     lines += [
         f"- checkpoint: `{result['checkpoint']}`",
         f"- backends: `{result['backends'][0]}` vs `{result['backends'][1]}` on `{result['device']}`",

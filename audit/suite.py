@@ -160,6 +160,9 @@ def run_audit(
         previous = linears if cuda else None
         del linears
     layers = len(ckpt.quantized_linears)
+    scorers = [prefill.scorer] + ([decode.scorer] if decode is not None else [])
+    for sc in scorers:  # the end-to-end runs span the phases: a kernel fault in one explains another's
+        sc.fault_in_run = any(o.kernel_faults for o in scorers)
     converted = converted_info(config)
     if converted is not None:
         converted["scales_all_power_of_two"] = prefill.native_pow2_layers == layers
@@ -191,4 +194,7 @@ def run_audit(
         result["injection"], result["injection_scorecard"] = score_injection(inj, injection)
     if keep_cells:
         result["cell_results"] = prefill.scorer.rows
+    from requant.audit.report import verdict
+
+    result["verdict"] = verdict(result)[1]  # the culprit named when a kernel breaks its declared order
     return result

@@ -3,7 +3,7 @@ cell, on one checkpoint: both runs of requant.audit.suite.run_audit keep every c
 decode (keep_cells="all"), and every key of the two results is compared except wall times and peak
 memory. Prints one line per run and "equal" or the first differing key; exit 0 when equal, 1 otherwise.
 
-    python3 -m benchmarks.audit_equality CKPT [--backends cutlass,triton] [--prompts 8]
+    python3 -m benchmarks.audit_equality CKPT [--backends cutlass,triton] [--order ORDER] [--matrix v2] [--prompts 8]
         [--decode-batches 1,8] [--decode-tokens 1] [--device cuda] [--json OUT]
 """
 
@@ -49,6 +49,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("ckpt")
     ap.add_argument("--backends", default="cutlass,triton")
+    ap.add_argument("--matrix", default="v2", help="v1..v4, as requant audit --matrix (default v2, as the command)")
+    ap.add_argument("--order", default=None, help="the order of a MODULE:FUNCTION member (requant audit --order)")
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--decode-batches", default="1,8")
     ap.add_argument("--decode-tokens", type=int, default=1)
@@ -56,8 +58,9 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
     from requant.audit.batched import PER_CELL_ENV
+    from requant.audit.matrix import load_matrix, matrix_path
     from requant.audit.suite import run_audit
-    from requant.backends import parse_backends
+    from requant.backends import declare_orders, is_custom, parse_backends
     from requant.checkpoint import open_checkpoint
     from requant.tokenizer import byte_ids_allowed
 
@@ -67,8 +70,11 @@ def main(argv=None) -> int:
         decode_batches=tuple(int(b) for b in a.decode_batches.split(",")),
         decode_steps=a.decode_tokens,
         keep_cells="all",
+        matrix=load_matrix(matrix_path(a.matrix)),
     )
     pair = parse_backends(a.backends)
+    if any(is_custom(b) for b in pair):
+        declare_orders(pair, a.order, a.device)  # --order, or conform's fingerprint
     runs = {}
     with byte_ids_allowed():
         for name, env in (("per-cell", "1"), ("batched", "0")):

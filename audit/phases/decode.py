@@ -21,6 +21,7 @@ from requant.audit.cells import LinearQueue, backend_kernel
 from requant.audit.checks import c7_token_risk, token_risk
 from requant.audit.compare import summarize_layers
 from requant.audit.matrix import Matrix
+from requant.audit.phases.prefill import kernel_faults_markdown
 from requant.audit.records import Run, Weights
 from requant.audit.scoring import Scorer
 from requant.io.markdown import table
@@ -188,6 +189,7 @@ def decode_markdown(result: dict) -> list[str]:
         p = pdet.get((variant, regime), {"detected": "-", "observable": "-"})
         rows.append([variant, regime, f"{p['detected']}/{p['observable']}", f"{d['detected']}/{d['observable']}"])
     lines += table(["variant", "regime", "prefill detected/observable", "decode detected/observable"], rows)
+    lines += kernel_faults_markdown(dec.get("kernel_faults"), "decode")
     e2e = dec.get("end_to_end") or {}
     if e2e:
         lines += ["", "Decode end to end (C7 on the pair's decode logits, same tokens fed):", ""]

@@ -40,20 +40,56 @@ __all__ = [
 INJECTOR = "audit-fault-injector"
 SCOPES = ("all", "one_layer")
 DEFAULT_TOKENS = {"cpu": 8, "cuda": 32}
+RUNS = 22  # teacher-forced runs per regime: 11 fault kernels x 2 scopes
+BATCH_ROWS = 256  # batched (CUDA): runs per batch so that runs x prompts stays within this (one run at least)
+
+
+def runs_per_batch(prompts: int, batched: bool) -> int:
+    """How many of the RUNS teacher-forced runs go in one batch of prompts x that many rows."""
+    return max(1, min(RUNS, BATCH_ROWS // max(prompts, 1))) if batched else 1
 
 
 class FaultInjector:
-    """fn(a, w, s_a, s_w): the fault kernel for weights in `targets` (by data_ptr), else the base."""
+    """fn(a, w, s_a, s_w): the fault kernel for weights in `targets` (by data_ptr), else the base.
+    With `blocks` ([(fault, targets)], one per run), the rows are that many equal blocks, one run's
+    each (_teacher_forced_blocks): a block's fault kernel sees its block's rows alone, exactly the
+    call its own run would make; the other blocks' rows go through the base in one call (every
+    backend computes a row from that row alone: exact int32 accumulator, elementwise epilogue)."""
 
     def __init__(self, base: str):
         self.base = base
         self.fault = None
         self.targets: set[int] = set()
+        self.blocks: list | None = None
+        self._rest: dict = {}  # (rows per block, faulted blocks) -> index of the base rows, on the device
 
     def __call__(self, a, w, s_a, s_w):
+        if self.blocks is not None:
+            return self._by_block(a, w, s_a, s_w)
         if self.fault is not None and w.data_ptr() in self.targets:
             return self.fault(a, w, s_a, s_w)
         return kernels.scaled_mm(a, w, s_a, s_w, backend=self.base)
+
+    def _by_block(self, a, w, s_a, s_w):
+        n = len(self.blocks)
+        r, left = divmod(a.shape[0], n)
+        assert left == 0, (a.shape, n)
+        ptr = w.data_ptr()
+        hit = tuple(j for j, (_, targets) in enumerate(self.blocks) if ptr in targets)
+        if not hit:
+            return kernels.scaled_mm(a, w, s_a, s_w, backend=self.base)
+        out = torch.empty(a.shape[0], w.shape[0], dtype=torch.bfloat16, device=a.device)
+        for j in hit:
+            rows = slice(j * r, (j + 1) * r)
+            out[rows] = self.blocks[j][0](a[rows], w, s_a[rows], s_w)
+        if len(hit) < n:
+            key = (r, hit)
+            if key not in self._rest:
+                idx = [i for j in range(n) if j not in hit for i in range(j * r, (j + 1) * r)]
+                self._rest[key] = torch.tensor(idx, dtype=torch.long).to(a.device)
+            idx = self._rest[key]
+            out[idx] = kernels.scaled_mm(a[idx], w, s_a[idx], s_w, backend=self.base)
+        return out
 
 
 def base_backend(backends: tuple[str, str]) -> str:
@@ -148,9 +184,35 @@ def lean_faults(acc_fn, f6_fn) -> dict:
     return {f: wrap(VARIANT_BY_ID[_VARIANT_OF[f]]) for f in FAULTS}
 
 
-def run_injection(model, token_lists, backends: tuple[str, str], tokens: int | None = None, prompts: int | None = None):
-    """Every fault kernel in both scopes on one regime's model: {fault: {scope: measures}}."""
+def _teacher_forced_blocks(m, injector, tensors, tokens, ref_tokens, runs) -> list[list[torch.Tensor]]:
+    """The teacher-forced runs `runs` ([(fault kernel, targets)]) as one batch: the prompts once per
+    run, each run's block of rows faulted by its own kernel (FaultInjector.blocks). The logits per
+    step of each run, the same bits as running it alone: the reference engine computes every row
+    from its own sequence (batch-invariant by construction: runtime/ops.py), each block's fault
+    kernel is called on exactly the rows its own run would pass, and the base on the rest."""
+    n, b = len(runs), len(tensors)
+    injector.blocks = list(runs)
+    try:
+        fed = [torch.cat([t] * n) for t in ref_tokens]
+        logits, _ = _greedy(m, tensors * n, tokens, fed=fed)
+    finally:
+        injector.blocks = None
+    return [[x[j * b : (j + 1) * b] for x in logits] for j in range(n)]
+
+
+def run_injection(
+    model,
+    token_lists,
+    backends: tuple[str, str],
+    tokens: int | None = None,
+    prompts: int | None = None,
+    batched: bool | None = None,
+):
+    """Every fault kernel in both scopes on one regime's model: {fault: {scope: measures}}.
+    batched (default: on CUDA): the 22 teacher-forced runs as one batch (_teacher_forced_blocks),
+    the same JSON; without, one after another (the oracle: tests/audit/phases/test_injection.py)."""
     tokens = tokens or DEFAULT_TOKENS["cuda" if model.device.type == "cuda" else "cpu"]
+    batched = model.device.type == "cuda" if batched is None else batched
     toks = token_lists if prompts is None else token_lists[:prompts]
     injector = FaultInjector(base_backend(backends))
     kernels.register_scaled_mm(INJECTOR, injector, order="triton-order")
@@ -163,12 +225,20 @@ def run_injection(model, token_lists, backends: tuple[str, str], tokens: int | N
             "one_layer": {m.linears[n][0].data_ptr() for n in one_layer_names(m)},
         }
         out = {}
-        for fault, fn in device_faults(model.device).items():
-            out[fault] = {}
-            for scope, targets in scopes.items():
-                injector.fault, injector.targets = fn, targets
+        runs = [(fault, scope, fn) for fault, fn in device_faults(model.device).items() for scope in scopes]
+        blocks = []
+        if batched:
+            per = runs_per_batch(len(tensors), True)
+            for g in range(0, len(runs), per):
+                group = [(fn, scopes[scope]) for _, scope, fn in runs[g : g + per]]
+                blocks += _teacher_forced_blocks(m, injector, tensors, tokens, ref_tokens, group)
+        for i, (fault, scope, fn) in enumerate(runs):
+            if batched:
+                logits = blocks[i]
+            else:
+                injector.fault, injector.targets = fn, scopes[scope]
                 logits, _ = _greedy(m, tensors, tokens, fed=ref_tokens)
-                out[fault][scope] = _measure(ref_logits, ref_tokens, logits)
+            out.setdefault(fault, {})[scope] = _measure(ref_logits, ref_tokens, logits)
         injector.fault = None
         return {
             "faults": out,

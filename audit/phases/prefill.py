@@ -23,7 +23,15 @@ from requant.audit.scoring import HIST_BINS, Scorer, bin_label
 from requant.io.markdown import table
 from requant.kernels.bf16 import is_power_of_two
 
-__all__ = ["PrefillPhase", "plot_heatmap", "plot_histograms", "pow2_native_note", "prefill_markdown", "scope_note"]
+__all__ = [
+    "PrefillPhase",
+    "kernel_faults_markdown",
+    "plot_heatmap",
+    "plot_histograms",
+    "pow2_native_note",
+    "prefill_markdown",
+    "scope_note",
+]
 
 
 class PrefillPhase:
@@ -197,11 +205,34 @@ def prefill_markdown(result: dict) -> list[str]:
     for b in result["baseline"]:
         fired = ", ".join(f"{c}:{o['fire']}" for c, o in b["outcomes"].items() if o["fire"]) or "none"
         na = ", ".join(c for c, o in b["outcomes"].items() if o["not_applicable"]) or "-"
-        rows.append([b["variant"], b["regime"], b["cells"], b["differing_cells"], b["max_ulp"], fired, na])
+        rows.append(
+            [
+                f"`{b.get('backend')}`",
+                b["variant"],
+                b["regime"],
+                b["cells"],
+                b["differing_cells"],
+                b.get("kernel_fault_cells", 0),
+                b["max_ulp"],
+                fired,
+                na,
+            ]
+        )
     lines += table(
-        ["row", "regime", "layers", "layers differing from reference", "max ULP", "checks fired", "not applicable"],
+        [
+            "backend",
+            "row",
+            "regime",
+            "layers",
+            "layers differing from reference",
+            "layers breaking the declared order",
+            "max ULP",
+            "checks fired",
+            "not applicable",
+        ],
         rows,
     )
+    lines += kernel_faults_markdown(result.get("kernel_faults"), "prefill")
     lines += ["", "## Largest distance per fault family (bf16 spacings)", ""]
     lines += table(
         ["fault", "what", "max ULP"], [[f, FAMILY_TITLES[f], u] for f, u in result["max_ulp_by_fault"].items()]
@@ -233,6 +264,38 @@ def prefill_markdown(result: dict) -> list[str]:
         ],
     )
     return lines + [""]
+
+
+def kernel_faults_markdown(groups: list | None, phase: str) -> list[str]:
+    """The kernel faults of one phase (scoring.Scorer's kernel_faults): which kernel, regime and M,
+    how many layers and elements break its declared order, and the first of them."""
+    if not groups:
+        return []
+    lines = [
+        "",
+        f"**Kernel faults ({phase})**: a backend's own output differs from its declared order emulated on its "
+        "own operands (C8), or C1/C4 fire on it. These are faults of the kernel, not false positives; its "
+        "baseline cells are not scored against the matrix.",
+        "",
+    ]
+    return lines + table(
+        ["backend", "regime", "M", "layers", "elements", "checks", "first differing element"],
+        [
+            [
+                f"`{g['backend']}`",
+                g["regime"],
+                g["m"],
+                g["layers"],
+                g["elements"],
+                ", ".join(g["checks"]),
+                "-"
+                if g["first"] is None
+                else f"{g['first']['layer']} [{g['first']['index'][0]}, {g['first']['index'][1]}]: "
+                f"got {g['first']['got']}, want {g['first']['want']}",
+            ]
+            for g in groups
+        ],
+    )
 
 
 def plot_heatmap(result: dict, path: Path) -> Path:

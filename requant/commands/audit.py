@@ -117,6 +117,7 @@ def _print_summary(result: dict) -> None:
         for b, sm in dec["per_layer_summary"]["by_batch"].items():
             print(f"per layer, decode M={b} ({dec['steps']} steps): {sm['line']}")
     _print_rest(result)
+    print(result["verdict"])  # last: the one line that says pass, or which kernel failed and where
 
 
 def _print_detection(detection: list, title: str) -> None:
@@ -385,18 +386,12 @@ def _fail_fingerprint(fail: dict, custom: dict, ckpt, spec: str, pair, dev: str,
 
 
 def audit_passed(result: dict) -> bool:
-    """Exit 0: every scorecard pinned, no false positive or negative, every pow2 layer bitwise
-    equal, in prefill and (when run) in decode; the injection's scorecard the same way."""
-    parts = [(result["scorecard"], result["per_layer_summary"])]
-    if result.get("decode"):
-        parts.append((result["decode"]["scorecard"], result["decode"]["per_layer_summary"]))
-    for card, summary in parts:
-        if not (card["matrix_pinned"] and card["false_positives"] == 0 and card["false_negatives"] == 0):
-            return False
-        if summary["pow2"]["bitwise_equal"] != summary["pow2"]["layers"]:
-            return False
-    inj = result.get("injection_scorecard")
-    return inj is None or (inj["matrix_pinned"] and inj["false_positives"] == 0 and inj["false_negatives"] == 0)
+    """Exit 0: every scorecard pinned, no false positive or negative, no kernel fault, every pow2
+    layer bitwise equal, in prefill and (when run) in decode; the injection's scorecard the same
+    way (requant.audit.report.verdict)."""
+    from requant.audit.report import verdict
+
+    return verdict(result)[0]
 
 
 def _check_limits(config, dev, longest, prompts, phases, batches, decode_tokens, inject, injection_tokens) -> None:
@@ -411,10 +406,14 @@ def _check_limits(config, dev, longest, prompts, phases, batches, decode_tokens,
         # per step both backends' logits rows, and the operands of every Linear (about as many bytes)
         check_generation_memory(config, max(batches), longest + decode_tokens, dev, opt, kept_steps=3 * decode_tokens)
     if inject:
-        n = injection_tokens or DEFAULT_TOKENS["cuda" if str(dev).startswith("cuda") else "cpu"]
+        from requant.audit.phases.injection import runs_per_batch
+
+        cuda = str(dev).startswith("cuda")
+        n = injection_tokens or DEFAULT_TOKENS["cuda" if cuda else "cpu"]
         what = f"the longest audit prompt ({longest} tokens) + {n} injection tokens"
         check_positions(config, longest + n, f"--injection-tokens {n}", what)
-        check_generation_memory(config, prompts, longest + n, dev, f"--injection-tokens {n}", kept_steps=2 * n)
+        rows = prompts * runs_per_batch(prompts, cuda)  # on CUDA the teacher-forced runs go in batches
+        check_generation_memory(config, rows, longest + n, dev, f"--injection-tokens {n}", kept_steps=2 * n)
 
 
 def _parse_phases(phases: str, batches: str, tokens: int) -> tuple[tuple[str, ...], tuple[int, ...]]:

@@ -486,6 +486,10 @@ def audit_ok(data: dict) -> str | None:
             bad.append(f"decode: {dc['false_positives']} false positives and {dc['false_negatives']} false negatives")
         if dp["bitwise_equal"] != dp["layers"]:
             bad.append(f"decode: only {dp['bitwise_equal']}/{dp['layers']} pow2 layer-steps are bitwise equal")
+    # a kernel that breaks its declared order is not scored as false positives (docs/audit.md, "The verdict")
+    faults = (card.get("kernel_faults") or 0) + ((dec or {}).get("scorecard", {}).get("kernel_faults") or 0)
+    if faults:
+        bad.append(f"a kernel breaks its declared order in {faults} layers ({data.get('verdict')})")
     return "; ".join(bad) or None
 
 

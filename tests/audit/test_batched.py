@@ -100,13 +100,16 @@ def test_other_pairs_checks_and_a_faulty_backend_equal_cell_by_cell(wrong_kernel
         (("reference-cutlass-order", wrong_kernel), CHECKS_V2),
         (REFERENCE_PAIR, CHECKS_V1),
         (("reference-triton-order", "reference-triton-order"), CHECKS_V2),
+        ((wrong_kernel, "reference-triton-order"), CHECKS_V2),  # one order twice: two cells, compared
     ]:
         want = _compare("pow2", labelled, wt, backends, checks)
         if wrong_kernel in backends:  # its baseline row fires at M <= 8 (C5, C8), not at M = 24
-            fired = [cells[1].outcomes["C5"] for _, cells in want]
-            assert (
-                fired == ["silent", "fire", "silent"] and want[0][1][1].variant == "B.triton-order"
-            )  # M = 1: zero scales
+            i = backends.index(wrong_kernel)
+            fired = [cells[i].outcomes["C5"] for _, cells in want]
+            assert fired == ["silent", "fire", "silent"]  # M = 1: zero scales
+            assert want[0][1][i].variant == "B.triton-order" and want[0][1][i].backend == wrong_kernel
+            assert [cells[i].fault is not None for _, cells in want] == [False, True, False]
+            assert [row["bitwise_equal"] for row, _ in want] == [True, False, True]
 
 
 def test_unsuitable_outputs_fall_back_to_the_per_cell_path():
@@ -179,3 +182,30 @@ def test_row_histogram_without_atomics_equals_ulp_histogram_row_by_row():
     for c in range(2):
         for r in range(3):
             assert got[c, r].tolist() == ulp_histogram(dist[c, r])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _sm90(), reason="needs an sm90 GPU (CUTLASS)")
+@pytest.mark.parametrize("pair", [("cutlass", "reference-cutlass-order"), ("triton", "reference-triton-order")])
+def test_gpu_real_kernel_beside_its_emulation(pair, tmp_path, monkeypatch):
+    """A real kernel against the emulation of the order it declares (one order twice: each has its
+    own cells), tiny synthetic, prefill and decode: the batched path equals the per-cell path on every
+    key but timings; both regimes' rows are bitwise equal (the kernel implements its order), and no
+    baseline row proves a kernel fault."""
+    from requant.synthetic import generate
+
+    ckpt = open_checkpoint(generate("tiny", tmp_path / "tiny"))
+    kw = dict(phases=("prefill", "decode"), decode_batches=(1, 8), decode_steps=2, keep_cells="all")
+    kw["matrix"] = load_matrix(matrix_path("v2"))
+    monkeypatch.setenv(PER_CELL_ENV, "1")
+    want = run_audit(ckpt, pair, 8, "cuda", **kw)
+    monkeypatch.delenv(PER_CELL_ENV)
+    got = run_audit(ckpt, pair, 8, "cuda", **kw)
+    for res in (got, want):
+        res.pop("peak_gpu_memory_bytes")
+    assert _strip(got) == _strip(want)
+    for summary in (got["per_layer_summary"], got["decode"]["per_layer_summary"]):
+        assert summary["pow2"]["bitwise_equal"] == summary["pow2"]["layers"]
+        assert summary["native"]["bitwise_equal"] == summary["native"]["layers"]
+    assert got["kernel_faults"] == [] and got["decode"]["kernel_faults"] == []
+    assert {b["backend"] for b in got["baseline"]} == set(pair)

@@ -67,7 +67,17 @@ def test_a_kernel_wrong_only_at_decode_sizes_fails_the_decode_phase(tmp_path):
     assert data["per_layer_summary"]["pow2"]["bitwise_equal"] == data["layers"]
     dec = data["decode"]["per_layer_summary"]["pow2"]
     assert dec["bitwise_equal"] < dec["layers"]
-    assert data["decode"]["scorecard"]["false_positives"] > 0  # the kernel's own baseline row: C5/C8 fire
+    # the kernel's own baseline row proves it faulty (C8): a kernel fault, named, not false positives
+    assert data["decode"]["scorecard"]["false_positives"] == 0 and data["kernel_faults"] == []
+    groups = data["decode"]["kernel_faults"]
+    assert {(g["backend"], g["m"], g["regime"]) for g in groups} == {(WRONG, 1, "native"), (WRONG, 1, "pow2")}
+    for g in groups:
+        assert g["checks"] == ["C8"] and g["layers"] == data["layers"] and g["elements"] > 0
+        got, want = int(g["first"]["got"], 16), int(g["first"]["want"], 16)
+        assert abs(got - want) == 1  # truncation toward zero: one spacing from round-to-nearest-even
+    [line] = [ln for ln in res.stdout.splitlines() if ln.startswith("audit failed")]
+    assert line == data["verdict"] and f"kernel {WRONG} is faulty" in line and "decode M=1" in line
+    assert "declared triton-order" in line and "false positives" not in line
 
 
 def test_bad_custom_kernels_are_usage_errors(tmp_path):
@@ -122,7 +132,9 @@ def test_a_kernel_matching_no_legal_formula_is_a_failed_audit(tmp_path):
     # --order still audits it as that order: it runs, and the native C8 of its baseline fires
     res, data = _run(tmp_path, "--backends", f"reference-cutlass-order,{DOUBLE}", "--order", "triton-order")
     assert res.exit_code == 1 and "per_layer" in data and data["custom_kernels"][DOUBLE]["source"] == "--order"
-    assert data["scorecard"]["false_positives"] > 0
+    assert data["scorecard"]["false_positives"] == 0  # its baseline row is a kernel fault, not a false positive
+    assert {(g["backend"], g["regime"]) for g in data["kernel_faults"]} == {(DOUBLE, "native")}
+    assert data["verdict"].startswith(f"audit failed: kernel {DOUBLE} is faulty")
 
 
 def test_a_kernel_that_cannot_run_stays_exit_2(tmp_path):

@@ -76,3 +76,53 @@ def test_end_to_end_c7_is_scored_against_the_matrix():
     ]
     s.add_end_to_end("C7", "pow2", NOT_APPLICABLE, observable=True)
     assert s.applicability_mismatches == 1
+
+
+def test_a_baseline_row_that_proves_its_kernel_faulty_is_a_kernel_fault_not_false_positives():
+    """A baseline cell with kernel-fault evidence (C8's comparison) is grouped per (backend, regime,
+    M), first element kept, and not scored; the same row without evidence firing C5 stays a false
+    positive; a kernel fault anywhere in the run relabels the end-to-end contradictions."""
+    from requant.audit.matrix import matrix_path
+    from requant.audit.scoring import kernel_fault
+
+    m = load_matrix(matrix_path("v2"))
+    s = Scorer(m)
+    bad = kernel_fault({"C8": FIRE}, 8, 3, (0, 5, 0x3F81, 0x3F80))
+    for layer, fault in (("L0", None), ("L1", bad), ("L2", kernel_fault({"C8": FIRE}, 8, 2, (1, 0, 0, 0x8000)))):
+        c = cell(
+            "B.cutlass-order", "pow2", fault is not None, C5=FIRE if fault else SILENT, C8=FIRE if fault else SILENT
+        )
+        c.layer, c.backend, c.fault = layer, "k", fault
+        s.add(c)
+    out = s.summary()
+    assert out["scorecard"]["false_positives"] == 0 and out["scorecard"]["kernel_faults"] == 2
+    [g] = out["kernel_faults"]
+    assert (g["backend"], g["regime"], g["m"], g["layers"], g["elements"], g["checks"]) == (
+        "k",
+        "pow2",
+        8,
+        2,
+        5,
+        ["C8"],
+    )
+    assert g["first"] == {"layer": "L1", "index": [0, 5], "got": "0x3f81", "want": "0x3f80"}
+    assert [(b["backend"], b["cells"], b["kernel_fault_cells"]) for b in out["baseline"]] == [("k", 3, 2)]
+    legal = Scorer(m)  # C5 firing on a kernel that matches its declared order: a false positive
+    c = cell("B.cutlass-order", "pow2", True, C5=FIRE, C8=SILENT)
+    c.backend = "k"
+    legal.add(c)
+    legal.add_end_to_end("C7", "pow2", FIRE, observable=True)
+    assert legal.summary()["scorecard"]["false_positives"] == 2
+    legal.fault_in_run = True  # a kernel fault proven in another phase: the end-to-end one is its consequence
+    card = legal.summary()["scorecard"]
+    assert card["false_positives"] == 1 and {c["kind"] for c in card["contradictions"]} == {
+        "false_positive",
+        "after_kernel_fault",
+    }
+    assert kernel_fault({"C1": FIRE, "C4": SILENT}, 1, 0, None) == {
+        "m": 1,
+        "checks": ["C1"],
+        "elements": 0,
+        "first": None,
+    }
+    assert kernel_fault({"C8": SILENT}, 1, 0, None) is None

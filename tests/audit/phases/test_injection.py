@@ -138,6 +138,23 @@ def test_device_fault_kernels_on_cuda_give_the_definitions_bits():
             assert torch.equal(fast[f](*ops).view(torch.int16), fn(*ops).view(torch.int16)), (f, m)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(
+    not (torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0)), reason="needs an sm90 GPU"
+)
+def test_batched_runs_on_cuda_equal_the_runs_one_after_another(tmp_path):
+    """CUDA's default (the 22 runs as one batch) against the runs one after another, cutlass,triton
+    on the tiny synthetic, both regimes: every field of the result, bit for bit."""
+    from requant.synthetic import generate
+
+    path = generate("tiny", tmp_path / "tiny")
+    for regime in ("native", "pow2"):
+        model = load_model(path, regime=regime, engine="reference", device="cuda")
+        toks = _tokens(model, 4)
+        one_by_one = run_injection(model, toks, ("cutlass", "triton"), tokens=6, batched=False)
+        assert run_injection(model, toks, ("cutlass", "triton"), tokens=6) == one_by_one
+
+
 def test_injection_one_prompt_one_token_is_scored_without_false_negatives(tmp_path):
     """The run that contradicted v3: 1 prompt, 1 greedy token. F9c moves the logits by less than
     that one token's top-1 margin (margin and deviation computed here from the run's own logits),
@@ -171,3 +188,21 @@ def test_injection_one_prompt_one_token_is_scored_without_false_negatives(tmp_pa
     deviation = float((ref.double() - bad.double()).abs().max())
     assert 0 < deviation < float(top2[0] - top2[1])  # the logits moved, by less than the margin
     assert token_risk(ref, bad)["flagged"] == 0
+
+
+@pytest.mark.parametrize("regime, n_prompts, tokens, rows", [("native", 3, 3, 256), ("pow2", 1, 4, 5)])
+def test_batched_runs_equal_the_runs_one_after_another(regime, n_prompts, tokens, rows, monkeypatch):
+    """The 22 teacher-forced runs in batches (what CUDA runs: all 22 at once; or, with BATCH_ROWS
+    at 5 rows, batches of 5, 5, 5, 5 and 2 runs) against the same runs one after another (the
+    oracle): every field of the result, bit for bit (logit deviations as floats, first divergences,
+    C7 counts), on prompts of different lengths (packed prefill) and decode."""
+    from requant.audit.phases import injection
+
+    model = load_model(DEFAULT_CHECKPOINT, regime=regime, engine="reference")
+    toks = _tokens(model, n_prompts)
+    one_by_one = run_injection(model, toks, REFERENCE_PAIR, tokens=tokens, batched=False)
+    monkeypatch.setattr(injection, "BATCH_ROWS", rows)
+    batched = run_injection(model, toks, REFERENCE_PAIR, tokens=tokens, batched=True)
+    assert batched == one_by_one
+    changed = [f for f, s in one_by_one["faults"].items() if not s["all"]["logits_bitwise_equal"]]
+    assert "F7" in changed and "F8" not in changed  # the runs differ from each other: blocks kept apart

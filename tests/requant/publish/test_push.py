@@ -136,6 +136,7 @@ def _tamper_audit(ckpt, **changes):
         ("false positive", "1 false positives"),
         ("unpinned", "unpinned prediction matrix"),
         ("pow2 layer differs", "pow2 layers are bitwise equal"),
+        ("kernel fault", "a kernel breaks its declared order in 3 layers"),  # not scored as false positives
     ],
 )
 def test_refusals_without_force(hub, pow2_copy, case, expect):
@@ -148,6 +149,8 @@ def test_refusals_without_force(hub, pow2_copy, case, expect):
         _tamper_audit(ck, **{"scorecard.false_positives": 1})
     elif case == "unpinned":
         _tamper_audit(ck, **{"scorecard.matrix_pinned": False})
+    elif case == "kernel fault":
+        _tamper_audit(ck, **{"scorecard.kernel_faults": 3, "verdict": "audit failed: kernel m:k is faulty"})
     else:
         layers = json.loads((ck / "requant-audit.json").read_text())["per_layer_summary"]["pow2"]["layers"]
         _tamper_audit(ck, **{"per_layer_summary.pow2.bitwise_equal": layers - 1})
