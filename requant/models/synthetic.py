@@ -10,6 +10,7 @@ the seed and the device, independent of the sharding.
 
 Usage: python -m requant.synthetic PRESET OUT [--seed N] [--shard-size BYTES] [--device DEV]
                                     [--no-outliers] [--keep-source DIR] [--force]
+       python -m requant.synthetic PRESET --plan   (a Qwen3-MoE preset's bytes and Linears, nothing written)
 
 Output is written atomically; a non-empty OUT (or --keep-source DIR) is refused without --force,
 which replaces only a checkpoint or an empty directory.
@@ -286,10 +287,23 @@ def _write(
         write_json(src_dir / "config.json", model_config(p, quantized=False))
 
 
+def _print_plan(ap: argparse.ArgumentParser, a) -> int:
+    from requant.models.synthetic_moe import plan_summary
+
+    p = PRESETS[a.preset]
+    if not a.plan:
+        ap.error("OUT is required (or --plan)")
+    if not isinstance(p, Qwen3MoeArch):
+        ap.error("--plan describes the Qwen3-MoE presets")
+    print(json.dumps(plan_summary(p), indent=2))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m requant.synthetic", description=__doc__.split("\n\n")[0])
     ap.add_argument("preset", choices=sorted(PRESETS))
-    ap.add_argument("out")
+    ap.add_argument("out", nargs="?", help="output directory (not with --plan)")
+    ap.add_argument("--plan", action="store_true", help="print a Qwen3-MoE preset's sizes as JSON, write nothing")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--shard-size", type=int, default=None, help="max bytes per shard (default: one file)")
     ap.add_argument("--device", default="cpu", help="draw the tensors on this torch device (cuda: fast, other bytes)")
@@ -299,6 +313,8 @@ def main(argv: list[str] | None = None) -> int:
         "--force", action="store_true", help="replace a non-empty OUT (only a checkpoint or an empty directory)"
     )
     a = ap.parse_args(argv)
+    if a.plan or a.out is None:
+        return _print_plan(ap, a)
     try:
         path = generate(
             a.preset,

@@ -154,11 +154,11 @@ E = "model.layers.1.mlp.experts."
 CASES = [
     (_drop(E + "5.up_proj.weight", E + "5.up_proj.weight_scale"), LayoutError, E + "5.up_proj.weight", "missing an expert Linear of layer 1"),
     (_drop("model.layers.1.mlp.gate.weight"), LayoutError, "model.layers.1.mlp.gate.weight", "missing the router of layer 1"),
-    (_add_linear(E + "8.up_proj", 64, 128), TensorError, E + "8.up_proj.weight", "expert 8, but config.json has num_experts 8"),
-    (_set(E + "2.gate_proj.weight", torch.zeros(64, 64, dtype=torch.int8)), TensorError, E + "2.gate_proj.weight", "shape [64, 64], but config.json"),
-    (_set("model.layers.1.mlp.gate.weight", torch.zeros(7, 128, dtype=torch.bfloat16)), TensorError, "model.layers.1.mlp.gate.weight", "shape [7, 128], but config.json"),
+    (_add_linear(E + "8.up_proj", 256, 256), TensorError, E + "8.up_proj.weight", "expert 8, but config.json has num_experts 8"),
+    (_set(E + "2.gate_proj.weight", torch.zeros(256, 64, dtype=torch.int8)), TensorError, E + "2.gate_proj.weight", "shape [256, 64], but config.json"),
+    (_set("model.layers.1.mlp.gate.weight", torch.zeros(7, 256, dtype=torch.bfloat16)), TensorError, "model.layers.1.mlp.gate.weight", "shape [7, 256], but config.json"),
     (_add_linear("model.layers.0.mlp.experts.0.up_proj", 64, 128), TensorError, "model.layers.0.mlp.experts.0.up_proj.weight", "layer 0 is dense (in mlp_only_layers)"),
-    (_add_linear("model.layers.1.mlp.up_proj", 256, 128), TensorError, "model.layers.1.mlp.up_proj.weight", "layer 1 is sparse (experts) in config.json, but holds a dense MLP"),
+    (_add_linear("model.layers.1.mlp.up_proj", 512, 256), TensorError, "model.layers.1.mlp.up_proj.weight", "layer 1 is sparse (experts) in config.json, but holds a dense MLP"),
 ]  # fmt: skip
 
 
@@ -193,3 +193,24 @@ def test_inspect_names_the_experts(moe):
         "routers": ["BF16"],
     }
     assert info["config"]["num_experts"] == 8 and info["config"]["mlp_only_layers"] == [0]
+
+
+@pytest.mark.parametrize(
+    "preset, total, active, linears",
+    # published parameter counts: Qwen3-30B-A3B 30.5B total, 3.3B active; Qwen3-235B-A22B 235B, 22B
+    [("qwen3-30b-a3b", 30.5e9, 3.3e9, 48 * (4 + 128 * 3)), ("qwen3-235b-a22b", 235e9, 22e9, 94 * (4 + 128 * 3))],
+)
+def test_large_presets_match_the_published_sizes(preset, total, active, linears, capsys):
+    """The plan (nothing written): parameters from the bf16 bytes within 1% of the published totals;
+    active parameters (embeddings, attention, routers, norms, 8 experts per layer, head) within 5%."""
+    from requant.models.synthetic import PRESETS, main
+
+    assert main([preset, "--plan"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    p = PRESETS[preset]
+    assert got["quantized_linears"] == linears and got["expert_linears"] == p.layers * 128 * 3
+    params = got["bf16_bytes"] / 2
+    assert abs(params / total - 1) < 0.01
+    per_expert = 3 * p.hidden * p.moe_intermediate
+    act = params - p.layers * (p.experts - p.top_k) * per_expert
+    assert abs(act / active - 1) < 0.05, act
