@@ -6,8 +6,8 @@ the embeddings, left unquantized by the config's ignore list (lm_head and 're:.*
 llm-compressor's MoE recipes write it).
 
 Presets (config values from the published configs; sources in docs/moe.md):
-  tiny-moe         CI: 2 layers (layer 0 dense through mlp_only_layers), 8 experts, top 2, hidden
-                   and moe_intermediate_size 256, norm_topk_prob, byte-level vocabulary 512.
+  tiny-moe         CI: 2 layers (layer 0 dense through mlp_only_layers), 8 experts, top 2, hidden 256,
+                   (moe_)intermediate_size 768, norm_topk_prob, byte-level vocabulary 512 (like `tiny`).
   qwen3-30b-a3b    Qwen/Qwen3-30B-A3B: 48 layers, hidden 2048, 32 heads / 4 KV heads, head_dim
                    128, 128 experts, top 8, moe_intermediate_size 768, vocab 151936 (~31 GB W8A8).
   qwen3-235b-a22b  Qwen/Qwen3-235B-A22B: 94 layers, hidden 4096, 64 / 4 heads, 128 experts, top 8,
@@ -35,10 +35,11 @@ class MoePreset(Qwen3MoeArch):
 
 
 _Q3 = dict(max_position=40960, bos=151643, eos=151645)
-_TINY = dict(experts=8, top_k=2, moe_intermediate=256, norm_topk_prob=True, mlp_only_layers=(0,))
+_TINY = dict(experts=8, top_k=2, moe_intermediate=768, norm_topk_prob=True, mlp_only_layers=(0,))
 MOE_PRESETS: dict[str, MoePreset] = {
-    # hidden 256 and moe_intermediate 256 like `tiny`: every K spans several of F6's 64-wide tiles
-    "tiny-moe": MoePreset(256, 512, 2, 4, 2, 64, 512, False, 2048, 256, 257, **_TINY),
+    # hidden 256 and intermediate 768 like `tiny`: every K spans several of F6's 64-wide tiles (a K of
+    # one tile or two lets F6 stay within one spacing at M = 1, which the matrix does not predict)
+    "tiny-moe": MoePreset(256, 768, 2, 4, 2, 64, 512, False, 2048, 256, 257, **_TINY),
     "qwen3-30b-a3b": MoePreset(
         2048,
         6144,

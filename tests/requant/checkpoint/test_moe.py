@@ -154,11 +154,11 @@ E = "model.layers.1.mlp.experts."
 CASES = [
     (_drop(E + "5.up_proj.weight", E + "5.up_proj.weight_scale"), LayoutError, E + "5.up_proj.weight", "missing an expert Linear of layer 1"),
     (_drop("model.layers.1.mlp.gate.weight"), LayoutError, "model.layers.1.mlp.gate.weight", "missing the router of layer 1"),
-    (_add_linear(E + "8.up_proj", 256, 256), TensorError, E + "8.up_proj.weight", "expert 8, but config.json has num_experts 8"),
-    (_set(E + "2.gate_proj.weight", torch.zeros(256, 64, dtype=torch.int8)), TensorError, E + "2.gate_proj.weight", "shape [256, 64], but config.json"),
+    (_add_linear(E + "8.up_proj", 768, 256), TensorError, E + "8.up_proj.weight", "expert 8, but config.json has num_experts 8"),
+    (_set(E + "2.gate_proj.weight", torch.zeros(768, 64, dtype=torch.int8)), TensorError, E + "2.gate_proj.weight", "shape [768, 64], but config.json"),
     (_set("model.layers.1.mlp.gate.weight", torch.zeros(7, 256, dtype=torch.bfloat16)), TensorError, "model.layers.1.mlp.gate.weight", "shape [7, 256], but config.json"),
     (_add_linear("model.layers.0.mlp.experts.0.up_proj", 64, 128), TensorError, "model.layers.0.mlp.experts.0.up_proj.weight", "layer 0 is dense (in mlp_only_layers)"),
-    (_add_linear("model.layers.1.mlp.up_proj", 512, 256), TensorError, "model.layers.1.mlp.up_proj.weight", "layer 1 is sparse (experts) in config.json, but holds a dense MLP"),
+    (_add_linear("model.layers.1.mlp.up_proj", 768, 256), TensorError, "model.layers.1.mlp.up_proj.weight", "layer 1 is sparse (experts) in config.json, but holds a dense MLP"),
 ]  # fmt: skip
 
 

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Qwen3-MoE on the GPU: the qwen3-30b-a3b synthetic checkpoint (the published Qwen3-30B-A3B config,
+# random weights with outlier channels, 128 experts, top 8; ~31 GB W8A8) made, inspected, audited
+# (the real pair, cutlass and triton, each expert on the tokens the router sends it) and generated
+# from on each kernel, pow2 and native, with the records replayed across kernels and batch sizes.
+# Run from anywhere on the GPU machine (one H100/H200, no network), the repo's wheels installed:
+#
+#     REQUANT_COMMIT=$(bash benchmarks/commit_id.sh) OUT=/some/dir bash benchmarks/gpu_moe.sh
+#
+# STEPS (default "generate audit run"): generate writes the checkpoint to $CKPT_DIR (default
+# /tmp/requant-qwen3-30b-a3b-synthetic; kept between calls on a warm machine, ~2 min with
+# --device cuda); audit runs `requant audit` (prefill and decode) on it; run generates and replays.
+# "convert" (not in the default) also writes the nearest-arm conversion next to it: another ~31 GB,
+# which does not fit a 64 GiB disk beside the checkpoint and the pip cache; run it on a larger disk.
+# PRESET=tiny-moe runs every step in seconds (a smoke test of this script; BACKENDS=reference on a CPU).
+# Writes into $OUT: env.txt, timings.txt, inspect.json, audit.json, audit/ (report), audit.log,
+# generate_*.jsonl and their replay logs. The audit and replay exit 1 on a difference: a result to
+# report, recorded in timings.txt; the script goes on. The MoE layers run on the reference engine
+# (runtime/moe.py: the fast engine refuses MoE), so generation is slow; the point is the bits.
+set -uo pipefail
+source "$(dirname "$0")/_gpu_common.sh" || exit 1
+gpu_out
+PRESET="${PRESET:-qwen3-30b-a3b}"
+CKPT="${CKPT_DIR:-/tmp/requant-$PRESET-synthetic}"
+PROMPTS="${PROMPTS:-8}"
+BACKENDS="${BACKENDS:-cutlass,triton}"
+STEPS="${STEPS-generate audit run}"
+TIMINGS="$OUT/timings.txt"
+: > "$TIMINGS"
+DEV=cuda
+[ "$BACKENDS" = reference ] && DEV=cpu
+
+gpu_env triton > "$OUT/env.txt" 2>&1
+cat "$OUT/env.txt"
+[ "$BACKENDS" != reference ] && cutlass_build 0
+
+if has generate && [ ! -f "$CKPT/config.json" ]; then
+    step "synthetic_$PRESET" 0 python3 -m requant.models.synthetic "$PRESET" "$CKPT" --device "$DEV" --shard-size 5000000000
+fi
+step inspect 600 bash -c "python3 cli.py inspect '$CKPT' --json > '$OUT/inspect.json'"
+step plan 120 python3 cli.py audit "$CKPT" --plan
+
+if has audit; then
+    step audit 0 bash -c "python3 cli.py audit '$CKPT' --backends $BACKENDS --prompts $PROMPTS --device $DEV \
+        --json '$OUT/audit.json' --report '$OUT/audit' > '$OUT/audit.log' 2>&1; rc=\$?; tail -n 30 '$OUT/audit.log'; exit \$rc"
+fi
+
+if has run; then
+    first=${BACKENDS%%,*}
+    second=${BACKENDS##*,}
+    for regime in pow2 native; do
+        rec="$OUT/generate_${regime}_$first.jsonl"
+        step "generate_${regime}_$first" 0 python3 cli.py generate "$CKPT" --regime "$regime" --backend "$first" \
+            --device "$DEV" --engine reference --max-new-tokens 16 --no-eos --byte-tokens \
+            --prompt "The experts of a mixture" --prompt "A router sends each token to eight experts, and" \
+            --prompt "Power-of-two scales" --json "$rec"
+        # the other kernel, batched with fillers: pow2 must match bit for bit; native is measured
+        step "replay_${regime}_$second" 0 bash -c "python3 cli.py replay '$rec' --backend $second --device $DEV \
+            > '$OUT/replay_${regime}_$second.log' 2>&1; rc=\$?; tail -n 8 '$OUT/replay_${regime}_$second.log'; exit \$rc"
+    done
+fi
+
+if has convert; then
+    step convert_nearest 0 python3 cli.py convert "$CKPT" -o "$CKPT-nearest" --arm nearest -q --json "$OUT/convert.json"
+    step verify_unconstrained_roundtrip 0 bash -c "python3 cli.py convert '$CKPT' -o '$CKPT-u' --arm unconstrained -q \
+        && python3 cli.py verify '$CKPT' '$CKPT-u'; rc=\$?; rm -rf '$CKPT-u'; exit \$rc"
+fi
+echo "total $(elapsed) s"
