@@ -16,7 +16,9 @@
 # Writes into $OUT: env.txt, timings.txt, inspect.json, audit.json, audit/ (report), audit.log,
 # generate_*.jsonl and their replay logs. The audit and replay exit 1 on a difference: a result to
 # report, recorded in timings.txt; the script goes on. The MoE layers run on the reference engine
-# (runtime/moe.py: the fast engine refuses MoE), so generation is slow; the point is the bits.
+# (runtime/moe.py: the fast engine refuses MoE), one launch per expert and Linear: generation is
+# slow (NEW_TOKENS, default 4); the point is the bits. Over 10 minutes in all: split the calls with
+# STEPS (generate; audit; run).
 set -uo pipefail
 source "$(dirname "$0")/_gpu_common.sh" || exit 1
 gpu_out
@@ -51,11 +53,11 @@ if has run; then
     for regime in pow2 native; do
         rec="$OUT/generate_${regime}_$first.jsonl"
         step "generate_${regime}_$first" 0 python3 cli.py generate "$CKPT" --regime "$regime" --backend "$first" \
-            --device "$DEV" --engine reference --max-new-tokens 16 --no-eos --byte-tokens \
+            --device "$DEV" --engine reference --max-new-tokens "${NEW_TOKENS:-4}" --no-eos --byte-tokens \
             --prompt "The experts of a mixture" --prompt "A router sends each token to eight experts, and" \
             --prompt "Power-of-two scales" --json "$rec"
         # the other kernel, batched with fillers: pow2 must match bit for bit; native is measured
-        step "replay_${regime}_$second" 0 bash -c "python3 cli.py replay '$rec' --backend $second --device $DEV \
+        step "replay_${regime}_$second" 0 bash -c "python3 cli.py replay '$rec' --backend $second --device $DEV --byte-tokens \
             > '$OUT/replay_${regime}_$second.log' 2>&1; rc=\$?; tail -n 8 '$OUT/replay_${regime}_$second.log'; exit \$rc"
     done
 fi
