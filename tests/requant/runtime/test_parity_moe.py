@@ -12,10 +12,9 @@ tie may take another expert than transformers' bf16 model; the thresholds measur
 import pytest
 import torch
 
-from requant.models.prompts import prompts
 from requant.models.synthetic import generate
 from requant.runtime import load_model
-from tests.requant.runtime.test_parity import _hf_logits, check_against_yardstick, deviation
+from tests.requant.runtime.test_parity import check_four_prompts
 
 transformers = pytest.importorskip("transformers")
 
@@ -32,10 +31,6 @@ def test_bf16_moe_directory_matches_transformers(tmp_path):
             transformers.Qwen3MoeForCausalLM.from_pretrained(src, dtype=dt, attn_implementation="eager").eval()
             for dt in (torch.float32, torch.bfloat16)
         )
-        toks = [model.tokenizer.encode(p) for p in prompts(4)]
-        r32 = _hf_logits(ref32, toks)
-        check_against_yardstick(
-            deviation(model.logits(toks), r32), deviation(_hf_logits(ref16, toks), r32), "MoE bf16 directory, 4 prompts"
-        )
+        check_four_prompts(model, ref32, ref16, "MoE bf16 directory, 4 prompts")
     finally:
         torch.set_num_threads(n)
