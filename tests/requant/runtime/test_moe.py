@@ -14,11 +14,13 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from safetensors.torch import save_file
 
 from requant.models.synthetic import generate
 from requant.runtime import load_model
 from requant.runtime.moe import route, router_logits
-from tests.requant.commands.cli import invoke
+from tests.requant.commands.cli import invoke, refused
+from tests.requant.conftest import load_all
 
 
 def _tree(v: np.ndarray) -> np.float32:
@@ -159,3 +161,24 @@ def test_generate_and_replay_records(tiny_moe, tmp_path):
     assert res.exit_code == 0, res.output
     res = invoke("replay", rec, "--backend", "reference-cutlass-order")
     assert res.exit_code == 0 and "2/2 records match bit for bit" in res.output, res.output
+
+
+def test_tensor_parallelism_refuses_moe(tiny_moe):
+    refused(invoke("tp-check", tiny_moe), "tensor parallelism runs dense Qwen3 only, not a Qwen3-MoE model")
+
+
+def test_eval_source_check_knows_the_experts(tmp_path):
+    """`requant eval --source`: the bf16 originals of an MoE checkpoint pass; one expert missing is named."""
+    import json
+
+    from requant.errors import UsageError
+    from requant.eval.run import check_source
+
+    q = generate("tiny-moe", tmp_path / "q", seed=1, keep_source=tmp_path / "src")
+    config = json.loads((q / "config.json").read_text())
+    check_source(tmp_path / "src", config)
+    t = load_all(tmp_path / "src" / "model.safetensors")
+    del t["model.layers.1.mlp.experts.3.down_proj.weight"]
+    save_file(t, str(tmp_path / "src" / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(UsageError, match="no tensor 'model.layers.1.mlp.experts.3.down_proj.weight'"):
+        check_source(tmp_path / "src", config)
