@@ -122,16 +122,10 @@ def _print_summary(result: dict) -> None:
 
 def _print_unrouted(result: dict) -> None:
     """Qwen3-MoE: the expert Linears no calibration token was routed to (not audited, not counted)."""
-    pre = result.get("experts_without_tokens") or {}
-    dec = (result.get("decode") or {}).get("experts_without_tokens") or {}
-    for regime, names in pre.items():
-        print(f"experts without tokens, prefill, {regime} (not audited): {', '.join(names)}")
-    for regime, d in dec.items():
-        names = ", ".join(d["experts"]) or "none"
-        print(
-            f"experts without tokens, decode, {regime}: {d['operand_sets_without_tokens']} (Linear, batch, step) "
-            f"operand sets; never routed: {names}"
-        )
+    from requant.audit.report import unrouted_lines
+
+    for line in unrouted_lines(result):
+        print(line)
 
 
 def _print_detection(detection: list, title: str) -> None:

@@ -25,7 +25,7 @@ def test_audit_names_experts_without_tokens(tmp_path):
     for e in (5, 6, 7):
         t[r][e] = t[r][0]
     save_file(t, str(ck / "model.safetensors"), metadata={"format": "pt"})
-    res = invoke("audit", ck, "--json", tmp_path / "a.json")
+    res = invoke("audit", ck, "--json", tmp_path / "a.json", "--report", tmp_path / "rep")
     assert res.exit_code == 0, res.output
     out = json.loads((tmp_path / "a.json").read_text())
     idle = [f"model.layers.1.mlp.experts.{e}.{leaf}" for e in (6, 7) for leaf in ("gate_proj", "up_proj", "down_proj")]
@@ -38,7 +38,21 @@ def test_audit_names_experts_without_tokens(tmp_path):
     assert out["per_layer_summary"]["pow2"] == {**out["per_layer_summary"]["pow2"], "layers": 29, "bitwise_equal": 29}
     assert out["scorecard"]["false_positives"] == out["scorecard"]["false_negatives"] == 0
     assert out["decode"]["scorecard"]["false_positives"] == out["decode"]["scorecard"]["false_negatives"] == 0
-    assert "experts without tokens, prefill, native (not audited): " + ", ".join(idle) in res.output
+    line = "experts without tokens, prefill, native (not audited): " + ", ".join(idle)
+    assert line in res.output and f"- {line}\n" in (tmp_path / "rep" / "audit.md").read_text()
     # expert operands: the down_proj rows of the routed experts add up to tokens x top_k
     downs = [row["m"] for row in out["per_layer"] if row["regime"] == "native" and row["name"].endswith("down_proj")]
     assert sum(downs[1:]) == out["tokens"] * 2 and torch.tensor(downs).min() > 0
+
+
+def test_plan_counts_every_expert_linear():
+    """`audit --plan` from the qwen3-30b-a3b config alone: 48 layers x (4 attention + 128 experts x 3)
+    Linears, 42 cells each (21 variants x 2 regimes); the routers ignored; shapes from the config."""
+    from requant.audit.suite import plan_from_config
+    from requant.models.synthetic import PRESETS, model_config
+
+    plan = plan_from_config(model_config(PRESETS["qwen3-30b-a3b"], quantized=True))
+    assert plan["layers"] == 48 * (4 + 128 * 3) and plan["cells"] == plan["layers"] * 42
+    shapes = {(s["out"], s["in"]): s["count"] for s in plan["shapes"]}
+    assert shapes == {(4096, 2048): 48, (512, 2048): 96, (2048, 4096): 48, (768, 2048): 48 * 256, (2048, 768): 48 * 128}
+    assert not any(n.endswith("mlp.gate") for n in plan["linears"])
