@@ -214,3 +214,18 @@ def test_large_presets_match_the_published_sizes(preset, total, active, linears,
     per_expert = 3 * p.hidden * p.moe_intermediate
     act = params - p.layers * (p.experts - p.top_k) * per_expert
     assert abs(act / active - 1) < 0.05, act
+
+
+def test_card_of_a_converted_moe_checkpoint(tmp_path, moe):
+    """`requant card` renders for a converted MoE checkpoint; its facts row names the experts."""
+    from tests.requant.commands.cli import invoke
+
+    convert(moe, tmp_path / "o", "nearest")
+    res = invoke("card", tmp_path / "o", "--stdout")
+    assert res.exit_code == 0, res.output
+    assert (
+        "| architecture | Qwen3-MoE (`Qwen3MoeForCausalLM`): 8 experts in each of 1 sparse layers, top 2; "
+        "the routers (`mlp.gate`) unquantized, copied byte for byte |" in res.stdout
+    )
+    # output channels: attention 2 x (256 + 128 + 128 + 256), layer 0's MLP 768 + 768 + 256, 8 experts x (768 + 768 + 256)
+    assert "| power-of-two weight scales | 17,664 of 17,664 |" in res.stdout
