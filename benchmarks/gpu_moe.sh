@@ -7,9 +7,13 @@
 #
 #     REQUANT_COMMIT=$(bash benchmarks/commit_id.sh) OUT=/some/dir bash benchmarks/gpu_moe.sh
 #
+# LAYERS (default 4): the first 4 decoder layers at the real widths (every Linear shape of the model,
+# 1,552 quantized Linears, 512 experts); LAYERS=0 makes all 48 (18,624 Linears, ~31 GB). The audit
+# works one expert Linear at a time: at the 1.7B audit's ~0.1 s per Linear (H200) the 48 layers would
+# take ~30 min of cells, past the 10-minute call; 4 layers ~3 min (estimates, not measured).
 # STEPS (default "generate audit run"): generate writes the checkpoint to $CKPT_DIR (default
-# /tmp/requant-qwen3-30b-a3b-synthetic; kept between calls on a warm machine, ~2 min with
-# --device cuda); audit runs `requant audit` (prefill and decode) on it; run generates and replays.
+# /tmp/requant-qwen3-30b-a3b-4l-synthetic; kept between calls on a warm machine); audit runs
+# `requant audit` (prefill and decode) on it; run generates and replays.
 # "convert" (not in the default) also writes the nearest-arm conversion next to it: another ~31 GB,
 # which does not fit a 64 GiB disk beside the checkpoint and the pip cache; run it on a larger disk.
 # PRESET=tiny-moe runs every step in seconds (a smoke test of this script; BACKENDS=reference on a CPU).
@@ -23,7 +27,8 @@ set -uo pipefail
 source "$(dirname "$0")/_gpu_common.sh" || exit 1
 gpu_out
 PRESET="${PRESET:-qwen3-30b-a3b}"
-CKPT="${CKPT_DIR:-/tmp/requant-$PRESET-synthetic}"
+LAYERS="${LAYERS:-4}"                   # the preset's first LAYERS layers (0: all 48)
+CKPT="${CKPT_DIR:-/tmp/requant-$PRESET-${LAYERS}l-synthetic}"
 PROMPTS="${PROMPTS:-8}"
 BACKENDS="${BACKENDS:-cutlass,triton}"
 STEPS="${STEPS-generate audit run}"
@@ -37,7 +42,12 @@ cat "$OUT/env.txt"
 [ "$BACKENDS" != reference ] && cutlass_build 0
 
 if has generate && [ ! -f "$CKPT/config.json" ]; then
-    step "synthetic_$PRESET" 0 python3 -m requant.models.synthetic "$PRESET" "$CKPT" --device "$DEV" --shard-size 5000000000
+    step "synthetic_$PRESET" 0 python3 -c "
+import dataclasses
+from requant.models.synthetic import PRESETS, generate
+p = PRESETS['$PRESET']
+p = dataclasses.replace(p, layers=$LAYERS) if $LAYERS else p
+print(generate(p, '$CKPT', device='$DEV', shard_size=5_000_000_000))"
 fi
 step inspect 600 bash -c "python3 cli.py inspect '$CKPT' --json > '$OUT/inspect.json'"
 step plan 120 python3 cli.py audit "$CKPT" --plan
