@@ -229,3 +229,23 @@ def test_card_of_a_converted_moe_checkpoint(tmp_path, moe):
     )
     # output channels: attention 2 x (256 + 128 + 128 + 256), layer 0's MLP 768 + 768 + 256, 8 experts x (768 + 768 + 256)
     assert "| power-of-two weight scales | 17,664 of 17,664 |" in res.stdout
+
+
+def test_quantized_router_is_read_and_converted_but_not_run(tmp_path, moe):
+    """A checkpoint whose config does not ignore the router and stores it W8A8 is a valid
+    compressed-tensors checkpoint: opened, inspected, converted; the runtime, which routes with the
+    bf16 weight, refuses it in one line."""
+    from requant.checkpoint.inspect import inspect_checkpoint
+    from requant.runtime import load_model
+
+    cfg = json.loads((moe / "config.json").read_text())
+    cfg["quantization_config"]["ignore"] = ["lm_head"]
+    (moe / "config.json").write_text(json.dumps(cfg))
+    r = "model.layers.1.mlp.gate"
+    _rewrite(moe, _drop(r + ".weight"))
+    _rewrite(moe, _add_linear(r, 8, 256))
+    ck = open_checkpoint(moe)
+    assert r in ck.quantized_linears and inspect_checkpoint(moe)["moe"]["routers"] == ["int8"]
+    convert(moe, tmp_path / "o", "nearest")
+    with pytest.raises(ValueError, match="the router 'model.layers.1.mlp.gate' is quantized"):
+        load_model(tmp_path / "o")
