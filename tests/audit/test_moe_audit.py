@@ -25,7 +25,9 @@ def test_audit_names_experts_without_tokens(tmp_path):
     for e in (5, 6, 7):
         t[r][e] = t[r][0]
     save_file(t, str(ck / "model.safetensors"), metadata={"format": "pt"})
-    res = invoke("audit", ck, "--json", tmp_path / "a.json", "--report", tmp_path / "rep")
+    res = invoke(
+        "audit", ck, "--prompts", 4, "--decode-tokens", 2, "--json", tmp_path / "a.json", "--report", tmp_path / "rep"
+    )
     assert res.exit_code == 0, res.output
     out = json.loads((tmp_path / "a.json").read_text())
     idle = [f"model.layers.1.mlp.experts.{e}.{leaf}" for e in (6, 7) for leaf in ("gate_proj", "up_proj", "down_proj")]
