@@ -103,9 +103,21 @@ def tiny_moe(tmp_path_factory):
     return generate("tiny-moe", tmp_path_factory.mktemp("moe") / "m", seed=2)
 
 
-@pytest.mark.parametrize("regime", ["native", "pow2"])
-def test_prefill_and_decode_alone_equal_batched(tiny_moe, regime):
-    m = load_model(tiny_moe, regime=regime)
+@pytest.mark.parametrize(
+    "regime, top_k, norm",
+    # the preset (top 2, normalised), every expert for every token, one expert, unnormalised
+    [("native", 2, True), ("pow2", 2, True), ("pow2", 8, False), ("native", 1, False)],
+)
+def test_prefill_and_decode_alone_equal_batched(tiny_moe, tmp_path, regime, top_k, norm):
+    import json
+    import shutil
+
+    ck = tmp_path / "ck"
+    shutil.copytree(tiny_moe, ck)
+    cfg = json.loads((ck / "config.json").read_text())
+    cfg.update(num_experts_per_tok=top_k, norm_topk_prob=norm)
+    (ck / "config.json").write_text(json.dumps(cfg))
+    m = load_model(ck, regime=regime)
     batched = m.logits(PROMPTS)
     for p, b in zip(PROMPTS, batched):
         assert torch.equal(m.logits([p])[0], b)
