@@ -110,6 +110,20 @@ def write_json(result: dict, path: Path) -> Path:
     return write_json_atomic(path, result)
 
 
+def unrouted_lines(result: dict) -> list[str]:
+    """Qwen3-MoE: one line per phase and regime naming the expert Linears that received no token
+    (never compared, never counted as equal); none for a dense model."""
+    lines = []
+    for regime, names in (result.get("experts_without_tokens") or {}).items():
+        lines.append(f"experts without tokens, prefill, {regime} (not audited): {', '.join(names)}")
+    for regime, d in ((result.get("decode") or {}).get("experts_without_tokens") or {}).items():
+        lines.append(
+            f"experts without tokens, decode, {regime}: {d['operand_sets_without_tokens']} (Linear, batch, step) "
+            f"operand sets; never routed: {', '.join(d['experts']) or 'none'}"
+        )
+    return lines
+
+
 def markdown(result: dict, command: str | None = None) -> str:
     card = result["scorecard"]
     lines = ["# requant audit", ""]
@@ -131,6 +145,7 @@ def markdown(result: dict, command: str | None = None) -> str:
         f"- quantized Linears: {result['layers']}; cells: {result['cells']} ({result['variants']} variants x {len(result['regimes'])} regimes)",
         f"- prediction matrix sha256: `{card['matrix_sha256']}` ({'pinned' if card['matrix_pinned'] else 'NOT PINNED'}, version {card['matrix_version']})",
         *identity_lines(result),
+        *[f"- {line}" for line in unrouted_lines(result)],
         f"- wall time: {result['wall_seconds']} s",
         "",
     ]

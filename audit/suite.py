@@ -22,6 +22,7 @@ from requant.audit.records import REFERENCE_KERNEL
 from requant.backends import environment
 from requant.evidence.identity import checkpoint_identity
 from requant.models.qwen3 import Qwen3Arch
+from requant.models.qwen3_moe import arch_of
 from requant.models.tokenizer import load_tokenizer
 from requant.runtime import Model, load_dense
 
@@ -32,7 +33,7 @@ def plan_from_config(config: dict) -> dict:
     """Cells and shapes from config.json alone (no tensors read)."""
     from requant.checkpoint import is_ignored
 
-    sh = Qwen3Arch.from_config(config)
+    sh = arch_of(config)  # Qwen3-MoE: every expert Linear is a layer of its own; routers are ignored
     ignore = tuple((config.get("quantization_config") or {}).get("ignore") or ())
     shapes = sh.linear_shapes()
     if not is_ignored("lm_head", ignore):

@@ -97,6 +97,7 @@ class DecodePhase:
         self.rows: list = []
         self.e2e: dict = {}
         self.timings: dict = {}
+        self.unrouted: dict = {}
 
     def run(self, regime, model, linears, names, token_lists, backends, advance) -> None:
         t0 = time.perf_counter()
@@ -120,12 +121,26 @@ class DecodePhase:
         # rows and cells are then recorded in (batch, step, Linear) order, as one step at a time would.
         queue = LinearQueue(regime, backends, self.scorer.checks, advance)
         keys = [(b, t) for b in self.batches for t in range(len(captured[b]))]
+        # A Qwen3-MoE expert has operands only at the steps where the router sent it a token;
+        # the steps without are counted and an expert with none is named (never counted as equal).
+        where: dict[str, dict] = {}
         for name in names:
-            labelled = [(f"{name}@b{b}.t{t}", captured[b][t][name]) for b, t in keys]
+            present = [(b, t) for b, t in keys if name in captured[b][t]]
+            if len(present) < len(keys):
+                idle = self.unrouted.setdefault(regime, {"experts": [], "operand_sets_without_tokens": 0})
+                idle["operand_sets_without_tokens"] += len(keys) - len(present)
+                if not present:
+                    idle["experts"].append(name)
+                    continue
+            where[name] = {k: i for i, k in enumerate(present)}
+            labelled = [(f"{name}@b{b}.t{t}", captured[b][t][name]) for b, t in present]
             queue.put(name, labelled, Weights(*linears[name]))
         done = queue.results()
-        for i, (batch, step) in enumerate(keys):
+        for batch, step in keys:
             for name in names:
+                i = where.get(name, {}).get((batch, step))
+                if i is None:
+                    continue
                 row, cells = done[name][i]
                 for cell in cells:
                     self.scorer.add(cell)
@@ -148,6 +163,7 @@ class DecodePhase:
             **self.scorer.summary(),
             "end_to_end": self.e2e,
             "timings": self.timings,
+            **({"experts_without_tokens": self.unrouted} if self.unrouted else {}),
         }
         # Decode's cell rows (21 x 2 per Linear, batch size and step: 14,112 on the embedded default,
         # 6 MB of JSON) stay out of the record; the detection table, contradictions and per-layer

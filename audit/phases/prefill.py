@@ -44,6 +44,10 @@ class PrefillPhase:
         self.rows: list = []
         self.e2e: dict = {}
         self.native_pow2_layers = 0
+        # Qwen3-MoE: the experts the router sent no calibration token, per regime (never audited,
+        # never counted as equal), and how many Linears were audited (native: for native_is_pow2).
+        self.unrouted: dict[str, list[str]] = {}
+        self.audited: dict[str, int] = {}
 
     def capture(self, regime: str, model, token_lists, say) -> dict:
         """Both backends prefill the prompts; C7 scores their logits; returns the first backend's
@@ -69,6 +73,11 @@ class PrefillPhase:
         """Every Linear's cells on its captured operands, scored."""
         queue = LinearQueue(regime, self.backends, self.scorer.checks, advance)
         pow2_flags = []  # on the device, read once after the cells (no host read per Linear)
+        unrouted = [n for n in names if n not in ops]  # only an expert no token was routed to
+        if unrouted:
+            self.unrouted[regime] = unrouted
+        names = [n for n in names if n in ops]
+        self.audited[regime] = len(names)
         for name in names:
             wt = Weights(*linears[name])
             if regime == "native":
@@ -82,6 +91,7 @@ class PrefillPhase:
             self.native_pow2_layers += int(torch.stack(pow2_flags).sum())
 
     def native_is_pow2(self, layers: int) -> bool:
+        layers = self.audited.get("native", layers)
         return layers > 0 and self.native_pow2_layers == layers
 
     def result(self, layers: int) -> dict:
@@ -96,6 +106,7 @@ class PrefillPhase:
             "per_layer_summary": summarize_layers(self.rows, native_is_pow2=self.native_is_pow2(layers)),
             **self.scorer.summary(),
             "end_to_end": self.e2e,
+            **({"experts_without_tokens": self.unrouted} if self.unrouted else {}),
         }
 
 

@@ -50,6 +50,8 @@ _RANK = {
     "self_attn": 1,
     "post_attention_layernorm": 2,
     "mlp": 3,
+    "gate": 3,  # the MoE router (mlp.gate), before its experts
+    "experts": 4,
     "q_proj": 0,
     "k_proj": 1,
     "v_proj": 2,
@@ -65,20 +67,32 @@ _RANK = {
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 ARCHITECTURES = ["Qwen3ForCausalLM"]
 MODEL_TYPE = "qwen3"
+# Each architecture requant reads, with its model_type: Qwen3 dense and Qwen3-MoE.
+FAMILIES = {"Qwen3ForCausalLM": "qwen3", "Qwen3MoeForCausalLM": "qwen3_moe"}
 
 
 def check_qwen3(config: dict, file: str | os.PathLike) -> None:
     """SchemeError naming `file` and the field unless config.json describes a Qwen3 dense model
-    (architectures ["Qwen3ForCausalLM"], model_type "qwen3"): the one architecture check, for W8A8
-    checkpoints and bf16 directories alike, made before any tensor is read."""
+    (architectures ["Qwen3ForCausalLM"], model_type "qwen3") or a Qwen3-MoE one
+    (["Qwen3MoeForCausalLM"], "qwen3_moe", with valid expert fields): the one architecture
+    check, for W8A8 checkpoints and bf16 directories alike, made before any tensor is read."""
     arch = config.get("architectures")
-    if arch != ARCHITECTURES:
+    names = " or ".join(FAMILIES)
+    if not (isinstance(arch, list) and len(arch) == 1 and arch[0] in FAMILIES):
         shown = "missing" if arch is None else "is " + json.dumps(arch)[:120]
-        raise SchemeError(f"architectures {shown}; requant supports {ARCHITECTURES[0]} only", file=file)
+        raise SchemeError(f"architectures {shown}; requant supports {names} only", file=file)
     mt = config.get("model_type")
-    if mt != MODEL_TYPE:
+    if mt != FAMILIES[arch[0]]:
         shown = "missing" if mt is None else "is " + json.dumps(mt)[:120]
-        raise SchemeError(f"model_type {shown}; requant supports {MODEL_TYPE!r} ({ARCHITECTURES[0]}) only", file=file)
+        raise SchemeError(f"model_type {shown}; requant supports {FAMILIES[arch[0]]!r} ({arch[0]}) only", file=file)
+    if mt == "qwen3_moe":
+        from requant.models.qwen3_moe import Qwen3MoeArch
+
+        try:
+            Qwen3MoeArch.from_config(config)
+        except ValueError as exc:  # its messages start "config.json": the file is named by the error
+            msg = str(exc).removeprefix("config.json").lstrip(": ")
+            raise SchemeError(msg, file=file) from None
 
 
 def model_order_key(name: str):
@@ -320,6 +334,10 @@ def open_checkpoint(src: str | os.PathLike, *, revision: str | None = None) -> C
     ckpt = Checkpoint(path, config, scheme, shards, weight_map, index_path, [])
     ckpt.from_hub = from_hub
     ckpt.quantized_linears = _find_linears(ckpt)
+    if config.get("model_type") == "qwen3_moe":
+        from requant.checkpoint.moe import check_moe_layout
+
+        check_moe_layout(ckpt)
     for linear in ckpt.quantized_linears:
         check_scale_values(
             ckpt.shard_of(linear + ".weight_scale").path,

@@ -19,9 +19,10 @@ from requant.convert import PROVENANCE_KEY
 from requant.io.safetensors_io import pread_exact
 from requant.kernels.bf16 import is_power_of_two
 from requant.models.qwen3 import SIZE_KEYS
+from requant.models.qwen3_moe import MOE_KEYS
 from requant.scales.arms import ceil_exponent
 
-CONFIG_KEYS = (*SIZE_KEYS, "tie_word_embeddings", "torch_dtype")
+CONFIG_KEYS = (*SIZE_KEYS, "tie_word_embeddings", "torch_dtype", *MOE_KEYS)  # MoE keys: shown when present
 
 
 def _int8_range(ckpt: Checkpoint, name: str, buf: bytearray) -> tuple[int, int, int]:
@@ -91,10 +92,29 @@ def summarize(ckpt: Checkpoint, *, weights: bool = True) -> dict:
         "bytes": sum(f.file_size for f in ckpt.shards.values()),
         "provenance": cfg.get(PROVENANCE_KEY),
     }
+    if cfg.get("model_type") == "qwen3_moe":
+        out["moe"] = _moe_summary(ckpt)
     if weights:
         out["int8_range"] = [qmin, qmax] if ckpt.quantized_linears else None
         out["int8_min128_count"] = n_min128
     return out
+
+
+def _moe_summary(ckpt: Checkpoint) -> dict:
+    """The experts at a glance: sparse layers, quantized expert Linears, how the routers are stored."""
+    from requant.models.qwen3_moe import Qwen3MoeArch
+
+    arch = Qwen3MoeArch.from_config(ckpt.config)
+    routers = arch.routers()
+    quantized = set(ckpt.quantized_linears)
+    stored = sorted({"int8" if r in quantized else ckpt.info(r + ".weight").dtype for r in routers})
+    return {
+        "sparse_layers": len(routers),
+        "experts": arch.experts,
+        "experts_per_token": arch.top_k,
+        "expert_linears": sum(".mlp.experts." in n for n in ckpt.quantized_linears),
+        "routers": stored,
+    }
 
 
 def inspect_checkpoint(src: str | os.PathLike, *, revision: str | None = None, weights: bool = True) -> dict:

@@ -116,8 +116,17 @@ def _print_summary(result: dict) -> None:
     if dec:
         for b, sm in dec["per_layer_summary"]["by_batch"].items():
             print(f"per layer, decode M={b} ({dec['steps']} steps): {sm['line']}")
+    _print_unrouted(result)
     _print_rest(result)
     print(result["verdict"])  # last: the one line that says pass, or which kernel failed and where
+
+
+def _print_unrouted(result: dict) -> None:
+    """Qwen3-MoE: the expert Linears no calibration token was routed to (not audited, not counted)."""
+    from requant.audit.report import unrouted_lines
+
+    for line in unrouted_lines(result):
+        print(line)
 
 
 def _print_detection(detection: list, title: str) -> None:

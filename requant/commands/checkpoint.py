@@ -241,6 +241,18 @@ def convert(
         warn("arm 'probe' rewrites scales without requantizing the weights: an ablation, NOT servable")
 
 
+def _moe_rows(info: dict) -> list[tuple[str, str]]:
+    """The experts line of a Qwen3-MoE checkpoint (none for a dense one)."""
+    m = info.get("moe")
+    if not m:
+        return []
+    text = (
+        f"{m['experts']} per sparse layer x {m['sparse_layers']} layers, top {m['experts_per_token']}; "
+        f"{m['expert_linears']} quantized expert Linears; routers {', '.join(m['routers'])}"
+    )
+    return [("experts", text)]
+
+
 def inspect(
     src: Annotated[str, typer.Argument(help="Checkpoint directory or Hub repo id.", metavar="SRC")],
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
@@ -260,6 +272,7 @@ def inspect(
         ("shape", ", ".join(f"{k}={v}" for k, v in info["config"].items())),
         ("layers", str(info["layers"])),
         ("quantized Linears", str(info["quantized_linears"])),
+        *_moe_rows(info),
         (
             "scheme",
             f"{info['quantization']['quant_method']} {info['quantization']['format']}, ignore {info['quantization']['ignore']}",

@@ -94,8 +94,8 @@ def _bf16_tensors(path: Path) -> dict[str, str]:
 
 
 def check_source(source: Path, ckpt_config: dict) -> None:
-    """Refuse a --source that is not a bf16 Qwen3 with CKPT's vocabulary."""
-    from requant.models.qwen3 import Qwen3Arch
+    """Refuse a --source that is not a bf16 Qwen3 (dense or MoE) with CKPT's vocabulary."""
+    from requant.models.qwen3_moe import arch_of
 
     source = Path(source)
     cfg_path = source / "config.json"
@@ -115,7 +115,7 @@ def check_source(source: Path, ckpt_config: dict) -> None:
 
     check_qwen3(cfg, cfg_path)
     try:
-        arch = Qwen3Arch.from_config(cfg)
+        arch = arch_of(cfg)  # a Qwen3-MoE source: its experts and routers too
     except ValueError as exc:
         raise UsageError(f"{cfg_path}: {exc}") from None
     if int(cfg["vocab_size"]) != int(ckpt_config.get("vocab_size", -1)):

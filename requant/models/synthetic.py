@@ -4,11 +4,13 @@ Files that look exactly like llm-compressor's output (the real Qwen3 tensor name
 int8 weights, bf16 per-channel scales, shards with an index, a compressed-tensors
 quantization_config), quantized by `requant.scales.from_source.rtn_quantize`.
 Presets: tiny (the old random default: 4 layers, byte-level vocab 512), qwen3-0.6b, qwen3-1.7b,
-qwen3-8b, qwen3-14b, qwen3-32b (the real configs). The files are reproducible bit for bit from
+qwen3-8b, qwen3-14b, qwen3-32b (the real configs), and the Qwen3-MoE ones (tiny-moe,
+qwen3-30b-a3b, qwen3-235b-a22b: requant/models/synthetic_moe.py). The files are reproducible bit for bit from
 the seed and the device, independent of the sharding.
 
 Usage: python -m requant.synthetic PRESET OUT [--seed N] [--shard-size BYTES] [--device DEV]
                                     [--no-outliers] [--keep-source DIR] [--force]
+       python -m requant.synthetic PRESET --plan   (a Qwen3-MoE preset's bytes and Linears, nothing written)
 
 Output is written atomically; a non-empty OUT (or --keep-source DIR) is refused without --force,
 which replaces only a checkpoint or an empty directory.
@@ -33,6 +35,8 @@ from requant.checkpoint.scheme import quantization_config
 from requant.errors import CheckpointError, OutputError
 from requant.io.output import AtomicOutput, file_mode, output_path, refuse_unless_replaceable
 from requant.models.qwen3 import Qwen3Arch
+from requant.models.qwen3_moe import Qwen3MoeArch
+from requant.models.synthetic_moe import MOE_IGNORE, MOE_PRESETS, moe_config_fields, moe_plan
 from requant.scales.from_source import rtn_quantize
 
 LINEAR_STD = 0.02
@@ -55,11 +59,15 @@ PRESETS: dict[str, Preset] = {
     "qwen3-8b": Preset(4096, 12288, 36, 32, 8, 128, 151936, False, 40960, 151643, 151645),
     "qwen3-14b": Preset(5120, 17408, 40, 40, 8, 128, 151936, False, 40960, 151643, 151645),
     "qwen3-32b": Preset(5120, 25600, 64, 64, 8, 128, 151936, False, 40960, 151643, 151645),
+    **MOE_PRESETS,  # tiny-moe, qwen3-30b-a3b, qwen3-235b-a22b (requant/models/synthetic_moe.py)
 }
 
 
 def plan(p: Preset) -> list[tuple[str, str, tuple[int, ...]]]:
-    """(module-or-tensor name, kind, shape) in model order. kind: embed, norm, linear, head."""
+    """(module-or-tensor name, kind, shape) in model order. kind: embed, norm, linear, head
+    (and router, for a Qwen3-MoE preset)."""
+    if isinstance(p, Qwen3MoeArch):
+        return moe_plan(p)
     out: list[tuple[str, str, tuple[int, ...]]] = [("model.embed_tokens.weight", "embed", (p.vocab, p.hidden))]
     lin = p.layer_linear_shapes()
     for i in range(p.layers):
@@ -102,7 +110,7 @@ def _tensors_for(gen: torch.Generator, name: str, kind: str, shape, outliers: bo
     if kind == "norm":
         t = torch.ones(shape, dtype=torch.bfloat16)
         yield name, t, t
-    elif kind in ("embed", "head"):
+    elif kind in ("embed", "head", "router"):
         t = torch.randn(shape, generator=gen, dtype=torch.float32, device=gen.device).mul_(LINEAR_STD)
         t = t.to(torch.bfloat16).cpu()
         yield name, t, t
@@ -166,8 +174,12 @@ def model_config(p: Preset, *, quantized: bool, compression_ratio: float | None 
         "use_sliding_window": False,
         "vocab_size": p.vocab,
     }
+    ignore = ("lm_head",)
+    if isinstance(p, Qwen3MoeArch):
+        cfg.update(moe_config_fields(p))
+        ignore = MOE_IGNORE
     if quantized:
-        cfg["quantization_config"] = quantization_config(compression_ratio=compression_ratio)
+        cfg["quantization_config"] = quantization_config(ignore=ignore, compression_ratio=compression_ratio)
     return cfg
 
 
@@ -275,10 +287,23 @@ def _write(
         write_json(src_dir / "config.json", model_config(p, quantized=False))
 
 
+def _print_plan(ap: argparse.ArgumentParser, a) -> int:
+    from requant.models.synthetic_moe import plan_summary
+
+    p = PRESETS[a.preset]
+    if not a.plan:
+        ap.error("OUT is required (or --plan)")
+    if not isinstance(p, Qwen3MoeArch):
+        ap.error("--plan describes the Qwen3-MoE presets")
+    print(json.dumps(plan_summary(p), indent=2))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m requant.synthetic", description=__doc__.split("\n\n")[0])
     ap.add_argument("preset", choices=sorted(PRESETS))
-    ap.add_argument("out")
+    ap.add_argument("out", nargs="?", help="output directory (not with --plan)")
+    ap.add_argument("--plan", action="store_true", help="print a Qwen3-MoE preset's sizes as JSON, write nothing")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--shard-size", type=int, default=None, help="max bytes per shard (default: one file)")
     ap.add_argument("--device", default="cpu", help="draw the tensors on this torch device (cuda: fast, other bytes)")
@@ -288,6 +313,8 @@ def main(argv: list[str] | None = None) -> int:
         "--force", action="store_true", help="replace a non-empty OUT (only a checkpoint or an empty directory)"
     )
     a = ap.parse_args(argv)
+    if a.plan or a.out is None:
+        return _print_plan(ap, a)
     try:
         path = generate(
             a.preset,

@@ -77,6 +77,22 @@ def _front_matter(readme: Path) -> dict:
         return {}
 
 
+def _moe_rows(config: dict) -> list[list[str]]:
+    """The experts row of a Qwen3-MoE checkpoint's card (none for a dense one)."""
+    from requant.models.qwen3_moe import Qwen3MoeArch, is_moe_config
+
+    if not is_moe_config(config):
+        return []
+    a = Qwen3MoeArch.from_config(config)
+    return [
+        [
+            "architecture",
+            f"Qwen3-MoE (`Qwen3MoeForCausalLM`): {a.experts} experts in each of {len(a.moe_layers())} sparse layers, "
+            f"top {a.top_k}; the routers (`mlp.gate`) unquantized, copied byte for byte",
+        ]
+    ]
+
+
 def checkpoint_facts(ckpt_dir: str | Path, progress=None) -> Facts:
     """Open and validate a local checkpoint, check its SHA256SUMS (if any) and count its
     power-of-two scales."""
@@ -552,6 +568,7 @@ def render(
     audit_rep = reports.found.get("audit")
     facts_rows = [
         ["base model", f"`{base_model(facts)}`" if base_model(facts) else "unknown"],
+        *_moe_rows(facts.config),
         ["conversion", arm_txt + ("" if facts.servable else " (**NOT servable**)")],
         ["power-of-two weight scales", f"{_n(facts.pow2_channels)} of {_n(facts.channels)}"],
         [

@@ -20,6 +20,7 @@ import torch
 
 from requant import kernels
 from requant.models.qwen3 import LAYER_LINEARS
+from requant.models.qwen3_moe import Qwen3MoeArch
 from requant.runtime.cache import KVCache
 from requant.runtime.ops import rope_tables
 
@@ -32,6 +33,8 @@ _KEEP_DECODERS = 2
 def fast_supported(model) -> str | None:
     """Why `model` cannot run the fast path (None when it can)."""
     a = model.arch
+    if isinstance(a, Qwen3MoeArch):
+        return "a Qwen3-MoE model (this engine runs dense Qwen3; the reference engine runs the experts)"
     for i in range(a.layers):
         for n in LAYER_LINEARS:
             if f"model.layers.{i}.{n}" not in model.linears:

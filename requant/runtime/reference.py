@@ -22,8 +22,10 @@ from collections.abc import Callable
 import torch
 
 from requant import kernels
+from requant.models.qwen3_moe import Qwen3MoeArch
 from requant.runtime.cache import KVCache, pow2_at_least
 from requant.runtime.engine import EagerDecoder
+from requant.runtime.moe import sparse_block
 from requant.runtime.ops import apply_rope, attend_decode, attend_prompt, dense_rows, rms_norm, rope_tables
 
 __all__ = ["DeviceLinears", "ReferenceEngine", "decode_attention"]
@@ -129,6 +131,8 @@ class ReferenceEngine:
         attn = attend(i, q, k, v.view(t, self.kv_heads, a.head_dim))
         x = x + lin.row(attn, p + "self_attn.o_proj", capture)
         h = self._norm(x, d[p + "post_attention_layernorm.weight"])
+        if isinstance(a, Qwen3MoeArch) and a.is_moe(i):  # a Qwen3-MoE sparse layer (runtime/moe.py)
+            return x + sparse_block(self, i, h, capture)
         gate, up = lin.column(h, (p + "mlp.gate_proj", p + "mlp.up_proj"), capture)
         act = (torch.nn.functional.silu(gate.to(torch.float32)) * up.to(torch.float32)).to(torch.bfloat16)
         return x + lin.row(act, p + "mlp.down_proj", capture)

@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from requant.models.qwen3 import Qwen3Arch
+from requant.models.qwen3_moe import arch_of
 
 REGIMES = ("native", "pow2")
 BF16 = "bf16"  # the regime name of a bf16 model (every Linear dense)
@@ -37,11 +38,12 @@ LAYER_NORMS = (
 
 
 def arch_from_config(config: dict, where: str = "config.json") -> Qwen3Arch:
-    """Qwen3Arch.from_config plus what a forward pass must also agree on: rope_theta from
-    transformers 5's `rope_parameters` when the top-level key is absent (Qwen3Arch would
-    fall back to 10000), and a refusal of what this runtime does not implement."""
+    """Qwen3Arch.from_config (Qwen3MoeArch's for a Qwen3-MoE config) plus what a forward pass
+    must also agree on: rope_theta from transformers 5's `rope_parameters` when the top-level key
+    is absent (Qwen3Arch would fall back to 10000), and a refusal of what this runtime does not
+    implement."""
     try:
-        arch = Qwen3Arch.from_config(config)
+        arch = arch_of(config)
     except ValueError as exc:  # its messages say "config.json": name the file itself
         msg = str(exc)
         raise ValueError(where + msg[len("config.json") :] if msg.startswith("config.json") else msg) from None
@@ -72,7 +74,7 @@ def arch_from_config(config: dict, where: str = "config.json") -> Qwen3Arch:
 
 def dense_names(config: dict, quantized: set[str]) -> list[str]:
     """Names of the non-quantized tensors the runtime reads from a W8A8 checkpoint."""
-    sh = Qwen3Arch.from_config(config)
+    sh = arch_of(config)
     names = ["model.embed_tokens.weight", "model.norm.weight"]
     for i in range(sh.layers):
         names += [f"model.layers.{i}.{n}" for n in LAYER_NORMS]
@@ -114,6 +116,8 @@ def check_layout(ckpt) -> None:
             raise ValueError(
                 f"quantized module {n!r} is not a Linear of a {sh.layers}-layer Qwen3 (the runtime knows q/k/v/o, gate/up/down, lm_head)"
             )
+        if n.endswith(".mlp.gate"):
+            raise ValueError(f"the router {n!r} is quantized; the runtime routes with the bf16 router weight only")
     quantized = set(ckpt.quantized_linears)
     for n in known:
         if n not in quantized and n + ".weight" not in names:
@@ -171,7 +175,7 @@ def load_dense(ckpt, device) -> dict[str, torch.Tensor]:
         if n == "lm_head.weight" and (tie or n not in names):
             continue
         dense[n] = _dense_on(ckpt, n, device)
-    for n in Qwen3Arch.from_config(ckpt.config).linear_shapes():
+    for n in arch_of(ckpt.config).linear_shapes():  # the MoE routers too
         if n not in quantized:
             dense[n + ".weight"] = _dense_on(ckpt, n + ".weight", device)
     if "lm_head" not in quantized and "lm_head.weight" not in dense:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from requant.models.qwen3 import Qwen3Arch
+from requant.models.qwen3_moe import Qwen3MoeArch
 
 __all__ = ["Plan", "as_dense", "check_degree", "plan", "shard"]
 
@@ -53,6 +54,8 @@ def check_degree(arch: Qwen3Arch, tp: int) -> None:
     """ValueError (naming the config fields) unless tp can shard this model."""
     if not isinstance(tp, int) or tp < 1:
         raise ValueError(f"tensor-parallel degree must be a positive integer, got {tp!r}")
+    if isinstance(arch, Qwen3MoeArch):
+        raise ValueError("tensor parallelism runs dense Qwen3 only, not a Qwen3-MoE model (docs/moe.md)")
     what = (
         f"num_attention_heads {arch.heads}, num_key_value_heads {arch.kv_heads}, intermediate_size "
         f"{arch.intermediate}, vocab_size {arch.vocab}"

@@ -31,7 +31,9 @@ from requant.cli import app
 from requant.models.synthetic import generate
 
 runner = CliRunner()
-ARCH_LINE = 'config.json: architectures is ["LlamaForCausalLM"]; requant supports Qwen3ForCausalLM only'
+ARCH_LINE = (
+    'config.json: architectures is ["LlamaForCausalLM"]; requant supports Qwen3ForCausalLM or Qwen3MoeForCausalLM only'
+)
 
 
 def _tree(root: Path) -> dict[str, bytes | None]:

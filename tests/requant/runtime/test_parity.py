@@ -122,6 +122,13 @@ def test_kv_cache_decode_matches_transformers(setup):
     )
 
 
+def check_four_prompts(model, ref32, ref16, what: str) -> None:
+    """The first 4 built-in prompts' prefill logits against the fp32 reference, with the yardstick."""
+    toks = [model.tokenizer.encode(p) for p in prompts(4)]
+    r32 = _hf_logits(ref32, toks)
+    check_against_yardstick(deviation(model.logits(toks), r32), deviation(_hf_logits(ref16, toks), r32), what)
+
+
 def test_bf16_directory_matches_transformers(tmp_path):
     """The bf16 row: a plain bf16 Qwen3 directory (the tiny preset's originals, written by
     requant.models.synthetic --keep-source) with every Linear dense, against transformers on the
@@ -139,10 +146,6 @@ def test_bf16_directory_matches_transformers(tmp_path):
         tensors = {k: v.to(torch.float32) for k, v in load_file(str(src / "model.safetensors")).items()}
         ref32 = hf_qwen3(model.config, tensors, set(), torch.float32)
         ref16 = hf_qwen3(model.config, tensors, set(), torch.bfloat16)
-        toks = [model.tokenizer.encode(p) for p in prompts(4)]
-        r32 = _hf_logits(ref32, toks)
-        check_against_yardstick(
-            deviation(model.logits(toks), r32), deviation(_hf_logits(ref16, toks), r32), "bf16 directory, 4 prompts"
-        )
+        check_four_prompts(model, ref32, ref16, "bf16 directory, 4 prompts")
     finally:
         torch.set_num_threads(n)

@@ -1,0 +1,83 @@
+"""The Qwen3-MoE sparse block of the reference engine: a specified, batch-invariant router and
+the experts it selects (the whole contract: docs/moe.md).
+
+The router, for each token row x (bf16 [hidden]) and router weight W (bf16 [E, hidden]):
+  1. logits[e] = tree_sum_halves(fp32(x) * fp32(W[e])) over hidden, in fp32. Each product of two
+     bf16 values is exact in fp32; the adds follow the fixed pairwise tree of ops.tree_sum_halves.
+     (transformers rounds the logits to bf16; here they stay fp32.)
+  2. p = e / tree_sum_halves(e) over the experts, e = exp(logits - max(logits)) (max is exact).
+  3. the top k of p by a stable descending sort: equal probabilities go to the lowest expert id.
+  4. norm_topk_prob: w = p_top / tree_sum_halves(p_top) over the k slots in rank order; else w = p_top.
+Every step is elementwise or a reduction over the row's own values in a fixed order, so a
+token's experts and weights never depend on the other tokens of the call (alone == batched).
+
+The experts: each selected expert e runs on its tokens' rows (ascending token order) as a Qwen3
+MLP, bf16 out = down(bf16(silu(gate(x)) * up(x))), through the engine's Linears (W8A8 per-token
+activation quantization of the rows, or fixed-chunk fp32 rows for a bf16 model); the capture
+records each expert's operands, i.e. exactly the tokens the router sent it. The outputs are
+combined per token in fp32 in ascending expert id, acc = 0; acc += fp32(y_e) * w_e, and rounded to
+bf16 once (transformers adds in the same expert order, in bf16 after each expert). Per-token
+activation quantization is a function of the row alone, so an expert's operands for a token are
+the same bits whichever other tokens share the call.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from requant.runtime.ops import tree_sum_halves
+
+# Token rows per router logits chunk: the [rows, experts, hidden] fp32 products of one chunk
+# (64 x 128 x 4096 x 4 bytes = 128 MiB at Qwen3-235B's widest).
+ROUTER_CHUNK = 64
+
+
+def router_logits(x: torch.Tensor, w: torch.Tensor, chunk: int = ROUTER_CHUNK) -> torch.Tensor:
+    """fp32 [T, E]: step 1 of the module docstring, in chunks of token rows (elementwise products,
+    one tree per row and expert: the chunking cannot change a row's bits)."""
+    w32 = w.to(torch.float32)
+    out = torch.empty(x.shape[0], w.shape[0], dtype=torch.float32, device=x.device)
+    for i in range(0, x.shape[0], chunk):
+        xs = x[i : i + chunk].to(torch.float32)
+        out[i : i + chunk] = tree_sum_halves(xs[:, None, :] * w32[None, :, :], -1).squeeze(-1)
+    return out
+
+
+def route(x: torch.Tensor, w: torch.Tensor, top_k: int, norm_topk_prob: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(expert ids long [T, k], weights fp32 [T, k]) in rank order (the highest probability
+    first, ties to the lowest id): steps 1-4 of the module docstring."""
+    logits = router_logits(x, w)
+    e = torch.exp(logits - logits.amax(-1, keepdim=True))
+    p = e / tree_sum_halves(e, -1)
+    # stable: among equal probabilities the original (expert id) order is kept
+    p_sorted, ids = torch.sort(p, dim=-1, descending=True, stable=True)
+    top, ids = p_sorted[:, :top_k], ids[:, :top_k]
+    if norm_topk_prob:
+        top = top / tree_sum_halves(top, -1)
+    return ids, top
+
+
+def sparse_block(engine, i: int, h: torch.Tensor, capture) -> torch.Tensor:
+    """Layer i's MoE block on the normed hidden states h (bf16 [T, hidden]) -> bf16 [T, hidden]:
+    route, run each selected expert on its rows, combine in ascending expert id."""
+    model, lin = engine.model, engine.linears
+    a = model.arch
+    p = f"model.layers.{i}.mlp."
+    ids, weights = route(h, model.dense[p + "gate.weight"], a.top_k, a.norm_topk_prob)
+    acc = torch.zeros(h.shape[0], h.shape[1], dtype=torch.float32, device=h.device)
+    for e in torch.unique(ids).tolist():  # sorted ascending: the combine order
+        rows, slots = (ids == e).nonzero(as_tuple=True)  # rows ascending, one slot per row
+        x = h[rows]
+        ex = f"{p}experts.{e}."
+        gate, up = lin.column(x, (ex + "gate_proj", ex + "up_proj"), capture)
+        act = (torch.nn.functional.silu(gate.to(torch.float32)) * up.to(torch.float32)).to(torch.bfloat16)
+        y = lin.row(act, ex + "down_proj", capture)
+        acc[rows] += y.to(torch.float32) * weights[rows, slots][:, None]
+    return acc.to(torch.bfloat16)
+
+
+def expert_load(engine, i: int, h: torch.Tensor) -> list[int]:
+    """Tokens routed to each expert of layer i (index = expert id) for hidden states h."""
+    a = engine.model.arch
+    ids, _ = route(h, engine.model.dense[f"model.layers.{i}.mlp.gate.weight"], a.top_k, a.norm_topk_prob)
+    return torch.bincount(ids.reshape(-1), minlength=a.experts).tolist()
