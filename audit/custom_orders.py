@@ -43,8 +43,8 @@ def declare_custom_orders(pair: tuple[str, ...], order: str | None, device: str)
     if order is not None or not custom:
         return declare_orders(pair, order, device), None
     from requant import kernels
-    from requant.audit import vectors as V
     from requant.audit.conform import KernelError, fingerprint, run_cases
+    from requant.audit.conform import vectors as V
 
     vs = V.build_vectors(batch_ms=())
     ident = {c.name for c in vs.cases if c.kind in ("epilogue", "accumulator")}

@@ -59,7 +59,7 @@ def main(argv=None) -> int:
     from requant.audit.suite import run_audit
     from requant.backends import parse_backends
     from requant.checkpoint import open_checkpoint
-    from requant.tokenizer import byte_ids_allowed
+    from requant.models.tokenizer import byte_ids_allowed
 
     ckpt = open_checkpoint(a.ckpt)
     kw = dict(

@@ -29,7 +29,7 @@ OUTPUT_OPTIONS: dict[str, object] = {"--json": None, "--plot": None, "--output":
 DIR_FILES = {
     ("audit", "--report"): ("requant.audit.report", "REPORT_FILES"),
     ("eval", "--report"): ("requant.eval.report", "REPORT_FILES"),
-    ("conform", "--export"): ("requant.audit.vectors", "EXPORT_FILES"),
+    ("conform", "--export"): ("requant.audit.conform.vectors", "EXPORT_FILES"),
 }
 # Parameters (str: a local directory or a Hub id) that name a checkpoint the command reads.
 CHECKPOINT_PARAMS = ("ckpt", "src", "checkpoint")

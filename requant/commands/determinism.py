@@ -102,7 +102,7 @@ def determinism(
         checkpoint = open_checkpoint(DEFAULT_CHECKPOINT if ckpt is None else ckpt, revision=revision)
         check_layout(checkpoint)
         from requant.commands._limits import check_positions
-        from requant.tokenizer import load_tokenizer
+        from requant.models.tokenizer import load_tokenizer
 
         tok = load_tokenizer(checkpoint.path, int(checkpoint.config["vocab_size"]))
         longest = max(len(tok.encode(t)) for t in prompt_list(prompts))

@@ -5,12 +5,12 @@
                      [--backend NAME] [--engine auto|fast|reference] [--regime native|pow2]
                      [--device DEV] [--json OUT] [--revision REV] [--threads N] [--byte-tokens]
 
-No CKPT: the embedded default. Greedy unless --temperature > 0 (requant.sampling: a counter-based
+No CKPT: the embedded default. Greedy unless --temperature > 0 (requant.runtime.sampling: a counter-based
 generator per request and position, so a sample cannot depend on the batch). All prompts run as
 one batch. FILE.jsonl: one object a line, {"prompt": TEXT} or {"prompt_ids": [ids]}, optionally
 "key", "seed", "temperature", "top_k", "top_p" (overriding the options for that request). One
 prompt: its text is streamed to stdout token by token; several: each printed when done.
---json writes one record a prompt, JSON lines (requant.generation); `requant replay` re-checks it.
+--json writes one record a prompt, JSON lines (requant.runtime.generation); `requant replay` re-checks it.
 Exit status: 0 done; 2 could not run (one line: a bad option, prompt file or checkpoint, a
 SHA256SUMS that does not match the files); 130 interrupted.
 """
@@ -46,7 +46,7 @@ from requant.commands._common import (
     set_threads,
     text_out,
 )
-from requant.links import shown
+from requant.io.links import shown
 
 __all__ = ["generate", "read_prompt_file", "default_backend", "Streamer"]
 

@@ -143,7 +143,7 @@ def replay(
             check_outputs([("--json", json_out, None)], [("the record's checkpoint", ckpt.path, REPORTS)])
         check_layout(ckpt)
         from requant.commands._limits import check_generation_memory, max_positions
-        from requant.generation import check_against_model
+        from requant.runtime.generation import check_against_model
 
         check_against_model(records, int(ckpt.config["vocab_size"]), max_positions(ckpt.config))
         longest = max(len(r["prompt_ids"]) for r in records) + first["max_new_tokens"]

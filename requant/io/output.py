@@ -168,9 +168,9 @@ EVIDENCE_FILES = ("README.md", "requant-audit.json", "requant-eval.json", "requa
 
 def _written_by_conversion(path: Path, theirs: Path) -> bool:
     """An evidence-named file of an old OUT that a conversion put there: SRC's own file copied,
-    or the README stub a constrained arm writes (requant.streaming.readme_stub)."""
+    or the README stub a constrained arm writes (requant.convert._streaming.readme_stub)."""
+    from requant.convert._streaming import readme_stub
     from requant.scales import ARMS
-    from requant.streaming import readme_stub
 
     try:
         if path.stat().st_size > 1 << 20:
@@ -406,7 +406,7 @@ def file_mode(dest: Path | None = None) -> int:
 def report_target(path: str | os.PathLike) -> Path:
     """Where a report named `path` is written: `path` when it is absent or a regular file; for
     a symlink, the file it names (the link is kept) when that is a regular file or not there
-    yet, inside the link's own directory (requant.links' rule with that directory as the root)
+    yet, inside the link's own directory (requant.io.links' rule with that directory as the root)
     and reached through no link into /proc or /dev. Anything else (a directory, a FIFO, a
     device, a link to /proc/self/fd/1 or out of its directory) is an OutputError naming
     `path`: a report never replaces what is not a report."""

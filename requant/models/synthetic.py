@@ -7,8 +7,8 @@ Presets: tiny (the old random default: 4 layers, byte-level vocab 512), qwen3-0.
 qwen3-8b, qwen3-14b, qwen3-32b (the real configs). The files are reproducible bit for bit from
 the seed and the device, independent of the sharding.
 
-Usage: python -m requant.synthetic PRESET OUT [--seed N] [--shard-size BYTES] [--device DEV]
-                                    [--no-outliers] [--keep-source DIR] [--force]
+Usage: python -m requant.models.synthetic PRESET OUT [--seed N] [--shard-size BYTES] [--device DEV]
+                                           [--no-outliers] [--keep-source DIR] [--force]
 
 Output is written atomically; a non-empty OUT (or --keep-source DIR) is refused without --force,
 which replaces only a checkpoint or an empty directory.
@@ -276,7 +276,7 @@ def _write(
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m requant.synthetic", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m requant.models.synthetic", description=__doc__.split("\n\n")[0])
     ap.add_argument("preset", choices=sorted(PRESETS))
     ap.add_argument("out")
     ap.add_argument("--seed", type=int, default=0)

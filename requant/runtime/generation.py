@@ -311,7 +311,7 @@ def describe_difference(index: int, rec: dict, diff: dict | None, token_step: in
 
 
 def filler_prompts(tokenizer, n: int) -> tuple[list[list[int]], list[SamplingParams]]:
-    """n deterministic filler requests: the calibration prompts (requant.prompts) in turn, a
+    """n deterministic filler requests: the calibration prompts (requant.models.prompts) in turn, a
     number appended from the 17th on, each sampled (FILLER_SAMPLING) with seed i, key filler-i."""
     from requant.models.prompts import CALIBRATION_PROMPTS
 

@@ -8,8 +8,8 @@ import json
 from typer.testing import CliRunner
 
 from requant.audit.suite import plan_from_config
-from requant.qwen3 import Qwen3Arch
-from requant.synthetic import PRESETS, model_config, write_json
+from requant.models.qwen3 import Qwen3Arch
+from requant.models.synthetic import PRESETS, model_config, write_json
 
 PUBLISHED = {  # hidden, intermediate, layers, heads, kv heads, head_dim, vocab, tied
     "qwen3-0.6b": (1024, 3072, 28, 16, 8, 128, 151936, True),

@@ -94,7 +94,7 @@ def test_the_injector_faults_only_its_target_weights():
 
 
 def test_device_fault_kernels_name_the_same_variants_as_fault_kernels():
-    """audit.phases.injection.device_faults: on CPU the kernels of audit/fault_kernels.py themselves; its
+    """audit.phases.injection.device_faults: on CPU the kernels of audit/conform/fault_kernels.py themselves; its
     variant table names each kernel's own variant (fault_kernels' function names are the variant
     ids)."""
     from requant.audit.conform.fault_kernels import FAULTS
@@ -106,7 +106,7 @@ def test_device_fault_kernels_name_the_same_variants_as_fault_kernels():
 
 def test_lean_fault_kernels_give_the_fault_kernels_bits():
     """audit.phases.injection.lean_faults (no reference output, the accumulators passed in) equals
-    audit/fault_kernels.py's kernels bit for bit, on the definitions' accumulators (CPU)."""
+    audit/conform/fault_kernels.py's kernels bit for bit, on the definitions' accumulators (CPU)."""
     from requant.audit.conform.fault_kernels import FAULTS
     from requant.audit.faults import accumulate_bf16_tiles
     from requant.audit.phases.injection import lean_faults
@@ -124,7 +124,7 @@ def test_lean_fault_kernels_give_the_fault_kernels_bits():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_device_fault_kernels_on_cuda_give_the_definitions_bits():
-    """On CUDA the injection's kernels (cuBLASLt accumulator, Triton F6) equal audit/fault_kernels.py's
+    """On CUDA the injection's kernels (cuBLASLt accumulator, Triton F6) equal audit/conform/fault_kernels.py's
     (float64 accumulator, F6's torch tile loop) bit for bit, at decode and prefill sizes."""
     from requant.audit.conform.fault_kernels import FAULTS
     from requant.audit.phases.injection import device_faults
