@@ -48,10 +48,10 @@ _BASELINE_OF = {
 
 
 def baseline_variant(order_backend: str) -> str:
-    """Baseline row of a backend, by the epilogue order it implements (kernels.EMULATION_OF)."""
-    from requant.kernels import EMULATION_OF
+    """Baseline row of a backend, by the epilogue order it implements (kernels.emulation_of)."""
+    from requant.kernels import emulation_of
 
-    emu = EMULATION_OF.get(order_backend)
+    emu = emulation_of(order_backend)
     if emu in _BASELINE_OF:
         return _BASELINE_OF[emu]
     raise ValueError(f"backend {order_backend!r} implements no known epilogue order (kernels.EMULATION_OF)")

@@ -26,10 +26,10 @@ __all__ = ["KernelError", "resolve_kernel", "run_cases", "fingerprint", "declare
 
 
 def declared_order(backend: str) -> str | None:
-    """The order a registered backend declares (kernels.EMULATION_OF), as a formula name."""
-    from requant.kernels import EMULATION_OF
+    """The order a backend declares (kernels.emulation_of), as a formula name."""
+    from requant.kernels import emulation_of
 
-    emu = EMULATION_OF.get(backend)
+    emu = emulation_of(backend)
     if emu is None:
         return "exact" if backend == "reference" else None
     return emu.removeprefix("reference-")

@@ -58,7 +58,7 @@ class FaultInjector:
 
 def base_backend(backends: tuple[str, str]) -> str:
     for b in backends:
-        if kernels.EMULATION_OF.get(b) == "reference-triton-order":
+        if kernels.emulation_of(b) == "reference-triton-order":
             return b
     return "reference-triton-order"
 
@@ -153,9 +153,8 @@ def run_injection(model, token_lists, backends: tuple[str, str], tokens: int | N
     tokens = tokens or DEFAULT_TOKENS["cuda" if model.device.type == "cuda" else "cpu"]
     toks = token_lists if prompts is None else token_lists[:prompts]
     injector = FaultInjector(base_backend(backends))
-    kernels.register_scaled_mm(INJECTOR, injector, order="triton-order")
-    try:
-        m = model.with_backends(INJECTOR, engine="reference")
+    try:  # the injector is this run's kernel (kernels.ScaledMM), registered nowhere
+        m = model.with_backends(kernels.ScaledMM(INJECTOR, injector, "triton-order"), engine="reference")
         tensors = m._as_tensors(toks)
         ref_logits, ref_tokens = _greedy(m, tensors, tokens)
         scopes = {
@@ -179,7 +178,7 @@ def run_injection(model, token_lists, backends: tuple[str, str], tokens: int | N
             "one_layer": one_layer_names(m),
         }
     finally:
-        kernels.unregister_scaled_mm(INJECTOR)
+        injector.fault = None
 
 
 def score_injection(by_regime: dict, options: dict | None = None) -> tuple[dict, dict]:

@@ -278,7 +278,7 @@ def audit(
         from requant import DEFAULT_CHECKPOINT
         from requant.audit.capture import prompts as prompt_list
         from requant.audit.cells import CELLS_PER_LAYER
-        from requant.audit.custom_orders import declare_custom_orders
+        from requant.audit.pair import resolve_pair
         from requant.backends import check_runnable, parse_backends
         from requant.checkpoint import open_checkpoint
         from requant.evidence.identity import with_progress
@@ -294,9 +294,11 @@ def audit(
         if injection_tokens is not None and injection_tokens < 1:
             raise UsageError("--injection-tokens must be at least 1")
         set_threads(threads, dev)
-        custom, no_formula = declare_custom_orders(pair, order, dev)
-        if no_formula is not None:  # a finding, not a refusal: recorded, then exit 1
-            _fail_fingerprint(no_formula, custom, ckpt, spec, pair, dev, json_out)
+        resolved = resolve_pair(pair, order, dev)  # which kernel, which declared order
+        custom = resolved.custom
+        if resolved.failure is not None:  # a finding, not a refusal: recorded, then exit 1
+            _fail_fingerprint(resolved.failure, custom, ckpt, spec, pair, dev, json_out)
+        pair = resolved.kernels
         from requant.audit.matrix import baseline_variant, load_matrix, matrix_path
 
         pred = load_matrix(matrix_path(matrix))
@@ -356,8 +358,8 @@ def audit(
 
 def _fail_fingerprint(fail: dict, custom: dict, ckpt, spec: str, pair, dev: str, json_out: Optional[Path]) -> None:
     """A MODULE:FUNCTION kernel whose fingerprint names no legal formula: the JSON records the
-    verdict (written first), one line says it, exit 1 (requant.audit.custom_orders)."""
-    from requant.audit.custom_orders import failure_line
+    verdict (written first), one line says it, exit 1 (requant.audit.pair)."""
+    from requant.audit.pair import failure_line
 
     line = failure_line(fail)
     if json_out is not None:

@@ -81,7 +81,8 @@ def determinism(
     with cannot_run():
         check_output_file(json_out, "--json")  # before any work: a bad path costs nothing and writes nothing
         from requant import DEFAULT_CHECKPOINT
-        from requant.backends import check_runnable, declare_orders, parse_backends
+        from requant.audit.pair import resolve_pair
+        from requant.backends import check_runnable, parse_backends
         from requant.checkpoint import open_checkpoint
         from requant.determinism import all_scales_pow2, run_determinism, work_units
         from requant.evidence.identity import with_progress
@@ -98,7 +99,8 @@ def determinism(
         prompt_list(prompts)  # validate N before loading (or downloading) anything big
         set_threads(threads, dev)
         # a MODULE:FUNCTION kernel runs conform's cases first: one that cannot run is refused here
-        custom = declare_orders(pair, None, dev, require=False)
+        resolved = resolve_pair(pair, None, dev, require_order=False)
+        custom, pair = resolved.custom, resolved.kernels
         checkpoint = open_checkpoint(DEFAULT_CHECKPOINT if ckpt is None else ckpt, revision=revision)
         check_layout(checkpoint)
         from requant.commands._limits import check_positions

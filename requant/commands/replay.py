@@ -222,7 +222,7 @@ def replay(
                 "arithmetic": first.get("arithmetic"),
             },
             "backend": be,
-            "epilogue_order": kernels.EMULATION_OF.get(be),
+            "epilogue_order": kernels.emulation_of(be),
             "engine": engine_ran,
             "device": dev,
             "batch_with": batch_with,

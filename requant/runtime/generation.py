@@ -5,7 +5,7 @@ generated ids to everything that made them:
     format, tool, checkpoint (as given; null: the embedded default), checkpoint_path, revision,
     manifest, manifest_digest, tool_version, git_commit    (requant.evidence.identity)
     tokenizer                                              (Tokenizer.describe())
-    engine, backend, epilogue_order (kernels.EMULATION_OF), act_backend, reduction, regime, device
+    engine, backend, epilogue_order (kernels.emulation_of), act_backend, reduction, regime, device
     arithmetic, portable_kernels (only from the portable engine: "portable/1", the arithmetic that
     made every bit, and which of its forms computed it, "triton" or "torch")
     sampling {temperature, top_k, top_p, seed, method}, key, max_new_tokens, eos_ids
@@ -91,7 +91,7 @@ def make_record(*, sampled: Sampled, prompt_ids, prompt_text, model, context: di
             else {}
         ),
         "backend": model.backend,
-        "epilogue_order": kernels.EMULATION_OF.get(model.backend),
+        "epilogue_order": kernels.emulation_of(model.backend),
         "act_backend": model.act_backend,
         "reduction": "tree" if model.tree else "torch",
         "regime": model.regime,

@@ -36,7 +36,7 @@ ENGINES = ("auto", "fast", "reference", "portable")
 
 
 def _check_backend(backend: str) -> None:
-    if backend not in kernels.scaled_mm_backends():
+    if not kernels.is_scaled_mm(backend):
         raise ValueError(f"unknown scaled_mm backend {backend!r}; known: {', '.join(kernels.scaled_mm_backends())}")
 
 

@@ -116,7 +116,7 @@ class _TorchOps:
     def scaled_mm(q, w, s, s_w, backend):
         from requant.kernels import reference
 
-        name = _EPILOGUES.get(kernels.EMULATION_OF.get(backend, ""))
+        name = _EPILOGUES.get(kernels.emulation_of(backend) or "")
         if name is None or q.device.type != "cpu":
             return kernels.scaled_mm(q, w, s, s_w, backend=backend)
         reference.check_operands(q, w, s, s_w)

@@ -26,9 +26,7 @@ WRONG = "tests-batched-wrong-at-decode"
 
 @pytest.fixture
 def wrong_kernel():
-    kernels.register_scaled_mm(WRONG, wrong_at_decode, order="triton-order")
-    yield WRONG
-    kernels.unregister_scaled_mm(WRONG)
+    return kernels.ScaledMM(WRONG, wrong_at_decode, "triton-order")
 
 
 def _segments(seed, ms, k, n, pow2, craft):

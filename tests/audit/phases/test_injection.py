@@ -1,5 +1,5 @@
 """audit/phases/injection.py: the fault kernels injected into the generating model, on the
-embedded default with the reference pair, and the injector's registration (kernels.register_scaled_mm).
+embedded default with the reference pair, and the injector as a run's kernel (kernels.ScaledMM).
 
 Independent references: the runtime's own greedy decoding (Model.greedy) for the tokens the
 injection decodes; the definitions in audit/faults.py for which faults leave the bits unchanged
@@ -52,27 +52,6 @@ def test_injection_scored_on_both_regimes(tmp_path):
     assert f"| F7 | pow2 | {f7['changed_prompts']}/2 |" in md and "16 scored verdicts" in md
     assert plot_injection(result, tmp_path / "i.png").read_bytes()[:4] == b"\x89PNG"
     assert all(n.startswith("model.layers.3.") for n in runs["pow2"]["one_layer"])
-
-
-def test_register_scaled_mm():
-    from tests.audit.custom_kernels import triton_order
-
-    try:
-        kernels.register_scaled_mm("test-kernel", triton_order, order="triton-order")
-        assert "test-kernel" in kernels.scaled_mm_backends()
-        assert kernels.EMULATION_OF["test-kernel"] == "reference-triton-order"
-        a = torch.ones(2, 3, dtype=torch.int8)
-        s = torch.ones(2, 1)
-        assert torch.equal(kernels.scaled_mm(a, a, s, s, backend="test-kernel"), triton_order(a, a, s, s))
-    finally:
-        kernels.unregister_scaled_mm("test-kernel")
-    assert "test-kernel" not in kernels.scaled_mm_backends() and "test-kernel" not in kernels.EMULATION_OF
-    try:
-        kernels.register_scaled_mm("cutlass", triton_order)
-    except ValueError as exc:
-        assert "built-in" in str(exc)
-    else:
-        raise AssertionError("a built-in name was replaced")
 
 
 def test_the_injector_faults_only_its_target_weights():
@@ -159,14 +138,10 @@ def test_injection_one_prompt_one_token_is_scored_without_false_negatives(tmp_pa
     model = load_model(DEFAULT_CHECKPOINT, regime="native", engine="reference")
     toks = _tokens(model, 1)
     injector = FaultInjector(base_backend(REFERENCE_PAIR))
-    kernels.register_scaled_mm(INJECTOR, injector, order="triton-order")
-    try:
-        m = model.with_backends(INJECTOR, engine="reference")
-        ref = m.logits(toks)[0][-1:]
-        injector.fault, injector.targets = FAULTS["F9c"], {m.linears[n][0].data_ptr() for n in m.linears}
-        bad = m.logits(toks)[0][-1:]
-    finally:
-        kernels.unregister_scaled_mm(INJECTOR)
+    m = model.with_backends(kernels.ScaledMM(INJECTOR, injector, "triton-order"), engine="reference")
+    ref = m.logits(toks)[0][-1:]
+    injector.fault, injector.targets = FAULTS["F9c"], {m.linears[n][0].data_ptr() for n in m.linears}
+    bad = m.logits(toks)[0][-1:]
     top2 = torch.topk(ref.double(), 2).values[0]
     deviation = float((ref.double() - bad.double()).abs().max())
     assert 0 < deviation < float(top2[0] - top2[1])  # the logits moved, by less than the margin
