@@ -22,9 +22,10 @@ from requant.audit.batched import Pending, Read, Segment, Started, per_cell_forc
 from requant.audit.checks import CHECK_IDS, run_checks
 from requant.audit.compare import compare_layer
 from requant.audit.faults import VARIANTS, LayerCase, inject, reference_case
-from requant.audit.matrix import REGIMES, baseline_variant
+from requant.audit.matrix import baseline_variant
 from requant.audit.records import BACKEND_KERNELS, Activations, KernelDesc, Run, Weights, output_distance, output_equal
 from requant.audit.scoring import CellResult, Scorer, ulp_histogram
+from requant.regime import REGIMES
 
 CELLS_PER_LAYER = len(VARIANTS) * len(REGIMES)
 

@@ -21,6 +21,7 @@ import numpy as np
 from requant.io.markdown import table
 from requant.kernels.bf16 import is_power_of_two
 from requant.models.prompts import prompts as calibration_prompts
+from requant.regime import REGIMES
 
 SHA_ENCODING = "sha256 of the new token ids as little-endian int64 bytes"
 CONSTRAINED_ARMS = ("nearest", "ceiling", "mse", "probe")
@@ -149,7 +150,7 @@ def run_determinism(
     tok = native.tokenizer
     token_lists = [tok.encode(t) for t in texts]
     regimes, invariance = {}, {}
-    for regime in ("native", "pow2"):
+    for regime in REGIMES:
         if regime == "pow2" and pow2_native:
             regimes["pow2"] = dict(regimes["native"], same_as="native")
             invariance["pow2"] = dict(invariance["native"])
@@ -231,7 +232,7 @@ def markdown(result: dict, command: str | None = None) -> str:
     if conv["all_scales_pow2"]:
         lines.append(f"- converted checkpoint (arm: {conv['arm'] or 'unknown'}): {conv['note']}")
     lines.append("")
-    for regime in ("native", "pow2"):
+    for regime in REGIMES:
         r = result["regimes"][regime]
         lines += [
             f"## {regime}: {r['identical']}/{r['total']} identical" + (" (same as native)" if r.get("same_as") else ""),
@@ -261,7 +262,7 @@ def markdown(result: dict, command: str | None = None) -> str:
     ]
     rows = [
         [regime, backend, f"{v['identical']}/{v['total']}", ", ".join(map(str, v["differing_prompts"])) or "-"]
-        for regime in ("native", "pow2")
+        for regime in REGIMES
         for backend, v in result["batch_invariance"][regime].items()
     ]
     lines += table(["regime", "backend", "identical", "differing prompts"], rows, align="llr")

@@ -22,8 +22,9 @@ import torch
 from requant import kernels
 from requant.audit.checks import FIRE, NOT_APPLICABLE, SILENT, token_risk
 from requant.audit.conform.fault_kernels import FAULTS
-from requant.audit.matrix import INJECTION_MATRIX_PATH, PREDICTED_MISS, REGIMES, load_matrix
+from requant.audit.matrix import INJECTION_MATRIX_PATH, PREDICTED_MISS, load_matrix
 from requant.io.markdown import table
+from requant.regime import REGIMES
 
 __all__ = [
     "INJECTOR",

@@ -50,6 +50,7 @@ from requant.commands._common import (
     write_json_atomic,
 )
 from requant.commands._isolate import deliver, needs_child, run_in_child
+from requant.regime import REGIMES
 
 console = err()  # progress and phase lines
 out = Console(highlight=False, soft_wrap=True)  # tables and the summary: stdout, one stream
@@ -123,13 +124,13 @@ def _print_detection(detection: list, title: str) -> None:
     t = Table(title=title)
     t.add_column("fault")
     for sev in ("one", "1pct", "all"):
-        for regime in ("native", "pow2"):
+        for regime in REGIMES:
             t.add_column(f"{sev} {regime}", justify="right")
     det = {(d["fault"], d["severity"], d["regime"]): d for d in detection}
     for fam in sorted({d["fault"] for d in detection}):
         cells = []
         for sev in ("one", "1pct", "all"):
-            for regime in ("native", "pow2"):
+            for regime in REGIMES:
                 d = det.get((fam, sev, regime))
                 cells.append("" if d is None else f"{d['detected']}/{d['observable']}")
         t.add_row(fam, *cells)

@@ -165,7 +165,8 @@ def generate(
         from requant.backends import check_runnable
         from requant.checkpoint import open_checkpoint
         from requant.evidence.identity import with_progress
-        from requant.runtime import REGIMES, check_layout, load_model
+        from requant.regime import check_regime
+        from requant.runtime import check_layout, load_model
         from requant.runtime.sampling import SamplingParams
 
         dev = check_device(device or default_device())
@@ -173,8 +174,7 @@ def generate(
             raise UsageError("give --prompt TEXT (repeatable) or --prompts FILE.jsonl, not both")
         if max_new_tokens < 1:
             raise UsageError("--max-new-tokens must be at least 1")
-        if regime not in REGIMES:
-            raise UsageError(f"--regime must be one of {', '.join(REGIMES)}, got {regime!r}")
+        check_regime(regime, "--regime")
         base = SamplingParams(temperature, top_k, top_p, seed).check("--temperature/--top-k/--top-p/--seed")
         be = backend or default_backend(dev)
         from requant import kernels

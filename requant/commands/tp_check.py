@@ -171,7 +171,8 @@ def tp_check(
         from requant.evidence.identity import with_progress
         from requant.models.prompts import prompts as prompt_list
         from requant.models.tokenizer import load_tokenizer
-        from requant.runtime import REGIMES, arch_from_config, check_layout
+        from requant.regime import check_regime
+        from requant.runtime import arch_from_config, check_layout
         from requant.tp import REDUCES, LaunchConfig, check_degree
 
         dev = check_device(device or default_device())
@@ -183,8 +184,7 @@ def tp_check(
         if name not in kernels.scaled_mm_backends():
             raise UsageError(f"--backend: unknown backend {name!r}; known: {', '.join(kernels.scaled_mm_backends())}")
         check_runnable((name,), dev, act_backend, option="--backend")
-        if regime not in REGIMES:
-            raise UsageError(f"--regime must be one of {', '.join(REGIMES)}, got {regime!r}")
+        check_regime(regime, "--regime")
         if reduce not in REDUCES:
             raise UsageError(f"--reduce must be one of {', '.join(REDUCES)}, got {reduce!r}")
         if new_tokens < 0:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from requant.regime import REGIMES
 from requant.runtime.sampling import METHOD, Sampled, SamplingParams
 
 __all__ = [
@@ -124,7 +125,7 @@ _OPTIONAL_STR = (
     "arithmetic",
     "portable_kernels",
 )
-_KNOWN = {"engine": ("fast", "portable", "reference"), "reduction": ("tree", "torch"), "regime": ("native", "pow2")}
+_KNOWN = {"engine": ("fast", "portable", "reference"), "reduction": ("tree", "torch"), "regime": REGIMES}
 MAX_ID = 2**31 - 1  # a token id beyond any vocabulary (the checkpoint's own bound is checked when it is loaded)
 
 

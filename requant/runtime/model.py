@@ -14,13 +14,13 @@ from pathlib import Path
 import torch
 
 from requant import kernels
+from requant.regime import NATIVE, check_regime
 from requant.runtime.cache import Generation, KVCache
 from requant.runtime.engine import generate as run_generation
 from requant.runtime.fast import FastEngine, FastLayout, fast_supported
 from requant.runtime.reference import ReferenceEngine
 from requant.runtime.weights import (
     BF16,
-    REGIMES,
     Bf16Dir,
     arch_from_config,
     check_layout,
@@ -262,7 +262,7 @@ def load_model(
             except (ValueError, RecursionError) as exc:
                 raise ValueError(f"{cfg_path}: not valid JSON: {exc}") from None
             if isinstance(cfg, dict) and cfg.get("quantization_config") is None:
-                if regime not in ("native", BF16):
+                if regime not in (NATIVE, BF16):
                     raise ValueError(
                         f"{cfg_path}: a bf16 checkpoint (no quantization_config) has no scales for regime {regime!r}"
                     )
@@ -285,8 +285,7 @@ def load_model(
         from requant.checkpoint import open_checkpoint
 
         ckpt = open_checkpoint(src, revision=revision)
-    if regime not in REGIMES:
-        raise ValueError(f"unknown regime {regime!r}; known: {', '.join(REGIMES)}")
+    check_regime(regime)  # the one check below the command line (requant.regime)
     check_layout(ckpt)
     dense = share.dense if share is not None else load_dense(ckpt, dev)
     m = Model(

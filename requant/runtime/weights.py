@@ -5,7 +5,7 @@ Two dictionaries describe a loaded model:
   dense    {tensor name: bf16 tensor}: embeddings, norms, and every Linear that runs dense
            (`lm_head` when the checkpoint does not quantize it; every Linear of a bf16 model)
   linears  {module name: (int8 w [out, in], fp32 s_w [out, 1])}: the quantized Linears of one
-           regime. native = the checkpoint's own scales; pow2 = requant.scales.arms' nearest arm,
+           regime (requant.regime): native = the checkpoint's own scales; pow2 = the nearest arm,
            i.e. exactly what `requant convert --arm nearest` writes, made in memory.
 
 A bf16 directory is recognised by a config.json without quantization_config; its tensors
@@ -25,8 +25,10 @@ from pathlib import Path
 import torch
 
 from requant.models.qwen3 import Qwen3Arch
+from requant.regime import NATIVE, POW2, REGIMES, check_regime, pow2_weights
 
-REGIMES = ("native", "pow2")
+__all__ = ["REGIMES", "BF16", "arch_from_config", "check_layout", "dense_names", "load_dense", "load_linears"]
+
 BF16 = "bf16"  # the regime name of a bf16 model (every Linear dense)
 LAYER_NORMS = (
     "input_layernorm.weight",
@@ -179,33 +181,26 @@ def load_dense(ckpt, device) -> dict[str, torch.Tensor]:
     return dense
 
 
-def _requantize_one(args):
-    from requant.scales.arms import requantize
-
-    q, s = args
-    return requantize(q, s, "nearest")
-
-
 def load_linears(ckpt, regime: str, device, threads: int | None = None) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """Every quantized Linear of one regime: native = the checkpoint's scales; pow2 = the
-    converter's nearest arm (requant.scales.arms.requantize), i.e. what `requant convert` writes.
-    pow2 requantizes on the CPU in a thread pool (numpy releases the GIL; same bytes)."""
-    if regime not in REGIMES:
-        raise ValueError(f"unknown regime {regime!r}; known: {', '.join(REGIMES)}")
+    """Every quantized Linear of one regime (requant.regime, checked by the caller): native = the
+    checkpoint's scales; pow2 = requant.regime.pow2_weights, i.e. what `requant convert` writes,
+    made on the CPU in a thread pool (torch releases the GIL; same bytes)."""
     names = list(ckpt.quantized_linears)
 
     def place(q, s):
         return q.to(device).contiguous(), s.to(torch.float32).reshape(-1, 1).to(device).contiguous()
 
-    if regime == "native":
+    if regime == NATIVE:
         return {n: place(*ckpt.weight_and_scale(n)) for n in names}
+    if regime != POW2:
+        check_regime(regime)
     out = {}
     workers = threads or min(8, os.cpu_count() or 1)
     with ThreadPoolExecutor(max_workers=workers) as pool:
         # bounded: at most 2 * workers Linears read ahead of the one being placed
         pending = {}
         for n in names:
-            pending[n] = pool.submit(_requantize_one, ckpt.weight_and_scale(n))
+            pending[n] = pool.submit(pow2_weights, *ckpt.weight_and_scale(n))
             if len(pending) >= 2 * workers:
                 first = next(iter(pending))
                 out[first] = place(*pending.pop(first).result())
