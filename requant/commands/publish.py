@@ -191,6 +191,7 @@ def card(
     requant-eval.json, requant-determinism.json, requant-convert.json. A missing report is
     named in the card as not measured. Also writes CKPT/SHA256SUMS when there is none (the
     card quotes its digest)."""
+    from requant.audit.faults import FAMILY_TITLES
     from requant.evidence import manifest as mf
     from requant.io.output import report_target
     from requant.publish import PublishError
@@ -225,6 +226,7 @@ def card(
             convert=convert_report,
             repo_id=repo_id,
             facts=facts,
+            fault_titles=FAMILY_TITLES,
         )
     )
     _warn(rendered.warnings)
@@ -273,10 +275,15 @@ def push(
     layer bitwise equal, and every weight scale is a power of two (--force overrides these,
     never the probe arm). The token comes from HF_TOKEN or the stored login; HF_ENDPOINT
     selects the Hub. Prints the commit URL."""
+    from requant.audit.faults import FAMILY_TITLES
     from requant.publish import push as push_mod
 
     with _hashing(ckpt, "sha256") as cb:
-        p = _run(lambda: push_mod.plan(ckpt, repo_id, revision=revision, force=force, progress=cb))
+        p = _run(
+            lambda: push_mod.plan(
+                ckpt, repo_id, revision=revision, force=force, progress=cb, fault_titles=FAMILY_TITLES
+            )
+        )
     if p.overridden:
         _warn([f"--force: pushing although {r}" for r in p.overridden])
     for note in p.notes:

@@ -14,8 +14,10 @@ from __future__ import annotations
 import math
 import re
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 
 import torch
 
@@ -23,6 +25,7 @@ from requant.evidence import manifest as mf
 from requant.io.output import write_bytes_atomic
 from requant.publish import PublishError
 from requant.publish.reports import Reports, collect
+from requant.regime import REGIMES
 
 LIBRARY_NAME = "transformers"
 PIPELINE_TAG = "text-generation"
@@ -244,15 +247,13 @@ def _conversion(facts: Facts, reports: Reports) -> tuple[dict | None, str | None
     return {"text": text, "rows": rows, "source_note": _tie_note(rep, "conversion report")}, None
 
 
-def _audit(reports: Reports) -> tuple[dict | None, str | None]:
+def _audit(reports: Reports, fault_titles: Mapping[str, str]) -> tuple[dict | None, str | None]:
     rep = reports.found.get("audit")
     if rep is None:
         return None, (
             f"**Not measured.** No audit of these bytes ({reports.missing.get('audit')}). "
             "Run `requant audit CKPT --json CKPT/requant-audit.json`, then render the card again."
         )
-    from requant.audit.faults import FAMILY_TITLES
-
     d = rep.data
     s, card = d["per_layer_summary"], d["scorecard"]
     per_layer = [
@@ -279,7 +280,7 @@ def _audit(reports: Reports) -> tuple[dict | None, str | None]:
         cell[0] += row["detected"]
         cell[1] += row["observable"]
     detection = [
-        [f, FAMILY_TITLES.get(f, ""), *(f"{v[r][0]}/{v[r][1]}" if r in v else "-" for r in ("native", "pow2"))]
+        [f, fault_titles.get(f, ""), *(f"{v[r][0]}/{v[r][1]}" if r in v else "-" for r in REGIMES)]
         for f, v in sorted(fams.items())
     ]
     pinned = card["matrix_pinned"]
@@ -506,8 +507,10 @@ def render(
     convert: Path | None = None,
     repo_id: str | None = None,
     facts: Facts | None = None,
+    fault_titles: Mapping[str, str] = MappingProxyType({}),
 ) -> RenderedCard:
-    """Render the card of a checkpoint (nothing written)."""
+    """Render the card of a checkpoint (nothing written). fault_titles: the audit's fault family
+    titles (requant.audit.faults.FAMILY_TITLES, given by the command: the core imports no audit)."""
     import jinja2
     from huggingface_hub import ModelCard
 
@@ -524,7 +527,7 @@ def render(
     warnings = list(reports.warnings) + ([lic.warning] if lic.warning else [])
     data = card_data(facts, lic, reports)
     conversion, conversion_missing = _conversion(facts, reports)
-    audit_ctx, audit_missing = _audit(reports)
+    audit_ctx, audit_missing = _audit(reports, fault_titles)
     det_ctx, det_missing = _determinism(reports)
     eval_ctx, eval_missing = _eval(reports, facts.arm)
     target = repo_id or "path/to/this/checkpoint"

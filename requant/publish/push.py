@@ -19,8 +19,10 @@ from __future__ import annotations
 import hashlib
 import importlib
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 
 from requant.evidence import manifest as mf
 from requant.io.output import write_bytes_atomic
@@ -92,9 +94,16 @@ def _audit_reasons(ckpt: Path, digest: str) -> list[str]:
 
 
 def plan(
-    ckpt_dir: str | Path, repo_id: str, *, revision: str | None = None, force: bool = False, progress=None
+    ckpt_dir: str | Path,
+    repo_id: str,
+    *,
+    revision: str | None = None,
+    force: bool = False,
+    progress=None,
+    fault_titles: Mapping[str, str] = MappingProxyType({}),
 ) -> Plan:
-    """Everything about a push that needs no network: refusals, the card, the file list."""
+    """Everything about a push that needs no network: refusals, the card (fault_titles: as
+    card.render), the file list."""
     check_repo_id(repo_id)
     if revision is not None and (not revision or revision.startswith("refs/pr/")):
         raise PublishError("--revision must name a branch", file=revision or "''")
@@ -138,7 +147,7 @@ def plan(
             if marker[0] != facts.manifest_digest
             else f"a requant card rendered for {marker[1] or 'no repo id'}"
         )
-        card = render(ckpt, repo_id=repo_id, facts=facts)
+        card = render(ckpt, repo_id=repo_id, facts=facts, fault_titles=fault_titles)
         out.notes += card.warnings
         out.notes.append(f"README.md {why}: the card was rendered now")
         data = card.text.encode("utf-8")
