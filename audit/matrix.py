@@ -21,7 +21,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from requant.audit.checks import FIRE, NOT_APPLICABLE, SILENT
+from requant.audit.checks import ALL_CHECK_IDS, FIRE, NOT_APPLICABLE, SILENT
+from requant.kernels import emulation_of
 
 MATRIX_PATH = Path(__file__).with_name("prediction_matrix.json")
 MATRIX_V2_PATH = Path(__file__).with_name("prediction_matrix_v2.json")
@@ -48,7 +49,6 @@ _BASELINE_OF = {
 
 def baseline_variant(order_backend: str) -> str:
     """Baseline row of a backend, by the epilogue order it implements (kernels.emulation_of)."""
-    from requant.kernels import emulation_of
 
     emu = emulation_of(order_backend)
     if emu in _BASELINE_OF:
@@ -77,7 +77,6 @@ class Matrix:
     @property
     def checks(self) -> tuple[str, ...]:
         """The checks the matrix predicts, in ALL_CHECK_IDS order (v1: C1..C7; v2: C1..C8)."""
-        from requant.audit.checks import ALL_CHECK_IDS
 
         named = {c for c, _, _ in self.cells}
         return tuple(c for c in ALL_CHECK_IDS if c in named)

@@ -20,6 +20,7 @@ from requant.audit.phases.injection import run_injection, score_injection
 from requant.audit.phases.prefill import PrefillPhase
 from requant.audit.records import REFERENCE_KERNEL
 from requant.backends import environment
+from requant.checkpoint import is_ignored
 from requant.evidence.identity import checkpoint_identity
 from requant.models.qwen3 import Qwen3Arch
 from requant.models.tokenizer import load_tokenizer
@@ -31,7 +32,6 @@ __all__ = ["converted_info", "plan_from_config", "run_audit"]
 
 def plan_from_config(config: dict) -> dict:
     """Cells and shapes from config.json alone (no tensors read)."""
-    from requant.checkpoint import is_ignored
 
     sh = Qwen3Arch.from_config(config)
     ignore = tuple((config.get("quantization_config") or {}).get("ignore") or ())

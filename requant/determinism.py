@@ -18,10 +18,15 @@ import time
 
 import numpy as np
 
+from requant.backends import environment
+from requant.evidence.identity import checkpoint_identity
+from requant.evidence.identity import markdown_lines as identity_lines
 from requant.io.markdown import table
 from requant.kernels.bf16 import is_power_of_two
 from requant.models.prompts import prompts as calibration_prompts
+from requant.models.tokenizer import summary as tokenizer_summary
 from requant.regime import REGIMES
+from requant.runtime import check_layout, load_model
 
 SHA_ENCODING = "sha256 of the new token ids as little-endian int64 bytes"
 CONSTRAINED_ARMS = ("nearest", "ceiling", "mse", "probe")
@@ -121,9 +126,6 @@ def run_determinism(
     identity: requant.evidence.identity.checkpoint_identity(ckpt) when the caller computed it
     already (the command does, before the run); computed here otherwise. engine: the runtime
     engine of the models loaded here ("auto": the fast engine on CUDA; requant.runtime)."""
-    from requant.backends import environment
-    from requant.evidence.identity import checkpoint_identity
-    from requant.runtime import check_layout, load_model
 
     t0 = time.perf_counter()
     say = on_phase or (lambda msg: None)
@@ -210,8 +212,6 @@ def _cell(text: str, width: int = 60) -> str:
 
 def markdown(result: dict, command: str | None = None) -> str:
     """A Markdown summary for people (the JSON is the record)."""
-    from requant.evidence.identity import markdown_lines as identity_lines
-    from requant.models.tokenizer import summary as tokenizer_summary
 
     a, b = result["backends"]
     lines = ["# requant determinism", ""]

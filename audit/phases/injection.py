@@ -22,9 +22,15 @@ import torch
 from requant import kernels
 from requant.audit.checks import FIRE, NOT_APPLICABLE, SILENT, token_risk
 from requant.audit.conform.fault_kernels import FAULTS
+from requant.audit.device_acc import exact_accumulate
+from requant.audit.f6_tiles import f6_accumulator
+from requant.audit.faults import VARIANT_BY_ID, LayerCase, inject
 from requant.audit.matrix import INJECTION_MATRIX_PATH, PREDICTED_MISS, load_matrix
+from requant.audit.records import REFERENCE_KERNEL, Activations, Run, Weights
 from requant.io.markdown import table
+from requant.kernels.reference import check_operands
 from requant.regime import REGIMES
+from requant.runtime.cache import generation_capacity
 
 __all__ = [
     "INJECTOR",
@@ -71,7 +77,6 @@ def one_layer_names(model) -> list[str]:
 
 def _greedy(model, tensors, tokens: int, fed: list[torch.Tensor] | None = None):
     """(logits per position [B, vocab], fed tokens per step): greedy, or fed the given tokens."""
-    from requant.runtime.cache import generation_capacity
 
     cache = model.new_cache(len(tensors), generation_capacity(max(len(t) for t in tensors) + tokens))
     logits, chosen = [], []
@@ -118,8 +123,6 @@ def device_faults(device) -> dict:
     the exact integer (F6: the same bf16 register, tile by tile); elsewhere FAULTS itself."""
     if torch.device(device).type != "cuda":
         return dict(FAULTS)
-    from requant.audit.device_acc import exact_accumulate
-    from requant.audit.f6_tiles import f6_accumulator
 
     return lean_faults(exact_accumulate, f6_accumulator)
 
@@ -128,9 +131,6 @@ def lean_faults(acc_fn, f6_fn) -> dict:
     """FAULTS' kernels built on the given accumulators, without the reference output: none of
     these 11 variants reads it (severity `all` replaces every element; F9's operand faults form
     their own output), so the generating model pays one epilogue less per faulted GEMM."""
-    from requant.audit.faults import VARIANT_BY_ID, LayerCase, inject
-    from requant.audit.records import REFERENCE_KERNEL, Activations, Run, Weights
-    from requant.kernels.reference import check_operands
 
     def wrap(variant):
         assert variant.severity == "all" or variant.family == "F9", variant.id

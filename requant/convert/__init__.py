@@ -18,6 +18,7 @@ from requant.convert.replace import check_output, refuse_users_files
 from requant.errors import CheckpointError, OutputError, os_reason
 from requant.evidence import manifest as mf
 from requant.evidence import provenance
+from requant.evidence.origin import open_source_weights, proof_bytes, prove_origin
 from requant.evidence.provenance import PROVENANCE_KEY
 from requant.io.inputs import load_json
 from requant.io.links import shown
@@ -184,8 +185,6 @@ def convert(
     src_weights = None
     total = sum(f.file_size for f in ckpt.shards.values())
     if source is not None:
-        from requant.evidence.origin import open_source_weights, proof_bytes, prove_origin
-
         src_weights = open_source_weights(source, ckpt)
         check_output(Path(source), out, force)
         if on_start:

@@ -29,6 +29,7 @@ from typing import Callable
 from requant.errors import CheckpointError
 from requant.io.inputs import read_small
 from requant.io.links import allowed_roots, check_inside, shown
+from requant.io.output import write_bytes_atomic
 
 MANIFEST = "SHA256SUMS"
 SOURCE_MANIFEST = "SHA256SUMS.source"
@@ -274,7 +275,6 @@ def read(root: str | os.PathLike, name: str = MANIFEST) -> tuple[dict[str, str],
 
 def write(root: str | os.PathLike, entries: dict[str, Entry] | None = None, name: str = MANIFEST) -> tuple[Path, str]:
     """Write the manifest of root (computed now unless entries are given). Returns (path, digest)."""
-    from requant.io.output import write_bytes_atomic  # durable, all or nothing, cp's permissions
 
     data = render(entries if entries is not None else compute(root))
     return write_bytes_atomic(Path(root) / name, data), digest_of(data)

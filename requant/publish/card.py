@@ -21,8 +21,10 @@ from types import MappingProxyType
 
 import torch
 
+from requant.checkpoint import open_checkpoint
 from requant.evidence import manifest as mf
 from requant.io.output import write_bytes_atomic
+from requant.model_cards import template_path
 from requant.publish import PublishError
 from requant.publish.reports import Reports, collect
 from requant.regime import REGIMES
@@ -83,7 +85,6 @@ def _front_matter(readme: Path) -> dict:
 def checkpoint_facts(ckpt_dir: str | Path, progress=None) -> Facts:
     """Open and validate a local checkpoint, check its SHA256SUMS (if any) and count its
     power-of-two scales."""
-    from requant.checkpoint import open_checkpoint
 
     path = Path(ckpt_dir)
     if not path.is_dir():
@@ -513,8 +514,6 @@ def render(
     titles (requant.audit.faults.FAMILY_TITLES, given by the command: the core imports no audit)."""
     import jinja2
     from huggingface_hub import ModelCard
-
-    from requant.model_cards import template_path
 
     facts = facts if facts is not None else checkpoint_facts(ckpt_dir)
     reports = collect(

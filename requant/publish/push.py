@@ -28,7 +28,7 @@ from requant.evidence import manifest as mf
 from requant.io.output import write_bytes_atomic
 from requant.publish import PublishError, PushRefused
 from requant.publish.card import audit_ok, card_marker, checkpoint_facts, render
-from requant.publish.reports import DEFAULT_NAMES, collect
+from requant.publish.reports import DEFAULT_NAMES, collect, load_report
 
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
 
@@ -76,8 +76,6 @@ def check_repo_id(repo_id: str) -> None:
 
 
 def _audit_reasons(ckpt: Path, digest: str) -> list[str]:
-    from requant.publish.reports import load_report
-
     path = ckpt / DEFAULT_NAMES["audit"]
     if not path.is_file():
         return [f"no audit report beside the checkpoint ({path.name}: `requant audit {ckpt} --json {path}`)"]

@@ -21,6 +21,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from requant import kernels
+from requant.kernels.portable import ARITHMETIC
+from requant.models.prompts import CALIBRATION_PROMPTS
 from requant.regime import REGIMES
 from requant.runtime.sampling import METHOD, Sampled, SamplingParams
 
@@ -77,7 +80,6 @@ FILLER_SAMPLING = {"temperature": 1.0, "top_k": 40, "top_p": 0.95}
 
 def make_record(*, sampled: Sampled, prompt_ids, prompt_text, model, context: dict, tokenizer) -> dict:
     """One record. context: the keys shared by a run (checkpoint, identity, device, ...)."""
-    from requant import kernels
 
     eos = set(context.get("eos_ids") or [])
     return {
@@ -234,7 +236,6 @@ def check_against_model(records: list[dict], vocab: int, max_positions: int) -> 
 
 def _check_arithmetic(rec: dict, where: str) -> None:
     # a portable record names the arithmetic that made it; this requant computes exactly one
-    from requant.kernels.portable import ARITHMETIC
 
     arith = rec.get("arithmetic")
     if arith is None and rec["engine"] == "portable":
@@ -314,7 +315,6 @@ def describe_difference(index: int, rec: dict, diff: dict | None, token_step: in
 def filler_prompts(tokenizer, n: int) -> tuple[list[list[int]], list[SamplingParams]]:
     """n deterministic filler requests: the calibration prompts (requant.models.prompts) in turn, a
     number appended from the 17th on, each sampled (FILLER_SAMPLING) with seed i, key filler-i."""
-    from requant.models.prompts import CALIBRATION_PROMPTS
 
     ids, params = [], []
     for i in range(n):

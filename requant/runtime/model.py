@@ -14,10 +14,13 @@ from pathlib import Path
 import torch
 
 from requant import kernels
+from requant.checkpoint import open_checkpoint
+from requant.models.tokenizer import load_tokenizer
 from requant.regime import NATIVE, check_regime
 from requant.runtime.cache import Generation, KVCache
 from requant.runtime.engine import generate as run_generation
 from requant.runtime.fast import FastEngine, FastLayout, fast_supported
+from requant.runtime.portable import PortableEngine, PortableLayout, portable_supported
 from requant.runtime.reference import ReferenceEngine
 from requant.runtime.weights import (
     BF16,
@@ -86,8 +89,6 @@ class Model:
         if engine not in ENGINES:
             raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
         if engine == "portable":  # the one arithmetic every machine computes (runtime/portable.py)
-            from requant.runtime.portable import PortableEngine, PortableLayout, portable_supported
-
             why = portable_supported(self)
             if why is not None:
                 raise ValueError(f"the portable engine cannot run this model: {why}")
@@ -116,8 +117,6 @@ class Model:
     @property
     def tokenizer(self):
         if self._tokenizer is None:
-            from requant.models.tokenizer import load_tokenizer
-
             self._tokenizer = load_tokenizer(self.path, self.arch.vocab)
         return self._tokenizer
 
@@ -282,7 +281,6 @@ def load_model(
                 if share is not None:
                     m._fp32 = share._fp32
                 return m
-        from requant.checkpoint import open_checkpoint
 
         ckpt = open_checkpoint(src, revision=revision)
     check_regime(regime)  # the one check below the command line (requant.regime)

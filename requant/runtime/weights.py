@@ -24,6 +24,9 @@ from pathlib import Path
 
 import torch
 
+from requant.checkpoint import check_qwen3
+from requant.errors import TensorError
+from requant.io.links import check_inside
 from requant.models.qwen3 import Qwen3Arch
 from requant.regime import NATIVE, POW2, REGIMES, check_regime, pow2_weights
 
@@ -134,7 +137,6 @@ def _finite(ckpt, name: str, t: torch.Tensor | None = None) -> torch.Tensor:
     file and tensor) when it holds a NaN or an infinity: otherwise every activation downstream is
     NaN and the error surfaces far away, naming no file (a kernel's "activations contain NaN or
     infinity"). On a GPU tensor the check runs there (one host read)."""
-    from requant.errors import TensorError
 
     if t is None:
         t = ckpt.tensor(name)
@@ -216,9 +218,6 @@ class Bf16Dir:
     """A plain (unquantized) Qwen3 safetensors directory, read with the safetensors library."""
 
     def __init__(self, path: Path, config: dict):
-        from requant.checkpoint import check_qwen3
-        from requant.io.links import check_inside
-
         self.path = path
         self.config = config
         index = path / "model.safetensors.index.json"

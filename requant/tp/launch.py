@@ -28,7 +28,12 @@ from pathlib import Path
 
 import torch
 
+from requant.checkpoint import open_checkpoint
 from requant.io.output import write_bytes_atomic
+from requant.runtime.cache import generation_capacity
+from requant.runtime.weights import check_layout, load_dense, load_linears
+from requant.tp.engine import Comm, ShardedModel
+from requant.tp.shard import as_dense
 
 __all__ = ["LaunchConfig", "Result", "Spec", "run"]
 
@@ -77,8 +82,6 @@ def _time(m, prompts: list[list[int]], new_tokens: int, reps: int, group, cuda: 
     steps after a cached prefill, all ranks starting together (a barrier of the group)."""
     import torch.distributed as dist
 
-    from requant.runtime.cache import generation_capacity
-
     tensors = [torch.as_tensor(p, dtype=torch.long) for p in prompts]
 
     def sync():
@@ -116,11 +119,7 @@ def _time(m, prompts: list[list[int]], new_tokens: int, reps: int, group, cuda: 
 def _worker(rank: int, world: int, port: int, spec: Spec, out: str, timeout_s: float) -> None:
     import torch.distributed as dist
 
-    from requant.checkpoint import open_checkpoint
-    from requant.runtime.weights import check_layout, load_dense, load_linears
     from requant.tp.compare import digest
-    from requant.tp.engine import Comm, ShardedModel
-    from requant.tp.shard import as_dense
 
     torch.set_num_threads(spec.threads)
     cuda = spec.device == "cuda"
