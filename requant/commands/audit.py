@@ -24,7 +24,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from requant.backends import is_custom
+from requant import DEFAULT_CHECKPOINT
+from requant.backends import check_runnable, is_custom, parse_backends
 from requant.commands._common import (
     EXIT_FAILED,
     BackendsOpt,
@@ -50,6 +51,11 @@ from requant.commands._common import (
     write_json_atomic,
 )
 from requant.commands._isolate import deliver, needs_child, run_in_child
+from requant.commands._limits import check_generation_memory, check_positions
+from requant.evidence.identity import with_progress
+from requant.io.inputs import load_json
+from requant.io.output import json_bytes, write_files_atomic
+from requant.models.tokenizer import load_tokenizer
 from requant.regime import REGIMES
 
 console = err()  # progress and phase lines
@@ -58,7 +64,6 @@ out = Console(highlight=False, soft_wrap=True)  # tables and the summary: stdout
 
 def _load_config(ckpt: Optional[str]) -> tuple[dict, str]:
     """config.json of a directory, of a config.json path, or of the embedded default."""
-    from requant import DEFAULT_CHECKPOINT
 
     if ckpt is None:
         p = Path(DEFAULT_CHECKPOINT) / "config.json"
@@ -74,7 +79,6 @@ def _load_config(ckpt: Optional[str]) -> tuple[dict, str]:
     if not p.is_file():
         raise UsageError(f"{p}: no config.json")
     from requant.checkpoint import check_qwen3
-    from requant.io.inputs import load_json  # bounded, a regular file, too deep a nesting refused
 
     config = load_json(p, what="config.json")
     if not isinstance(config, dict):
@@ -200,7 +204,6 @@ def _write_outputs(result: dict, json_out: Optional[Path], report: Optional[Path
     """--json and --report's files as one set, all or nothing (requant.output.write_files_atomic);
     the --report files are the ones returned, to be named."""
     from requant.audit.report import report_items
-    from requant.io.output import json_bytes, write_files_atomic
 
     items = [(json_out, lambda tmp: tmp.write_bytes(json_bytes(result)))] if json_out is not None else []
     items += report_items(result, report, command) if report is not None else []
@@ -276,14 +279,10 @@ def audit(
             if json_out is not None:
                 write_json_atomic(json_out, p)
             return
-        from requant import DEFAULT_CHECKPOINT
         from requant.audit.capture import prompts as prompt_list
         from requant.audit.cells import CELLS_PER_LAYER
         from requant.audit.pair import resolve_pair
-        from requant.backends import check_runnable, parse_backends
         from requant.checkpoint import open_checkpoint
-        from requant.evidence.identity import with_progress
-        from requant.models.tokenizer import load_tokenizer
         from requant.runtime import check_layout
 
         dev = check_device(device or default_device())
@@ -398,7 +397,6 @@ def audit_passed(result: dict) -> bool:
 def _check_limits(config, dev, longest, prompts, phases, batches, decode_tokens, inject, injection_tokens) -> None:
     """Positions and memory of the decode phase and the injection, before any work (requant.commands._limits)."""
     from requant.audit.phases.injection import DEFAULT_TOKENS
-    from requant.commands._limits import check_generation_memory, check_positions
 
     if "decode" in phases:
         what = f"the longest audit prompt ({longest} tokens) + {decode_tokens} decode steps"

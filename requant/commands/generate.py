@@ -25,6 +25,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from requant import DEFAULT_CHECKPOINT
+from requant.backends import check_runnable
 from requant.commands._common import (
     ByteTokensOpt,
     CkptArg,
@@ -46,7 +48,12 @@ from requant.commands._common import (
     set_threads,
     text_out,
 )
+from requant.commands._limits import check_generation_memory
+from requant.evidence.identity import with_progress
+from requant.io.jsonlines import has_surrogate, read_json_lines
 from requant.io.links import shown
+from requant.io.output import write_bytes_atomic
+from requant.regime import check_regime
 
 __all__ = ["generate", "read_prompt_file", "default_backend", "Streamer"]
 
@@ -62,7 +69,6 @@ def read_prompt_file(path: Path) -> list[dict]:
     field checked (requant.io.jsonlines reads the file: bounded, strict); UsageError naming the
     file and line. Token ids are checked against the vocabulary once the model is loaded
     (check_requests)."""
-    from requant.io.jsonlines import read_json_lines
 
     label = f"--prompts {shown(path)}"
     reqs = []
@@ -161,11 +167,7 @@ def generate(
     console = err()
     with cannot_run():
         check_output_file(json_out, "--json")
-        from requant import DEFAULT_CHECKPOINT
-        from requant.backends import check_runnable
         from requant.checkpoint import open_checkpoint
-        from requant.evidence.identity import with_progress
-        from requant.regime import check_regime
         from requant.runtime import check_layout, load_model
         from requant.runtime.sampling import SamplingParams
 
@@ -184,7 +186,6 @@ def generate(
         check_runnable((be,), dev, "reference", option="--backend")
         check_engine(engine, dev)
         requests = [{"prompt": p, "where": f"--prompt {i}"} for i, p in enumerate(prompt or [])]
-        from requant.io.jsonlines import has_surrogate
 
         for r in requests:  # bytes that are not UTF-8 on the command line arrive as lone surrogates
             if has_surrogate(r["prompt"]):
@@ -208,7 +209,6 @@ def generate(
             params.append(p)
             texts.append(r.get("prompt"))
         check_requests(ids, [r["where"] for r in requests], model.arch.vocab, model.max_length, max_new_tokens)
-        from requant.commands._limits import check_generation_memory
 
         longest = max(len(p) for p in ids) + max_new_tokens
         check_generation_memory(checkpoint.config, len(ids), longest, dev, f"{len(ids)} prompts")
@@ -257,7 +257,6 @@ def generate(
             )
             for s, pids, t in zip(out, ids, texts)
         ]
-        from requant.io.output import write_bytes_atomic
 
         with cannot_run():
             write_bytes_atomic(json_out, ("\n".join(lines) + "\n").encode("utf-8"))

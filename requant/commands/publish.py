@@ -17,13 +17,15 @@ from typing import Annotated, Optional
 import typer
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
-from requant.commands._common import EXIT_FAILED, UsageError, cannot_run, err, fail, out, plain, warn
+from requant.commands._common import EXIT_FAILED, UsageError, cannot_run, check_outputs, err, fail, out, plain, warn
+from requant.evidence import manifest as mf
+from requant.io.output import report_target
+from requant.publish import PublishError, PushRefused
 
 
 def _run(fn):
     """fn() with refusals as the error line: a push that requant's rules refuse
     (requant.publish.PushRefused) exits 1; an input that cannot be read or written exits 2."""
-    from requant.publish import PushRefused
 
     with cannot_run():
         try:
@@ -86,7 +88,6 @@ def manifest(
     or differing file. Without SHA256SUMS (and without --write) it prints the manifest that
     would be written and its digest. README.md, .gitattributes and the requant-*.json reports
     are not covered (they are written about the checkpoint, after it)."""
-    from requant.evidence import manifest as mf
 
     stdout = out()
     if write:
@@ -192,9 +193,6 @@ def card(
     named in the card as not measured. Also writes CKPT/SHA256SUMS when there is none (the
     card quotes its digest)."""
     from requant.audit.faults import FAMILY_TITLES
-    from requant.evidence import manifest as mf
-    from requant.io.output import report_target
-    from requant.publish import PublishError
     from requant.publish.card import checkpoint_facts, render, write_card
     from requant.publish.push import check_repo_id
 
@@ -205,8 +203,6 @@ def card(
             except PublishError as exc:
                 raise UsageError(f"--repo-id {repo_id!r}: {exc.detail}") from None
     if not stdout:  # a README.md that is not a file, or one read as a report: refused before any work
-        from requant.commands._common import check_outputs
-
         _run(lambda: report_target(ckpt / mf.CARD))
         reports = [("--audit", audit), ("--eval", eval_report), ("--determinism", determinism)]
         _run(

@@ -23,6 +23,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from requant.backends import check_runnable, environment
 from requant.commands._common import (
     EXIT_FAILED,
     CkptArg,
@@ -43,6 +44,10 @@ from requant.commands._common import (
     sigterm_as_interrupt,
     write_json_atomic,
 )
+from requant.evidence.identity import with_progress
+from requant.models.prompts import prompts as prompt_list
+from requant.models.tokenizer import load_tokenizer
+from requant.regime import check_regime
 
 __all__ = ["tp_check", "parse_degrees", "summary_line"]
 
@@ -166,12 +171,7 @@ def tp_check(
     console = err()
     with cannot_run():
         from requant import DEFAULT_CHECKPOINT, kernels
-        from requant.backends import check_runnable
         from requant.checkpoint import open_checkpoint
-        from requant.evidence.identity import with_progress
-        from requant.models.prompts import prompts as prompt_list
-        from requant.models.tokenizer import load_tokenizer
-        from requant.regime import check_regime
         from requant.runtime import arch_from_config, check_layout
         from requant.tp import REDUCES, LaunchConfig, check_degree
 
@@ -249,8 +249,6 @@ def tp_check(
     summary = summary_line(degrees, per_degree)
     identical = all(c["identical"] for c in per_degree)
     if json_out is not None:
-        from requant.backends import environment
-
         record = {
             "tp": list(degrees),
             "reduce": reduce,
