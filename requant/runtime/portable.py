@@ -23,6 +23,7 @@ from requant import kernels
 from requant.kernels import portable as spec
 from requant.kernels import reference
 from requant.kernels.bf16 import round_fp32_to_bf16
+from requant.kernels.emulation import qk_norm_rope_ref, rms_norm_ieee
 from requant.kernels.reference import accumulate, quantize_activations
 from requant.runtime.fast import FastEngine, FastLayout, FastOps, fast_supported
 
@@ -124,7 +125,6 @@ class _TorchOps:
 
     @staticmethod
     def add_rms_norm(x, w, eps, delta=None, quantize=True, write_h=False, rows=None):
-        from requant.kernels.triton.emulation import rms_norm_ieee
 
         if delta is not None:
             x.copy_(round_fp32_to_bf16(x.to(torch.float32) + delta.to(torch.float32)))
@@ -135,7 +135,6 @@ class _TorchOps:
 
     @staticmethod
     def qk_norm_rope(qkv, q_w, k_w, cos, sin, pos, rows, k_cache, v_cache, heads, kv_heads, eps):
-        from requant.kernels.triton.emulation import qk_norm_rope_ref
 
         q, k, v = qk_norm_rope_ref(qkv, q_w, k_w, cos, sin, pos, heads, kv_heads, eps)
         r, p = rows.long(), pos.long()
