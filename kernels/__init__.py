@@ -1,7 +1,8 @@
-"""W8A8 GEMM backends behind one call signature, picked by name.
+"""W8A8 GEMM backends behind one call signature, picked by name or given as a resolved kernel.
 
-    requant.kernels.scaled_mm(a, w, s_a, s_w, backend=NAME) -> bf16 [M, N]
+    requant.kernels.scaled_mm(a, w, s_a, s_w, backend=NAME or ScaledMM) -> bf16 [M, N]
     requant.kernels.quantize_activations(x, backend=NAME)   -> (q int8 [M, K], s fp32 [M, 1])
+    requant.kernels.lookup(NAME) -> ScaledMM (name, callable, declared order); emulation_of(backend)
 
 See kernels/reference.py for the operand contract and the numerics every backend
 documents. Backends are imported on first use, so `import requant.kernels` never pulls in
