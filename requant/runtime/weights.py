@@ -30,7 +30,19 @@ from requant.io.links import check_inside
 from requant.models.qwen3 import Qwen3Arch
 from requant.regime import NATIVE, POW2, REGIMES, check_regime, pow2_weights
 
-__all__ = ["REGIMES", "BF16", "arch_from_config", "check_layout", "dense_names", "load_dense", "load_linears"]
+# REGIMES: requant.regime's, re-exported for requant.runtime.REGIMES
+__all__ = [
+    "REGIMES",
+    "BF16",
+    "LAYER_NORMS",
+    "Bf16Dir",
+    "arch_from_config",
+    "check_layout",
+    "dense_names",
+    "load_bf16_dense",
+    "load_dense",
+    "load_linears",
+]
 
 BF16 = "bf16"  # the regime name of a bf16 model (every Linear dense)
 LAYER_NORMS = (
