@@ -6,7 +6,7 @@ fingerprinting of `requant conform`. Entry point: suite.run_audit (the dict `--j
   capture linears                        operands from the runtime's forward pass; the Linears
   cells compare batched (+ batched_stats stats_triton device_acc f6_tiles)  one Linear's cells
   phases/ (prefill decode injection)     each phase's run, JSON keys and report section
-  suite report custom_orders             the run of every phase; JSON/Markdown/PNG; custom orders
+  suite report pair                      the run of every phase; JSON/Markdown/PNG; the resolved pair
   conform/                               the conformance kit of `requant conform`
 
 Each module in a line: docs/architecture.md (audit); docs/internals.md (audit/__init__.py).

@@ -20,6 +20,7 @@ import torch
 
 from requant.audit.batched_stats import any_diff, cell_stats, seg_reduce, value_diff
 from requant.audit.checks import CHECKS, FIRE, NOT_APPLICABLE, ORDER_EPILOGUES, SILENT
+from requant.audit.compare import layer_row
 from requant.audit.device_acc import exact_accumulate
 from requant.audit.f6_tiles import f6_accumulator
 from requant.audit.faults import (
@@ -104,7 +105,6 @@ class Pending:
 
     def resolve(self, values: list[int], checks: tuple[str, ...]) -> list[tuple[dict, list[CellResult]]]:
         """Per segment: (the pair's per_layer row, its cells in audit_layer's order)."""
-        from requant.audit.compare import layer_row
 
         n_seg = len(self.segments)
         pow2 = bool(values[0])

@@ -14,6 +14,7 @@ import sys
 import torch
 
 from requant.audit.scoring import HIST_BINS
+from requant.audit.stats_triton import SLOT_MAX, SLOT_NAN, SLOT_NEQ, row_stats
 
 
 def _ordinal(bits16: torch.Tensor) -> torch.Tensor:
@@ -97,8 +98,6 @@ def _use_triton(dev: torch.device) -> bool:
 
 
 def _triton_rows(ys: torch.Tensor, ref: torch.Tensor) -> torch.Tensor | None:
-    from requant.audit.stats_triton import row_stats
-
     try:
         return row_stats(ys, ref)
     except Exception as e:  # no Triton, or a kernel this Triton cannot build: the torch formulation
@@ -111,7 +110,6 @@ def _triton_rows(ys: torch.Tensor, ref: torch.Tensor) -> torch.Tensor | None:
 
 def _stats_from_rows(rows: torch.Tensor, seg: torch.Tensor, n_seg: int, hist: bool) -> torch.Tensor:
     """_stats' [C, S, 2 + HIST_BINS] (or [C, S, 2]) from stats_triton.row_stats' per-row slots."""
-    from requant.audit.stats_triton import SLOT_MAX, SLOT_NAN, SLOT_NEQ
 
     c, r, _ = rows.shape
     rows = rows.to(torch.int64)

@@ -1,8 +1,8 @@
 """Calibration prompts and the capture of every quantized Linear's operands.
 
-Prompts: the built-in English calibration set (requant.prompts, shared with `requant
+Prompts: the built-in English calibration set (requant.models.prompts, shared with `requant
 determinism`; `--prompts N` takes the first N), tokenized with the checkpoint's tokenizer
-(requant.tokenizer: tokenizer.json when the checkpoint has one, else byte-level ids; the
+(requant.models.tokenizer: tokenizer.json when the checkpoint has one, else byte-level ids; the
 audit records which, tok.describe(), in its JSON and report).
 
 Capture: each regime's activations come from that regime's own forward pass (pow2 weights

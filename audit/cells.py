@@ -22,9 +22,10 @@ from requant.audit.batched import Pending, Read, Segment, Started, per_cell_forc
 from requant.audit.checks import CHECK_IDS, declared_output, run_checks
 from requant.audit.compare import compare_layer
 from requant.audit.faults import VARIANTS, LayerCase, inject, reference_case
-from requant.audit.matrix import REGIMES, baseline_variant
+from requant.audit.matrix import baseline_variant
 from requant.audit.records import BACKEND_KERNELS, Activations, KernelDesc, Run, Weights, output_distance, output_equal
 from requant.audit.scoring import CellResult, Scorer, kernel_fault, ulp_histogram
+from requant.regime import REGIMES
 
 CELLS_PER_LAYER = len(VARIANTS) * len(REGIMES)
 
@@ -33,10 +34,10 @@ def backend_kernel(name: str) -> KernelDesc:
     """The documented description of a registered backend (audit.records.BACKEND_KERNELS);
     every backend in kernels/ accumulates in int32 and returns no accumulator. A backend
     registered at run time (a MODULE:FUNCTION kernel) is described by the order it declares
-    (kernels.EMULATION_OF); its accumulator is not visible, so int32 is its claim, not a fact."""
+    (kernels.emulation_of); its accumulator is not visible, so int32 is its claim, not a fact."""
     if name in BACKEND_KERNELS:
         return BACKEND_KERNELS[name]
-    emu = kernels.EMULATION_OF.get(name)
+    emu = kernels.emulation_of(name)
     order = "unknown" if emu is None else ("exact" if emu == "reference" else emu.removeprefix("reference-"))
     return KernelDesc(name, "int", 32, order, False)
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from requant.audit.matrix import REGIMES
 from requant.kernels.bf16 import bitwise_equal, ulp_distance
+from requant.regime import REGIMES
 
 
 def compare_layer(name: str, regime: str, y_a: torch.Tensor, y_b: torch.Tensor, shape: tuple[int, int, int]) -> dict:

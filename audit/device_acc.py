@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import torch
 
+from requant.kernels.cublas import int_mm_exact
 from requant.kernels.reference import MAX_K, accumulate
 
 
 def exact_accumulate(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """The exact int32 accumulator a @ w^T (int8 [M, K], int8 [N, K])."""
     if a.device.type == "cuda" and 0 < a.shape[1] <= MAX_K:
-        from requant.kernels.cublas import int_mm_exact
-
         return int_mm_exact(a, w)
     return accumulate(a, w)

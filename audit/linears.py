@@ -2,7 +2,7 @@
 
 On CUDA the checkpoint is read once: a pool of reader threads (pread: thread-safe) reads ahead
 while each Linear is copied to the GPU, and the pow2 regime is derived there from the native
-tensors already on the device (requant.scales.device.requantize_nearest: the nearest arm's bytes,
+tensors already on the device (requant.regime.pow2_weights: the nearest arm's bytes,
 computed on the GPU from the stored scales), freeing each native Linear as its pow2 twin is made.
 Elsewhere: requant.runtime.load_linears (numpy, a thread pool). A converted checkpoint's scales
 are powers of two already: the nearest arm returns them unchanged, as on the CPU.
@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
+from requant.regime import POW2, pow2_weights
 from requant.runtime import load_linears
 
 READ_AHEAD = 4
@@ -28,21 +29,17 @@ class AuditLinears:
         self.stored: dict[str, torch.Tensor] = {}  # the native scales in their stored dtype (host)
 
     def load(self, regime: str, previous: dict | None = None) -> dict:
-        """previous: the native regime's dict (emptied here) when deriving pow2 on the GPU."""
-        from requant.runtime.weights import REGIMES
-
-        if regime not in REGIMES:
-            raise ValueError(f"unknown regime {regime!r}; known: {', '.join(REGIMES)}")
+        """regime: one of requant.regime.REGIMES (the suite's); previous: the native regime's dict
+        (emptied here) when deriving pow2 on the GPU."""
         if self.device.type != "cuda":
             return load_linears(self.ckpt, regime, self.device)
-        from requant.scales.device import requantize_nearest
 
         names = list(self.ckpt.quantized_linears)
-        if regime == "pow2" and previous is not None and set(self.stored) == set(names):
+        if regime == POW2 and previous is not None and set(self.stored) == set(names):
             out = {}
             for n in names:
                 q, _ = previous.pop(n)
-                out[n] = self._place(*requantize_nearest(q, self.stored[n]))
+                out[n] = self._place(*pow2_weights(q, self.stored[n]))
             return out
         out = {}
         with ThreadPoolExecutor(max_workers=READ_AHEAD) as pool:
@@ -54,8 +51,8 @@ class AuditLinears:
                     reads[nxt] = pool.submit(read_linear, self.ckpt, nxt, True)
                 # q is pinned: an asynchronous copy (the host allocator keeps the block until it is done)
                 q = q.to(self.device, non_blocking=True)
-                if regime == "pow2":
-                    q, s = requantize_nearest(q, s)
+                if regime == POW2:
+                    q, s = pow2_weights(q, s)
                 else:
                     self.stored[n] = s
                 out[n] = self._place(q, s)

@@ -21,7 +21,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from requant.audit.checks import FIRE, NOT_APPLICABLE, SILENT
+from requant.audit.checks import ALL_CHECK_IDS, FIRE, NOT_APPLICABLE, SILENT
+from requant.kernels import emulation_of
 
 MATRIX_PATH = Path(__file__).with_name("prediction_matrix.json")
 MATRIX_V2_PATH = Path(__file__).with_name("prediction_matrix_v2.json")
@@ -37,7 +38,6 @@ PINS = {1: PINNED_SHA256, 2: PINNED_SHA256_V2, 3: PINNED_SHA256_V3, 4: PINNED_SH
 
 PREDICTED_MISS = "predicted_miss"
 OUTCOMES = (FIRE, SILENT, NOT_APPLICABLE, PREDICTED_MISS)
-REGIMES = ("native", "pow2")
 BASELINE_VARIANTS = ("B.cutlass-order", "B.triton-order")
 BASELINE_VARIANTS_V2 = BASELINE_VARIANTS + ("B.fused-order",)
 _BASELINE_OF = {
@@ -48,10 +48,9 @@ _BASELINE_OF = {
 
 
 def baseline_variant(order_backend: str) -> str:
-    """Baseline row of a backend, by the epilogue order it implements (kernels.EMULATION_OF)."""
-    from requant.kernels import EMULATION_OF
+    """Baseline row of a backend, by the epilogue order it implements (kernels.emulation_of)."""
 
-    emu = EMULATION_OF.get(order_backend)
+    emu = emulation_of(order_backend)
     if emu in _BASELINE_OF:
         return _BASELINE_OF[emu]
     raise ValueError(f"backend {order_backend!r} implements no known epilogue order (kernels.EMULATION_OF)")
@@ -78,7 +77,6 @@ class Matrix:
     @property
     def checks(self) -> tuple[str, ...]:
         """The checks the matrix predicts, in ALL_CHECK_IDS order (v1: C1..C7; v2: C1..C8)."""
-        from requant.audit.checks import ALL_CHECK_IDS
 
         named = {c for c, _, _ in self.cells}
         return tuple(c for c in ALL_CHECK_IDS if c in named)

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from requant.kernels.bf16 import bitwise_equal, is_power_of_two, ulp_distance
+
 
 def tensor_digest(*tensors: torch.Tensor) -> str:
     """sha256 over dtype, shape and raw bytes of each tensor (device-agnostic: bytes are
@@ -132,8 +134,6 @@ class Weights:
 
     def all_scales_power_of_two(self) -> bool:
         if self._all_pow2 is None:
-            from requant.kernels.bf16 import is_power_of_two
-
             self._all_pow2 = bool(is_power_of_two(self.s_w).all())
         return self._all_pow2
 
@@ -155,8 +155,6 @@ def output_equal(ref: Run, test: Run) -> bool:
     """Bitwise equality of the two outputs (kernels.bf16.bitwise_equal), memoized on `test`."""
     key = ("equal", id(ref.y))
     if key not in test.memo:
-        from requant.kernels.bf16 import bitwise_equal
-
         test.memo[key] = bitwise_equal(ref.y, test.y)
     return test.memo[key]
 
@@ -166,7 +164,5 @@ def output_distance(ref: Run, test: Run) -> torch.Tensor:
     cell's mismatch count and its histogram all read the same tensor."""
     key = ("dist", id(ref.y))
     if key not in test.memo:
-        from requant.kernels.bf16 import ulp_distance
-
         test.memo[key] = ulp_distance(ref.y, test.y)
     return test.memo[key]

@@ -14,16 +14,18 @@ from requant.audit.capture import prompts
 from requant.audit.cells import CELLS_PER_LAYER, backend_kernel
 from requant.audit.faults import FAULT_KERNELS, VARIANTS
 from requant.audit.linears import AuditLinears
-from requant.audit.matrix import REGIMES, Matrix, load_matrix
+from requant.audit.matrix import Matrix, load_matrix
 from requant.audit.phases.decode import DEFAULT_BATCHES, DEFAULT_STEPS, DecodePhase
 from requant.audit.phases.injection import run_injection, score_injection
 from requant.audit.phases.prefill import PrefillPhase
 from requant.audit.records import REFERENCE_KERNEL
 from requant.backends import environment
+from requant.checkpoint import is_ignored
 from requant.evidence.identity import checkpoint_identity
 from requant.models.qwen3 import Qwen3Arch
 from requant.models.qwen3_moe import arch_of
 from requant.models.tokenizer import load_tokenizer
+from requant.regime import REGIMES
 from requant.runtime import Model, load_dense
 
 __all__ = ["converted_info", "plan_from_config", "run_audit"]
@@ -31,7 +33,6 @@ __all__ = ["converted_info", "plan_from_config", "run_audit"]
 
 def plan_from_config(config: dict) -> dict:
     """Cells and shapes from config.json alone (no tensors read)."""
-    from requant.checkpoint import is_ignored
 
     sh = arch_of(config)  # Qwen3-MoE: every expert Linear is a layer of its own; routers are ignored
     ignore = tuple((config.get("quantization_config") or {}).get("ignore") or ())

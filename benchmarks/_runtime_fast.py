@@ -36,6 +36,7 @@ import torch
 
 from benchmarks._timing import Stopwatch, median_ms, per_call, rates, repeat, sync, transformers_decode
 from requant.io.markdown import table
+from requant.regime import REGIMES
 
 GPU = "cuda"  # every timer synchronises this device
 
@@ -356,7 +357,7 @@ def users(backends) -> dict:
                 device="cuda",
                 engine=eng,
             )
-            for r in ("native", "pow2")
+            for r in REGIMES
         }
         t = time.perf_counter()
         det = run_determinism(ckpt, tuple(backends), 8, 64, "cuda", act_backend="triton", models=models)

@@ -59,10 +59,11 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     from requant.audit.batched import PER_CELL_ENV
     from requant.audit.matrix import load_matrix, matrix_path
+    from requant.audit.pair import resolve_pair
     from requant.audit.suite import run_audit
-    from requant.backends import declare_orders, is_custom, parse_backends
+    from requant.backends import parse_backends
     from requant.checkpoint import open_checkpoint
-    from requant.tokenizer import byte_ids_allowed
+    from requant.models.tokenizer import byte_ids_allowed
 
     ckpt = open_checkpoint(a.ckpt)
     kw = dict(
@@ -72,9 +73,10 @@ def main(argv=None) -> int:
         keep_cells="all",
         matrix=load_matrix(matrix_path(a.matrix)),
     )
-    pair = parse_backends(a.backends)
-    if any(is_custom(b) for b in pair):
-        declare_orders(pair, a.order, a.device)  # --order, or conform's fingerprint
+    resolved = resolve_pair(parse_backends(a.backends), a.order, a.device)  # --order, or conform's fingerprint
+    if resolved.failure is not None:
+        raise SystemExit(f"audit_equality: {resolved.failure}")
+    pair = resolved.kernels
     runs = {}
     with byte_ids_allowed():
         for name, env in (("per-cell", "1"), ("batched", "0")):

@@ -20,9 +20,9 @@ from requant.audit.faults import VARIANT_BY_ID
 from requant.audit.matrix import MATRIX_PATH, MATRIX_V2_PATH, load_matrix
 from requant.audit.scoring import CellResult, Scorer
 from requant.io.markdown import table as markdown_table
+from requant.regime import REGIMES
 
 SEVERITIES = ("one", "1pct", "all")
-REGIMES = ("native", "pow2")
 
 
 def rescore(doc: dict, path) -> dict:

@@ -1,7 +1,8 @@
-"""W8A8 GEMM backends behind one call signature, picked by name.
+"""W8A8 GEMM backends behind one call signature, picked by name or given as a resolved kernel.
 
-    requant.kernels.scaled_mm(a, w, s_a, s_w, backend=NAME) -> bf16 [M, N]
+    requant.kernels.scaled_mm(a, w, s_a, s_w, backend=NAME or ScaledMM) -> bf16 [M, N]
     requant.kernels.quantize_activations(x, backend=NAME)   -> (q int8 [M, K], s fp32 [M, 1])
+    requant.kernels.lookup(NAME) -> ScaledMM (name, callable, declared order); emulation_of(backend)
 
 See kernels/reference.py for the operand contract and the numerics every backend
 documents. Backends are imported on first use, so `import requant.kernels` never pulls in
@@ -17,6 +18,8 @@ if __name__ == "kernels":  # imported from the clone's root under its bare name:
 
 
 import importlib
+from collections.abc import Callable
+from types import MappingProxyType
 
 import torch
 
@@ -33,18 +36,19 @@ _QUANTIZE = {
     "reference": "requant.kernels.reference:quantize_activations",
     "triton": "requant.kernels.triton:quantize_activations",
 }
-# Which epilogue order each backend implements: the reference a real kernel must equal.
-EMULATION_OF = {
-    "triton": "reference-triton-order",
-    "cutlass": "reference-cutlass-order",
-    "reference-triton-order": "reference-triton-order",
-    "reference-cutlass-order": "reference-cutlass-order",
-    "cublas": "reference-fused-order",
-    "reference-fused-order": "reference-fused-order",
-}
+# Which epilogue order each built-in backend implements: the reference a real kernel must equal.
+# Read-only: a kernel added for one run carries its order itself (ScaledMM), never in this table.
+EMULATION_OF = MappingProxyType(
+    {
+        "triton": "reference-triton-order",
+        "cutlass": "reference-cutlass-order",
+        "reference-triton-order": "reference-triton-order",
+        "reference-cutlass-order": "reference-cutlass-order",
+        "cublas": "reference-fused-order",
+        "reference-fused-order": "reference-fused-order",
+    }
+)
 
-
-_BUILTIN = frozenset(_SCALED_MM)
 _RESOLVED: dict = {}
 
 
@@ -59,38 +63,69 @@ def _resolve(table: dict, kind: str, name: str):
     return fn
 
 
-def register_scaled_mm(name: str, fn, order: str | None = None) -> None:
-    """Register a scaled_mm callable fn(a, w, s_a, s_w) -> bf16 [M, N] under `name` (a
-    MODULE:FUNCTION kernel, or a wrapper such as the audit's fault injector). order: the
-    epilogue order it declares ("cutlass-order", "triton-order", "fused-order"), recorded in
-    EMULATION_OF; None declares none. Registering a built-in name is refused."""
-    if name in _BUILTIN:
-        raise ValueError(f"{name!r} is a built-in scaled_mm backend")
-    if not callable(fn):
-        raise ValueError(f"scaled_mm backend {name!r}: {fn!r} is not callable")
-    _SCALED_MM[name] = None  # resolved already: no module path to import
-    _RESOLVED[("scaled_mm", name)] = fn
-    EMULATION_OF.pop(name, None)
-    if order is not None:
-        EMULATION_OF[name] = "reference" if order == "exact" else f"reference-{order}"
+class ScaledMM(str):
+    """A scaled_mm kernel resolved for a run (vLLM's typed kernels, in one class): the object is
+    its name, so records, dict keys and messages carry the name unchanged, and it holds the
+    callable fn(a, w, s_a, s_w) -> bf16 [M, N] and the epilogue order it declares
+    ("cutlass-order", "triton-order", "fused-order", "exact"; None: none). A MODULE:FUNCTION
+    kernel or the audit's fault injector is one of these, passed as `backend=`; nothing global
+    is registered, so a run's kernel ends with the run."""
+
+    fn: Callable
+    order: str | None
+
+    def __new__(cls, name: str, fn: Callable, order: str | None = None):
+        if not callable(fn):
+            raise ValueError(f"scaled_mm backend {name!r}: {fn!r} is not callable")
+        self = super().__new__(cls, name)
+        self.fn, self.order = fn, order
+        return self
+
+    def __reduce__(self):
+        return ScaledMM, (str(self), self.fn, self.order)
+
+    @property
+    def name(self) -> str:
+        return str(self)
+
+    @property
+    def emulation(self) -> str | None:
+        """The reference backend that computes this kernel's declared order."""
+        if self.order is None:
+            return None
+        return "reference" if self.order == "exact" else f"reference-{self.order}"
 
 
-def unregister_scaled_mm(name: str) -> None:
-    """Remove a backend added by register_scaled_mm (a no-op for an unknown name)."""
-    if name in _BUILTIN:
-        raise ValueError(f"{name!r} is a built-in scaled_mm backend")
-    _SCALED_MM.pop(name, None)
-    _RESOLVED.pop(("scaled_mm", name), None)
-    EMULATION_OF.pop(name, None)
+def lookup(backend: str) -> ScaledMM:
+    """The kernel a backend names (a ScaledMM is itself): a built-in name imports its module on
+    first use. KeyError naming the known backends for any other name."""
+    if isinstance(backend, ScaledMM):
+        return backend
+    fn = _resolve(_SCALED_MM, "scaled_mm", backend)
+    emu = EMULATION_OF.get(backend)
+    return ScaledMM(backend, fn, None if emu is None else emu.removeprefix("reference-"))
+
+
+def is_scaled_mm(backend) -> bool:
+    """A built-in backend's name or a resolved kernel (ScaledMM)."""
+    return isinstance(backend, ScaledMM) or backend in _SCALED_MM
+
+
+def emulation_of(backend: str) -> str | None:
+    """The reference emulation of the order a backend implements (EMULATION_OF for a built-in
+    name, the declared order of a ScaledMM); None when it declares none."""
+    if isinstance(backend, ScaledMM):
+        return backend.emulation
+    return EMULATION_OF.get(backend)
 
 
 def scaled_mm_backends() -> list[str]:
-    """The registered scaled_mm backend names."""
+    """The built-in scaled_mm backend names."""
     return list(_SCALED_MM)
 
 
 def quantize_backends() -> list[str]:
-    """The registered quantize_activations backend names."""
+    """The built-in quantize_activations backend names."""
     return list(_QUANTIZE)
 
 
@@ -104,11 +139,13 @@ def scaled_mm(
         w: int8 [N, K] weights (per output channel).
         s_a: fp32 [M, 1] activation scales.
         s_w: fp32 [N, 1] weight scales.
-        backend: a name of scaled_mm_backends(); see the module docstring for the orders.
+        backend: a name of scaled_mm_backends() or a ScaledMM; see the module docstring for the orders.
 
     Returns:
         bf16 [M, N], on the operands' device.
     """
+    if isinstance(backend, ScaledMM):
+        return backend.fn(a, w, s_a, s_w)
     fn = _RESOLVED.get(("scaled_mm", backend))
     if fn is None:
         fn = _resolve(_SCALED_MM, "scaled_mm", backend)

@@ -22,6 +22,7 @@ import math
 import torch
 
 from requant.kernels.bf16 import round_fp32_to_bf16
+from requant.kernels.math64 import exp64, log64
 
 __all__ = [
     "LANES",
@@ -128,9 +129,7 @@ def _sincos64(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _inv_freq(head_dim: int, theta: float) -> torch.Tensor:
-    # theta ** (-2i / d) = exp64(-(2i / d) * log64(theta)): sampling's + * / functions (no libm)
-    from requant.sampling import exp64, log64
-
+    # theta ** (-2i / d) = exp64(-(2i / d) * log64(theta)): + * / only (no libm), as the sampler
     lt = log64(float(theta))
     e = torch.tensor([-(2.0 * i / head_dim) * lt for i in range(head_dim // 2)], dtype=torch.float64)
     return exp64(e)

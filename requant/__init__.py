@@ -13,10 +13,6 @@ editable install (`pip install -e .`).
 
 from pathlib import Path
 
-from requant import _aliases
-
-_aliases.install()
-
 __version__ = "0.1.0"
 
 DEFAULT_CHECKPOINT = Path(__file__).resolve().parent / "data" / "default"

@@ -1,14 +1,12 @@
 """Backend pairs for the commands that compare two GEMM kernels, and the environment record.
 
-`parse_backends("cutlass,triton")` -> the pair; "reference" -> the two emulations of the
-documented epilogue orders (what runs without a GPU). A registered backend must declare the
-order it implements (requant.kernels.EMULATION_OF): a comparison is only meaningful against
-a known formula. Either member may be MODULE:FUNCTION, a kernel with conform's signature
-fn(a, w, s_a, s_w) -> bf16 [M, N] (requant.audit.conform.resolve_kernel): it is registered
-under that name (kernels.register_scaled_mm), wrapped so that every call is checked
-(requant.user_kernel.guarded). Its declared order (the audit's C8 and baseline
-row need one) comes from declare_orders: `--order NAME`, or conform's fingerprint on the
-crafted vectors. `environment(device)` is the versions-and-device record every report keeps.
+`parse_backends("cutlass,triton")` -> the pair of names; "reference" -> the two emulations of
+the documented epilogue orders (what runs without a GPU). A built-in backend must implement a
+known order (requant.kernels.EMULATION_OF): a comparison is only meaningful against a known
+formula. Either member may be MODULE:FUNCTION, a kernel with conform's signature
+fn(a, w, s_a, s_w) -> bf16 [M, N]: parse_backends only names it; requant.audit.pair.resolve_pair
+imports it, gives it its declared order (`--order`, or conform's fingerprint) and returns the
+resolved pair. `environment(device)` is the versions-and-device record every report keeps.
 """
 
 from __future__ import annotations
@@ -21,7 +19,6 @@ __all__ = [
     "default_backend",
     "is_custom",
     "parse_backends",
-    "declare_orders",
     "check_runnable",
     "environment",
 ]
@@ -39,28 +36,14 @@ def default_backend(device: str) -> str:
 
 
 def is_custom(name: str) -> bool:
-    """A MODULE:FUNCTION kernel rather than a registered backend name."""
+    """A MODULE:FUNCTION kernel rather than a built-in backend name."""
     return ":" in name
 
 
-def _register_custom(name: str) -> None:
-    from requant import kernels
-    from requant.audit.conform import resolve_kernel
-    from requant.user_kernel import guarded
-
-    if name in kernels.scaled_mm_backends():
-        return
-    try:
-        _, fn = resolve_kernel(None, name)
-    except ValueError as exc:
-        raise ValueError(str(exc).replace("--kernel", "--backends", 1)) from None
-    kernels.register_scaled_mm(name, guarded(name, fn))  # every call checked: requant.user_kernel
-
-
 def parse_backends(spec: str) -> tuple[str, str]:
-    """'reference' -> REFERENCE_PAIR; otherwise exactly two backends, each a registered name
-    with a documented epilogue order or a MODULE:FUNCTION kernel (imported and registered
-    here, without an order: declare_orders gives it one). ValueError naming --backends otherwise."""
+    """'reference' -> REFERENCE_PAIR; otherwise exactly two backends, each a built-in name
+    with a documented epilogue order or a MODULE:FUNCTION kernel (named only: its module is
+    imported by requant.audit.pair.resolve_pair). ValueError naming --backends otherwise."""
     from requant import kernels
 
     spec = spec.strip()
@@ -73,7 +56,6 @@ def parse_backends(spec: str) -> tuple[str, str]:
         raise ValueError(f"--backends {spec!r} names {names[0]!r} twice: a comparison needs two different backends")
     for n in names:
         if is_custom(n):
-            _register_custom(n)
             continue
         known = kernels.scaled_mm_backends()
         if n not in known:
@@ -81,60 +63,6 @@ def parse_backends(spec: str) -> tuple[str, str]:
         if n not in kernels.EMULATION_OF:
             raise ValueError(f"backend {n!r} implements no known epilogue order (requant.kernels.EMULATION_OF)")
     return names
-
-
-def declare_orders(pair: tuple[str, ...], order: str | None, device: str, vectors=None, require: bool = True) -> dict:
-    """The epilogue order each MODULE:FUNCTION member of `pair` declares, registered with it
-    (kernels.EMULATION_OF). order: one name of ORDERS for every custom member, or a
-    comma-separated list, one per custom member in pair order; None: conform's fingerprint
-    (requant.audit.conform, the identification cases of the crafted vectors) names the
-    formula the kernel implements, which must be one of ORDERS. Returns {name: {order,
-    source, verdict}} (the JSON's custom_kernels). ValueError naming --order otherwise.
-    require=False (determinism, which needs no order): a kernel that runs every case but
-    implements no declarable order is registered without one (order None)."""
-    from requant import kernels
-
-    custom = [n for n in dict.fromkeys(pair) if is_custom(n)]
-    if order is not None and not custom:
-        raise ValueError("--order applies to MODULE:FUNCTION members of --backends only")
-    given = [o.strip() for o in order.split(",")] if order is not None else []
-    if given and len(given) not in (1, len(custom)):
-        raise ValueError(f"--order takes one order or one per MODULE:FUNCTION member ({len(custom)}), got {order!r}")
-    out = {}
-    for i, name in enumerate(custom):
-        if given:
-            o = given[0] if len(given) == 1 else given[i]
-            if o not in ORDERS:
-                raise ValueError(f"--order {o!r}: known orders are {', '.join(ORDERS)}")
-            rec = {"order": o, "source": "--order", "verdict": None}
-        else:
-            rec = _fingerprint_order(name, device, vectors, require)
-        kernels.register_scaled_mm(name, kernels._RESOLVED[("scaled_mm", name)], order=rec["order"])
-        out[name] = rec
-    return out
-
-
-def _fingerprint_order(name: str, device: str, vectors, require: bool = True) -> dict:
-    from requant import kernels
-    from requant.audit.conform import KernelError, fingerprint, run_cases
-    from requant.audit.conform import vectors as V
-
-    vs = vectors if vectors is not None else V.build_vectors(batch_ms=())
-    ident = {c.name for c in vs.cases if c.kind in ("epilogue", "accumulator")}
-    fn = kernels._RESOLVED[("scaled_mm", name)]
-    fn = getattr(fn, "user_fn", fn)  # run_cases checks each case itself and names it
-    try:
-        rep = fingerprint(name, run_cases(name, fn, vs, device, cases=ident), vs)
-    except KernelError as exc:
-        raise ValueError(f"--backends {name}: {exc}") from None
-    if not rep["identified"] or len(rep["formulas_agreeing"]) != 1 or rep["formula"] not in ORDERS:
-        if not require:
-            return {"order": None, "source": "fingerprint", "verdict": rep["verdict"]}
-        raise ValueError(
-            f"--backends {name}: conform's fingerprint names no declarable order ({rep['verdict']}); "
-            f"give --order ({', '.join(ORDERS)})"
-        )
-    return {"order": rep["formula"], "source": "fingerprint", "verdict": rep["verdict"]}
 
 
 def triton_interpreter_on_cpu(device: str, wanted: bool = True) -> bool:

@@ -18,9 +18,15 @@ import time
 
 import numpy as np
 
+from requant.backends import environment
+from requant.evidence.identity import checkpoint_identity
+from requant.evidence.identity import markdown_lines as identity_lines
 from requant.io.markdown import table
 from requant.kernels.bf16 import is_power_of_two
 from requant.models.prompts import prompts as calibration_prompts
+from requant.models.tokenizer import summary as tokenizer_summary
+from requant.regime import REGIMES
+from requant.runtime import check_layout, load_model
 
 SHA_ENCODING = "sha256 of the new token ids as little-endian int64 bytes"
 CONSTRAINED_ARMS = ("nearest", "ceiling", "mse", "probe")
@@ -120,9 +126,6 @@ def run_determinism(
     identity: requant.evidence.identity.checkpoint_identity(ckpt) when the caller computed it
     already (the command does, before the run); computed here otherwise. engine: the runtime
     engine of the models loaded here ("auto": the fast engine on CUDA; requant.runtime)."""
-    from requant.backends import environment
-    from requant.evidence.identity import checkpoint_identity
-    from requant.runtime import check_layout, load_model
 
     t0 = time.perf_counter()
     say = on_phase or (lambda msg: None)
@@ -149,7 +152,7 @@ def run_determinism(
     tok = native.tokenizer
     token_lists = [tok.encode(t) for t in texts]
     regimes, invariance = {}, {}
-    for regime in ("native", "pow2"):
+    for regime in REGIMES:
         if regime == "pow2" and pow2_native:
             regimes["pow2"] = dict(regimes["native"], same_as="native")
             invariance["pow2"] = dict(invariance["native"])
@@ -209,8 +212,6 @@ def _cell(text: str, width: int = 60) -> str:
 
 def markdown(result: dict, command: str | None = None) -> str:
     """A Markdown summary for people (the JSON is the record)."""
-    from requant.evidence.identity import markdown_lines as identity_lines
-    from requant.models.tokenizer import summary as tokenizer_summary
 
     a, b = result["backends"]
     lines = ["# requant determinism", ""]
@@ -231,7 +232,7 @@ def markdown(result: dict, command: str | None = None) -> str:
     if conv["all_scales_pow2"]:
         lines.append(f"- converted checkpoint (arm: {conv['arm'] or 'unknown'}): {conv['note']}")
     lines.append("")
-    for regime in ("native", "pow2"):
+    for regime in REGIMES:
         r = result["regimes"][regime]
         lines += [
             f"## {regime}: {r['identical']}/{r['total']} identical" + (" (same as native)" if r.get("same_as") else ""),
@@ -261,7 +262,7 @@ def markdown(result: dict, command: str | None = None) -> str:
     ]
     rows = [
         [regime, backend, f"{v['identical']}/{v['total']}", ", ".join(map(str, v["differing_prompts"])) or "-"]
-        for regime in ("native", "pow2")
+        for regime in REGIMES
         for backend, v in result["batch_invariance"][regime].items()
     ]
     lines += table(["regime", "backend", "identical", "differing prompts"], rows, align="llr")

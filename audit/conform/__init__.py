@@ -10,6 +10,7 @@ import importlib
 
 import torch
 
+from requant import kernels
 from requant.audit.conform.formulas import (
     ACC_MODELS,
     ACC_TITLES,
@@ -20,16 +21,16 @@ from requant.audit.conform.formulas import (
     model_accumulator,
 )
 from requant.audit.conform.vectors import VectorSet
+from requant.kernels import emulation_of
 from requant.user_kernel import KernelError, call, check_output, message
 
 __all__ = ["KernelError", "resolve_kernel", "run_cases", "fingerprint", "declared_order"]
 
 
 def declared_order(backend: str) -> str | None:
-    """The order a registered backend declares (kernels.EMULATION_OF), as a formula name."""
-    from requant.kernels import EMULATION_OF
+    """The order a backend declares (kernels.emulation_of), as a formula name."""
 
-    emu = EMULATION_OF.get(backend)
+    emu = emulation_of(backend)
     if emu is None:
         return "exact" if backend == "reference" else None
     return emu.removeprefix("reference-")
@@ -40,8 +41,6 @@ def resolve_kernel(backend: str | None, kernel: str | None):
     if (backend is None) == (kernel is None):
         raise ValueError("give exactly one of --backend NAME or --kernel MODULE:FUNCTION")
     if backend is not None:
-        from requant import kernels
-
         if backend not in kernels.scaled_mm_backends():
             raise ValueError(f"unknown backend {backend!r}; known: {', '.join(kernels.scaled_mm_backends())}")
         return backend, lambda a, w, s_a, s_w: kernels.scaled_mm(a, w, s_a, s_w, backend=backend)

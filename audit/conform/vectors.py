@@ -17,6 +17,8 @@ from pathlib import Path
 import torch
 
 from requant.audit.conform.formulas import FORMULA_TITLES, FORMULAS, apply_formula, model_accumulator
+from requant.io.output import write_files_atomic
+from requant.io.safetensors_io import TORCH_TO_ST, serialize_header, tensor_to_bytes
 from requant.kernels.reference import accumulate
 
 __all__ = [
@@ -286,7 +288,6 @@ EXPORT_FILES = ("vectors.safetensors", "vectors.json")
 def export_items(vs: VectorSet, directory: Path | str) -> list:
     """The (destination, render) pairs of DIR/vectors.safetensors and DIR/vectors.json, for
     requant.io.output.write_files_atomic (so that they can be published with other files as one set)."""
-    from requant.io.safetensors_io import TORCH_TO_ST, serialize_header, tensor_to_bytes
 
     d = Path(directory)
     tensors = tensors_of(vs)
@@ -312,6 +313,5 @@ def export(vs: VectorSet, directory: Path | str) -> list[Path]:
     """DIR/vectors.safetensors and DIR/vectors.json, both rendered to temporaries in DIR
     first and renamed only when both are complete (requant.io.output.write_files_atomic): a
     reader sees the old pair or the new pair, never a partial file."""
-    from requant.io.output import write_files_atomic
 
     return write_files_atomic(export_items(vs, directory))

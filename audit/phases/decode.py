@@ -25,6 +25,7 @@ from requant.audit.phases.prefill import kernel_faults_markdown
 from requant.audit.records import Run, Weights
 from requant.audit.scoring import Scorer
 from requant.io.markdown import table
+from requant.runtime.cache import generation_capacity
 
 __all__ = [
     "DEFAULT_BATCHES",
@@ -46,8 +47,6 @@ def batch_prompts(token_lists: list[list[int]], batch: int) -> list[list[int]]:
 
 
 def _cache_for(model, tensors, steps):
-    from requant.runtime.cache import generation_capacity
-
     return model.new_cache(len(tensors), generation_capacity(max(len(t) for t in tensors) + steps))
 
 

@@ -22,8 +22,15 @@ import torch
 from requant import kernels
 from requant.audit.checks import FIRE, NOT_APPLICABLE, SILENT, token_risk
 from requant.audit.conform.fault_kernels import FAULTS
-from requant.audit.matrix import INJECTION_MATRIX_PATH, PREDICTED_MISS, REGIMES, load_matrix
+from requant.audit.device_acc import exact_accumulate
+from requant.audit.f6_tiles import f6_accumulator
+from requant.audit.faults import VARIANT_BY_ID, LayerCase, inject
+from requant.audit.matrix import INJECTION_MATRIX_PATH, PREDICTED_MISS, load_matrix
+from requant.audit.records import REFERENCE_KERNEL, Activations, Run, Weights
 from requant.io.markdown import table
+from requant.kernels.reference import check_operands
+from requant.regime import REGIMES
+from requant.runtime.cache import generation_capacity
 
 __all__ = [
     "INJECTOR",
@@ -94,7 +101,7 @@ class FaultInjector:
 
 def base_backend(backends: tuple[str, str]) -> str:
     for b in backends:
-        if kernels.EMULATION_OF.get(b) == "reference-triton-order":
+        if kernels.emulation_of(b) == "reference-triton-order":
             return b
     return "reference-triton-order"
 
@@ -106,7 +113,6 @@ def one_layer_names(model) -> list[str]:
 
 def _greedy(model, tensors, tokens: int, fed: list[torch.Tensor] | None = None):
     """(logits per position [B, vocab], fed tokens per step): greedy, or fed the given tokens."""
-    from requant.runtime.cache import generation_capacity
 
     cache = model.new_cache(len(tensors), generation_capacity(max(len(t) for t in tensors) + tokens))
     logits, chosen = [], []
@@ -153,8 +159,6 @@ def device_faults(device) -> dict:
     the exact integer (F6: the same bf16 register, tile by tile); elsewhere FAULTS itself."""
     if torch.device(device).type != "cuda":
         return dict(FAULTS)
-    from requant.audit.device_acc import exact_accumulate
-    from requant.audit.f6_tiles import f6_accumulator
 
     return lean_faults(exact_accumulate, f6_accumulator)
 
@@ -163,9 +167,6 @@ def lean_faults(acc_fn, f6_fn) -> dict:
     """FAULTS' kernels built on the given accumulators, without the reference output: none of
     these 11 variants reads it (severity `all` replaces every element; F9's operand faults form
     their own output), so the generating model pays one epilogue less per faulted GEMM."""
-    from requant.audit.faults import VARIANT_BY_ID, LayerCase, inject
-    from requant.audit.records import REFERENCE_KERNEL, Activations, Run, Weights
-    from requant.kernels.reference import check_operands
 
     def wrap(variant):
         assert variant.severity == "all" or variant.family == "F9", variant.id
@@ -215,9 +216,8 @@ def run_injection(
     batched = model.device.type == "cuda" if batched is None else batched
     toks = token_lists if prompts is None else token_lists[:prompts]
     injector = FaultInjector(base_backend(backends))
-    kernels.register_scaled_mm(INJECTOR, injector, order="triton-order")
-    try:
-        m = model.with_backends(INJECTOR, engine="reference")
+    try:  # the injector is this run's kernel (kernels.ScaledMM), registered nowhere
+        m = model.with_backends(kernels.ScaledMM(INJECTOR, injector, "triton-order"), engine="reference")
         tensors = m._as_tensors(toks)
         ref_logits, ref_tokens = _greedy(m, tensors, tokens)
         scopes = {
@@ -249,7 +249,7 @@ def run_injection(
             "one_layer": one_layer_names(m),
         }
     finally:
-        kernels.unregister_scaled_mm(INJECTOR)
+        injector.fault = None
 
 
 def score_injection(by_regime: dict, options: dict | None = None) -> tuple[dict, dict]:

@@ -15,7 +15,7 @@ partials' round trip) for long launches (fold_path); the same bits on both paths
 combine kernels also compute the portable arithmetic (PORTABLE: lane dots, adjacent trees,
 software exp2; kernels/triton/portable.py), resolved at compile time. The arithmetic, the fold
 and why the bits depend on neither batch, chunking nor path: docs/runtime.md ("Split-KV
-attention") and docs/internals.md. The torch emulation: kernels/triton/emulation.py attention_ref.
+attention") and docs/internals.md. The torch emulation: kernels/emulation.py attention_ref.
 """
 
 import torch

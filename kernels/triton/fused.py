@@ -53,7 +53,7 @@ def _pair(x, R: tl.constexpr, N: tl.constexpr):
 @triton.jit
 def tree_sum_rows(x, R: tl.constexpr, N: tl.constexpr):
     """[R, N] fp32 (N a power of two <= 32768) -> [R, 1]: the adjacent pairwise tree of
-    requant.kernels.triton.emulation.tree_sum_adjacent per row."""
+    requant.kernels.emulation.tree_sum_adjacent per row."""
     if N >= 32768:
         x = _pair(x, R, 32768)
     if N >= 16384:

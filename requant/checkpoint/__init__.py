@@ -18,6 +18,7 @@ import torch
 
 from requant.checkpoint import scheme as scheme_mod
 from requant.errors import CheckpointError, LayoutError, SafetensorsFormatError, SchemeError, TensorError
+from requant.io.inputs import load_json
 from requant.io.links import check_inside
 from requant.io.safetensors_io import SafetensorsFile, read_header
 
@@ -240,7 +241,6 @@ def _hub_miss(exc: Exception, repo_id: str, revision: str | None) -> str:
 
 def _load_json(path: Path, what: str):
     """A small JSON file of the checkpoint: a regular file, bounded, links inside it only (requant.io.inputs)."""
-    from requant.io.inputs import load_json
 
     if not (path.exists() or path.is_symlink()):
         raise LayoutError(f"missing {what}", file=path)

@@ -15,7 +15,7 @@ import os
 import numpy as np
 
 from requant.checkpoint import Checkpoint, open_checkpoint
-from requant.convert import PROVENANCE_KEY
+from requant.evidence.provenance import PROVENANCE_KEY
 from requant.io.safetensors_io import pread_exact
 from requant.kernels.bf16 import is_power_of_two
 from requant.models.qwen3 import SIZE_KEYS

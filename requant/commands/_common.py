@@ -34,9 +34,13 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from requant.backends import triton_interpreter_on_cpu
+from requant.commands._limits import check_threads
 from requant.errors import CheckpointError, UsageError
 from requant.io.links import shown
 from requant.io.output import OutputInterrupted, report_target, write_json_atomic
+from requant.io.output_guard import check_outputs as check
+from requant.models.tokenizer import byte_ids_allowed
 
 __all__ = [
     "EXIT_OK",
@@ -254,7 +258,6 @@ def check_engine(engine: str, device: str) -> str:
     engines = ("auto", "fast", "reference", "portable")
     if engine not in engines:
         raise UsageError(f"--engine must be one of {', '.join(engines)}, got {engine!r}")
-    from requant.backends import triton_interpreter_on_cpu
 
     interpret = triton_interpreter_on_cpu(str(device), engine == "fast")
     if engine == "fast" and not str(device).startswith("cuda") and not interpret:
@@ -274,7 +277,6 @@ def set_threads(threads: Optional[int], device: str) -> None:
     n = threads if threads is not None else (1 if str(device) == "cpu" else 0)
     if n < 0:
         raise UsageError("--threads must be >= 0")
-    from requant.commands._limits import check_threads
 
     check_threads(n)  # before torch starts them: past the cap, thread creation fails mid-run
     if n:
@@ -409,7 +411,6 @@ def check_not_inside(paths: dict[str, Optional[Path]], dirs: dict[str, Optional[
 def check_outputs(outputs: list, inputs: list) -> None:
     """requant.io.output_guard.check_outputs: no output on or inside an input, no two outputs one
     file (UsageError naming the option and the input)."""
-    from requant.io.output_guard import check_outputs as check
 
     check(outputs, inputs)
 
@@ -423,7 +424,6 @@ def byte_tokens_option(command: Callable) -> Callable:
     def run(*args, **kwargs):
         if not kwargs.get("byte_tokens"):
             return command(*args, **kwargs)
-        from requant.models.tokenizer import byte_ids_allowed
 
         with byte_ids_allowed():
             return command(*args, **kwargs)

@@ -17,7 +17,9 @@ from pathlib import Path
 
 from typer.core import TyperCommand
 
+from requant import DEFAULT_CHECKPOINT
 from requant.commands._common import cannot_run, check_outputs
+from requant.evidence.manifest import REPORTS
 
 __all__ = ["OUTPUT_OPTIONS", "RequantCommand", "command_paths", "guarded_std_streams", "input_params", "output_params"]
 
@@ -29,7 +31,7 @@ OUTPUT_OPTIONS: dict[str, object] = {"--json": None, "--plot": None, "--output":
 DIR_FILES = {
     ("audit", "--report"): ("requant.audit.report", "REPORT_FILES"),
     ("eval", "--report"): ("requant.eval.report", "REPORT_FILES"),
-    ("conform", "--export"): ("requant.audit.vectors", "EXPORT_FILES"),
+    ("conform", "--export"): ("requant.audit.conform.vectors", "EXPORT_FILES"),
 }
 # Parameters (str: a local directory or a Hub id) that name a checkpoint the command reads.
 CHECKPOINT_PARAMS = ("ckpt", "src", "checkpoint")
@@ -76,8 +78,6 @@ def command_paths(command, params: dict, name: str) -> tuple[list, list]:
     command with a checkpoint parameter left out reads the embedded default."""
     import importlib
 
-    from requant.evidence.manifest import REPORTS
-
     outputs = []
     for flag, p in output_params(command).items():
         value = params.get(p.name)
@@ -93,8 +93,6 @@ def command_paths(command, params: dict, name: str) -> tuple[list, list]:
         value = params.get(p.name)
         checkpoint = p.name in CHECKPOINT_PARAMS
         if value is None and checkpoint and p.param_type_name == "argument":
-            from requant import DEFAULT_CHECKPOINT
-
             inputs.append(("the embedded default checkpoint", DEFAULT_CHECKPOINT, ()))
             continue
         for v in value if isinstance(value, (list, tuple)) else [value]:

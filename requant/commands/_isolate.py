@@ -28,6 +28,8 @@ from typing import NoReturn, Optional
 
 import typer
 
+from requant.commands._common import EXIT_ERROR, EXIT_INTERRUPTED, echo_command, fail
+
 __all__ = ["ENV", "needs_child", "run_in_child", "deliver"]
 
 ENV = "REQUANT_VERDICT_FD"
@@ -93,7 +95,6 @@ def run_in_child(command: str) -> NoReturn:
     """Re-run the running click command (`requant COMMAND ...` as echo_command rebuilds it) in a
     child process and exit with its verdict (module docstring). Call it before importing any
     user code."""
-    from requant.commands._common import EXIT_ERROR, EXIT_INTERRUPTED, echo_command, fail
 
     args = shlex.split(echo_command(command))[1:]
     read_fd, write_fd = os.pipe()

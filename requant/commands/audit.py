@@ -24,7 +24,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from requant.backends import is_custom
+from requant import DEFAULT_CHECKPOINT
+from requant.backends import check_runnable, is_custom, parse_backends
 from requant.commands._common import (
     EXIT_FAILED,
     BackendsOpt,
@@ -50,6 +51,12 @@ from requant.commands._common import (
     write_json_atomic,
 )
 from requant.commands._isolate import deliver, needs_child, run_in_child
+from requant.commands._limits import check_generation_memory, check_positions
+from requant.evidence.identity import with_progress
+from requant.io.inputs import load_json
+from requant.io.output import json_bytes, write_files_atomic
+from requant.models.tokenizer import load_tokenizer
+from requant.regime import REGIMES
 
 console = err()  # progress and phase lines
 out = Console(highlight=False, soft_wrap=True)  # tables and the summary: stdout, one stream
@@ -57,7 +64,6 @@ out = Console(highlight=False, soft_wrap=True)  # tables and the summary: stdout
 
 def _load_config(ckpt: Optional[str]) -> tuple[dict, str]:
     """config.json of a directory, of a config.json path, or of the embedded default."""
-    from requant import DEFAULT_CHECKPOINT
 
     if ckpt is None:
         p = Path(DEFAULT_CHECKPOINT) / "config.json"
@@ -73,7 +79,6 @@ def _load_config(ckpt: Optional[str]) -> tuple[dict, str]:
     if not p.is_file():
         raise UsageError(f"{p}: no config.json")
     from requant.checkpoint import check_qwen3
-    from requant.io.inputs import load_json  # bounded, a regular file, too deep a nesting refused
 
     config = load_json(p, what="config.json")
     if not isinstance(config, dict):
@@ -133,13 +138,13 @@ def _print_detection(detection: list, title: str) -> None:
     t = Table(title=title)
     t.add_column("fault")
     for sev in ("one", "1pct", "all"):
-        for regime in ("native", "pow2"):
+        for regime in REGIMES:
             t.add_column(f"{sev} {regime}", justify="right")
     det = {(d["fault"], d["severity"], d["regime"]): d for d in detection}
     for fam in sorted({d["fault"] for d in detection}):
         cells = []
         for sev in ("one", "1pct", "all"):
-            for regime in ("native", "pow2"):
+            for regime in REGIMES:
                 d = det.get((fam, sev, regime))
                 cells.append("" if d is None else f"{d['detected']}/{d['observable']}")
         t.add_row(fam, *cells)
@@ -216,7 +221,6 @@ def _write_outputs(result: dict, json_out: Optional[Path], report: Optional[Path
     """--json and --report's files as one set, all or nothing (requant.output.write_files_atomic);
     the --report files are the ones returned, to be named."""
     from requant.audit.report import report_items
-    from requant.io.output import json_bytes, write_files_atomic
 
     items = [(json_out, lambda tmp: tmp.write_bytes(json_bytes(result)))] if json_out is not None else []
     items += report_items(result, report, command) if report is not None else []
@@ -292,14 +296,10 @@ def audit(
             if json_out is not None:
                 write_json_atomic(json_out, p)
             return
-        from requant import DEFAULT_CHECKPOINT
         from requant.audit.capture import prompts as prompt_list
         from requant.audit.cells import CELLS_PER_LAYER
-        from requant.audit.custom_orders import declare_custom_orders
-        from requant.backends import check_runnable, parse_backends
+        from requant.audit.pair import resolve_pair
         from requant.checkpoint import open_checkpoint
-        from requant.evidence.identity import with_progress
-        from requant.models.tokenizer import load_tokenizer
         from requant.runtime import check_layout
 
         dev = check_device(device or default_device())
@@ -311,9 +311,11 @@ def audit(
         if injection_tokens is not None and injection_tokens < 1:
             raise UsageError("--injection-tokens must be at least 1")
         set_threads(threads, dev)
-        custom, no_formula = declare_custom_orders(pair, order, dev)
-        if no_formula is not None:  # a finding, not a refusal: recorded, then exit 1
-            _fail_fingerprint(no_formula, custom, ckpt, spec, pair, dev, json_out)
+        resolved = resolve_pair(pair, order, dev)  # which kernel, which declared order
+        custom = resolved.custom
+        if resolved.failure is not None:  # a finding, not a refusal: recorded, then exit 1
+            _fail_fingerprint(resolved.failure, custom, ckpt, spec, pair, dev, json_out)
+        pair = resolved.kernels
         from requant.audit.matrix import baseline_variant, load_matrix, matrix_path
 
         pred = load_matrix(matrix_path(matrix))
@@ -373,8 +375,8 @@ def audit(
 
 def _fail_fingerprint(fail: dict, custom: dict, ckpt, spec: str, pair, dev: str, json_out: Optional[Path]) -> None:
     """A MODULE:FUNCTION kernel whose fingerprint names no legal formula: the JSON records the
-    verdict (written first), one line says it, exit 1 (requant.audit.custom_orders)."""
-    from requant.audit.custom_orders import failure_line
+    verdict (written first), one line says it, exit 1 (requant.audit.pair)."""
+    from requant.audit.pair import failure_line
 
     line = failure_line(fail)
     if json_out is not None:
@@ -406,7 +408,6 @@ def audit_passed(result: dict) -> bool:
 def _check_limits(config, dev, longest, prompts, phases, batches, decode_tokens, inject, injection_tokens) -> None:
     """Positions and memory of the decode phase and the injection, before any work (requant.commands._limits)."""
     from requant.audit.phases.injection import DEFAULT_TOKENS
-    from requant.commands._limits import check_generation_memory, check_positions
 
     if "decode" in phases:
         what = f"the longest audit prompt ({longest} tokens) + {decode_tokens} decode steps"

@@ -1,6 +1,6 @@
 """`requant convert | inspect | verify`: the checkpoint commands.
 
-Thin typer wrappers over requant.convert, requant.inspect and requant.verify: rich tables
+Thin typer wrappers over requant.convert, requant.checkpoint.inspect and requant.evidence.verify: rich tables
 on stdout, progress and errors on stderr, JSON where a machine reads it. Exit codes as in
 requant.commands._common: a refused checkpoint is exit 2, `verify` finding a difference
 exit 1, an interrupt 130 after the converter has removed its temporary directory.
@@ -187,7 +187,7 @@ def convert(
     arm_name = arm.value if isinstance(arm, Enum) else str(arm)
     with cannot_run():  # every output path and option before any work: a refusal costs nothing and writes nothing
         _check_reports(src, output, json_report, plot, source)
-        if not (output.exists() or output.is_symlink()):  # an existing OUT: the --force rules (requant.output)
+        if not (output.exists() or output.is_symlink()):  # an existing OUT: the --force rules (requant.io.output)
             check_output_dir(output, "-o", make_parents=True)
         if jobs is not None and jobs < 1:
             raise UsageError(f"--jobs {jobs}: must be at least 1 (leave it out for the CPU count)")

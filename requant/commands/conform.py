@@ -24,6 +24,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from requant.backends import environment, triton_interpreter_on_cpu
 from requant.commands._common import (
     EXIT_FAILED,
     EXIT_OK,
@@ -42,6 +43,7 @@ from requant.commands._common import (
     warn,
 )
 from requant.commands._isolate import deliver, needs_child, run_in_child
+from requant.io.output import json_bytes, write_files_atomic
 
 __all__ = ["conform"]
 
@@ -57,7 +59,6 @@ def _check_outputs(json_out: Optional[Path], export_dir: Optional[Path]) -> None
 def _write_outputs(result: dict, vs, json_out: Optional[Path], export_dir: Optional[Path]) -> None:
     """The --export pair and the --json record as one set, once the verdict is known: all or nothing."""
     from requant.audit.conform.vectors import export_items
-    from requant.io.output import json_bytes, write_files_atomic
 
     items = export_items(vs, export_dir) if export_dir is not None else []
     if json_out is not None:
@@ -90,7 +91,6 @@ def conform(
         _check_outputs(json_out, export_dir)
         from requant.audit.conform import KernelError, declared_order, fingerprint, resolve_kernel, run_cases
         from requant.audit.conform import vectors as V
-        from requant.backends import environment, triton_interpreter_on_cpu
 
         dev = check_device(device or default_device())
         triton_interpreter_on_cpu(dev)  # before the kernel's module imports Triton

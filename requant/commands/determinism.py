@@ -22,7 +22,8 @@ from typing import Annotated
 
 import typer
 
-from requant.backends import is_custom
+from requant import DEFAULT_CHECKPOINT
+from requant.backends import check_runnable, is_custom, parse_backends
 from requant.commands._common import (
     EXIT_FAILED,
     BackendsOpt,
@@ -49,6 +50,10 @@ from requant.commands._common import (
     write_json_atomic,
 )
 from requant.commands._isolate import deliver, needs_child, run_in_child
+from requant.commands._limits import check_positions
+from requant.evidence.identity import with_progress
+from requant.models.prompts import prompts as prompt_list
+from requant.models.tokenizer import load_tokenizer
 
 
 @byte_tokens_option
@@ -80,12 +85,9 @@ def determinism(
     console = err()
     with cannot_run():
         check_output_file(json_out, "--json")  # before any work: a bad path costs nothing and writes nothing
-        from requant import DEFAULT_CHECKPOINT
-        from requant.backends import check_runnable, declare_orders, parse_backends
+        from requant.audit.pair import resolve_pair
         from requant.checkpoint import open_checkpoint
         from requant.determinism import all_scales_pow2, run_determinism, work_units
-        from requant.evidence.identity import with_progress
-        from requant.models.prompts import prompts as prompt_list
         from requant.runtime import check_layout
 
         dev = check_device(device or default_device())
@@ -98,11 +100,10 @@ def determinism(
         prompt_list(prompts)  # validate N before loading (or downloading) anything big
         set_threads(threads, dev)
         # a MODULE:FUNCTION kernel runs conform's cases first: one that cannot run is refused here
-        custom = declare_orders(pair, None, dev, require=False)
+        resolved = resolve_pair(pair, None, dev, require_order=False)
+        custom, pair = resolved.custom, resolved.kernels
         checkpoint = open_checkpoint(DEFAULT_CHECKPOINT if ckpt is None else ckpt, revision=revision)
         check_layout(checkpoint)
-        from requant.commands._limits import check_positions
-        from requant.tokenizer import load_tokenizer
 
         tok = load_tokenizer(checkpoint.path, int(checkpoint.config["vocab_size"]))
         longest = max(len(tok.encode(t)) for t in prompt_list(prompts))

@@ -45,7 +45,8 @@ from requant.commands._common import (
     progress_bar,
     warn,
 )
-from requant.eval.report import fmt_number
+from requant.eval.report import REPORT_FILES, fmt_number, report_items
+from requant.io.output import json_bytes, write_files_atomic
 
 console = err()
 DEFAULT_ARMS = "native,nearest,ceiling,mse,probe"
@@ -92,15 +93,11 @@ def _stopped(progress):
 def _check_report_dir(report: Optional[Path]) -> None:
     """--report DIR before any work: a directory in which each report file can be written."""
     if report is not None:
-        from requant.eval.report import REPORT_FILES
-
         check_output_dir(report, "--report", REPORT_FILES)
 
 
 def _write_outputs(result: dict, json_out: Optional[Path], report: Optional[Path]) -> list[Path]:
     """--json and --report's files as one set, all or nothing (requant.output.write_files_atomic)."""
-    from requant.eval.report import report_items
-    from requant.io.output import json_bytes, write_files_atomic
 
     items = [(json_out, lambda tmp: tmp.write_bytes(json_bytes(result)))] if json_out is not None else []
     items += report_items(result, report) if report is not None else []

@@ -5,12 +5,12 @@
                      [--backend NAME] [--engine auto|fast|reference|portable] [--regime native|pow2]
                      [--device DEV] [--json OUT] [--revision REV] [--threads N] [--byte-tokens]
 
-No CKPT: the embedded default. Greedy unless --temperature > 0 (requant.sampling: a counter-based
+No CKPT: the embedded default. Greedy unless --temperature > 0 (requant.runtime.sampling: a counter-based
 generator per request and position, so a sample cannot depend on the batch). All prompts run as
 one batch. FILE.jsonl: one object a line, {"prompt": TEXT} or {"prompt_ids": [ids]}, optionally
 "key", "seed", "temperature", "top_k", "top_p" (overriding the options for that request). One
 prompt: its text is streamed to stdout token by token; several: each printed when done.
---json writes one record a prompt, JSON lines (requant.generation); `requant replay` re-checks it.
+--json writes one record a prompt, JSON lines (requant.runtime.generation); `requant replay` re-checks it.
 Exit status: 0 done; 2 could not run (one line: a bad option, prompt file or checkpoint, a
 SHA256SUMS that does not match the files); 130 interrupted.
 """
@@ -25,7 +25,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from requant.backends import default_backend
+from requant import DEFAULT_CHECKPOINT
+from requant.backends import check_runnable, default_backend
 from requant.commands._common import (
     ByteTokensOpt,
     CkptArg,
@@ -47,7 +48,12 @@ from requant.commands._common import (
     set_threads,
     text_out,
 )
-from requant.links import shown
+from requant.commands._limits import check_generation_memory
+from requant.evidence.identity import with_progress
+from requant.io.jsonlines import has_surrogate, read_json_lines
+from requant.io.links import shown
+from requant.io.output import write_bytes_atomic
+from requant.regime import check_regime
 
 __all__ = ["generate", "read_prompt_file", "default_backend", "Streamer"]
 
@@ -59,7 +65,6 @@ def read_prompt_file(path: Path) -> list[dict]:
     field checked (requant.io.jsonlines reads the file: bounded, strict); UsageError naming the
     file and line. Token ids are checked against the vocabulary once the model is loaded
     (check_requests)."""
-    from requant.io.jsonlines import read_json_lines
 
     label = f"--prompts {shown(path)}"
     reqs = []
@@ -184,11 +189,8 @@ def generate(
     console = err()
     with cannot_run():
         check_output_file(json_out, "--json")
-        from requant import DEFAULT_CHECKPOINT
-        from requant.backends import check_runnable
         from requant.checkpoint import open_checkpoint
-        from requant.evidence.identity import with_progress
-        from requant.runtime import REGIMES, check_layout, load_model
+        from requant.runtime import check_layout, load_model
         from requant.runtime.sampling import SamplingParams
 
         dev = check_device(device or default_device())
@@ -198,8 +200,7 @@ def generate(
             raise UsageError("give --prompt TEXT (repeatable) or --prompts FILE.jsonl, not both")
         if max_new_tokens < 1:
             raise UsageError("--max-new-tokens must be at least 1")
-        if regime not in REGIMES:
-            raise UsageError(f"--regime must be one of {', '.join(REGIMES)}, got {regime!r}")
+        check_regime(regime, "--regime")
         base = SamplingParams(temperature, top_k, top_p, seed).check("", labels=_OPTION_OF)
         be = backend or default_backend(dev)
         from requant import kernels
@@ -209,7 +210,6 @@ def generate(
         check_runnable((be,), dev, "reference", option="--backend")
         check_engine(engine, dev)
         requests = [{"prompt": p, "where": f"--prompt {i}"} for i, p in enumerate(prompt or [])]
-        from requant.io.jsonlines import has_surrogate
 
         for r in requests:  # bytes that are not UTF-8 on the command line arrive as lone surrogates
             if has_surrogate(r["prompt"]):
@@ -237,7 +237,6 @@ def generate(
             ids.append(pids)
             texts.append(r.get("prompt"))
         check_requests(ids, [r["where"] for r in requests], model.arch.vocab, model.max_length, max_new_tokens)
-        from requant.commands._limits import check_generation_memory
 
         longest = max(len(p) for p in ids) + max_new_tokens
         check_generation_memory(checkpoint.config, len(ids), longest, dev, f"{len(ids)} prompts")
@@ -286,7 +285,6 @@ def generate(
             )
             for s, pids, t in zip(out, ids, texts)
         ]
-        from requant.io.output import write_bytes_atomic
 
         with cannot_run():
             write_bytes_atomic(json_out, ("\n".join(lines) + "\n").encode("utf-8"))

@@ -17,13 +17,15 @@ from typing import Annotated, Optional
 import typer
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
-from requant.commands._common import EXIT_FAILED, UsageError, cannot_run, err, fail, out, plain, warn
+from requant.commands._common import EXIT_FAILED, UsageError, cannot_run, check_outputs, err, fail, out, plain, warn
+from requant.evidence import manifest as mf
+from requant.io.output import report_target
+from requant.publish import PublishError, PushRefused
 
 
 def _run(fn):
     """fn() with refusals as the error line: a push that requant's rules refuse
     (requant.publish.PushRefused) exits 1; an input that cannot be read or written exits 2."""
-    from requant.publish import PushRefused
 
     with cannot_run():
         try:
@@ -86,7 +88,6 @@ def manifest(
     or differing file. Without SHA256SUMS (and without --write) it prints the manifest that
     would be written and its digest. README.md, .gitattributes and the requant-*.json reports
     are not covered (they are written about the checkpoint, after it)."""
-    from requant.evidence import manifest as mf
 
     stdout = out()
     if write:
@@ -191,9 +192,7 @@ def card(
     requant-eval.json, requant-determinism.json, requant-convert.json. A missing report is
     named in the card as not measured. Also writes CKPT/SHA256SUMS when there is none (the
     card quotes its digest)."""
-    from requant.evidence import manifest as mf
-    from requant.io.output import report_target
-    from requant.publish import PublishError
+    from requant.audit.faults import FAMILY_TITLES
     from requant.publish.card import checkpoint_facts, render, write_card
     from requant.publish.push import check_repo_id
 
@@ -204,8 +203,6 @@ def card(
             except PublishError as exc:
                 raise UsageError(f"--repo-id {repo_id!r}: {exc.detail}") from None
     if not stdout:  # a README.md that is not a file, or one read as a report: refused before any work
-        from requant.commands._common import check_outputs
-
         _run(lambda: report_target(ckpt / mf.CARD))
         reports = [("--audit", audit), ("--eval", eval_report), ("--determinism", determinism)]
         _run(
@@ -225,6 +222,7 @@ def card(
             convert=convert_report,
             repo_id=repo_id,
             facts=facts,
+            fault_titles=FAMILY_TITLES,
         )
     )
     _warn(rendered.warnings)
@@ -273,10 +271,15 @@ def push(
     layer bitwise equal, and every weight scale is a power of two (--force overrides these,
     never the probe arm). The token comes from HF_TOKEN or the stored login; HF_ENDPOINT
     selects the Hub. Prints the commit URL."""
+    from requant.audit.faults import FAMILY_TITLES
     from requant.publish import push as push_mod
 
     with _hashing(ckpt, "sha256") as cb:
-        p = _run(lambda: push_mod.plan(ckpt, repo_id, revision=revision, force=force, progress=cb))
+        p = _run(
+            lambda: push_mod.plan(
+                ckpt, repo_id, revision=revision, force=force, progress=cb, fault_titles=FAMILY_TITLES
+            )
+        )
     if p.overridden:
         _warn([f"--force: pushing although {r}" for r in p.overridden])
     for note in p.notes:

@@ -25,6 +25,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from requant.backends import check_runnable
 from requant.commands._common import (
     EXIT_FAILED,
     ByteTokensOpt,
@@ -45,6 +46,10 @@ from requant.commands._common import (
     set_threads,
     write_json_atomic,
 )
+from requant.commands._limits import check_generation_memory, max_positions
+from requant.evidence.identity import with_progress
+from requant.evidence.manifest import REPORTS
+from requant.models.tokenizer import summary
 
 __all__ = ["replay"]
 
@@ -93,11 +98,7 @@ def replay(
     with cannot_run():
         check_output_file(json_out, "--json")
         from requant import DEFAULT_CHECKPOINT, kernels
-        from requant.backends import check_runnable
         from requant.checkpoint import open_checkpoint
-        from requant.evidence.identity import with_progress
-        from requant.evidence.manifest import REPORTS
-        from requant.models.tokenizer import summary
         from requant.runtime import check_layout, load_model
         from requant.runtime.generation import (
             filler_prompts,
@@ -144,8 +145,7 @@ def replay(
         if json_out is not None:  # the checkpoint named inside the record is an input too
             check_outputs([("--json", json_out, None)], [("the record's checkpoint", ckpt.path, REPORTS)])
         check_layout(ckpt)
-        from requant.commands._limits import check_generation_memory, max_positions
-        from requant.generation import check_against_model
+        from requant.runtime.generation import check_against_model
 
         check_against_model(records, int(ckpt.config["vocab_size"]), max_positions(ckpt.config))
         longest = max(len(r["prompt_ids"]) for r in records) + first["max_new_tokens"]
@@ -224,7 +224,7 @@ def replay(
                 "arithmetic": first.get("arithmetic"),
             },
             "backend": be,
-            "epilogue_order": kernels.EMULATION_OF.get(be),
+            "epilogue_order": kernels.emulation_of(be),
             "engine": engine_ran,
             "device": dev,
             "batch_with": batch_with,

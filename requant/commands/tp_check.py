@@ -23,6 +23,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from requant.backends import check_runnable, default_backend, environment
 from requant.commands._common import (
     EXIT_FAILED,
     CkptArg,
@@ -44,6 +45,10 @@ from requant.commands._common import (
     sigterm_as_interrupt,
     write_json_atomic,
 )
+from requant.evidence.identity import with_progress
+from requant.models.prompts import prompts as prompt_list
+from requant.models.tokenizer import load_tokenizer
+from requant.regime import check_regime
 
 __all__ = ["tp_check", "parse_degrees", "summary_line"]
 
@@ -167,12 +172,8 @@ def tp_check(
     console = err()
     with cannot_run():
         from requant import DEFAULT_CHECKPOINT, kernels
-        from requant.backends import check_runnable, default_backend
         from requant.checkpoint import open_checkpoint
-        from requant.evidence.identity import with_progress
-        from requant.models.prompts import prompts as prompt_list
-        from requant.models.tokenizer import load_tokenizer
-        from requant.runtime import REGIMES, arch_from_config, check_layout
+        from requant.runtime import arch_from_config, check_layout
         from requant.tp import REDUCES, LaunchConfig, check_degree
 
         dev = check_device(device or default_device())
@@ -184,8 +185,7 @@ def tp_check(
         if name not in kernels.scaled_mm_backends():
             raise UsageError(f"--backend: unknown backend {name!r}; known: {', '.join(kernels.scaled_mm_backends())}")
         check_runnable((name,), dev, act_backend, option="--backend")
-        if regime not in REGIMES:
-            raise UsageError(f"--regime must be one of {', '.join(REGIMES)}, got {regime!r}")
+        check_regime(regime, "--regime")
         if reduce not in REDUCES:
             raise UsageError(f"--reduce must be one of {', '.join(REDUCES)}, got {reduce!r}")
         if new_tokens < 0:
@@ -259,8 +259,6 @@ def tp_check(
     summary = summary_line(degrees, per_degree)
     identical = all(c["identical"] for c in per_degree)
     if json_out is not None:
-        from requant.backends import environment
-
         record = {
             "tp": list(degrees),
             "reduce": reduce,

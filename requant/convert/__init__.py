@@ -14,13 +14,15 @@ from typing import Callable
 import requant
 from requant.checkpoint import open_checkpoint
 from requant.convert import _streaming as streaming
+from requant.convert.replace import check_output, refuse_users_files
 from requant.errors import CheckpointError, OutputError, os_reason
 from requant.evidence import manifest as mf
 from requant.evidence import provenance
+from requant.evidence.origin import open_source_weights, proof_bytes, prove_origin
 from requant.evidence.provenance import PROVENANCE_KEY
 from requant.io.inputs import load_json
 from requant.io.links import shown
-from requant.io.output import AtomicOutput, OutputInterrupted, check_output, json_bytes, write_bytes_atomic
+from requant.io.output import AtomicOutput, OutputInterrupted, json_bytes, write_bytes_atomic
 from requant.scales import ARMS, SERVABLE
 from requant.scales.requantizer import LinearStats
 
@@ -183,8 +185,6 @@ def convert(
     src_weights = None
     total = sum(f.file_size for f in ckpt.shards.values())
     if source is not None:
-        from requant.evidence.origin import open_source_weights, proof_bytes, prove_origin
-
         src_weights = open_source_weights(source, ckpt)
         check_output(Path(source), out, force)
         if on_start:
@@ -201,7 +201,8 @@ def convert(
     constrained = arm != "unconstrained"
     # every source byte is read after this (or after src_states, when src_entries were hashed earlier)
     before = src_states if src_states is not None else file_states(ckpt)
-    with AtomicOutput(out, force, on_note, src=ckpt.path) as dest:
+    keep_users_files = lambda final: refuse_users_files(out, final, ckpt.path)  # noqa: E731
+    with AtomicOutput(out, force, on_note, keep_users_files) as dest:
         source_hashes = shard_hashes = None
         try:
             if src_entries is None:  # plain sha256 of every source file, beside the units

@@ -19,6 +19,7 @@ from lm_eval import utils as lm_utils
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 
+from requant import DEFAULT_CHECKPOINT
 from requant.backends import default_backend
 from requant.runtime import load_model
 
@@ -59,7 +60,6 @@ class RequantLM(TemplateLM):
         super().__init__()
         if unused:
             raise ValueError(f"unknown model_args for the requant model: {', '.join(sorted(unused))}")
-        from requant import DEFAULT_CHECKPOINT
 
         self.pretrained = str(DEFAULT_CHECKPOINT if pretrained in (None, "") else pretrained)
         self.device_name = str(device or default_device())

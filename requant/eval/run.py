@@ -32,17 +32,25 @@ from typing import Callable
 
 import numpy as np
 
+from requant import DEFAULT_CHECKPOINT, kernels
+from requant.backends import check_runnable
+from requant.checkpoint import check_qwen3, open_checkpoint
+from requant.convert import convert, file_states
 from requant.errors import UsageError
 from requant.eval.bootstrap import Docs, paired_bootstrap
-from requant.eval.task import HELDOUT_TASK
+from requant.eval.task import HELDOUT_TASK, task_manager
+from requant.evidence.identity import bytes_to_hash, checkpoint_identity
+from requant.io.safetensors_io import read_header
+from requant.models.qwen3_moe import arch_of
+from requant.models.tokenizer import load_tokenizer
+from requant.runtime import ENGINES
+from requant.scales.arms import ARMS, SERVABLE
 
 NATIVE, BF16 = "native", "bf16"
 PPL_KEYS = ("word_perplexity", "byte_perplexity")
 
 
 def known_arms() -> list[str]:
-    from requant.scales.arms import ARMS
-
     return [NATIVE] + [a for a in ARMS]
 
 
@@ -61,8 +69,6 @@ def parse_arms(text: str) -> list[str]:
 
 
 def check_backend(name: str, act_name: str = "reference") -> None:
-    from requant import kernels
-
     if name not in kernels.scaled_mm_backends():
         raise UsageError(f"unknown backend {name!r}; known: {', '.join(kernels.scaled_mm_backends())}")
     acts = kernels.quantize_backends()
@@ -72,7 +78,6 @@ def check_backend(name: str, act_name: str = "reference") -> None:
 
 def _bf16_tensors(path: Path) -> dict[str, str]:
     """{tensor name: safetensors dtype} of a plain checkpoint directory (headers only)."""
-    from requant.io.safetensors_io import read_header
 
     index = path / "model.safetensors.index.json"
     if index.is_file():
@@ -95,7 +100,6 @@ def _bf16_tensors(path: Path) -> dict[str, str]:
 
 def check_source(source: Path, ckpt_config: dict) -> None:
     """Refuse a --source that is not a bf16 Qwen3 (dense or MoE) with CKPT's vocabulary."""
-    from requant.models.qwen3_moe import arch_of
 
     source = Path(source)
     cfg_path = source / "config.json"
@@ -111,7 +115,6 @@ def check_source(source: Path, ckpt_config: dict) -> None:
         raise UsageError(f"{cfg_path}: not a JSON object")
     if "quantization_config" in cfg:
         raise UsageError(f"{cfg_path}: has a quantization_config; --source is the unquantized bf16 original")
-    from requant.checkpoint import check_qwen3
 
     check_qwen3(cfg, cfg_path)
     try:
@@ -183,7 +186,6 @@ def quiet_lm_eval():
 
 def load_tasks(tasks: list[str]):
     """A TaskManager for these names; unknown names and tasks lm-eval cannot load are refused."""
-    from requant.eval.task import task_manager
 
     tm = task_manager(tasks)
     unknown = [t for t in tasks if t not in tm.all_tasks]
@@ -282,7 +284,6 @@ def evaluate_row(
 def _identity(checkpoint, hash_progress: Callable[[int, int], None] | None, entries_out: dict) -> dict:
     """requant.evidence.identity.checkpoint_identity, reporting (bytes done, bytes total); the files'
     hashes go into entries_out (every arm's conversion reuses them)."""
-    from requant.evidence.identity import bytes_to_hash, checkpoint_identity
 
     if hash_progress is None:
         return checkpoint_identity(checkpoint, entries_out=entries_out)
@@ -347,11 +348,7 @@ def run_eval(
     """
     import importlib.metadata
 
-    from requant import DEFAULT_CHECKPOINT
-    from requant.checkpoint import open_checkpoint
-    from requant.convert import convert
     from requant.eval.lm import default_backend, default_device
-    from requant.runtime import ENGINES
 
     if engine not in ENGINES:
         raise UsageError(f"--engine must be one of {', '.join(ENGINES)}, got {engine!r}")
@@ -379,7 +376,6 @@ def run_eval(
             raise UsageError(f"--device {dev}: no CUDA device here")
     be = backend or default_backend(dev)
     check_backend(be, act_backend)
-    from requant.backends import check_runnable
 
     check_runnable((be,), dev, act_backend, option="--backend")
     if not dev.startswith("cuda"):
@@ -400,7 +396,6 @@ def run_eval(
         raise UsageError("--threads must be >= 0")
     src = str(DEFAULT_CHECKPOINT if ckpt is None else ckpt)
     checkpoint = open_checkpoint(src)  # CheckpointError: missing or invalid
-    from requant.models.tokenizer import load_tokenizer
 
     load_tokenizer(
         checkpoint.path, int(checkpoint.config["vocab_size"])
@@ -417,7 +412,6 @@ def run_eval(
     say("resolving tasks " + ",".join(tasks))
     tm = load_tasks(tasks)
     src_entries: dict = {}
-    from requant.convert import file_states
 
     src_states = file_states(checkpoint)  # before the hashing: convert refuses a source changed since
     identity = _identity(checkpoint, hash_progress, src_entries)
@@ -487,7 +481,6 @@ def run_eval(
         per_task[t] = entry
     primary = next((t for t in tasks if "arms" in per_task[t]), None)
     cfg = results[NATIVE]["config"]
-    from requant.scales.arms import SERVABLE
 
     result = {
         "tool": "requant eval",

@@ -29,6 +29,7 @@ from typing import Callable
 from requant.errors import CheckpointError
 from requant.io.inputs import read_small
 from requant.io.links import allowed_roots, check_inside, shown
+from requant.io.output import write_bytes_atomic
 
 MANIFEST = "SHA256SUMS"
 SOURCE_MANIFEST = "SHA256SUMS.source"
@@ -64,7 +65,7 @@ def walk_files(root: str | os.PathLike, skip_dirs: frozenset[str] = SKIP_DIRS) -
     """{relative path: path} of every file under root (directories in skip_dirs left out),
     in walk order, refusing what a reader of the directory must not follow silently: a
     symlinked directory, a name that is not a regular file (a dangling link), and a link
-    that resolves outside the checkpoint (requant.links; a Hub snapshot's blobs are inside).
+    that resolves outside the checkpoint (requant.io.links; a Hub snapshot's blobs are inside).
     The one walk behind the manifest, convert's copying and verify's comparison."""
     root = Path(root)
     if not root.is_dir():
@@ -263,7 +264,7 @@ def read(root: str | os.PathLike, name: str = MANIFEST) -> tuple[dict[str, str],
     """({path: sha256}, bytes) of the manifest root/name (name may also be a path of its
     own, e.g. another checkpoint's SHA256SUMS.source), or None when there is none. Only a
     regular file of at most requant.inputs.MAX_TEXT_BYTES is read, and one inside root only
-    through links that stay inside it (requant.links)."""
+    through links that stay inside it (requant.io.links)."""
     p = Path(root) / name
     if not (p.exists() or p.is_symlink()):
         return None
@@ -274,7 +275,6 @@ def read(root: str | os.PathLike, name: str = MANIFEST) -> tuple[dict[str, str],
 
 def write(root: str | os.PathLike, entries: dict[str, Entry] | None = None, name: str = MANIFEST) -> tuple[Path, str]:
     """Write the manifest of root (computed now unless entries are given). Returns (path, digest)."""
-    from requant.io.output import write_bytes_atomic  # durable, all or nothing, cp's permissions
 
     data = render(entries if entries is not None else compute(root))
     return write_bytes_atomic(Path(root) / name, data), digest_of(data)

@@ -4,7 +4,7 @@ config.json, model.safetensors.index.json, SHA256SUMS and the JSON reports are r
 each read here is bounded: only a regular file is read (a FIFO would block forever, a device
 such as /dev/zero never end), opened non-blocking so that a FIFO swapped in after the check
 cannot hang the open, and at most `limit` bytes (MAX_TEXT_BYTES by default) are read. With
-`root`, a link is followed only inside the checkpoint (requant.links). JSON nested deeper
+`root`, a link is followed only inside the checkpoint (requant.io.links). JSON nested deeper
 than Python's parser can hold (a RecursionError) is refused like any other malformed JSON.
 Every refusal is an `error` (a CheckpointError subclass by default) naming the file.
 """

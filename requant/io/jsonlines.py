@@ -9,7 +9,7 @@ read_json_lines(path) -> [(line number, value)], every refusal one `error` namin
   * each line: strict UTF-8, valid JSON without NaN or Infinity, nested at most MAX_DEPTH deep,
     no string (key or value) holding a lone surrogate (JSON's "\\ud800" escape decodes to one,
     and it cannot be written back as UTF-8).
-What each field must be is the caller's (requant.commands.generate, requant.generation),
+What each field must be is the caller's (requant.commands.generate, requant.runtime.generation),
 with the location this reader gives: `where(path, n)`.
 """
 
@@ -20,8 +20,8 @@ import os
 import re
 
 from requant.errors import CheckpointError
-from requant.inputs import read_small
-from requant.links import shown
+from requant.io.inputs import read_small
+from requant.io.links import shown
 
 __all__ = ["MAX_FILE_BYTES", "MAX_LINE_BYTES", "MAX_DEPTH", "read_json_lines", "where", "has_surrogate"]
 

@@ -2,9 +2,10 @@
 
 * Everything is written into a temporary directory beside OUT (`.OUT.requant-tmp-*`), fsynced,
   and renamed to OUT at the end; on any error or interrupt nothing named OUT appears.
-* OUT inside SRC (or SRC inside OUT) is refused. An existing OUT is only replaced with
-  force=True, and only when it is a checkpoint (replaceable()) holding nothing a user wrote into
-  it (not_replaced_silently): checked before any work and again just before the rename.
+* An existing OUT is only replaced with force=True, and only when it is a checkpoint or empty
+  (replaceable()): checked before any work and again just before the rename, where a caller's
+  before_replace check also runs (a conversion's: requant.convert.replace, nothing a user wrote
+  into OUT is deleted).
 * A killed run's temporary directory is removed by the next AtomicOutput for OUT once its lock is free.
 * An interrupt that arrives once the rename is done is an OutputInterrupted (a
   KeyboardInterrupt): the output is complete, and its message says so.
@@ -160,78 +161,6 @@ def refuse_unless_replaceable(out: Path, final: Path) -> None:
         )
 
 
-# What a conversion writes itself (besides the files it copies or rewrites from SRC).
-CONVERSION_FILES = frozenset({"SHA256SUMS", "SHA256SUMS.source", "requant-convert.json", ".gitattributes"})
-# Evidence written about an output after it was made: the card and the reports of audit, eval, determinism.
-EVIDENCE_FILES = ("README.md", "requant-audit.json", "requant-eval.json", "requant-determinism.json")
-
-
-def _written_by_conversion(path: Path, theirs: Path) -> bool:
-    """An evidence-named file of an old OUT that a conversion put there: SRC's own file copied,
-    or the README stub a constrained arm writes (requant.streaming.readme_stub)."""
-    from requant.scales import ARMS
-    from requant.streaming import readme_stub
-
-    try:
-        if path.stat().st_size > 1 << 20:
-            return False
-        data = path.read_bytes()
-        if theirs.is_file() and theirs.read_bytes() == data:
-            return True
-    except OSError:
-        return False
-    return path.name == "README.md" and any(data.endswith(readme_stub(b"", arm)) for arm in ARMS)
-
-
-def not_replaced_silently(final: Path, src: Path) -> list[str]:
-    """The files of an existing OUT that --force must not delete (docs/internals.md):
-    the evidence written about it (EVIDENCE_FILES at its top level, unless a conversion wrote it:
-    _written_by_conversion) and, when OUT has a
-    SHA256SUMS, every file it neither lists nor wrote itself (CONVERSION_FILES)."""
-    from requant.evidence import manifest as mf
-
-    if final.is_symlink() or not final.is_dir():
-        return []
-    files = mf.walk_files(final, skip_dirs=frozenset())
-    stored = mf.read(final)
-    listed = set(stored[0]) if stored is not None else None
-    kept = []
-    for rel, path in sorted(files.items()):
-        if rel in CONVERSION_FILES:
-            continue
-        if rel in EVIDENCE_FILES:
-            if not _written_by_conversion(path, src / rel):
-                kept.append(rel)
-        elif listed is not None and rel not in listed:
-            kept.append(rel)
-    return kept
-
-
-def check_output(src: Path, out: Path, force: bool) -> None:
-    s, o = src.resolve(), out.resolve()
-    if o == s or s in o.parents:
-        raise OutputError(f"output would be inside the source checkpoint {s}; requant never writes there", file=out)
-    if o in s.parents:
-        raise OutputError(f"output contains the source checkpoint {s}; replacing it would destroy the source", file=out)
-    if out.exists() or out.is_symlink():
-        if not force:
-            raise OutputError("already exists; pass --force to replace it", file=out)
-        refuse_unless_replaceable(out, output_path(out))
-        refuse_users_files(out, output_path(out), src)
-
-
-def refuse_users_files(out: Path, final: Path, src: Path) -> None:
-    """OutputError naming the files of an existing OUT that --force must not delete (not_replaced_silently)."""
-    kept = not_replaced_silently(final, src)
-    if kept:
-        more = f" and {len(kept) - 5} more" if len(kept) > 5 else ""
-        raise OutputError(
-            f"holds files a conversion did not write ({', '.join(shown(k) for k in kept[:5])}{more}): "
-            "--force never deletes them; move them out of it first, or choose another output",
-            file=out,
-        )
-
-
 def output_path(output: str | os.PathLike) -> Path:
     """OUT as an absolute path whose parent is resolved but whose last component is not:
     the temporary directory, the moved-aside old OUT and OUT itself then share one real
@@ -273,9 +202,17 @@ class AtomicOutput:
     moved-aside OUT back; leaving it after commit() removes the old OUT and fsyncs the
     parent directories. `out` is the spelling used in messages."""
 
-    def __init__(self, out: Path, force: bool, on_note: Callable[[str], None] | None = None, src: Path | None = None):
+    def __init__(
+        self,
+        out: Path,
+        force: bool,
+        on_note: Callable[[str], None] | None = None,
+        before_replace: Callable[[Path], None] | None = None,
+    ):
         self.out = out
-        self.src = src  # a conversion's SRC: an OUT replaced with force is checked again for a user's files
+        # called with an existing OUT just before force replaces it (a conversion checks it again
+        # for a user's files: requant.convert.replace); it raises to keep OUT
+        self.before_replace = before_replace
         self.on_note = on_note or _default_note
         self._lock_fd: int | None = None
         self.final = output_path(out)  # every filesystem operation uses this spelling
@@ -324,8 +261,8 @@ class AtomicOutput:
             if not self.force:  # it appeared while we were converting: never replace it silently
                 raise OutputError("appeared while converting; pass --force to replace it", file=out)
             refuse_unless_replaceable(out, final)  # it may have changed meanwhile
-            if self.src is not None:
-                refuse_users_files(out, final, self.src)
+            if self.before_replace is not None:
+                self.before_replace(final)
             old = final.parent / f".{final.name}.requant-old-{uuid.uuid4().hex[:12]}"
             try:
                 os.rename(final, old)
@@ -406,7 +343,7 @@ def file_mode(dest: Path | None = None) -> int:
 def report_target(path: str | os.PathLike) -> Path:
     """Where a report named `path` is written: `path` when it is absent or a regular file; for
     a symlink, the file it names (the link is kept) when that is a regular file or not there
-    yet, inside the link's own directory (requant.links' rule with that directory as the root)
+    yet, inside the link's own directory (requant.io.links' rule with that directory as the root)
     and reached through no link into /proc or /dev. Anything else (a directory, a FIFO, a
     device, a link to /proc/self/fd/1 or out of its directory) is an OutputError naming
     `path`: a report never replaces what is not a report."""

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Iterable, Optional
 
 from requant.errors import UsageError
-from requant.links import shown
+from requant.io.links import shown
 
 __all__ = ["check_outputs", "real_path"]
 

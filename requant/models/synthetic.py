@@ -8,9 +8,9 @@ qwen3-8b, qwen3-14b, qwen3-32b (the real configs), and the Qwen3-MoE ones (tiny-
 qwen3-30b-a3b, qwen3-235b-a22b: requant/models/synthetic_moe.py). The files are reproducible bit for bit from
 the seed and the device, independent of the sharding.
 
-Usage: python -m requant.synthetic PRESET OUT [--seed N] [--shard-size BYTES] [--device DEV]
-                                    [--no-outliers] [--keep-source DIR] [--force]
-       python -m requant.synthetic PRESET --plan   (a Qwen3-MoE preset's bytes and Linears, nothing written)
+Usage: python -m requant.models.synthetic PRESET OUT [--seed N] [--shard-size BYTES] [--device DEV]
+                                           [--no-outliers] [--keep-source DIR] [--force]
+       python -m requant.models.synthetic PRESET --plan   (a Qwen3-MoE preset's bytes and Linears, nothing written)
 
 Output is written atomically; a non-empty OUT (or --keep-source DIR) is refused without --force,
 which replaces only a checkpoint or an empty directory.
@@ -300,7 +300,7 @@ def _print_plan(ap: argparse.ArgumentParser, a) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m requant.synthetic", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m requant.models.synthetic", description=__doc__.split("\n\n")[0])
     ap.add_argument("preset", choices=sorted(PRESETS))
     ap.add_argument("out", nargs="?", help="output directory (not with --plan)")
     ap.add_argument("--plan", action="store_true", help="print a Qwen3-MoE preset's sizes as JSON, write nothing")

@@ -13,6 +13,8 @@ import contextlib
 import hashlib
 from pathlib import Path
 
+from requant.errors import CheckpointError
+from requant.io.inputs import load_json, read_small
 from requant.io.links import check_inside, shown
 
 BYTE_LEVEL_MAX_VOCAB = 512
@@ -38,8 +40,6 @@ class TokenizerError(ValueError):
 
 def _read_json(path: Path):
     """A small JSON file beside the tokenizer (requant.io.inputs: a regular file, bounded, links inside)."""
-    from requant.errors import CheckpointError
-    from requant.io.inputs import load_json
 
     try:
         return load_json(path, what=path.name, root=path.parent)
@@ -168,8 +168,6 @@ def load_tokenizer(checkpoint_dir, vocab_size: int, *, byte_level: bool = False)
         from tokenizers import Tokenizer as HFTokenizer
     except ImportError:
         raise TokenizerError(f"{path}: the `tokenizers` library is not installed (pip install tokenizers)") from None
-    from requant.errors import CheckpointError
-    from requant.io.inputs import read_small
 
     try:  # a regular file, bounded (a FIFO or a device named tokenizer.json is refused, not waited on)
         raw = read_small(path, what="tokenizer.json", root=directory)

@@ -14,15 +14,20 @@ from __future__ import annotations
 import math
 import re
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 
 import torch
 
+from requant.checkpoint import open_checkpoint
 from requant.evidence import manifest as mf
 from requant.io.output import write_bytes_atomic
+from requant.model_cards import template_path
 from requant.publish import PublishError
 from requant.publish.reports import Reports, collect
+from requant.regime import REGIMES
 
 LIBRARY_NAME = "transformers"
 PIPELINE_TAG = "text-generation"
@@ -96,7 +101,6 @@ def _moe_rows(config: dict) -> list[list[str]]:
 def checkpoint_facts(ckpt_dir: str | Path, progress=None) -> Facts:
     """Open and validate a local checkpoint, check its SHA256SUMS (if any) and count its
     power-of-two scales."""
-    from requant.checkpoint import open_checkpoint
 
     path = Path(ckpt_dir)
     if not path.is_dir():
@@ -260,15 +264,13 @@ def _conversion(facts: Facts, reports: Reports) -> tuple[dict | None, str | None
     return {"text": text, "rows": rows, "source_note": _tie_note(rep, "conversion report")}, None
 
 
-def _audit(reports: Reports) -> tuple[dict | None, str | None]:
+def _audit(reports: Reports, fault_titles: Mapping[str, str]) -> tuple[dict | None, str | None]:
     rep = reports.found.get("audit")
     if rep is None:
         return None, (
             f"**Not measured.** No audit of these bytes ({reports.missing.get('audit')}). "
             "Run `requant audit CKPT --json CKPT/requant-audit.json`, then render the card again."
         )
-    from requant.audit.faults import FAMILY_TITLES
-
     d = rep.data
     s, card = d["per_layer_summary"], d["scorecard"]
     per_layer = [
@@ -295,7 +297,7 @@ def _audit(reports: Reports) -> tuple[dict | None, str | None]:
         cell[0] += row["detected"]
         cell[1] += row["observable"]
     detection = [
-        [f, FAMILY_TITLES.get(f, ""), *(f"{v[r][0]}/{v[r][1]}" if r in v else "-" for r in ("native", "pow2"))]
+        [f, fault_titles.get(f, ""), *(f"{v[r][0]}/{v[r][1]}" if r in v else "-" for r in REGIMES)]
         for f, v in sorted(fams.items())
     ]
     pinned = card["matrix_pinned"]
@@ -526,12 +528,12 @@ def render(
     convert: Path | None = None,
     repo_id: str | None = None,
     facts: Facts | None = None,
+    fault_titles: Mapping[str, str] = MappingProxyType({}),
 ) -> RenderedCard:
-    """Render the card of a checkpoint (nothing written)."""
+    """Render the card of a checkpoint (nothing written). fault_titles: the audit's fault family
+    titles (requant.audit.faults.FAMILY_TITLES, given by the command: the core imports no audit)."""
     import jinja2
     from huggingface_hub import ModelCard
-
-    from requant.model_cards import template_path
 
     facts = facts if facts is not None else checkpoint_facts(ckpt_dir)
     reports = collect(
@@ -544,7 +546,7 @@ def render(
     warnings = list(reports.warnings) + ([lic.warning] if lic.warning else [])
     data = card_data(facts, lic, reports)
     conversion, conversion_missing = _conversion(facts, reports)
-    audit_ctx, audit_missing = _audit(reports)
+    audit_ctx, audit_missing = _audit(reports, fault_titles)
     det_ctx, det_missing = _determinism(reports)
     eval_ctx, eval_missing = _eval(reports, facts.arm)
     target = repo_id or "path/to/this/checkpoint"

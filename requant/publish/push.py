@@ -19,14 +19,16 @@ from __future__ import annotations
 import hashlib
 import importlib
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 
 from requant.evidence import manifest as mf
 from requant.io.output import write_bytes_atomic
 from requant.publish import PublishError, PushRefused
 from requant.publish.card import audit_ok, card_marker, checkpoint_facts, render
-from requant.publish.reports import DEFAULT_NAMES, collect
+from requant.publish.reports import DEFAULT_NAMES, collect, load_report
 
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
 
@@ -74,8 +76,6 @@ def check_repo_id(repo_id: str) -> None:
 
 
 def _audit_reasons(ckpt: Path, digest: str) -> list[str]:
-    from requant.publish.reports import load_report
-
     path = ckpt / DEFAULT_NAMES["audit"]
     if not path.is_file():
         return [f"no audit report beside the checkpoint ({path.name}: `requant audit {ckpt} --json {path}`)"]
@@ -92,9 +92,16 @@ def _audit_reasons(ckpt: Path, digest: str) -> list[str]:
 
 
 def plan(
-    ckpt_dir: str | Path, repo_id: str, *, revision: str | None = None, force: bool = False, progress=None
+    ckpt_dir: str | Path,
+    repo_id: str,
+    *,
+    revision: str | None = None,
+    force: bool = False,
+    progress=None,
+    fault_titles: Mapping[str, str] = MappingProxyType({}),
 ) -> Plan:
-    """Everything about a push that needs no network: refusals, the card, the file list."""
+    """Everything about a push that needs no network: refusals, the card (fault_titles: as
+    card.render), the file list."""
     check_repo_id(repo_id)
     if revision is not None and (not revision or revision.startswith("refs/pr/")):
         raise PublishError("--revision must name a branch", file=revision or "''")
@@ -138,7 +145,7 @@ def plan(
             if marker[0] != facts.manifest_digest
             else f"a requant card rendered for {marker[1] or 'no repo id'}"
         )
-        card = render(ckpt, repo_id=repo_id, facts=facts)
+        card = render(ckpt, repo_id=repo_id, facts=facts, fault_titles=fault_titles)
         out.notes += card.warnings
         out.notes.append(f"README.md {why}: the card was rendered now")
         data = card.text.encode("utf-8")

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from requant.io.inputs import load_json
 from requant.publish import PublishError
 
 DEFAULT_NAMES = {
@@ -130,8 +131,6 @@ def tie_of(data: dict, this_digest: str, source_digest: str | None) -> str:
 
 
 def load_report(kind: str, path: Path, explicit: bool, this_digest: str, source_digest: str | None) -> Report:
-    from requant.io.inputs import load_json  # a regular file, bounded; too deep a nesting is malformed JSON
-
     data = load_json(path, what=f"the {kind} report", error=PublishError)
     validate(kind, data, Path(path))
     return Report(kind, Path(path), data, tie_of(data, this_digest, source_digest), explicit)

@@ -5,7 +5,7 @@ generated ids to everything that made them:
     format, tool, checkpoint (as given; null: the embedded default), checkpoint_path, revision,
     manifest, manifest_digest, tool_version, git_commit    (requant.evidence.identity)
     tokenizer                                              (Tokenizer.describe())
-    engine, backend, epilogue_order (kernels.EMULATION_OF), act_backend, reduction, regime, device
+    engine, backend, epilogue_order (kernels.emulation_of), act_backend, reduction, regime, device
     arithmetic, portable_kernels (only from the portable engine: "portable/1", the arithmetic that
     made every bit, and which of its forms computed it, "triton" or "torch")
     sampling {temperature, top_k, top_p, seed, method}, key, max_new_tokens, eos_ids
@@ -23,6 +23,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from requant import kernels
+from requant.kernels.portable import ARITHMETIC
+from requant.models.prompts import CALIBRATION_PROMPTS
+from requant.regime import REGIMES
 from requant.runtime.sampling import METHOD, Sampled, SamplingParams
 
 __all__ = [
@@ -85,7 +89,6 @@ def text_ids(ids, eos) -> list[int]:
 
 def make_record(*, sampled: Sampled, prompt_ids, prompt_text, model, context: dict, tokenizer) -> dict:
     """One record. context: the keys shared by a run (checkpoint, identity, device, ...)."""
-    from requant import kernels
 
     eos = set(context.get("eos_ids") or [])
     return {
@@ -100,7 +103,7 @@ def make_record(*, sampled: Sampled, prompt_ids, prompt_text, model, context: di
             else {}
         ),
         "backend": model.backend,
-        "epilogue_order": kernels.EMULATION_OF.get(model.backend),
+        "epilogue_order": kernels.emulation_of(model.backend),
         "act_backend": model.act_backend,
         "reduction": "tree" if model.tree else "torch",
         "regime": model.regime,
@@ -133,7 +136,7 @@ _OPTIONAL_STR = (
     "arithmetic",
     "portable_kernels",
 )
-_KNOWN = {"engine": ("fast", "portable", "reference"), "reduction": ("tree", "torch"), "regime": ("native", "pow2")}
+_KNOWN = {"engine": ("fast", "portable", "reference"), "reduction": ("tree", "torch"), "regime": REGIMES}
 MAX_ID = 2**31 - 1  # a token id beyond any vocabulary (the checkpoint's own bound is checked when it is loaded)
 
 
@@ -248,7 +251,6 @@ def check_against_model(records: list[dict], vocab: int, max_positions: int) -> 
 
 def _check_arithmetic(rec: dict, where: str) -> None:
     # a portable record names the arithmetic that made it; this requant computes exactly one
-    from requant.kernels.portable import ARITHMETIC
 
     arith = rec.get("arithmetic")
     if arith is None and rec["engine"] == "portable":
@@ -326,9 +328,8 @@ def describe_difference(index: int, rec: dict, diff: dict | None, token_step: in
 
 
 def filler_prompts(tokenizer, n: int) -> tuple[list[list[int]], list[SamplingParams]]:
-    """n deterministic filler requests: the calibration prompts (requant.prompts) in turn, a
+    """n deterministic filler requests: the calibration prompts (requant.models.prompts) in turn, a
     number appended from the 17th on, each sampled (FILLER_SAMPLING) with seed i, key filler-i."""
-    from requant.models.prompts import CALIBRATION_PROMPTS
 
     ids, params = [], []
     for i in range(n):

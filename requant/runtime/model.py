@@ -14,13 +14,16 @@ from pathlib import Path
 import torch
 
 from requant import kernels
+from requant.checkpoint import open_checkpoint
+from requant.models.tokenizer import load_tokenizer
+from requant.regime import NATIVE, check_regime
 from requant.runtime.cache import Generation, KVCache
 from requant.runtime.engine import generate as run_generation
 from requant.runtime.fast import FastEngine, FastLayout, fast_supported
+from requant.runtime.portable import PortableEngine, PortableLayout, portable_supported
 from requant.runtime.reference import ReferenceEngine
 from requant.runtime.weights import (
     BF16,
-    REGIMES,
     Bf16Dir,
     arch_from_config,
     check_layout,
@@ -36,7 +39,7 @@ ENGINES = ("auto", "fast", "reference", "portable")
 
 
 def _check_backend(backend: str) -> None:
-    if backend not in kernels.scaled_mm_backends():
+    if not kernels.is_scaled_mm(backend):
         raise ValueError(f"unknown scaled_mm backend {backend!r}; known: {', '.join(kernels.scaled_mm_backends())}")
 
 
@@ -86,8 +89,6 @@ class Model:
         if engine not in ENGINES:
             raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
         if engine == "portable":  # the one arithmetic every machine computes (runtime/portable.py)
-            from requant.runtime.portable import PortableEngine, PortableLayout, portable_supported
-
             why = portable_supported(self)
             if why is not None:
                 raise ValueError(f"the portable engine cannot run this model: {why}")
@@ -116,8 +117,6 @@ class Model:
     @property
     def tokenizer(self):
         if self._tokenizer is None:
-            from requant.models.tokenizer import load_tokenizer
-
             self._tokenizer = load_tokenizer(self.path, self.arch.vocab)
         return self._tokenizer
 
@@ -262,7 +261,7 @@ def load_model(
             except (ValueError, RecursionError) as exc:
                 raise ValueError(f"{cfg_path}: not valid JSON: {exc}") from None
             if isinstance(cfg, dict) and cfg.get("quantization_config") is None:
-                if regime not in ("native", BF16):
+                if regime not in (NATIVE, BF16):
                     raise ValueError(
                         f"{cfg_path}: a bf16 checkpoint (no quantization_config) has no scales for regime {regime!r}"
                     )
@@ -282,11 +281,9 @@ def load_model(
                 if share is not None:
                     m._fp32 = share._fp32
                 return m
-        from requant.checkpoint import open_checkpoint
 
         ckpt = open_checkpoint(src, revision=revision)
-    if regime not in REGIMES:
-        raise ValueError(f"unknown regime {regime!r}; known: {', '.join(REGIMES)}")
+    check_regime(regime)  # the one check below the command line (requant.regime)
     check_layout(ckpt)
     dense = share.dense if share is not None else load_dense(ckpt, dev)
     m = Model(

@@ -21,6 +21,10 @@ import torch
 
 from requant import kernels
 from requant.kernels import portable as spec
+from requant.kernels import reference
+from requant.kernels.bf16 import round_fp32_to_bf16
+from requant.kernels.emulation import qk_norm_rope_ref, rms_norm_ieee
+from requant.kernels.reference import accumulate, quantize_activations
 from requant.runtime.fast import FastEngine, FastLayout, FastOps, fast_supported
 
 __all__ = ["ARITHMETIC", "PortableEngine", "PortableLayout", "portable_supported", "with_kernels"]
@@ -94,7 +98,6 @@ def exact_accumulate(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     half of them, against a times the matching column sums of w: a wrong element passes only if
     errors cancel in both); kernels.reference.accumulate (float64, exact by construction, slow) when
     the check fails or _int_mm refuses the shape."""
-    from requant.kernels.reference import accumulate
 
     try:
         acc = torch._int_mm(a, w.T)
@@ -114,9 +117,7 @@ class _TorchOps:
 
     @staticmethod
     def scaled_mm(q, w, s, s_w, backend):
-        from requant.kernels import reference
-
-        name = _EPILOGUES.get(kernels.EMULATION_OF.get(backend, ""))
+        name = _EPILOGUES.get(kernels.emulation_of(backend) or "")
         if name is None or q.device.type != "cpu":
             return kernels.scaled_mm(q, w, s, s_w, backend=backend)
         reference.check_operands(q, w, s, s_w)
@@ -124,9 +125,6 @@ class _TorchOps:
 
     @staticmethod
     def add_rms_norm(x, w, eps, delta=None, quantize=True, write_h=False, rows=None):
-        from requant.kernels.bf16 import round_fp32_to_bf16
-        from requant.kernels.reference import quantize_activations
-        from requant.kernels.triton.emulation import rms_norm_ieee
 
         if delta is not None:
             x.copy_(round_fp32_to_bf16(x.to(torch.float32) + delta.to(torch.float32)))
@@ -137,7 +135,6 @@ class _TorchOps:
 
     @staticmethod
     def qk_norm_rope(qkv, q_w, k_w, cos, sin, pos, rows, k_cache, v_cache, heads, kv_heads, eps):
-        from requant.kernels.triton.emulation import qk_norm_rope_ref
 
         q, k, v = qk_norm_rope_ref(qkv, q_w, k_w, cos, sin, pos, heads, kv_heads, eps)
         r, p = rows.long(), pos.long()
@@ -151,14 +148,10 @@ class _TorchOps:
 
     @staticmethod
     def quantize(x):
-        from requant.kernels.reference import quantize_activations
-
         return quantize_activations(x, check=False)
 
     @staticmethod
     def silu_mul_quantize(gu):
-        from requant.kernels.reference import quantize_activations
-
         return quantize_activations(spec.silu_mul(gu), check=False)
 
     def __init__(self, layout):

@@ -24,14 +24,8 @@ from fractions import Fraction
 
 import torch
 
-from requant.runtime._sampling_core import (
-    SUM_FLOOR,
-    WEIGHT_BITS,
-    WEIGHT_FLOOR,
-    exp64,
-    log64,
-    uniform_int,
-)
+from requant.kernels.math64 import exp64, log64
+from requant.runtime._sampling_core import SUM_FLOOR, WEIGHT_BITS, WEIGHT_FLOOR, uniform_int
 from requant.runtime.sampling_batch import choose_batch
 
 __all__ = [

@@ -17,7 +17,8 @@ from fractions import Fraction
 
 import torch
 
-from requant.runtime._sampling_core import SUM_FLOOR, WEIGHT_BITS, WEIGHT_FLOOR, exp64, log64, uniform_int
+from requant.kernels.math64 import exp64, log64
+from requant.runtime._sampling_core import SUM_FLOOR, WEIGHT_BITS, WEIGHT_FLOOR, uniform_int
 
 __all__ = ["choose_batch", "check_rows", "digests"]
 

@@ -5,7 +5,7 @@ Two dictionaries describe a loaded model:
   dense    {tensor name: bf16 tensor}: embeddings, norms, and every Linear that runs dense
            (`lm_head` when the checkpoint does not quantize it; every Linear of a bf16 model)
   linears  {module name: (int8 w [out, in], fp32 s_w [out, 1])}: the quantized Linears of one
-           regime. native = the checkpoint's own scales; pow2 = requant.scales.arms' nearest arm,
+           regime (requant.regime): native = the checkpoint's own scales; pow2 = the nearest arm,
            i.e. exactly what `requant convert --arm nearest` writes, made in memory.
 
 A bf16 directory is recognised by a config.json without quantization_config; its tensors
@@ -24,10 +24,27 @@ from pathlib import Path
 
 import torch
 
+from requant.checkpoint import check_qwen3
+from requant.errors import TensorError
+from requant.io.links import check_inside
 from requant.models.qwen3 import Qwen3Arch
 from requant.models.qwen3_moe import arch_of
+from requant.regime import NATIVE, POW2, REGIMES, check_regime, pow2_weights
 
-REGIMES = ("native", "pow2")
+# REGIMES: requant.regime's, re-exported for requant.runtime.REGIMES
+__all__ = [
+    "REGIMES",
+    "BF16",
+    "LAYER_NORMS",
+    "Bf16Dir",
+    "arch_from_config",
+    "check_layout",
+    "dense_names",
+    "load_bf16_dense",
+    "load_dense",
+    "load_linears",
+]
+
 BF16 = "bf16"  # the regime name of a bf16 model (every Linear dense)
 LAYER_NORMS = (
     "input_layernorm.weight",
@@ -136,7 +153,6 @@ def _finite(ckpt, name: str, t: torch.Tensor | None = None) -> torch.Tensor:
     file and tensor) when it holds a NaN or an infinity: otherwise every activation downstream is
     NaN and the error surfaces far away, naming no file (a kernel's "activations contain NaN or
     infinity"). On a GPU tensor the check runs there (one host read)."""
-    from requant.errors import TensorError
 
     if t is None:
         t = ckpt.tensor(name)
@@ -183,33 +199,26 @@ def load_dense(ckpt, device) -> dict[str, torch.Tensor]:
     return dense
 
 
-def _requantize_one(args):
-    from requant.scales.arms import requantize
-
-    q, s = args
-    return requantize(q, s, "nearest")
-
-
 def load_linears(ckpt, regime: str, device, threads: int | None = None) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """Every quantized Linear of one regime: native = the checkpoint's scales; pow2 = the
-    converter's nearest arm (requant.scales.arms.requantize), i.e. what `requant convert` writes.
-    pow2 requantizes on the CPU in a thread pool (numpy releases the GIL; same bytes)."""
-    if regime not in REGIMES:
-        raise ValueError(f"unknown regime {regime!r}; known: {', '.join(REGIMES)}")
+    """Every quantized Linear of one regime (requant.regime, checked by the caller): native = the
+    checkpoint's scales; pow2 = requant.regime.pow2_weights, i.e. what `requant convert` writes,
+    made on the CPU in a thread pool (torch releases the GIL; same bytes)."""
     names = list(ckpt.quantized_linears)
 
     def place(q, s):
         return q.to(device).contiguous(), s.to(torch.float32).reshape(-1, 1).to(device).contiguous()
 
-    if regime == "native":
+    if regime == NATIVE:
         return {n: place(*ckpt.weight_and_scale(n)) for n in names}
+    if regime != POW2:
+        check_regime(regime)
     out = {}
     workers = threads or min(8, os.cpu_count() or 1)
     with ThreadPoolExecutor(max_workers=workers) as pool:
         # bounded: at most 2 * workers Linears read ahead of the one being placed
         pending = {}
         for n in names:
-            pending[n] = pool.submit(_requantize_one, ckpt.weight_and_scale(n))
+            pending[n] = pool.submit(pow2_weights, *ckpt.weight_and_scale(n))
             if len(pending) >= 2 * workers:
                 first = next(iter(pending))
                 out[first] = place(*pending.pop(first).result())
@@ -225,9 +234,6 @@ class Bf16Dir:
     """A plain (unquantized) Qwen3 safetensors directory, read with the safetensors library."""
 
     def __init__(self, path: Path, config: dict):
-        from requant.checkpoint import check_qwen3
-        from requant.io.links import check_inside
-
         self.path = path
         self.config = config
         index = path / "model.safetensors.index.json"

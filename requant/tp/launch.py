@@ -31,7 +31,12 @@ from typing import Callable, Optional
 
 import torch
 
+from requant.checkpoint import open_checkpoint
 from requant.io.output import write_bytes_atomic
+from requant.runtime.cache import generation_capacity
+from requant.runtime.weights import check_layout, load_dense, load_linears
+from requant.tp.engine import Comm, ShardedModel
+from requant.tp.shard import as_dense
 
 __all__ = ["LaunchConfig", "Result", "Spec", "run"]
 
@@ -79,8 +84,6 @@ def _time(m, prompts: list[list[int]], new_tokens: int, reps: int, group, cuda: 
     """Best-of-reps wall times of one packed prefill (no cache) and of new_tokens - 1 decode
     steps after a cached prefill, all ranks starting together (a barrier of the group)."""
     import torch.distributed as dist
-
-    from requant.runtime.cache import generation_capacity
 
     tensors = [torch.as_tensor(p, dtype=torch.long) for p in prompts]
 
@@ -140,11 +143,7 @@ def _report(store, seen: int, progress) -> int:
 def _worker(rank: int, world: int, port: int, spec: Spec, out: str, timeout_s: float) -> None:
     import torch.distributed as dist
 
-    from requant.checkpoint import open_checkpoint
-    from requant.runtime.weights import check_layout, load_dense, load_linears
     from requant.tp.compare import digest
-    from requant.tp.engine import Comm, ShardedModel
-    from requant.tp.shard import as_dense
 
     torch.set_num_threads(spec.threads)
     cuda = spec.device == "cuda"

@@ -28,6 +28,7 @@ from requant import DEFAULT_CHECKPOINT, kernels
 from requant.audit import cells as cells_mod
 from requant.audit.batched import PER_CELL_ENV
 from requant.audit.matrix import load_matrix, matrix_path
+from requant.audit.pair import resolve_pair
 from requant.audit.suite import run_audit
 from requant.checkpoint import open_checkpoint
 from tests.audit.generated_kernels import CONDITIONS, DENSITIES, ORDERS, Spec
@@ -83,34 +84,14 @@ def spec_of(name: str):
 
 
 def resolve(names: tuple, order: str | None):
-    """The pair as `requant audit --backends A,B [--order ORDER]` resolves it: (pair, fingerprint
-    failure or None). Through audit/pair.py's resolve_pair where it exists (kernels.ScaledMM, nothing
-    registered), else parse_backends' registration and custom_orders.declare_custom_orders."""
-    try:
-        from requant.audit.pair import resolve_pair
-    except ImportError:
-        from requant.audit.custom_orders import declare_custom_orders
-        from requant.backends import _register_custom, is_custom
-
-        for n in dict.fromkeys(names):
-            if is_custom(n):
-                _register_custom(n)
-        return names, declare_custom_orders(names, order, "cpu")[1]
+    """The pair as `requant audit --backends A,B [--order ORDER]` resolves it (audit/pair.py:
+    kernels.ScaledMM members, nothing registered): (pair, fingerprint failure or None)."""
     res = resolve_pair(names, order, "cpu")
     return res.kernels, res.failure
 
 
-def unresolve(names) -> None:
-    """Unregister what resolve registered (nothing to do where kernels are not registered)."""
-    unregister = getattr(kernels, "unregister_scaled_mm", None)
-    for n in set(names) - set(BUILTIN):
-        if unregister is not None:
-            unregister(str(n))
-
-
 def declared(backend) -> str:
-    emulation_of = getattr(kernels, "emulation_of", None) or kernels.EMULATION_OF.get
-    return emulation_of(backend).removeprefix("reference-")
+    return kernels.emulation_of(backend).removeprefix("reference-")
 
 
 def _strip(res):
@@ -149,7 +130,6 @@ def _pair(case):
     pair, failure = resolve(case["names"], orders if case["with_order"] else None)
     if failure is not None:
         assert spec_of(failure["kernel"]).condition != "legal", failure
-        unresolve(case["names"])
         pair, failure = resolve(case["names"], orders)
     assert failure is None
     return pair
@@ -159,31 +139,28 @@ def _pair(case):
 def test_generated_pairs_batched_equals_per_cell_equals_direct(seed, ckpt, monkeypatch):
     case = draw(seed)
     pair = _pair(case)
-    try:
-        spied = []
-        put = cells_mod.LinearQueue.put
+    spied = []
+    put = cells_mod.LinearQueue.put
 
-        def spy(self, key, labelled, wt):
-            spied.append((self.regime, labelled, wt))
-            return put(self, key, labelled, wt)
+    def spy(self, key, labelled, wt):
+        spied.append((self.regime, labelled, wt))
+        return put(self, key, labelled, wt)
 
-        kw = dict(phases=("prefill", "decode"), decode_batches=case["batches"], decode_steps=1, keep_cells="all")
-        kw["matrix"] = load_matrix(matrix_path(case["matrix"]))
-        monkeypatch.setattr(cells_mod.LinearQueue, "put", spy)
-        monkeypatch.setenv(PER_CELL_ENV, "1")
-        want = run_audit(ckpt, pair, case["prompts"], "cpu", **kw)
-        monkeypatch.setattr(cells_mod.LinearQueue, "put", put)
-        monkeypatch.delenv(PER_CELL_ENV)
-        got = run_audit(ckpt, pair, case["prompts"], "cpu", **kw)
-        assert _strip(got) == _strip(want), case
-        _check_direct(want, spied, pair, case)
-    finally:
-        unresolve(case["names"])
+    kw = dict(phases=("prefill", "decode"), decode_batches=case["batches"], decode_steps=1, keep_cells="all")
+    kw["matrix"] = load_matrix(matrix_path(case["matrix"]))
+    monkeypatch.setattr(cells_mod.LinearQueue, "put", spy)
+    monkeypatch.setenv(PER_CELL_ENV, "1")
+    want = run_audit(ckpt, pair, case["prompts"], "cpu", **kw)
+    monkeypatch.setattr(cells_mod.LinearQueue, "put", put)
+    monkeypatch.delenv(PER_CELL_ENV)
+    got = run_audit(ckpt, pair, case["prompts"], "cpu", **kw)
+    assert _strip(got) == _strip(want), case
+    _check_direct(want, spied, pair, case)
 
 
 def _check_direct(res: dict, spied: list, pair, case) -> None:
     fns = {str(b): spec_of(str(b)) for b in pair}
-    declared_of = {str(b): declared(b) for b in pair}  # the order the audit registered (--order or fingerprint)
+    declared_of = {str(b): declared(b) for b in pair}  # the order the pair declares (--order or fingerprint)
     rows = {("prefill", r["regime"], r["name"]): r for r in res["per_layer"]}
     rows |= {("decode", r["regime"], f"{r['name']}@b{r['batch']}.t{r['step']}"): r for r in res["decode"]["per_layer"]}
     faults = {"prefill": {}, "decode": {}}  # (backend, regime, m) -> [order key, layers, elements, first]
@@ -262,13 +239,10 @@ def test_the_issue_pair_one_order_twice_is_compared_not_shared(ckpt):
     name = f"{MODULE}:zeros_small"
     names = ("reference-cutlass-order", name)
     pair, _ = resolve(names, "cutlass-order")
-    try:
-        res = run_audit(
-            ckpt, pair, 1, "cpu", phases=("prefill", "decode"), decode_batches=(1,), decode_steps=1,
-            matrix=load_matrix(matrix_path("v2")),
-        )  # fmt: skip
-    finally:
-        unresolve(names)
+    res = run_audit(
+        ckpt, pair, 1, "cpu", phases=("prefill", "decode"), decode_batches=(1,), decode_steps=1,
+        matrix=load_matrix(matrix_path("v2")),
+    )  # fmt: skip
     dec = res["decode"]["per_layer_summary"]
     assert dec["pow2"]["bitwise_equal"] == dec["native"]["bitwise_equal"] == 0 and dec["pow2"]["layers"] == 42
     assert res["per_layer_summary"]["pow2"]["bitwise_equal"] == 42  # prefill: M = 17, the CUTLASS order

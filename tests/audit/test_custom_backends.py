@@ -26,12 +26,12 @@ SMALL = ["--prompts", "1", "--decode-batches", "1", "--decode-tokens", "1"]
 
 
 @pytest.fixture(autouse=True)
-def _registry_restored():
-    """A command registers its MODULE:FUNCTION kernels for the process; other tests see the
-    built-in registry only."""
+def _nothing_registered():
+    """A command's MODULE:FUNCTION kernels live in its resolved pair: the process's backends
+    are the built-in ones after every run."""
+    before = kernels.scaled_mm_backends()
     yield
-    for name in set(kernels.scaled_mm_backends()) - kernels._BUILTIN:
-        kernels.unregister_scaled_mm(name)
+    assert kernels.scaled_mm_backends() == before
 
 
 def _run(tmp_path, *args):

@@ -7,8 +7,8 @@ import torch
 
 from requant.audit.linears import AuditLinears, read_linear
 from requant.checkpoint import open_checkpoint
+from requant.models.synthetic import generate
 from requant.runtime import load_linears
-from requant.synthetic import generate
 
 
 def _equal(got: dict, want: dict) -> None:

@@ -9,12 +9,12 @@ from requant.audit.matrix import (
     BASELINE_VARIANTS,
     MATRIX_PATH,
     PINNED_SHA256,
-    REGIMES,
     baseline_variant,
     file_sha256,
     load_matrix,
     matrix_path,
 )
+from requant.regime import REGIMES
 
 
 def test_file_matches_the_pin():

@@ -17,13 +17,13 @@ from requant.audit.matrix import (
     MATRIX_PATH,
     MATRIX_V2_PATH,
     PINNED_SHA256_V2,
-    REGIMES,
     file_sha256,
     load_matrix,
     matrix_path,
 )
 from requant.audit.records import BACKEND_KERNELS, KernelDesc, Run
 from requant.kernels.reference import epilogue_cutlass_order
+from requant.regime import REGIMES
 from tests.audit.conftest import make_case, one_thread
 
 

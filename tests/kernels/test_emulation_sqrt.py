@@ -1,4 +1,4 @@
-"""kernels.triton.emulation.sqrt_rn: the IEEE square root (rounded once to nearest) whatever torch's CPU
+"""kernels.emulation.sqrt_rn: the IEEE square root (rounded once to nearest) whatever torch's CPU
 sqrt does. Independent references: numpy's sqrt (IEEE 754 requires it correctly rounded) and, for the
 case that exposed torch's, the exact midpoint test in Fractions."""
 
@@ -7,7 +7,7 @@ from fractions import Fraction
 import numpy as np
 import torch
 
-from requant.kernels.triton.emulation import sqrt_rn
+from requant.kernels.emulation import sqrt_rn
 
 
 def test_sqrt_rn_is_the_correctly_rounded_square_root():

@@ -129,10 +129,10 @@ def test_resolve_kernel_refusals():
         (("nope", None), "unknown backend"),
         ((None, "no_colon"), "MODULE:FUNCTION"),
         ((None, "requant.no_such_module:f"), "cannot import"),
-        ((None, "requant.audit.fault_kernels:nothing"), "no callable"),
+        ((None, "requant.audit.conform.fault_kernels:nothing"), "no callable"),
     ]:
         with pytest.raises(ValueError, match=msg):
             C.resolve_kernel(*args)
-    # the documented --kernel path: requant.audit.fault_kernels, an alias of requant.audit.conform.fault_kernels
-    name, fn = C.resolve_kernel(None, "requant.audit.fault_kernels:F4")
-    assert name == "requant.audit.fault_kernels:F4" and fn is FK.F4
+    # the documented --kernel path (docs/conformance.md)
+    name, fn = C.resolve_kernel(None, "requant.audit.conform.fault_kernels:F4")
+    assert name == "requant.audit.conform.fault_kernels:F4" and fn is FK.F4

@@ -151,10 +151,8 @@ def test_export_is_atomic(exported, tmp_path, monkeypatch):
     _, vs = exported
     V.export(vs, tmp_path)
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
-    import requant.io.safetensors_io as sio
-
     calls = {"n": 0}
-    real = sio.tensor_to_bytes
+    real = V.tensor_to_bytes
 
     def failing(t):
         calls["n"] += 1
@@ -162,7 +160,7 @@ def test_export_is_atomic(exported, tmp_path, monkeypatch):
             raise OSError("disk full")
         return real(t)
 
-    monkeypatch.setattr(sio, "tensor_to_bytes", failing)
+    monkeypatch.setattr(V, "tensor_to_bytes", failing)
     with pytest.raises(OSError):
         V.export(vs, tmp_path)
     after = {p.name: p.read_bytes() for p in tmp_path.iterdir()}

@@ -1,5 +1,5 @@
 """audit/phases/injection.py: the fault kernels injected into the generating model, on the
-embedded default with the reference pair, and the injector's registration (kernels.register_scaled_mm).
+embedded default with the reference pair, and the injector as a run's kernel (kernels.ScaledMM).
 
 Independent references: the runtime's own greedy decoding (Model.greedy) for the tokens the
 injection decodes; the definitions in audit/faults.py for which faults leave the bits unchanged
@@ -54,27 +54,6 @@ def test_injection_scored_on_both_regimes(tmp_path):
     assert all(n.startswith("model.layers.3.") for n in runs["pow2"]["one_layer"])
 
 
-def test_register_scaled_mm():
-    from tests.audit.custom_kernels import triton_order
-
-    try:
-        kernels.register_scaled_mm("test-kernel", triton_order, order="triton-order")
-        assert "test-kernel" in kernels.scaled_mm_backends()
-        assert kernels.EMULATION_OF["test-kernel"] == "reference-triton-order"
-        a = torch.ones(2, 3, dtype=torch.int8)
-        s = torch.ones(2, 1)
-        assert torch.equal(kernels.scaled_mm(a, a, s, s, backend="test-kernel"), triton_order(a, a, s, s))
-    finally:
-        kernels.unregister_scaled_mm("test-kernel")
-    assert "test-kernel" not in kernels.scaled_mm_backends() and "test-kernel" not in kernels.EMULATION_OF
-    try:
-        kernels.register_scaled_mm("cutlass", triton_order)
-    except ValueError as exc:
-        assert "built-in" in str(exc)
-    else:
-        raise AssertionError("a built-in name was replaced")
-
-
 def test_the_injector_faults_only_its_target_weights():
     from requant.audit.conform.fault_kernels import FAULTS
     from requant.audit.phases.injection import FaultInjector
@@ -94,7 +73,7 @@ def test_the_injector_faults_only_its_target_weights():
 
 
 def test_device_fault_kernels_name_the_same_variants_as_fault_kernels():
-    """audit.phases.injection.device_faults: on CPU the kernels of audit/fault_kernels.py themselves; its
+    """audit.phases.injection.device_faults: on CPU the kernels of audit/conform/fault_kernels.py themselves; its
     variant table names each kernel's own variant (fault_kernels' function names are the variant
     ids)."""
     from requant.audit.conform.fault_kernels import FAULTS
@@ -106,7 +85,7 @@ def test_device_fault_kernels_name_the_same_variants_as_fault_kernels():
 
 def test_lean_fault_kernels_give_the_fault_kernels_bits():
     """audit.phases.injection.lean_faults (no reference output, the accumulators passed in) equals
-    audit/fault_kernels.py's kernels bit for bit, on the definitions' accumulators (CPU)."""
+    audit/conform/fault_kernels.py's kernels bit for bit, on the definitions' accumulators (CPU)."""
     from requant.audit.conform.fault_kernels import FAULTS
     from requant.audit.faults import accumulate_bf16_tiles
     from requant.audit.phases.injection import lean_faults
@@ -124,7 +103,7 @@ def test_lean_fault_kernels_give_the_fault_kernels_bits():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_device_fault_kernels_on_cuda_give_the_definitions_bits():
-    """On CUDA the injection's kernels (cuBLASLt accumulator, Triton F6) equal audit/fault_kernels.py's
+    """On CUDA the injection's kernels (cuBLASLt accumulator, Triton F6) equal audit/conform/fault_kernels.py's
     (float64 accumulator, F6's torch tile loop) bit for bit, at decode and prefill sizes."""
     from requant.audit.conform.fault_kernels import FAULTS
     from requant.audit.phases.injection import device_faults
@@ -145,7 +124,7 @@ def test_device_fault_kernels_on_cuda_give_the_definitions_bits():
 def test_batched_runs_on_cuda_equal_the_runs_one_after_another(tmp_path):
     """CUDA's default (the 22 runs as one batch) against the runs one after another, cutlass,triton
     on the tiny synthetic, both regimes: every field of the result, bit for bit."""
-    from requant.synthetic import generate
+    from requant.models.synthetic import generate
 
     path = generate("tiny", tmp_path / "tiny")
     for regime in ("native", "pow2"):
@@ -176,14 +155,10 @@ def test_injection_one_prompt_one_token_is_scored_without_false_negatives(tmp_pa
     model = load_model(DEFAULT_CHECKPOINT, regime="native", engine="reference")
     toks = _tokens(model, 1)
     injector = FaultInjector(base_backend(REFERENCE_PAIR))
-    kernels.register_scaled_mm(INJECTOR, injector, order="triton-order")
-    try:
-        m = model.with_backends(INJECTOR, engine="reference")
-        ref = m.logits(toks)[0][-1:]
-        injector.fault, injector.targets = FAULTS["F9c"], {m.linears[n][0].data_ptr() for n in m.linears}
-        bad = m.logits(toks)[0][-1:]
-    finally:
-        kernels.unregister_scaled_mm(INJECTOR)
+    m = model.with_backends(kernels.ScaledMM(INJECTOR, injector, "triton-order"), engine="reference")
+    ref = m.logits(toks)[0][-1:]
+    injector.fault, injector.targets = FAULTS["F9c"], {m.linears[n][0].data_ptr() for n in m.linears}
+    bad = m.logits(toks)[0][-1:]
     top2 = torch.topk(ref.double(), 2).values[0]
     deviation = float((ref.double() - bad.double()).abs().max())
     assert 0 < deviation < float(top2[0] - top2[1])  # the logits moved, by less than the margin

@@ -2,8 +2,8 @@
 References: the per-layer rows of the result counted here, and the sentences the scorecard section
 must carry, read back from the rendered Markdown."""
 
-from requant.audit.matrix import REGIMES
 from requant.audit.phases.prefill import prefill_markdown
+from requant.regime import REGIMES
 
 
 def test_per_layer_tables_count_the_rows(default_audit):

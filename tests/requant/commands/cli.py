@@ -21,3 +21,15 @@ def refused(res, *words) -> str:
     for w in words:
         assert w in line, line
     return line
+
+
+def open_checkpoint_fails(monkeypatch, message: str) -> None:
+    """requant.checkpoint.open_checkpoint raises AssertionError(message), however a module bound it:
+    its first step (resolve_source, a global of requant.checkpoint looked up at each call) is
+    replaced, so every binding of open_checkpoint reaches the stand-in."""
+    import requant.checkpoint
+
+    def reached(*args, **kwargs):
+        raise AssertionError(message)
+
+    monkeypatch.setattr(requant.checkpoint, "resolve_source", reached)

@@ -62,9 +62,9 @@ def test_a_backend_that_implements_its_declared_order_exits_0(tmp_path):
     ],
 )
 def test_a_catalogue_fault_exits_1(fault, start):
-    res = _invoke("--kernel", f"requant.audit.fault_kernels:{fault}")
+    res = _invoke("--kernel", f"requant.audit.conform.fault_kernels:{fault}")
     assert res.exit_code == 1, res.output
-    assert res.stdout.splitlines()[0].startswith(f"requant.audit.fault_kernels:{fault}: {start}")
+    assert res.stdout.splitlines()[0].startswith(f"requant.audit.conform.fault_kernels:{fault}: {start}")
 
 
 @pytest.mark.parametrize(

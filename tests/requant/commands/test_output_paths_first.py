@@ -6,20 +6,15 @@ of the work (opening the checkpoint) that fails the test if it is reached."""
 import pytest
 from typer.testing import CliRunner
 
-import requant.checkpoint
-import requant.convert
 from requant.cli import app
+from tests.requant.commands.cli import open_checkpoint_fails
 
 runner = CliRunner()
 
 
 @pytest.fixture
 def no_work(monkeypatch):
-    def reached(*args, **kwargs):
-        raise AssertionError("the work started before the output paths were checked")
-
-    monkeypatch.setattr(requant.checkpoint, "open_checkpoint", reached)
-    monkeypatch.setattr(requant.convert, "open_checkpoint", reached)  # bound at its import
+    open_checkpoint_fails(monkeypatch, "the work started before the output paths were checked")
 
 
 @pytest.fixture

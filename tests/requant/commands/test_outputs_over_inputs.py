@@ -10,10 +10,10 @@ import pytest
 import typer.main
 from typer.testing import CliRunner
 
-import requant.checkpoint
 from requant import DEFAULT_CHECKPOINT
 from requant.cli import app
 from requant.commands._guards import RequantCommand, input_params, output_params
+from tests.requant.commands.cli import open_checkpoint_fails
 
 from ..conftest import tree_bytes
 
@@ -29,10 +29,7 @@ def ck(tmp_path):
 
 @pytest.fixture
 def no_work(monkeypatch):
-    def reached(*args, **kwargs):
-        raise AssertionError("the work started before the outputs were checked against the inputs")
-
-    monkeypatch.setattr(requant.checkpoint, "open_checkpoint", reached)
+    open_checkpoint_fails(monkeypatch, "the work started before the outputs were checked against the inputs")
 
 
 def _refused(args, *words, inputs=()):

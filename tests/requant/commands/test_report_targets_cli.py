@@ -11,21 +11,16 @@ import stat
 import pytest
 from typer.testing import CliRunner
 
-import requant.checkpoint
 import requant.commands.checkpoint as convert_cmd
-import requant.convert
 from requant.cli import app
+from tests.requant.commands.cli import open_checkpoint_fails
 
 runner = CliRunner()
 
 
 @pytest.fixture
 def no_work(monkeypatch):
-    def reached(*args, **kwargs):
-        raise AssertionError("the work started before the report targets were checked")
-
-    monkeypatch.setattr(requant.checkpoint, "open_checkpoint", reached)
-    monkeypatch.setattr(requant.convert, "open_checkpoint", reached)
+    open_checkpoint_fails(monkeypatch, "the work started before the report targets were checked")
 
 
 def _one_error(res, *words):

@@ -28,8 +28,8 @@ if not _launch.INTERPRET:
 
 import requant.kernels.triton.attention as attention_module
 from requant.kernels.bf16 import bitwise_equal
+from requant.kernels.emulation import attention_ref
 from requant.kernels.triton.attention import attention, fold_path, tokens_per_block
-from requant.kernels.triton.emulation import attention_ref
 
 SMALL_SPLIT = 64
 

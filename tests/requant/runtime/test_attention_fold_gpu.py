@@ -22,7 +22,7 @@ import requant.kernels.triton.attention as attention_module
 from requant import DEFAULT_CHECKPOINT
 from requant.kernels.bf16 import bitwise_equal
 from requant.kernels.triton.attention import attention, tokens_per_block
-from requant.prompts import prompts
+from requant.models.prompts import prompts
 from requant.runtime import load_model
 
 pytestmark = pytest.mark.gpu

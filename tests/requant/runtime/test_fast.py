@@ -2,8 +2,8 @@
 Triton is imported, as tests/kernels/conftest.py does).
 
 References, each independent of the kernel under test:
-  * the fused row kernels against their torch emulations (kernels/triton/emulation.py: torch's
-    elementwise IEEE operations, requant.kernels.triton.emulation.tree_sum_adjacent and kernels.reference's
+  * the fused row kernels against their torch emulations (kernels/emulation.py: torch's
+    elementwise IEEE operations, requant.kernels.emulation.tree_sum_adjacent and kernels.reference's
     quantize_activations), bit for bit;
   * attention: the kernel against its emulation (emulation.attention_ref, numpy float32),
     bit for bit, with splits of 64 positions and with the production split (one split: the
@@ -34,14 +34,14 @@ if not _launch.INTERPRET:
 
 import requant.kernels.triton.attention as attention_module
 from requant.kernels.bf16 import bitwise_equal
-from requant.kernels.triton.attention import attention, tokens_per_block
-from requant.kernels.triton.dense import dense
-from requant.kernels.triton.emulation import (
+from requant.kernels.emulation import (
     add_rms_norm_ref,
     attention_ref,
     qk_norm_rope_ref,
     silu_mul_quantize_ref,
 )
+from requant.kernels.triton.attention import attention, tokens_per_block
+from requant.kernels.triton.dense import dense
 from requant.kernels.triton.fused import add_rms_norm, qk_norm_rope, silu_mul_quantize
 from requant.runtime.ops import attend_prompt, rope_tables
 

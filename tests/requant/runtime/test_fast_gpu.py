@@ -2,7 +2,7 @@
 embedded default, with the real compiled kernels.
 
 References, each independent of the code under test:
-  * the fused row kernels against their torch emulations (kernels/triton/emulation.py) run
+  * the fused row kernels against their torch emulations (kernels/emulation.py) run
     on the CPU, bit for bit;
   * prefill/decode invariance: the same token's logits prefilled with the whole prompt (the
     reference, Model.logits), in chunks of 1, 3 and 7 after a cached prefix, and decoded one token
@@ -75,7 +75,7 @@ def toks(model):
 
 
 def test_fused_kernels_equal_their_cpu_emulation():
-    from requant.kernels.triton.emulation import add_rms_norm_ref, qk_norm_rope_ref
+    from requant.kernels.emulation import add_rms_norm_ref, qk_norm_rope_ref
     from requant.kernels.triton.fused import add_rms_norm, qk_norm_rope
     from requant.runtime.ops import rope_tables
 

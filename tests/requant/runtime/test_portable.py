@@ -24,7 +24,7 @@ import requant.kernels.portable as spec
 from requant import DEFAULT_CHECKPOINT
 from requant.runtime import load_model
 from requant.runtime.portable import with_kernels
-from requant.sampling import SamplingParams, generate
+from requant.runtime.sampling import SamplingParams, generate
 
 
 def same(a, b) -> bool:
@@ -33,7 +33,7 @@ def same(a, b) -> bool:
 
 @pytest.fixture(scope="module")
 def micro(tmp_path_factory):
-    from requant.synthetic import generate as synth
+    from requant.models.synthetic import generate as synth
     from tests.requant.conftest import MICRO
 
     path = synth(MICRO, tmp_path_factory.mktemp("micro") / "micro", seed=1)

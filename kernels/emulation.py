@@ -1,9 +1,10 @@
-"""Torch emulations of the fast engine's fused row kernels (fused.py, beside this module): the
+"""Torch emulations of the fast engine's fused row kernels (kernels/triton/fused.py): the
 independent references the kernels are compared with, bit for bit, on the CPU (the kernels
 under TRITON_INTERPRET=1) and on a GPU. Each states the same arithmetic as its kernel, written
-with torch's elementwise IEEE operations (one rounding each) and the adjacent pairwise tree
+with torch's elementwise IEEE operations (one rounding each; torch and numpy only, no Triton: beside
+kernels/reference.py and kernels/portable.py, the other torch forms) and the adjacent pairwise tree
 `tree_sum_adjacent`; the activation quantization is kernels.reference's own. `attention_ref` is
-the split-KV attention (attention.py) as the interpreter runs it: numpy float32 operations on the
+the split-KV attention (kernels/triton/attention.py) as the interpreter runs it: numpy float32 operations on the
 kernel's tile shapes, its dot products summed in ascending order (what the kernel's interpreter
 path asks numpy for), exp2 numpy's; on a GPU the MMA's order and exp2 differ, so there the
 kernel is compared with itself across blocks, chunks and batches (docs/runtime.md). The dense
