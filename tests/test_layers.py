@@ -6,6 +6,8 @@ relative imports resolved, pyproject.toml's package-dir mapping applied):
     core       (requant/ but commands/ and cli.py) never imports requant.audit nor the commands
     audit/     consumes the core and kernels/, never the commands
     commands   on top
+    requant._toplevel  the clone-root guard kernels/, audit/, model_cards/ and cli.py run first under
+               a bare name: standard library only, so every layer may import it
 and no import cycle among requant's modules, counting function-level imports too (a circle hidden
 in a function is still a circle) and the package __init__ an import runs first. The checker is
 itself tested on a small tree it must fault."""
@@ -81,7 +83,12 @@ def _above(name: str) -> list[str]:
     return [name.rsplit(".", i)[0] for i in range(name.count(".") + 1)]
 
 
+BASE = {"requant._toplevel"}
+
+
 def layer(name: str) -> str:
+    if name in BASE:
+        return "base"
     if name.startswith("requant.kernels"):
         return "kernels"
     if name.startswith("requant.audit"):
@@ -91,7 +98,12 @@ def layer(name: str) -> str:
     return "core"
 
 
-FORBIDDEN = {"core": {"audit", "commands"}, "audit": {"commands"}, "kernels": {"core", "audit", "commands"}}
+FORBIDDEN = {
+    "core": {"audit", "commands"},
+    "audit": {"commands"},
+    "kernels": {"core", "audit", "commands"},
+    "base": {"core", "audit", "commands", "kernels"},
+}
 
 
 def faults(root: Path, dirs: dict[str, str]) -> list[str]:
@@ -104,8 +116,11 @@ def faults(root: Path, dirs: dict[str, str]) -> list[str]:
             top = target.split(".")[0]
             mod = owner(target, known) if top == "requant" else None
             if mod is None:
-                if layer(m) == "kernels" and top not in KERNEL_DEPS | set(sys.stdlib_module_names) | {"__future__"}:
+                stdlib = set(sys.stdlib_module_names) | {"__future__"}
+                if layer(m) == "kernels" and top not in KERNEL_DEPS | stdlib:
                     bad.append(f"{where}: kernels/ imports {target}")
+                if layer(m) == "base" and top not in stdlib:
+                    bad.append(f"{where}: {m} imports {target} (standard library only)")
                 continue
             if layer(mod) in FORBIDDEN.get(layer(m), ()):
                 bad.append(f"{where}: {layer(m)} imports {layer(mod)} ({mod})")
