@@ -7,6 +7,9 @@ EXIT CODES (one policy for every command)
        determinism, push refused by its rules, conform: not a known legal formula)
     2  it could not run: a usage error, a missing or malformed input, a SHA256SUMS that
        does not match before a run. One line `error: ...` on stderr, no traceback.
+    3  push only: the commit landed (its URL is printed first), then a local step failed
+       (writing README.md/SHA256SUMS back, or reading the commit's hashes back): the line says
+       "pushed to URL (commit C); ..." and what to do; the Hub holds the commit.
   130  interrupted (Ctrl-C or SIGTERM); what was being written is removed.
 
 A stdout (or stderr) that nobody reads, closed or a pipe whose reader left (`| head`), is
@@ -43,6 +46,7 @@ __all__ = [
     "EXIT_FAILED",
     "EXIT_ERROR",
     "EXIT_INTERRUPTED",
+    "EXIT_PUSHED",
     "UsageError",
     "out",
     "err",
@@ -79,6 +83,7 @@ __all__ = [
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_ERROR = 2
+EXIT_PUSHED = 3  # push: committed on the Hub, then a local step failed (the module docstring)
 EXIT_INTERRUPTED = 130
 
 

@@ -15,9 +15,12 @@ import os
 import sys
 from pathlib import Path
 
+import click
+import typer
 from typer.core import TyperCommand
 
 from requant.commands._common import cannot_run, check_outputs
+from requant.io import snapshot
 
 __all__ = ["OUTPUT_OPTIONS", "RequantCommand", "command_paths", "guarded_std_streams", "input_params", "output_params"]
 
@@ -111,8 +114,17 @@ class RequantCommand(TyperCommand):
     def invoke(self, ctx):
         with cannot_run():
             check_outputs(*command_paths(ctx.command, ctx.params, ctx.info_name))
-        with _torch_threads_kept():
-            return super().invoke(ctx)
+        with _torch_threads_kept(), snapshot.watching():
+            try:
+                result = super().invoke(ctx)
+            except (click.exceptions.Exit, typer.Exit) as exc:
+                if exc.exit_code in (0, 1):  # a verdict: void if an input changed under it
+                    with cannot_run():
+                        snapshot.check()
+                raise
+            with cannot_run():
+                snapshot.check()
+            return result
 
 
 @contextlib.contextmanager

@@ -84,7 +84,7 @@ def _write_evidence(tmp: Path, out: Path, shard_entries: dict[str, mf.Entry], re
     statistics (requant-convert.json, not covered: it quotes the digest). Sets
     result.manifest_digest."""
     try:
-        data = mf.render(mf.compute(tmp, known=shard_entries))
+        data = mf.render(mf.compute(tmp, known=shard_entries, pin=False))
         write_bytes_atomic(tmp / mf.MANIFEST, data)
         result.manifest_digest = mf.digest_of(data)
         report = {k: v for k, v in result.to_dict().items() if k not in ("output", "elapsed_s")}  # deterministic
@@ -217,7 +217,7 @@ def convert(
                 streaming.run(job, units, workers)  # returns only once every worker has stopped
                 job.check_sizes()
                 if constrained:  # read the finished shards back while fsync waits for the disk
-                    shard_hashes = mf.BackgroundHashes(dest.tmp, only=set(ckpt.shards))
+                    shard_hashes = mf.BackgroundHashes(dest.tmp, only=set(ckpt.shards), pin=False)
                 job.sync()
             finally:
                 job.close()  # safe: no worker is running any more

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Callable
 
 from requant.errors import CheckpointError
+from requant.io import snapshot
 from requant.io.inputs import read_small
 from requant.io.links import allowed_roots, check_inside, shown
 
@@ -101,15 +102,23 @@ def covered_files(root: str | os.PathLike) -> dict[str, Path]:
 
 
 def file_sha256(
-    path: str | os.PathLike, progress: Callable[[int], None] | None = None, stop: threading.Event | None = None
+    path: str | os.PathLike,
+    progress: Callable[[int], None] | None = None,
+    stop: threading.Event | None = None,
+    pin: bool = False,
 ) -> tuple[str, int]:
-    """(sha256 hex, size) of one file, read once in 8 MB pieces (ManifestError when `stop` is set meanwhile)."""
+    """(sha256 hex, size) of one file, read once in 8 MB pieces (ManifestError when `stop` is set meanwhile).
+    With `pin` the file is an input (requant.io.snapshot): the digest is of the bytes between two
+    fstats of the one descriptor read, and a file that changed meanwhile is an InputChanged."""
     h = hashlib.sha256()
     buf = bytearray(READ_BYTES)
     view = memoryview(buf)
     size = 0
     try:
         with open(path, "rb", buffering=0) as f:
+            if pin:
+                first = os.fstat(f.fileno())
+                snapshot.pin(path, first)
             while True:
                 n = f.readinto(buf)
                 if not n:
@@ -120,6 +129,8 @@ def file_sha256(
                     raise ManifestError("hashing stopped", file=path)
                 if progress is not None:
                     progress(n)
+            if pin and (snapshot.key(os.fstat(f.fileno())) != snapshot.key(first) or size != first.st_size):
+                raise snapshot.InputChanged(str(path))
     except OSError as exc:
         raise ManifestError(f"reading failed: {exc.strerror or exc}", file=path) from None
     return h.hexdigest(), size
@@ -147,18 +158,18 @@ def _submit_all(pool: cf.ThreadPoolExecutor, files: dict[str, Path], *args) -> t
     return futures, True
 
 
-def _hash_all(files: dict[str, Path], jobs: int | None, progress) -> dict[str, Entry]:
+def _hash_all(files: dict[str, Path], jobs: int | None, progress, pin: bool = True) -> dict[str, Entry]:
     if not files:
         return {}
     hashed: dict[str, tuple[str, int]] = {}
     workers = _workers(jobs, len(files))
     if workers > 1:
         with cf.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="requant-sha256") as pool:
-            futures, _ = _submit_all(pool, files, progress)
+            futures, _ = _submit_all(pool, files, progress, None, pin)
             hashed = {rel: fut.result() for rel, fut in futures.items()}
     for rel, p in files.items():  # one thread, or no thread could be started: here, in turn
         if rel not in hashed:
-            hashed[rel] = file_sha256(p, progress)
+            hashed[rel] = file_sha256(p, progress, None, pin)
     return {rel: Entry(rel, h, n) for rel, (h, n) in hashed.items()}
 
 
@@ -168,12 +179,14 @@ def compute(
     jobs: int | None = None,
     progress: Callable[[int], None] | None = None,
     known: dict[str, Entry] | None = None,
+    pin: bool = True,
 ) -> dict[str, Entry]:
     """The manifest entries of a directory as it is now: {path: Entry}, sorted by path.
-    `known` entries (hashed already, e.g. by BackgroundHashes) are taken as they are."""
+    `known` entries (hashed already, e.g. by BackgroundHashes) are taken as they are; `pin`:
+    the files are inputs (requant.io.snapshot), False for an output being written."""
     known = known or {}
     files = covered_files(root)
-    hashed = _hash_all({rel: p for rel, p in files.items() if rel not in known}, jobs, progress)
+    hashed = _hash_all({rel: p for rel, p in files.items() if rel not in known}, jobs, progress, pin)
     return {rel: known[rel] if rel in known else hashed[rel] for rel in files}
 
 
@@ -182,20 +195,23 @@ class BackgroundHashes:
     (one sequential pass per file, several files at once), so that a caller can do other work
     on the same files meanwhile (`requant convert` hashes its source while converting it)."""
 
-    def __init__(self, root: str | os.PathLike, jobs: int | None = None, only: set[str] | None = None):
+    def __init__(
+        self, root: str | os.PathLike, jobs: int | None = None, only: set[str] | None = None, pin: bool = True
+    ):
+        self._pin = pin  # inputs are pinned (requant.io.snapshot); an output being written is not
         self._files = {rel: p for rel, p in covered_files(root).items() if only is None or rel in only}
         self._stop = threading.Event()
         self._pool = cf.ThreadPoolExecutor(
             max_workers=_workers(jobs, len(self._files)), thread_name_prefix="requant-sha256"
         )
-        self._futures, _ = _submit_all(self._pool, self._files, None, self._stop)
+        self._futures, _ = _submit_all(self._pool, self._files, None, self._stop, pin)
 
     def result(self) -> dict[str, Entry]:
         try:
             out = {rel: Entry(rel, *fut.result()) for rel, fut in self._futures.items()}
             for rel, p in self._files.items():  # no thread could be started for these: here, in turn
                 if rel not in out:
-                    out[rel] = Entry(rel, *file_sha256(p, None, self._stop))
+                    out[rel] = Entry(rel, *file_sha256(p, None, self._stop, self._pin))
             return dict(sorted(out.items(), key=lambda kv: kv[0].encode("utf-8")))
         finally:
             self._pool.shutdown(wait=True)

@@ -31,6 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from requant.errors import OutputError, os_reason
+from requant.io import snapshot
 from requant.io.inputs import not_regular
 from requant.io.links import LinkError, check_inside, shown
 
@@ -320,6 +321,7 @@ class AtomicOutput:
             fsync_tree(self.tmp, skip=synced)
         except OSError as exc:
             raise OutputError(f"syncing the output failed: {os_reason(exc)}", file=out) from exc
+        snapshot.check()  # the inputs read are still the bytes that were measured (requant.io.snapshot)
         if final.exists() or final.is_symlink():
             if not self.force:  # it appeared while we were converting: never replace it silently
                 raise OutputError("appeared while converting; pass --force to replace it", file=out)
@@ -502,6 +504,7 @@ def write_files_atomic(items: list[tuple[Path, Callable[[Path], None]]]) -> list
                 fsync_path(tmp)
             except OSError as exc:
                 raise WriteError(f"writing failed: {os_reason(exc)}", file=shown(given[i])) from None
+        snapshot.check()  # a report is only published for the bytes it measured (requant.io.snapshot)
         for i, dest in enumerate(targets):
             report_target(dest)  # it may have changed while rendering: never rename over a non-regular file
             if dest.exists():

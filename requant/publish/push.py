@@ -206,8 +206,8 @@ def _hub_message(exc: BaseException, repo_id: str, endpoint: str) -> str:
     )
 
 
-def upload(p: Plan, *, private: bool = False, commit_message: str | None = None) -> str:
-    """Create the repo (exist_ok), the branch (exist_ok), and one commit. Returns the commit URL.
+def upload(p: Plan, *, private: bool = False, commit_message: str | None = None) -> tuple[str, str]:
+    """Create the repo (exist_ok), the branch (exist_ok), and one commit. Returns (commit URL, commit oid).
     Hub failures become a PublishError with one scrubbed line; nothing local is touched."""
     from huggingface_hub import CommitOperationAdd, HfApi, constants
     from huggingface_hub.utils import HfHubHTTPError
@@ -242,7 +242,55 @@ def upload(p: Plan, *, private: bool = False, commit_message: str | None = None)
         raise PublishError(
             scrub(f"push failed: {_hub_message(exc, p.repo_id, api.endpoint)}", token), file=p.repo_id
         ) from None
-    return scrub(str(info.commit_url), token)
+    return scrub(str(info.commit_url), token), str(info.oid)
+
+
+def git_blob_sha1(data: bytes) -> str:
+    """The Hub's (git's) id of a file stored plainly: sha1 of 'blob <size>\\0' + the bytes."""
+    return hashlib.sha1(b"blob %d\x00" % len(data) + data).hexdigest()
+
+
+def check_landed(p: Plan, oid: str) -> str | None:
+    """After the commit: the first uploaded file whose bytes on the Hub (its own hashes at commit
+    `oid`: the LFS sha256, or for a file stored plainly its git blob id) are not the bytes this push
+    hashed, as 'FILE: why'; None when every one matches. A local file is still the bytes hashed
+    (requant.io.snapshot.check, by the caller), so its git blob id is taken from it now."""
+    from huggingface_hub import HfApi
+
+    api = HfApi()
+    try:
+        tree = {
+            f.path: f
+            for f in api.list_repo_tree(p.repo_id, revision=oid, recursive=True, repo_type="model")
+            if hasattr(f, "blob_id")
+        }
+    except Exception as exc:  # noqa: BLE001 (any Hub failure: the push landed, the check could not run)
+        if not isinstance(exc, _hub_errors()):
+            raise
+        token = _token()
+        raise PublishError(
+            scrub(f"reading the commit's file hashes back failed: {_hub_message(exc, p.repo_id, api.endpoint)}", token),
+            file=p.repo_id,
+        ) from None
+    for u in p.files:
+        got = tree.get(u.path_in_repo)
+        if got is None:
+            return f"{u.path_in_repo}: not in the commit"
+        lfs = getattr(got, "lfs", None)
+        if lfs is not None:
+            if lfs.sha256 != u.sha256:
+                return f"{u.path_in_repo}: the Hub holds sha256 {lfs.sha256}, this push hashed {u.sha256}"
+            continue
+        data = u.data if u.data is not None else u.local.read_bytes()
+        if got.blob_id != git_blob_sha1(data) or hashlib.sha256(data).hexdigest() != u.sha256:
+            return f"{u.path_in_repo}: the Hub holds blob {got.blob_id}, not the bytes this push hashed"
+    return None
+
+
+def _hub_errors() -> tuple[type[BaseException], ...]:
+    from huggingface_hub.utils import HfHubHTTPError
+
+    return (HfHubHTTPError, ValueError, *_transport_errors())
 
 
 def write_back(p: Plan) -> list[Path]:
