@@ -114,7 +114,7 @@ class RequantCommand(TyperCommand):
     def invoke(self, ctx):
         with cannot_run():
             check_outputs(*command_paths(ctx.command, ctx.params, ctx.info_name))
-        with _torch_threads_kept(), snapshot.watching():
+        with _torch_threads_kept(), snapshot.watching(), _sweep_notes():
             try:
                 result = super().invoke(ctx)
             except (click.exceptions.Exit, typer.Exit) as exc:
@@ -125,6 +125,19 @@ class RequantCommand(TyperCommand):
             with cannot_run():
                 snapshot.check()
             return result
+
+
+@contextlib.contextmanager
+def _sweep_notes():
+    """A killed run's leftovers swept during the command are said on the warning line (requant.io.leftovers)."""
+    from requant.commands._common import warn
+    from requant.io import leftovers
+
+    old, leftovers.note = leftovers.note, warn
+    try:
+        yield
+    finally:
+        leftovers.note = old
 
 
 @contextlib.contextmanager

@@ -24,7 +24,6 @@ import logging
 import math
 import os
 import shutil
-import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -35,6 +34,7 @@ import numpy as np
 from requant.errors import UsageError
 from requant.eval.bootstrap import Docs, paired_bootstrap
 from requant.eval.task import HELDOUT_TASK
+from requant.io import leftovers, snapshot
 
 NATIVE, BF16 = "native", "bf16"
 PPL_KEYS = ("word_perplexity", "byte_perplexity")
@@ -429,7 +429,7 @@ def run_eval(
     rows = arms + ([BF16] if source is not None else [])
     results: dict[str, dict] = {}
     walls: dict[str, float] = {}
-    tmp_root = Path(tempfile.mkdtemp(prefix="requant-eval-"))
+    tmp_root = leftovers.eval_dir()  # $TMPDIR/requant-eval-PID-*: a dead eval's are swept first
     try:
         for name in rows:
             t0 = time.perf_counter()
@@ -462,6 +462,7 @@ def run_eval(
             )
             if name not in (NATIVE, BF16):
                 shutil.rmtree(path, ignore_errors=True)
+                snapshot.unpin_under(path)  # read, then removed by this run: not an input that changed
             walls[name] = round(time.perf_counter() - t0, 3)
     finally:
         shutil.rmtree(tmp_root, ignore_errors=True)

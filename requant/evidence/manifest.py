@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Callable
 
 from requant.errors import CheckpointError
-from requant.io import snapshot
+from requant.io import leftovers, snapshot
 from requant.io.inputs import read_small
 from requant.io.links import allowed_roots, check_inside, shown
 
@@ -80,6 +80,10 @@ def walk_files(root: str | os.PathLike, skip_dirs: frozenset[str] = SKIP_DIRS) -
                 raise ManifestError("a symlinked directory inside a checkpoint is not supported", file=shown(d / name))
         for fn in sorted(files):
             p = d / fn
+            if leftovers.is_temp(fn):  # a requant temporary is never part of a checkpoint; a dead one is swept
+                if leftovers.dead_temp(fn) and p.is_file() and not p.is_symlink():
+                    leftovers.sweep(p, shown(p))
+                continue
             if not p.is_file():
                 raise ManifestError("not a regular file (a dangling symlink?)", file=shown(p))
             if p.is_symlink():

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from requant.errors import OutputError, os_reason
-from requant.io import snapshot
+from requant.io import leftovers, snapshot
 from requant.io.inputs import not_regular
 from requant.io.links import LinkError, check_inside, shown
 
@@ -107,12 +107,15 @@ def sweep_stale(final: Path, on_note: Callable[[str], None]) -> None:
         if not d.is_dir():  # a lock whose directory is gone (killed in between): removed once its writer is dead
             if d.name.endswith(LOCK_SUFFIX) and not d.with_name(d.name[: -len(LOCK_SUFFIX)]).is_dir():
                 try:
-                    fd, _ = _try_lock(d)
+                    fd, owner = _try_lock(d)
                 except OSError:
                     continue
                 if fd is not None:
                     d.unlink(missing_ok=True)
                     os.close(fd)
+                    on_note(f"removed {shown(d)}: a lock left by a run that was killed ({owner or 'owner unknown'})")
+            else:
+                _sweep_staged_lock(d, on_note)
             continue
         try:
             fd, owner = _try_lock(_lock_of(d))
@@ -132,6 +135,18 @@ def sweep_stale(final: Path, on_note: Callable[[str], None]) -> None:
             on_note(f"removed {shown(d)}: {size:,} bytes left by a run that was killed ({owner or 'owner unknown'})")
         finally:
             os.close(fd)
+
+
+def _sweep_staged_lock(path: Path, on_note: Callable[[str], None]) -> None:
+    """A lock file killed before it was renamed into place (`LOCK.PID`, _take_lock): removed
+    once no process PID runs."""
+    head, _, pid = path.name.rpartition(".")
+    if head.endswith(LOCK_SUFFIX) and pid.isdigit() and not leftovers.owner_alive(int(pid)):
+        try:
+            path.unlink()
+        except OSError:
+            return
+        on_note(f"removed {shown(path)}: a lock left by a run that was killed (pid {pid})")
 
 
 def replaceable(path: Path) -> str | None:
@@ -453,7 +468,8 @@ def temp_beside(path: Path, suffix: str = ".tmp", mode: int | None = None) -> Pa
     """An empty temporary file in `path`'s directory (made if missing), with `mode` (default:
     file_mode(path), the permissions cp would give)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent)
+    # the writer's pid in the name: a killed run's temporary is recognised and swept (requant.io.leftovers)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{leftovers.tag()}", suffix=suffix, dir=path.parent)
     try:
         os.fchmod(fd, file_mode(path) if mode is None else mode)
     finally:
@@ -487,6 +503,8 @@ def write_files_atomic(items: list[tuple[Path, Callable[[Path], None]]]) -> list
     for i, t in enumerate(real):
         if t in real[:i]:
             raise WriteError(f"names the same file as {shown(given[real.index(t)])}", file=shown(given[i]))
+    for t in targets:
+        leftovers.sweep_beside(t)  # a killed run's temporaries of this report
     made = _missing_dirs(targets)
     temps: list[Path] = []
     backups: dict[int, Path] = {}
@@ -509,7 +527,7 @@ def write_files_atomic(items: list[tuple[Path, Callable[[Path], None]]]) -> list
             report_target(dest)  # it may have changed while rendering: never rename over a non-regular file
             if dest.exists():
                 existed.add(i)
-                backup = dest.with_name(f".{dest.name}.requant-old-{uuid.uuid4().hex[:12]}")
+                backup = dest.with_name(f".{dest.name}.{leftovers.tag('old')}{uuid.uuid4().hex[:12]}")
                 try:
                     os.link(dest, backup)  # a second name for the old file, so that a failed set can be put back
                     backups[i] = backup

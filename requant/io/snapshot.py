@@ -83,6 +83,14 @@ def forget() -> None:
         _seen.clear()
 
 
+def unpin_under(root: str | os.PathLike) -> None:
+    """Forget the pinned inputs under `root` (a temporary checkpoint this run made, read and removed)."""
+    prefix = os.path.realpath(root) + os.sep
+    with _lock:
+        for real in [r for r in _seen if r.startswith(prefix)]:
+            del _seen[real]
+
+
 def check() -> None:
     """InputChanged naming the first pinned input whose path now shows other bytes (or none)."""
     with _lock:
