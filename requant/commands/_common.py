@@ -189,7 +189,9 @@ def cannot_run(interrupted: str = "interrupted; nothing was written"):
 @contextlib.contextmanager
 def sigterm_as_interrupt():
     """Treat SIGTERM like Ctrl-C inside the block, so cleanup code runs."""
-    if threading.current_thread() is not threading.main_thread():
+    if threading.current_thread() is not threading.main_thread() or getattr(
+        signal.getsignal(signal.SIGTERM), "honours_sigterm", False
+    ):  # every command has it already (requant.commands._guards._signals_honoured, with its grace timer)
         yield
         return
 

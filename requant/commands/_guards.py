@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 
 import click
@@ -114,7 +116,7 @@ class RequantCommand(TyperCommand):
     def invoke(self, ctx):
         with cannot_run():
             check_outputs(*command_paths(ctx.command, ctx.params, ctx.info_name))
-        with _torch_threads_kept(), snapshot.watching(), _sweep_notes():
+        with _torch_threads_kept(), snapshot.watching(), _sweep_notes(), _signals_honoured():
             try:
                 result = super().invoke(ctx)
             except (click.exceptions.Exit, typer.Exit) as exc:
@@ -125,6 +127,51 @@ class RequantCommand(TyperCommand):
             with cannot_run():
                 snapshot.check()
             return result
+
+
+GRACE_S = 1.5  # after SIGINT/SIGTERM, cleanup may take this long before the process exits 130 regardless
+
+
+@contextlib.contextmanager
+def _signals_honoured():
+    """SIGINT and SIGTERM end the command within 2 s in every phase, with exit 130: the signal is a
+    KeyboardInterrupt in the main thread (cleanup runs: cannot_run's line, the atomic outputs'
+    removal), and a timer ends the process with 130 once GRACE_S passed, for a main thread that
+    waits on a thread blocked in a system call (a stalled Hub download: huggingface_hub joins its
+    download threads). What that leaves is swept by the next run (requant.io.leftovers)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    timers: list[threading.Timer] = []
+
+    def handler(signum, frame):
+        timer = threading.Timer(GRACE_S, _exit_now, args=(signum,))
+        timer.daemon = True
+        timer.start()
+        timers.append(timer)
+        raise KeyboardInterrupt
+
+    handler.honours_sigterm = True  # sigterm_as_interrupt leaves it in place
+    old = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, h in old.items():
+            signal.signal(sig, h)
+        for timer in timers:
+            timer.cancel()
+        if timers and any(
+            t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()
+        ):
+            sys.stderr.flush()  # a thread still blocked (a stalled download) would hold the exit: not wait for it
+            os._exit(130)
+
+
+def _exit_now(signum: int) -> None:
+    name = signal.Signals(signum).name
+    os.write(2, f"error: interrupted ({name}); cleanup did not end within {GRACE_S:g} s, exiting now\n".encode())
+    os._exit(130)
 
 
 @contextlib.contextmanager

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from requant.evidence import manifest as mf
+from requant.io import hub_client
 from requant.io.output import write_bytes_atomic
 from requant.publish import PublishError, PushRefused
 from requant.publish.card import audit_ok, card_marker, checkpoint_facts, render
@@ -201,6 +202,9 @@ def _hub_message(exc: BaseException, repo_id: str, endpoint: str) -> str:
         return f"the Hub answered {status}{detail}" if status else f"the Hub request failed: {str(exc).splitlines()[0]}"
     if isinstance(exc, ValueError):
         return f"the Hub refused the upload: {' '.join(str(exc).split())}"
+    late = hub_client.timed_out(exc)
+    if late is not None:
+        return late
     return f"could not reach the Hub at {endpoint}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}".rstrip(
         ": "
     )
@@ -219,6 +223,7 @@ def upload(p: Plan, *, private: bool = False, commit_message: str | None = None)
         raise PublishError(
             "no Hugging Face token: set HF_TOKEN or run `hf auth login` (a token with write access)", file=p.repo_id
         )
+    hub_client.install()  # connect/read timeouts, bounded retries (REQUANT_HUB_TIMEOUT)
     api = HfApi()
     message = commit_message or f"requant: {p.arm or 'checkpoint'}, manifest {p.manifest_digest}"
     try:
@@ -257,6 +262,7 @@ def check_landed(p: Plan, oid: str) -> str | None:
     (requant.io.snapshot.check, by the caller), so its git blob id is taken from it now."""
     from huggingface_hub import HfApi
 
+    hub_client.install()
     api = HfApi()
     try:
         tree = {
