@@ -156,7 +156,11 @@ def warn(msg: str) -> None:
 
 
 def _os_message(exc: OSError) -> str:
-    return f"{exc.filename}: {exc.strerror or exc}" if exc.filename else str(exc)
+    if not exc.filename:
+        return str(exc)
+    from requant.io.space import full_reason
+
+    return f"{exc.filename}: {full_reason(exc, exc.filename, exc.strerror or str(exc))}"
 
 
 @contextlib.contextmanager

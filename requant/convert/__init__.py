@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Callable
 
 import requant
-from requant.checkpoint import open_checkpoint
+from requant.checkpoint import SKIP_DIRS, open_checkpoint
 from requant.convert import _streaming as streaming
 from requant.errors import CheckpointError, OutputError, os_reason
 from requant.evidence import manifest as mf
@@ -21,6 +21,7 @@ from requant.evidence.provenance import PROVENANCE_KEY
 from requant.io.inputs import load_json
 from requant.io.links import shown
 from requant.io.output import AtomicOutput, OutputInterrupted, check_output, json_bytes, write_bytes_atomic
+from requant.io.space import check_room
 from requant.scales import ARMS, SERVABLE
 from requant.scales.requantizer import LinearStats
 
@@ -198,6 +199,7 @@ def convert(
     stored = mf.read(ckpt.path)  # SRC's own SHA256SUMS: its files must be the ones it lists
     if stored is not None:  # the listing now, before any work; the bytes once they are hashed, before the rename
         mf.check_against(ckpt.path, stored)
+    check_room(out, sum(p.stat().st_size for p in mf.walk_files(ckpt.path, SKIP_DIRS).values()), str(out))
     constrained = arm != "unconstrained"
     # every source byte is read after this (or after src_states, when src_entries were hashed earlier)
     before = src_states if src_states is not None else file_states(ckpt)

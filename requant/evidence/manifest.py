@@ -378,7 +378,21 @@ def check_against(
     missing, extra = [p for p in listed if p not in names], [p for p in names if p not in listed]
     check = Check(MANIFEST, digest_of(data), missing, extra, differing, entries or {})
     if not check.ok:
-        raise ManifestError(check.describe(), file=shown(Path(root)))
+        raise ManifestError(check.describe() + cache_hint(root, check), file=shown(Path(root)))
+
+
+def cache_hint(root: str | os.PathLike, check: Check) -> str:
+    """For a Hub snapshot in the Hugging Face cache (.../models--ORG--NAME/snapshots/REV): the cache
+    entry to remove so that the next run downloads the damaged file anew ('' elsewhere)."""
+    root = Path(root)
+    if root.parent.name != "snapshots" or not root.parent.parent.name.startswith("models--"):
+        return ""
+    bad = sorted(check.differing + check.missing, key=lambda r: r.encode("utf-8"))
+    if not bad:
+        return ""
+    link = root / bad[0]
+    entry = link.resolve() if link.is_symlink() else root
+    return f"; the download in the Hugging Face cache is damaged: remove {entry} and run again to download it anew"
 
 
 def identity(
@@ -400,7 +414,7 @@ def identity(
     if (Path(root) / MANIFEST).exists():
         check = verify(root, jobs=jobs, progress=progress)
         if not check.ok:
-            raise ManifestError(check.describe(), file=root)
+            raise ManifestError(check.describe() + cache_hint(root, check), file=root)
         if entries_out is not None:
             entries_out.update(check.entries)
         return {"manifest": MANIFEST, "manifest_digest": check.digest}

@@ -34,6 +34,7 @@ from requant.errors import OutputError, os_reason
 from requant.io import leftovers, snapshot
 from requant.io.inputs import not_regular
 from requant.io.links import LinkError, check_inside, shown
+from requant.io.space import full_reason
 
 LOCK_SUFFIX = ".lock"
 
@@ -147,6 +148,15 @@ def _sweep_staged_lock(path: Path, on_note: Callable[[str], None]) -> None:
         except OSError:
             return
         on_note(f"removed {shown(path)}: a lock left by a run that was killed (pid {pid})")
+
+
+def _say_left(old: Path, on_note: Callable[[str], None]) -> None:
+    """A replaced output that could not be removed (a read-only directory in it): say where it is left."""
+    if old.exists() or old.is_symlink():
+        on_note(
+            f"the replaced output could not be removed completely; what is left of it is at {shown(old)} "
+            "(remove it yourself: chmod -R u+w it first if it is read-only)"
+        )
 
 
 def replaceable(path: Path) -> str | None:
@@ -335,7 +345,9 @@ class AtomicOutput:
         try:
             fsync_tree(self.tmp, skip=synced)
         except OSError as exc:
-            raise OutputError(f"syncing the output failed: {os_reason(exc)}", file=out) from exc
+            raise OutputError(
+                f"syncing the output failed: {full_reason(exc, self.tmp, os_reason(exc))}", file=out
+            ) from exc
         snapshot.check()  # the inputs read are still the bytes that were measured (requant.io.snapshot)
         if final.exists() or final.is_symlink():
             if not self.force:  # it appeared while we were converting: never replace it silently
@@ -387,6 +399,7 @@ class AtomicOutput:
             else:
                 old.unlink()
             self._old = None
+            _say_left(old, self.on_note)
         try:
             for d in [final.parent] + [c.parent for c in self._created]:
                 fsync_path(d)  # the renames (and any directories made for OUT) are durable
@@ -515,13 +528,16 @@ def write_files_atomic(items: list[tuple[Path, Callable[[Path], None]]]) -> list
             try:
                 tmp = temp_beside(dest, dest.suffix + ".tmp")
             except OSError as exc:
-                raise WriteError(f"cannot be written: {os_reason(exc)}", file=shown(given[i])) from None
+                why = full_reason(exc, dest, os_reason(exc))
+                raise WriteError(f"cannot be written: {why}", file=shown(given[i])) from None
             temps.append(tmp)
             try:
                 render(tmp)
                 fsync_path(tmp)
             except OSError as exc:
-                raise WriteError(f"writing failed: {os_reason(exc)}", file=shown(given[i])) from None
+                raise WriteError(
+                    f"writing failed: {full_reason(exc, dest, os_reason(exc))}", file=shown(given[i])
+                ) from None
         snapshot.check()  # a report is only published for the bytes it measured (requant.io.snapshot)
         for i, dest in enumerate(targets):
             report_target(dest)  # it may have changed while rendering: never rename over a non-regular file
