@@ -122,10 +122,10 @@ class RequantCommand(TyperCommand):
             except (click.exceptions.Exit, typer.Exit) as exc:
                 if exc.exit_code in (0, 1):  # a verdict: void if an input changed under it
                     with cannot_run():
-                        snapshot.check()
+                        snapshot.check_at_end()
                 raise
             with cannot_run():
-                snapshot.check()
+                snapshot.check_at_end()
             return result
 
 

@@ -366,6 +366,7 @@ class AtomicOutput:
         except OSError as exc:
             raise OutputError(f"renaming the finished output into place failed: {os_reason(exc)}", file=out) from exc
         self._committed = True
+        snapshot.published()
 
     def __exit__(self, exc_type, exc, tb) -> None:
         try:
@@ -569,6 +570,7 @@ def write_files_atomic(items: list[tuple[Path, Callable[[Path], None]]]) -> list
             except OSError:
                 pass
         raise
+    snapshot.published()
     for b in backups.values():
         b.unlink(missing_ok=True)
     dirs = {t.parent for t in targets} | {d.parent for d in made}

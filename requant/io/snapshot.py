@@ -27,6 +27,7 @@ from requant.errors import CheckpointError
 _lock = threading.Lock()
 _seen: dict[str, tuple[tuple[int, ...], str]] = {}
 _active = 0  # pins are kept only inside watching() (a command); library calls outside one pin nothing
+_published = False  # an output was renamed into place after a check() (published())
 # Test hook: called with the path after each input file is pinned (a rewrite between two read phases).
 after_pin: Callable[[Path], None] | None = None
 
@@ -45,10 +46,11 @@ def key(st: os.stat_result) -> tuple[int, ...]:
 @contextlib.contextmanager
 def watching():
     """Pin inputs inside the block (a command's body), starting from none; forgotten after it."""
-    global _active
+    global _active, _published
     with _lock:
         if not _active:
             _seen.clear()
+            _published = False
         _active += 1
     try:
         yield
@@ -75,6 +77,20 @@ def pin(path: str | os.PathLike, st: os.stat_result | None = None) -> None:
         raise InputChanged(old[1])
     if after_pin is not None:
         after_pin(p)
+
+
+def published() -> None:
+    """An output was renamed into place after check(): what it reports was measured on unchanged
+    inputs, so the command's closing check (check_at_end) no longer applies."""
+    global _published
+    with _lock:
+        _published = True
+
+
+def check_at_end() -> None:
+    """check(), for a command that ends without having published an output (its verdict is on stdout)."""
+    if not _published:
+        check()
 
 
 def forget() -> None:
