@@ -21,8 +21,16 @@ from tests.requant.commands.cli import invoke
 KILLER = textwrap.dedent(
     """
     import importlib, os, signal, sys
-    mod, attr = sys.argv[1].rsplit(".", 1)
-    m = importlib.import_module(mod)
+    parts = sys.argv[1].split(".")
+    for i in range(len(parts) - 1, 0, -1):  # the longest importable prefix, then attributes
+        try:
+            m = importlib.import_module(".".join(parts[:i]))
+            break
+        except ImportError:
+            pass
+    for name in parts[i:-1]:
+        m = getattr(m, name)
+    attr = parts[-1]
     real = getattr(m, attr)
     def killed(*a, **k):
         real(*a, **k)
@@ -117,3 +125,14 @@ def test_dead_eval_folders_are_swept_with_a_note(tmp_path, monkeypatch):
 )
 def test_temp_names(name, temp):
     assert leftovers.is_temp(name) is temp
+
+
+@pytest.mark.parametrize("where", ["requant.io.output._take_lock", "requant.io.output.AtomicOutput.__enter__"])
+def test_killed_at_the_output_directory_creation_is_swept_by_the_next_convert(micro, tmp_path, where):
+    out = tmp_path / "out"
+    _killed_at(where, "convert", micro, "-o", out, "--arm", "nearest")
+    left = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".out."))
+    assert left and all(n.startswith(".out.requant-tmp-") for n in left)
+    res = invoke("convert", micro, "-o", out, "--arm", "nearest")
+    assert res.exit_code == 0, res.output
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out.")]
