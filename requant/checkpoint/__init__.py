@@ -184,25 +184,26 @@ def resolve_source(src: str | os.PathLike, *, revision: str | None = None) -> tu
         # Weights, configs (generation_config.json too), tokenizer files, and what must travel
         # with a derived checkpoint: the card (license in its front matter), license files,
         # and requant's manifests. Not .gitattributes, nor other formats' weights.
-        local = snapshot_download(
-            repo_id=s,
-            revision=revision,
-            allow_patterns=[
-                "*.json",
-                "*.safetensors",
-                "*.txt",
-                "*.model",
-                "*.jinja",
-                "*.tiktoken",
-                "README.md",
-                "LICENSE*",
-                "LICENCE*",
-                "NOTICE*",
-                "USE_POLICY*",
-                "SHA256SUMS",
-                "SHA256SUMS.source",
-            ],
-        )
+        with hub_client.transfer():  # an interrupt ends a stalled download promptly
+            local = snapshot_download(
+                repo_id=s,
+                revision=revision,
+                allow_patterns=[
+                    "*.json",
+                    "*.safetensors",
+                    "*.txt",
+                    "*.model",
+                    "*.jinja",
+                    "*.tiktoken",
+                    "README.md",
+                    "LICENSE*",
+                    "LICENCE*",
+                    "NOTICE*",
+                    "USE_POLICY*",
+                    "SHA256SUMS",
+                    "SHA256SUMS.source",
+                ],
+            )
     except Exception as exc:  # the hub raises many types; all mean "could not resolve"
         raise LayoutError(f"no such directory on this machine, and {_hub_miss(exc, s, revision)}", file=s) from None
     return Path(local), True

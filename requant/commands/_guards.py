@@ -134,11 +134,12 @@ GRACE_S = 1.5  # after SIGINT/SIGTERM, cleanup may take this long before the pro
 
 @contextlib.contextmanager
 def _signals_honoured():
-    """SIGINT and SIGTERM end the command within 2 s in every phase, with exit 130: the signal is a
-    KeyboardInterrupt in the main thread (cleanup runs: cannot_run's line, the atomic outputs'
-    removal), and a timer ends the process with 130 once GRACE_S passed, for a main thread that
-    waits on a thread blocked in a system call (a stalled Hub download: huggingface_hub joins its
-    download threads). What that leaves is swept by the next run (requant.io.leftovers)."""
+    """SIGINT and SIGTERM end the command promptly with exit 130: the signal is a KeyboardInterrupt
+    in the main thread (cleanup runs: cannot_run's line, the atomic outputs' removal, a user
+    kernel's child stopped). During a Hub transfer (requant.io.hub_client.transfer) a timer also
+    ends the process with 130 once GRACE_S passed: huggingface_hub's main thread then waits on
+    download threads blocked in a socket read, which no interrupt reaches. What that leaves is
+    swept by the next run (requant.io.leftovers)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -146,10 +147,13 @@ def _signals_honoured():
     timers: list[threading.Timer] = []
 
     def handler(signum, frame):
-        timer = threading.Timer(GRACE_S, _exit_now, args=(signum,))
-        timer.daemon = True
-        timer.start()
-        timers.append(timer)
+        from requant.io import hub_client
+
+        if hub_client.in_transfer():
+            timer = threading.Timer(GRACE_S, _exit_now, args=(signum,))
+            timer.daemon = True
+            timer.start()
+            timers.append(timer)
         raise KeyboardInterrupt
 
     handler.honours_sigterm = True  # sigterm_as_interrupt leaves it in place

@@ -18,6 +18,7 @@ download timeouts, 10 s by default) keep it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -101,6 +102,26 @@ def install() -> float:
     _http.set_client_factory(factory)
     _installed = t
     return t
+
+
+_in_transfer = 0  # > 0 while the main thread waits on a Hub call (transfer())
+
+
+@contextlib.contextmanager
+def transfer():
+    """Around a Hub call that may wait on threads blocked in a socket read (huggingface_hub joins its
+    download threads): an interrupt inside it may end the process once cleanup had its grace
+    (requant.commands._guards._signals_honoured)."""
+    global _in_transfer
+    _in_transfer += 1
+    try:
+        yield
+    finally:
+        _in_transfer -= 1
+
+
+def in_transfer() -> bool:
+    return _in_transfer > 0
 
 
 def timed_out(exc: BaseException) -> str | None:

@@ -237,10 +237,11 @@ def upload(p: Plan, *, private: bool = False, commit_message: str | None = None)
                     "changed since it was hashed for the manifest; nothing was pushed", file=u.local or u.path_in_repo
                 )
             ops.append(op)
-        api.create_repo(p.repo_id, private=True if private else None, exist_ok=True, repo_type="model")
-        if p.revision and p.revision != "main":
-            api.create_branch(p.repo_id, branch=p.revision, exist_ok=True, repo_type="model")
-        info = api.create_commit(p.repo_id, ops, commit_message=message, revision=p.revision, repo_type="model")
+        with hub_client.transfer():  # an interrupt ends a stalled upload promptly (its threads joined)
+            api.create_repo(p.repo_id, private=True if private else None, exist_ok=True, repo_type="model")
+            if p.revision and p.revision != "main":
+                api.create_branch(p.repo_id, branch=p.revision, exist_ok=True, repo_type="model")
+            info = api.create_commit(p.repo_id, ops, commit_message=message, revision=p.revision, repo_type="model")
     except PublishError:
         raise
     except (HfHubHTTPError, ValueError, *_transport_errors()) as exc:
