@@ -7,7 +7,7 @@ connect and a read timeout, and its retries stop within a bounded total time.
                           not started again once 2x this time has passed since its first attempt.
 
 A Hub that accepts a connection and never answers therefore ends a command within about
-3 x REQUANT_HUB_TIMEOUT + 10 s (100 s at the default), in exit 2 with one line naming the URL
+3 x REQUANT_HUB_TIMEOUT + 25 s (115 s at the default; huggingface_hub waits 1+2+4+8+8 s between its retries), in exit 2 with one line naming the URL
 that did not answer. A long download is not cut: the read timeout is per silence, not per file.
 
 How: huggingface_hub 1.x/2.x send every request through one shared httpx client made by a factory
