@@ -12,7 +12,10 @@ started it. Endpoints (as the installed huggingface_hub calls them):
   GET  /api/models/{repo}/tree/{rev}[/path]   the file listing (lfs sha256 for *.safetensors, as the Hub)
   HEAD/GET /{repo}/resolve/{rev}/{path}       the bytes, with ETag, X-Repo-Commit (X-Linked-* for LFS)
 
-`fail()` injects an error answer for the next matching request. More: docs/internals.md (tests/hubserver.py).
+`fail()` injects an error answer for the next matching request; `stall()` makes it hang (no answer
+until release() or stop()) and `drop()` close the connection unanswered; `corrupt` names paths whose
+bytes a commit stores with one byte changed (the Hub holding other bytes than were sent). More:
+docs/internals.md (tests/hubserver.py).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, unquote, urlsplit
 
 GITATTRIBUTES = b"*.safetensors filter=lfs diff=lfs merge=lfs -text\n"
+STALL, DROP = -1, -2  # Failure.status values: no answer at all
 
 
 def git_blob_sha1(data: bytes) -> str:
@@ -68,6 +72,8 @@ class FakeHub:
         self.repos: dict[str, Repo] = {}
         self.requests: list[tuple[str, str, str | None]] = []  # (method, path, Authorization header)
         self.failures: list[Failure] = []
+        self.corrupt: set[str] = set()
+        self.released = threading.Event()  # set: stalled requests end (their connection closed unanswered)
         self.lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -89,6 +95,7 @@ class FakeHub:
         return self
 
     def stop(self) -> None:
+        self.released.set()
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
@@ -114,6 +121,17 @@ class FakeHub:
         """The next `method` request of this kind gets `status` with {"error": message}."""
         with self.lock:
             self.failures.append(Failure(method, kind, status, message, echo_auth, error_code))
+
+    def stall(self, method: str, kind: str) -> None:
+        """The next `method` request of this kind is read and never answered (until release())."""
+        self.fail(method, kind, STALL)
+
+    def drop(self, method: str, kind: str) -> None:
+        """The next `method` request of this kind is read and its connection closed, unanswered."""
+        self.fail(method, kind, DROP)
+
+    def release(self) -> None:
+        self.released.set()
 
     def create(self, repo_id: str, private: bool = False) -> Repo:
         repo = Repo(repo_id, private)
@@ -202,6 +220,11 @@ class _Handler(BaseHTTPRequestHandler):
                     break
             else:
                 return False
+        if f.status in (STALL, DROP):
+            if f.status == STALL:
+                hub.released.wait(120)
+            self.close_connection = True
+            return True
         msg = f.message + (f" (request had Authorization: {self.headers.get('Authorization')})" if f.echo_auth else "")
         if method == "HEAD":
             self._send(f.status, headers={"X-Error-Message": msg}, head=True)
@@ -311,6 +334,8 @@ class _Handler(BaseHTTPRequestHandler):
             v = item["value"]
             if item["key"] == "file" and v.get("encoding") == "base64":
                 files[v["path"]] = base64.b64decode(v["content"])
+                if v["path"] in hub.corrupt and files[v["path"]]:  # stored other than sent
+                    files[v["path"]] = bytes([files[v["path"]][0] ^ 1]) + files[v["path"]][1:]
             elif item["key"] in ("deletedFile", "deletedFolder"):
                 deleted.append(v["path"])
             else:

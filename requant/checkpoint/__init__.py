@@ -192,28 +192,33 @@ def resolve_source(src: str | os.PathLike, *, revision: str | None = None) -> tu
     try:
         from huggingface_hub import snapshot_download
 
+        from requant.io import hub_client
+
+        hub_client.install()  # connect/read timeouts, bounded retries (REQUANT_HUB_TIMEOUT)
+
         # Weights, configs (generation_config.json too), tokenizer files, and what must travel
         # with a derived checkpoint: the card (license in its front matter), license files,
         # and requant's manifests. Not .gitattributes, nor other formats' weights.
-        local = snapshot_download(
-            repo_id=s,
-            revision=revision,
-            allow_patterns=[
-                "*.json",
-                "*.safetensors",
-                "*.txt",
-                "*.model",
-                "*.jinja",
-                "*.tiktoken",
-                "README.md",
-                "LICENSE*",
-                "LICENCE*",
-                "NOTICE*",
-                "USE_POLICY*",
-                "SHA256SUMS",
-                "SHA256SUMS.source",
-            ],
-        )
+        with hub_client.transfer():  # an interrupt ends a stalled download promptly
+            local = snapshot_download(
+                repo_id=s,
+                revision=revision,
+                allow_patterns=[
+                    "*.json",
+                    "*.safetensors",
+                    "*.txt",
+                    "*.model",
+                    "*.jinja",
+                    "*.tiktoken",
+                    "README.md",
+                    "LICENSE*",
+                    "LICENCE*",
+                    "NOTICE*",
+                    "USE_POLICY*",
+                    "SHA256SUMS",
+                    "SHA256SUMS.source",
+                ],
+            )
     except Exception as exc:  # the hub raises many types; all mean "could not resolve"
         raise LayoutError(f"no such directory on this machine, and {_hub_miss(exc, s, revision)}", file=s) from None
     return Path(local), True
@@ -224,7 +229,12 @@ def _hub_miss(exc: Exception, repo_id: str, revision: str | None) -> str:
     a path mistyped on the command line usually also looks like an org/name repo id."""
     from huggingface_hub import errors
 
+    from requant.io.hub_client import timed_out
+
     at = f" at revision {revision}" if revision else ""
+    late = timed_out(exc)
+    if late is not None:
+        return f"the Hub repo {repo_id}{at} could not be fetched: {late}"
     if isinstance(exc, errors.LocalEntryNotFoundError):
         offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() not in ("", "0", "false", "no", "off")
         why = "HF_HUB_OFFLINE is set" if offline else "the Hub could not be reached"

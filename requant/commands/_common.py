@@ -7,6 +7,9 @@ EXIT CODES (one policy for every command)
        determinism, push refused by its rules, conform: not a known legal formula)
     2  it could not run: a usage error, a missing or malformed input, a SHA256SUMS that
        does not match before a run. One line `error: ...` on stderr, no traceback.
+    3  push only: the commit landed (its URL is printed first), then a local step failed
+       (writing README.md/SHA256SUMS back, or reading the commit's hashes back): the line says
+       "pushed to URL (commit C); ..." and what to do; the Hub holds the commit.
   130  interrupted (Ctrl-C or SIGTERM); what was being written is removed.
 
 A stdout (or stderr) that nobody reads, closed or a pipe whose reader left (`| head`), is
@@ -47,6 +50,7 @@ __all__ = [
     "EXIT_FAILED",
     "EXIT_ERROR",
     "EXIT_INTERRUPTED",
+    "EXIT_PUSHED",
     "UsageError",
     "out",
     "err",
@@ -83,6 +87,7 @@ __all__ = [
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_ERROR = 2
+EXIT_PUSHED = 3  # push: committed on the Hub, then a local step failed (the module docstring)
 EXIT_INTERRUPTED = 130
 
 
@@ -155,7 +160,11 @@ def warn(msg: str) -> None:
 
 
 def _os_message(exc: OSError) -> str:
-    return f"{exc.filename}: {exc.strerror or exc}" if exc.filename else str(exc)
+    if not exc.filename:
+        return str(exc)
+    from requant.io.space import full_reason
+
+    return f"{exc.filename}: {full_reason(exc, exc.filename, exc.strerror or str(exc))}"
 
 
 @contextlib.contextmanager
@@ -188,7 +197,9 @@ def cannot_run(interrupted: str = "interrupted; nothing was written"):
 @contextlib.contextmanager
 def sigterm_as_interrupt():
     """Treat SIGTERM like Ctrl-C inside the block, so cleanup code runs."""
-    if threading.current_thread() is not threading.main_thread():
+    if threading.current_thread() is not threading.main_thread() or getattr(
+        signal.getsignal(signal.SIGTERM), "honours_sigterm", False
+    ):  # every command has it already (requant.commands._guards._signals_honoured, with its grace timer)
         yield
         return
 

@@ -12,14 +12,19 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 
+import click
+import typer
 from typer.core import TyperCommand
 
 from requant import DEFAULT_CHECKPOINT
 from requant.commands._common import cannot_run, check_outputs
 from requant.evidence.manifest import REPORTS
+from requant.io import snapshot
 
 __all__ = ["OUTPUT_OPTIONS", "RequantCommand", "command_paths", "guarded_std_streams", "input_params", "output_params"]
 
@@ -109,8 +114,79 @@ class RequantCommand(TyperCommand):
     def invoke(self, ctx):
         with cannot_run():
             check_outputs(*command_paths(ctx.command, ctx.params, ctx.info_name))
-        with _torch_threads_kept():
-            return super().invoke(ctx)
+        with _torch_threads_kept(), snapshot.watching(), _sweep_notes(), _signals_honoured():
+            try:
+                result = super().invoke(ctx)
+            except (click.exceptions.Exit, typer.Exit) as exc:
+                if exc.exit_code in (0, 1):  # a verdict: void if an input changed under it
+                    with cannot_run():
+                        snapshot.check_at_end()
+                raise
+            with cannot_run():
+                snapshot.check_at_end()
+            return result
+
+
+GRACE_S = 1.5  # after SIGINT/SIGTERM, cleanup may take this long before the process exits 130 regardless
+
+
+@contextlib.contextmanager
+def _signals_honoured():
+    """SIGINT and SIGTERM end the command promptly with exit 130: the signal is a KeyboardInterrupt
+    in the main thread (cleanup runs: cannot_run's line, the atomic outputs' removal, a user
+    kernel's child stopped). During a Hub transfer (requant.io.hub_client.transfer) a timer also
+    ends the process with 130 once GRACE_S passed: huggingface_hub's main thread then waits on
+    download threads blocked in a socket read, which no interrupt reaches. What that leaves is
+    swept by the next run (requant.io.leftovers)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    timers: list[threading.Timer] = []
+
+    def handler(signum, frame):
+        from requant.io import hub_client
+
+        if hub_client.in_transfer():
+            timer = threading.Timer(GRACE_S, _exit_now, args=(signum,))
+            timer.daemon = True
+            timer.start()
+            timers.append(timer)
+        raise KeyboardInterrupt
+
+    handler.honours_sigterm = True  # sigterm_as_interrupt leaves it in place
+    old = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, h in old.items():
+            signal.signal(sig, h)
+        for timer in timers:
+            timer.cancel()
+        if timers and any(
+            t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()
+        ):
+            sys.stderr.flush()  # a thread still blocked (a stalled download) would hold the exit: not wait for it
+            os._exit(130)
+
+
+def _exit_now(signum: int) -> None:
+    name = signal.Signals(signum).name
+    os.write(2, f"error: interrupted ({name}); cleanup did not end within {GRACE_S:g} s, exiting now\n".encode())
+    os._exit(130)
+
+
+@contextlib.contextmanager
+def _sweep_notes():
+    """A killed run's leftovers swept during the command are said on the warning line (requant.io.leftovers)."""
+    from requant.commands._common import warn
+    from requant.io import leftovers
+
+    old, leftovers.note = leftovers.note, warn
+    try:
+        yield
+    finally:
+        leftovers.note = old
 
 
 @contextlib.contextmanager

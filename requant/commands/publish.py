@@ -17,8 +17,21 @@ from typing import Annotated, Optional
 import typer
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
-from requant.commands._common import EXIT_FAILED, UsageError, cannot_run, check_outputs, err, fail, out, plain, warn
+from requant.commands._common import (
+    EXIT_FAILED,
+    EXIT_PUSHED,
+    UsageError,
+    cannot_run,
+    check_outputs,
+    err,
+    fail,
+    out,
+    plain,
+    warn,
+)
+from requant.errors import CheckpointError
 from requant.evidence import manifest as mf
+from requant.io import snapshot
 from requant.io.output import report_target
 from requant.publish import PublishError, PushRefused
 
@@ -295,8 +308,25 @@ def push(
             "Dry run: nothing was contacted or written."
         )
         return
-    url = _run(lambda: push_mod.upload(p, private=private, commit_message=commit_message))
-    written = _run(lambda: push_mod.write_back(p))
+    url, oid = _run(lambda: push_mod.upload(p, private=private, commit_message=commit_message))
+    stdout.print(plain(url))  # the commit landed: say so first, whatever fails after it
+    stdout.file.flush()
+    landed = f"pushed to {url} (commit {oid[:12]})"
+    with cannot_run():
+        try:  # the Hub's own hashes of what it holds, against what was hashed (a file rewritten after)
+            mismatch = push_mod.check_landed(p, oid)
+        except PublishError as exc:
+            fail(f"{landed}, but its files could not be checked: {exc.detail}", EXIT_PUSHED)
+    if mismatch is not None:
+        fail(f"{landed}, but its files are not the bytes SHA256SUMS lists: {mismatch}", EXIT_FAILED)
+    snapshot.forget()  # what landed is proven by the Hub's hashes; a local change after it is not this push's
+    try:
+        written = push_mod.write_back(p)
+    except (OSError, CheckpointError) as exc:
+        fail(f"{landed}; {' and '.join(p.write_back)} could not be written back: {_reason(exc)}", EXIT_PUSHED)
     for path in written:
         err().print(f"wrote {plain(str(path))} (as pushed)")
-    stdout.print(plain(url))
+
+
+def _reason(exc: BaseException) -> str:
+    return getattr(exc, "detail", None) or (exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc))

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Callable
 
 import requant
-from requant.checkpoint import open_checkpoint
+from requant.checkpoint import SKIP_DIRS, open_checkpoint
 from requant.convert import _streaming as streaming
 from requant.convert.replace import check_output, refuse_users_files
 from requant.errors import CheckpointError, OutputError, os_reason
@@ -23,6 +23,7 @@ from requant.evidence.provenance import PROVENANCE_KEY
 from requant.io.inputs import load_json
 from requant.io.links import shown
 from requant.io.output import AtomicOutput, OutputInterrupted, json_bytes, write_bytes_atomic
+from requant.io.space import check_room
 from requant.scales import ARMS, SERVABLE
 from requant.scales.requantizer import LinearStats
 
@@ -86,7 +87,7 @@ def _write_evidence(tmp: Path, out: Path, shard_entries: dict[str, mf.Entry], re
     statistics (requant-convert.json, not covered: it quotes the digest). Sets
     result.manifest_digest."""
     try:
-        data = mf.render(mf.compute(tmp, known=shard_entries))
+        data = mf.render(mf.compute(tmp, known=shard_entries, pin=False))
         write_bytes_atomic(tmp / mf.MANIFEST, data)
         result.manifest_digest = mf.digest_of(data)
         report = {k: v for k, v in result.to_dict().items() if k not in ("output", "elapsed_s")}  # deterministic
@@ -198,6 +199,7 @@ def convert(
     stored = mf.read(ckpt.path)  # SRC's own SHA256SUMS: its files must be the ones it lists
     if stored is not None:  # the listing now, before any work; the bytes once they are hashed, before the rename
         mf.check_against(ckpt.path, stored)
+    check_room(out, sum(p.stat().st_size for p in mf.walk_files(ckpt.path, SKIP_DIRS).values()), str(out))
     constrained = arm != "unconstrained"
     # every source byte is read after this (or after src_states, when src_entries were hashed earlier)
     before = src_states if src_states is not None else file_states(ckpt)
@@ -218,7 +220,7 @@ def convert(
                 streaming.run(job, units, workers)  # returns only once every worker has stopped
                 job.check_sizes()
                 if constrained:  # read the finished shards back while fsync waits for the disk
-                    shard_hashes = mf.BackgroundHashes(dest.tmp, only=set(ckpt.shards))
+                    shard_hashes = mf.BackgroundHashes(dest.tmp, only=set(ckpt.shards), pin=False)
                 job.sync()
             finally:
                 job.close()  # safe: no worker is running any more

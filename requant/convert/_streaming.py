@@ -19,6 +19,7 @@ from requant.convert._workers import Aborted, run_units, shutdown
 from requant.errors import OutputError, TensorError, os_reason
 from requant.evidence.manifest import walk_files
 from requant.io.safetensors_io import pread_exact, tensor_to_bytes
+from requant.io.space import full_reason
 from requant.scales.from_source import quantize_from_source
 from requant.scales.requantizer import LinearStats, Requantizer
 
@@ -72,7 +73,7 @@ def copy_other_files(ckpt: Checkpoint, tmp: Path, out: Path, arm: str = "unconst
             else:
                 shutil.copyfile(src, dst)
         except OSError as exc:
-            raise OutputError(f"copying {src} failed: {os_reason(exc)}", file=out / rel) from exc
+            raise OutputError(f"copying {src} failed: {full_reason(exc, tmp, os_reason(exc))}", file=out / rel) from exc
 
 
 README = "README.md"
@@ -122,7 +123,9 @@ class Job:
             _pwrite_all(self.fds[shard], data, offset)
         except OSError as exc:
             raise OutputError(
-                f"writing the output shard failed: {os_reason(exc)}", file=self.out / shard, tensor=tensor
+                f"writing the output shard failed: {full_reason(exc, self.tmp, os_reason(exc))}",
+                file=self.out / shard,
+                tensor=tensor,
             ) from exc
 
     def create_outputs(self) -> None:
@@ -130,7 +133,8 @@ class Job:
             try:
                 fd = os.open(self.tmp / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # less the umask, as cp
             except OSError as exc:
-                raise OutputError(f"creating the output shard failed: {os_reason(exc)}", file=self.out / name) from exc
+                why = full_reason(exc, self.tmp, os_reason(exc))
+                raise OutputError(f"creating the output shard failed: {why}", file=self.out / name) from exc
             self.fds[name] = fd
             self.write(name, f.prefix, 0, None)  # the rest is written at its offsets (no ftruncate: slower on ext4)
 
@@ -148,7 +152,8 @@ class Job:
             try:
                 os.fsync(fd)
             except OSError as exc:
-                raise OutputError(f"syncing the output shard failed: {os_reason(exc)}", file=self.out / name) from exc
+                why = full_reason(exc, self.tmp, os_reason(exc))
+                raise OutputError(f"syncing the output shard failed: {why}", file=self.out / name) from exc
 
     def check_sizes(self) -> None:
         for name, fd in self.fds.items():

@@ -24,7 +24,6 @@ import logging
 import math
 import os
 import shutil
-import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -40,6 +39,7 @@ from requant.errors import UsageError
 from requant.eval.bootstrap import Docs, paired_bootstrap
 from requant.eval.task import HELDOUT_TASK, task_manager
 from requant.evidence.identity import bytes_to_hash, checkpoint_identity
+from requant.io import leftovers, snapshot
 from requant.io.safetensors_io import read_header
 from requant.models.qwen3_moe import arch_of
 from requant.models.tokenizer import load_tokenizer
@@ -423,7 +423,7 @@ def run_eval(
     rows = arms + ([BF16] if source is not None else [])
     results: dict[str, dict] = {}
     walls: dict[str, float] = {}
-    tmp_root = Path(tempfile.mkdtemp(prefix="requant-eval-"))
+    tmp_root = leftovers.eval_dir()  # $TMPDIR/requant-eval-PID-*: a dead eval's are swept first
     try:
         for name in rows:
             t0 = time.perf_counter()
@@ -456,6 +456,7 @@ def run_eval(
             )
             if name not in (NATIVE, BF16):
                 shutil.rmtree(path, ignore_errors=True)
+                snapshot.unpin_under(path)  # read, then removed by this run: not an input that changed
             walls[name] = round(time.perf_counter() - t0, 3)
     finally:
         shutil.rmtree(tmp_root, ignore_errors=True)

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Callable
 
 from requant.errors import CheckpointError
+from requant.io import leftovers, snapshot
 from requant.io.inputs import read_small
 from requant.io.links import allowed_roots, check_inside, shown
 from requant.io.output import write_bytes_atomic
@@ -80,6 +81,10 @@ def walk_files(root: str | os.PathLike, skip_dirs: frozenset[str] = SKIP_DIRS) -
                 raise ManifestError("a symlinked directory inside a checkpoint is not supported", file=shown(d / name))
         for fn in sorted(files):
             p = d / fn
+            if leftovers.is_temp(fn):  # a requant temporary is never part of a checkpoint; a dead one is swept
+                if leftovers.dead_temp(fn) and p.is_file() and not p.is_symlink():
+                    leftovers.sweep(p, shown(p))
+                continue
             if not p.is_file():
                 raise ManifestError("not a regular file (a dangling symlink?)", file=shown(p))
             if p.is_symlink():
@@ -102,15 +107,23 @@ def covered_files(root: str | os.PathLike) -> dict[str, Path]:
 
 
 def file_sha256(
-    path: str | os.PathLike, progress: Callable[[int], None] | None = None, stop: threading.Event | None = None
+    path: str | os.PathLike,
+    progress: Callable[[int], None] | None = None,
+    stop: threading.Event | None = None,
+    pin: bool = False,
 ) -> tuple[str, int]:
-    """(sha256 hex, size) of one file, read once in 8 MB pieces (ManifestError when `stop` is set meanwhile)."""
+    """(sha256 hex, size) of one file, read once in 8 MB pieces (ManifestError when `stop` is set meanwhile).
+    With `pin` the file is an input (requant.io.snapshot): the digest is of the bytes between two
+    fstats of the one descriptor read, and a file that changed meanwhile is an InputChanged."""
     h = hashlib.sha256()
     buf = bytearray(READ_BYTES)
     view = memoryview(buf)
     size = 0
     try:
         with open(path, "rb", buffering=0) as f:
+            if pin:
+                first = os.fstat(f.fileno())
+                snapshot.pin(path, first)
             while True:
                 n = f.readinto(buf)
                 if not n:
@@ -121,6 +134,8 @@ def file_sha256(
                     raise ManifestError("hashing stopped", file=path)
                 if progress is not None:
                     progress(n)
+            if pin and (snapshot.key(os.fstat(f.fileno())) != snapshot.key(first) or size != first.st_size):
+                raise snapshot.InputChanged(str(path))
     except OSError as exc:
         raise ManifestError(f"reading failed: {exc.strerror or exc}", file=path) from None
     return h.hexdigest(), size
@@ -148,18 +163,18 @@ def _submit_all(pool: cf.ThreadPoolExecutor, files: dict[str, Path], *args) -> t
     return futures, True
 
 
-def _hash_all(files: dict[str, Path], jobs: int | None, progress) -> dict[str, Entry]:
+def _hash_all(files: dict[str, Path], jobs: int | None, progress, pin: bool = True) -> dict[str, Entry]:
     if not files:
         return {}
     hashed: dict[str, tuple[str, int]] = {}
     workers = _workers(jobs, len(files))
     if workers > 1:
         with cf.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="requant-sha256") as pool:
-            futures, _ = _submit_all(pool, files, progress)
+            futures, _ = _submit_all(pool, files, progress, None, pin)
             hashed = {rel: fut.result() for rel, fut in futures.items()}
     for rel, p in files.items():  # one thread, or no thread could be started: here, in turn
         if rel not in hashed:
-            hashed[rel] = file_sha256(p, progress)
+            hashed[rel] = file_sha256(p, progress, None, pin)
     return {rel: Entry(rel, h, n) for rel, (h, n) in hashed.items()}
 
 
@@ -169,12 +184,14 @@ def compute(
     jobs: int | None = None,
     progress: Callable[[int], None] | None = None,
     known: dict[str, Entry] | None = None,
+    pin: bool = True,
 ) -> dict[str, Entry]:
     """The manifest entries of a directory as it is now: {path: Entry}, sorted by path.
-    `known` entries (hashed already, e.g. by BackgroundHashes) are taken as they are."""
+    `known` entries (hashed already, e.g. by BackgroundHashes) are taken as they are; `pin`:
+    the files are inputs (requant.io.snapshot), False for an output being written."""
     known = known or {}
     files = covered_files(root)
-    hashed = _hash_all({rel: p for rel, p in files.items() if rel not in known}, jobs, progress)
+    hashed = _hash_all({rel: p for rel, p in files.items() if rel not in known}, jobs, progress, pin)
     return {rel: known[rel] if rel in known else hashed[rel] for rel in files}
 
 
@@ -183,20 +200,23 @@ class BackgroundHashes:
     (one sequential pass per file, several files at once), so that a caller can do other work
     on the same files meanwhile (`requant convert` hashes its source while converting it)."""
 
-    def __init__(self, root: str | os.PathLike, jobs: int | None = None, only: set[str] | None = None):
+    def __init__(
+        self, root: str | os.PathLike, jobs: int | None = None, only: set[str] | None = None, pin: bool = True
+    ):
+        self._pin = pin  # inputs are pinned (requant.io.snapshot); an output being written is not
         self._files = {rel: p for rel, p in covered_files(root).items() if only is None or rel in only}
         self._stop = threading.Event()
         self._pool = cf.ThreadPoolExecutor(
             max_workers=_workers(jobs, len(self._files)), thread_name_prefix="requant-sha256"
         )
-        self._futures, _ = _submit_all(self._pool, self._files, None, self._stop)
+        self._futures, _ = _submit_all(self._pool, self._files, None, self._stop, pin)
 
     def result(self) -> dict[str, Entry]:
         try:
             out = {rel: Entry(rel, *fut.result()) for rel, fut in self._futures.items()}
             for rel, p in self._files.items():  # no thread could be started for these: here, in turn
                 if rel not in out:
-                    out[rel] = Entry(rel, *file_sha256(p, None, self._stop))
+                    out[rel] = Entry(rel, *file_sha256(p, None, self._stop, self._pin))
             return dict(sorted(out.items(), key=lambda kv: kv[0].encode("utf-8")))
         finally:
             self._pool.shutdown(wait=True)
@@ -358,7 +378,21 @@ def check_against(
     missing, extra = [p for p in listed if p not in names], [p for p in names if p not in listed]
     check = Check(MANIFEST, digest_of(data), missing, extra, differing, entries or {})
     if not check.ok:
-        raise ManifestError(check.describe(), file=shown(Path(root)))
+        raise ManifestError(check.describe() + cache_hint(root, check), file=shown(Path(root)))
+
+
+def cache_hint(root: str | os.PathLike, check: Check) -> str:
+    """For a Hub snapshot in the Hugging Face cache (.../models--ORG--NAME/snapshots/REV): the cache
+    entry to remove so that the next run downloads the damaged file anew ('' elsewhere)."""
+    root = Path(root)
+    if root.parent.name != "snapshots" or not root.parent.parent.name.startswith("models--"):
+        return ""
+    bad = sorted(check.differing + check.missing, key=lambda r: r.encode("utf-8"))
+    if not bad:
+        return ""
+    link = root / bad[0]
+    entry = link.resolve() if link.is_symlink() else root
+    return f"; the download in the Hugging Face cache is damaged: remove {entry} and run again to download it anew"
 
 
 def identity(
@@ -380,7 +414,7 @@ def identity(
     if (Path(root) / MANIFEST).exists():
         check = verify(root, jobs=jobs, progress=progress)
         if not check.ok:
-            raise ManifestError(check.describe(), file=root)
+            raise ManifestError(check.describe() + cache_hint(root, check), file=root)
         if entries_out is not None:
             entries_out.update(check.entries)
         return {"manifest": MANIFEST, "manifest_digest": check.digest}

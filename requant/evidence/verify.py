@@ -12,7 +12,6 @@ W8A8 checkpoint; only files ending in .safetensors are parsed (with the strict r
 
 from __future__ import annotations
 
-import filecmp
 import os
 from pathlib import Path
 
@@ -20,7 +19,8 @@ import torch
 
 from requant.checkpoint import SKIP_DIRS
 from requant.errors import CheckpointError, LayoutError
-from requant.evidence.manifest import walk_files
+from requant.evidence.manifest import READ_BYTES, walk_files
+from requant.io import snapshot
 from requant.io.safetensors_io import SafetensorsFile, read_header
 
 
@@ -46,7 +46,22 @@ def _tensors(files: dict[str, Path]) -> tuple[dict[str, tuple[SafetensorsFile, s
 
 
 def _same_file(a: Path, b: Path) -> bool:
-    return filecmp.cmp(a, b, shallow=False)
+    """Byte equality of two files, each read through one descriptor pinned before and checked
+    after (requant.io.snapshot: a side that changes meanwhile is an InputChanged, never a verdict)."""
+    with open(a, "rb", buffering=0) as fa, open(b, "rb", buffering=0) as fb:
+        sa, sb = os.fstat(fa.fileno()), os.fstat(fb.fileno())
+        snapshot.pin(a, sa)
+        snapshot.pin(b, sb)
+        same = sa.st_size == sb.st_size
+        while same:
+            x, y = fa.read(READ_BYTES), fb.read(READ_BYTES)
+            same = x == y
+            if not x:
+                break
+        for f, st, p in ((fa, sa, a), (fb, sb, b)):
+            if snapshot.key(os.fstat(f.fileno())) != snapshot.key(st):
+                raise snapshot.InputChanged(str(p))
+    return same
 
 
 def verify(a: str | os.PathLike, b: str | os.PathLike) -> dict:
@@ -70,6 +85,7 @@ def verify(a: str | os.PathLike, b: str | os.PathLike) -> dict:
         "errors": [],
     }
     if report["identical"]:
+        snapshot.check()  # one consistent snapshot of each side: neither changed since it was compared
         return report
     ta, ea = _tensors(fa)
     tb, eb = _tensors(fb)
@@ -106,4 +122,5 @@ def verify(a: str | os.PathLike, b: str | os.PathLike) -> dict:
     if not diffs and not report["errors"]:
         # same tensors, different files: sharding, headers (order, metadata, padding) or other files
         report["note"] = "tensor data identical; the difference is in sharding, headers or non-tensor files"
+    snapshot.check()
     return report

@@ -32,8 +32,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from requant.errors import OutputError, os_reason
+from requant.io import leftovers, snapshot
 from requant.io.inputs import not_regular
 from requant.io.links import LinkError, check_inside, shown
+from requant.io.space import full_reason
 
 LOCK_SUFFIX = ".lock"
 
@@ -107,12 +109,15 @@ def sweep_stale(final: Path, on_note: Callable[[str], None]) -> None:
         if not d.is_dir():  # a lock whose directory is gone (killed in between): removed once its writer is dead
             if d.name.endswith(LOCK_SUFFIX) and not d.with_name(d.name[: -len(LOCK_SUFFIX)]).is_dir():
                 try:
-                    fd, _ = _try_lock(d)
+                    fd, owner = _try_lock(d)
                 except OSError:
                     continue
                 if fd is not None:
                     d.unlink(missing_ok=True)
                     os.close(fd)
+                    on_note(f"removed {shown(d)}: a lock left by a run that was killed ({owner or 'owner unknown'})")
+            else:
+                _sweep_staged_lock(d, on_note)
             continue
         try:
             fd, owner = _try_lock(_lock_of(d))
@@ -132,6 +137,27 @@ def sweep_stale(final: Path, on_note: Callable[[str], None]) -> None:
             on_note(f"removed {shown(d)}: {size:,} bytes left by a run that was killed ({owner or 'owner unknown'})")
         finally:
             os.close(fd)
+
+
+def _sweep_staged_lock(path: Path, on_note: Callable[[str], None]) -> None:
+    """A lock file killed before it was renamed into place (`LOCK.PID`, _take_lock): removed
+    once no process PID runs."""
+    head, _, pid = path.name.rpartition(".")
+    if head.endswith(LOCK_SUFFIX) and pid.isdigit() and not leftovers.owner_alive(int(pid)):
+        try:
+            path.unlink()
+        except OSError:
+            return
+        on_note(f"removed {shown(path)}: a lock left by a run that was killed (pid {pid})")
+
+
+def _say_left(old: Path, on_note: Callable[[str], None]) -> None:
+    """A replaced output that could not be removed (a read-only directory in it): say where it is left."""
+    if old.exists() or old.is_symlink():
+        on_note(
+            f"the replaced output could not be removed completely; what is left of it is at {shown(old)} "
+            "(remove it yourself: chmod -R u+w it first if it is read-only)"
+        )
 
 
 def replaceable(path: Path) -> str | None:
@@ -256,7 +282,10 @@ class AtomicOutput:
         try:
             fsync_tree(self.tmp, skip=synced)
         except OSError as exc:
-            raise OutputError(f"syncing the output failed: {os_reason(exc)}", file=out) from exc
+            raise OutputError(
+                f"syncing the output failed: {full_reason(exc, self.tmp, os_reason(exc))}", file=out
+            ) from exc
+        snapshot.check()  # the inputs read are still the bytes that were measured (requant.io.snapshot)
         if final.exists() or final.is_symlink():
             if not self.force:  # it appeared while we were converting: never replace it silently
                 raise OutputError("appeared while converting; pass --force to replace it", file=out)
@@ -274,6 +303,7 @@ class AtomicOutput:
         except OSError as exc:
             raise OutputError(f"renaming the finished output into place failed: {os_reason(exc)}", file=out) from exc
         self._committed = True
+        snapshot.published()
 
     def __exit__(self, exc_type, exc, tb) -> None:
         try:
@@ -307,6 +337,7 @@ class AtomicOutput:
             else:
                 old.unlink()
             self._old = None
+            _say_left(old, self.on_note)
         try:
             for d in [final.parent] + [c.parent for c in self._created]:
                 fsync_path(d)  # the renames (and any directories made for OUT) are durable
@@ -388,7 +419,8 @@ def temp_beside(path: Path, suffix: str = ".tmp", mode: int | None = None) -> Pa
     """An empty temporary file in `path`'s directory (made if missing), with `mode` (default:
     file_mode(path), the permissions cp would give)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent)
+    # the writer's pid in the name: a killed run's temporary is recognised and swept (requant.io.leftovers)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{leftovers.tag()}", suffix=suffix, dir=path.parent)
     try:
         os.fchmod(fd, file_mode(path) if mode is None else mode)
     finally:
@@ -422,6 +454,8 @@ def write_files_atomic(items: list[tuple[Path, Callable[[Path], None]]]) -> list
     for i, t in enumerate(real):
         if t in real[:i]:
             raise WriteError(f"names the same file as {shown(given[real.index(t)])}", file=shown(given[i]))
+    for t in targets:
+        leftovers.sweep_beside(t)  # a killed run's temporaries of this report
     made = _missing_dirs(targets)
     temps: list[Path] = []
     backups: dict[int, Path] = {}
@@ -432,18 +466,22 @@ def write_files_atomic(items: list[tuple[Path, Callable[[Path], None]]]) -> list
             try:
                 tmp = temp_beside(dest, dest.suffix + ".tmp")
             except OSError as exc:
-                raise WriteError(f"cannot be written: {os_reason(exc)}", file=shown(given[i])) from None
+                why = full_reason(exc, dest, os_reason(exc))
+                raise WriteError(f"cannot be written: {why}", file=shown(given[i])) from None
             temps.append(tmp)
             try:
                 render(tmp)
                 fsync_path(tmp)
             except OSError as exc:
-                raise WriteError(f"writing failed: {os_reason(exc)}", file=shown(given[i])) from None
+                raise WriteError(
+                    f"writing failed: {full_reason(exc, dest, os_reason(exc))}", file=shown(given[i])
+                ) from None
+        snapshot.check()  # a report is only published for the bytes it measured (requant.io.snapshot)
         for i, dest in enumerate(targets):
             report_target(dest)  # it may have changed while rendering: never rename over a non-regular file
             if dest.exists():
                 existed.add(i)
-                backup = dest.with_name(f".{dest.name}.requant-old-{uuid.uuid4().hex[:12]}")
+                backup = dest.with_name(f".{dest.name}.{leftovers.tag('old')}{uuid.uuid4().hex[:12]}")
                 try:
                     os.link(dest, backup)  # a second name for the old file, so that a failed set can be put back
                     backups[i] = backup
@@ -469,6 +507,7 @@ def write_files_atomic(items: list[tuple[Path, Callable[[Path], None]]]) -> list
             except OSError:
                 pass
         raise
+    snapshot.published()
     for b in backups.values():
         b.unlink(missing_ok=True)
     dirs = {t.parent for t in targets} | {d.parent for d in made}

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from requant.errors import SafetensorsFormatError, TensorError, os_reason
+from requant.io import snapshot
 from requant.io.inputs import not_regular
 
 # safetensors dtype string -> (torch dtype, item size in bytes)
@@ -110,6 +111,7 @@ class SafetensorsFile:
         except OSError as exc:
             raise TensorError(f"opening failed: {os_reason(exc)}", file=self.path, tensor=name) from exc
         try:
+            snapshot.pin(self.path, os.fstat(fd))  # the file whose header was read, unchanged since
             pread_exact(fd, view, self.data_start + info.begin, file=self.path, tensor=name)
         finally:
             os.close(fd)
@@ -186,6 +188,7 @@ def read_header(path: str | os.PathLike) -> SafetensorsFile:
             raise SafetensorsFormatError(not_regular(st.st_mode), file=path)
         size = st.st_size
         with open(path, "rb") as f:
+            snapshot.pin(path, os.fstat(f.fileno()))  # an input: its bytes must not change while read
             head = f.read(8)
             if len(head) < 8:
                 raise SafetensorsFormatError(

@@ -25,6 +25,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 from requant.evidence import manifest as mf
+from requant.io import hub_client
 from requant.io.output import write_bytes_atomic
 from requant.publish import PublishError, PushRefused
 from requant.publish.card import audit_ok, card_marker, checkpoint_facts, render
@@ -208,13 +209,16 @@ def _hub_message(exc: BaseException, repo_id: str, endpoint: str) -> str:
         return f"the Hub answered {status}{detail}" if status else f"the Hub request failed: {str(exc).splitlines()[0]}"
     if isinstance(exc, ValueError):
         return f"the Hub refused the upload: {' '.join(str(exc).split())}"
+    late = hub_client.timed_out(exc)
+    if late is not None:
+        return late
     return f"could not reach the Hub at {endpoint}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}".rstrip(
         ": "
     )
 
 
-def upload(p: Plan, *, private: bool = False, commit_message: str | None = None) -> str:
-    """Create the repo (exist_ok), the branch (exist_ok), and one commit. Returns the commit URL.
+def upload(p: Plan, *, private: bool = False, commit_message: str | None = None) -> tuple[str, str]:
+    """Create the repo (exist_ok), the branch (exist_ok), and one commit. Returns (commit URL, commit oid).
     Hub failures become a PublishError with one scrubbed line; nothing local is touched."""
     from huggingface_hub import CommitOperationAdd, HfApi, constants
     from huggingface_hub.utils import HfHubHTTPError
@@ -226,6 +230,7 @@ def upload(p: Plan, *, private: bool = False, commit_message: str | None = None)
         raise PublishError(
             "no Hugging Face token: set HF_TOKEN or run `hf auth login` (a token with write access)", file=p.repo_id
         )
+    hub_client.install()  # connect/read timeouts, bounded retries (REQUANT_HUB_TIMEOUT)
     api = HfApi()
     message = commit_message or f"requant: {p.arm or 'checkpoint'}, manifest {p.manifest_digest}"
     try:
@@ -239,17 +244,67 @@ def upload(p: Plan, *, private: bool = False, commit_message: str | None = None)
                     "changed since it was hashed for the manifest; nothing was pushed", file=u.local or u.path_in_repo
                 )
             ops.append(op)
-        api.create_repo(p.repo_id, private=True if private else None, exist_ok=True, repo_type="model")
-        if p.revision and p.revision != "main":
-            api.create_branch(p.repo_id, branch=p.revision, exist_ok=True, repo_type="model")
-        info = api.create_commit(p.repo_id, ops, commit_message=message, revision=p.revision, repo_type="model")
+        with hub_client.transfer():  # an interrupt ends a stalled upload promptly (its threads joined)
+            api.create_repo(p.repo_id, private=True if private else None, exist_ok=True, repo_type="model")
+            if p.revision and p.revision != "main":
+                api.create_branch(p.repo_id, branch=p.revision, exist_ok=True, repo_type="model")
+            info = api.create_commit(p.repo_id, ops, commit_message=message, revision=p.revision, repo_type="model")
     except PublishError:
         raise
     except (HfHubHTTPError, ValueError, *_transport_errors()) as exc:
         raise PublishError(
             scrub(f"push failed: {_hub_message(exc, p.repo_id, api.endpoint)}", token), file=p.repo_id
         ) from None
-    return scrub(str(info.commit_url), token)
+    return scrub(str(info.commit_url), token), str(info.oid)
+
+
+def git_blob_sha1(data: bytes) -> str:
+    """The Hub's (git's) id of a file stored plainly: sha1 of 'blob <size>\\0' + the bytes."""
+    return hashlib.sha1(b"blob %d\x00" % len(data) + data).hexdigest()
+
+
+def check_landed(p: Plan, oid: str) -> str | None:
+    """After the commit: the first uploaded file whose bytes on the Hub (its own hashes at commit
+    `oid`: the LFS sha256, or for a file stored plainly its git blob id) are not the bytes this push
+    hashed, as 'FILE: why'; None when every one matches. A local file is still the bytes hashed
+    (requant.io.snapshot.check, by the caller), so its git blob id is taken from it now."""
+    from huggingface_hub import HfApi
+
+    hub_client.install()
+    api = HfApi()
+    try:
+        tree = {
+            f.path: f
+            for f in api.list_repo_tree(p.repo_id, revision=oid, recursive=True, repo_type="model")
+            if hasattr(f, "blob_id")
+        }
+    except Exception as exc:  # noqa: BLE001 (any Hub failure: the push landed, the check could not run)
+        if not isinstance(exc, _hub_errors()):
+            raise
+        token = _token()
+        raise PublishError(
+            scrub(f"reading the commit's file hashes back failed: {_hub_message(exc, p.repo_id, api.endpoint)}", token),
+            file=p.repo_id,
+        ) from None
+    for u in p.files:
+        got = tree.get(u.path_in_repo)
+        if got is None:
+            return f"{u.path_in_repo}: not in the commit"
+        lfs = getattr(got, "lfs", None)
+        if lfs is not None:
+            if lfs.sha256 != u.sha256:
+                return f"{u.path_in_repo}: the Hub holds sha256 {lfs.sha256}, this push hashed {u.sha256}"
+            continue
+        data = u.data if u.data is not None else u.local.read_bytes()
+        if got.blob_id != git_blob_sha1(data) or hashlib.sha256(data).hexdigest() != u.sha256:
+            return f"{u.path_in_repo}: the Hub holds blob {got.blob_id}, not the bytes this push hashed"
+    return None
+
+
+def _hub_errors() -> tuple[type[BaseException], ...]:
+    from huggingface_hub.utils import HfHubHTTPError
+
+    return (HfHubHTTPError, ValueError, *_transport_errors())
 
 
 def write_back(p: Plan) -> list[Path]:
