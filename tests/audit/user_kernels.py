@@ -9,6 +9,7 @@ prefill 28 Linears per prompt.
 """
 
 import os
+import signal
 import sys
 import time
 
@@ -86,3 +87,13 @@ def _sleep(*_):
 
 
 sleeps_later = _bad_after(_sleep)
+
+
+def _deaf_sleep(*ops):
+    """A kernel stuck where no signal reaches (as in a C call): SIGINT and SIGTERM ignored."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    _sleep(*ops)
+
+
+sleeps_deaf_later = _bad_after(_deaf_sleep)
