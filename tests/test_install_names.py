@@ -201,16 +201,17 @@ def test_from_the_clone_root_each_name_is_the_installed_distribution(tmp_path):
 
 
 def test_from_the_clone_root_a_name_not_installed_stays_the_clones(tmp_path):
-    """Where no distribution has the name, nothing is hidden and the clone's module stays itself."""
-    out = _probe(
-        "import kernels, cli; print(kernels.__file__); print(cli.__file__)", cwd=ROOT, pythonpath=str(tmp_path)
-    )
-    found = _probe(
-        "import importlib.util as u; s = u.find_spec('kernels'); print(s and s.origin)", cwd=tmp_path
-    ).strip()
-    if found != "None":  # an installed `kernels` (Hugging Face's): the test above covers it
-        pytest.skip(f"`kernels` is installed here ({found})")
-    assert out.splitlines() == [str(ROOT / "kernels" / "__init__.py"), str(ROOT / "cli.py")]
+    """Where no distribution has the name, nothing is hidden and the clone's module stays itself: every
+    handed-over name that nothing installed provides (found from outside the clone) is the clone's file."""
+    free = [
+        n
+        for n in HANDED_OVER
+        if _probe(f"import importlib.util as u; print(u.find_spec({n!r}))", cwd=tmp_path).strip() == "None"
+    ]
+    assert free, "every handed-over name is installed here: nothing left to check"
+    code = "".join(f"import {n}; print({n}.__file__)\n" for n in free)
+    want = [str(ROOT / n / "__init__.py") if n != "cli" else str(ROOT / "cli.py") for n in free]
+    assert _probe(code, cwd=ROOT).splitlines() == want
 
 
 def test_no_installed_distribution_is_hidden_from_the_clone_root(tmp_path):
