@@ -19,12 +19,12 @@ import torch
 
 from requant import kernels
 from requant.audit.batched import Pending, Read, Segment, Started, per_cell_forced, start_linear
-from requant.audit.checks import CHECK_IDS, declared_output, run_checks
+from requant.audit.catalogue.checks import CHECK_IDS, declared_output, run_checks
+from requant.audit.catalogue.faults import VARIANTS, LayerCase, inject, reference_case
+from requant.audit.catalogue.matrix import baseline_variant
+from requant.audit.catalogue.scoring import CellResult, Scorer, kernel_fault, ulp_histogram
 from requant.audit.compare import compare_layer
-from requant.audit.faults import VARIANTS, LayerCase, inject, reference_case
-from requant.audit.matrix import baseline_variant
 from requant.audit.records import BACKEND_KERNELS, Activations, KernelDesc, Run, Weights, output_distance, output_equal
-from requant.audit.scoring import CellResult, Scorer, kernel_fault, ulp_histogram
 from requant.regime import REGIMES
 
 CELLS_PER_LAYER = len(VARIANTS) * len(REGIMES)

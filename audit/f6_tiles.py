@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from requant.audit.faults import F6_TILE, accumulate_bf16_tiles
+from requant.audit.catalogue.faults import F6_TILE, accumulate_bf16_tiles
 
 
 def _kernel():

@@ -16,9 +16,9 @@ from __future__ import annotations
 import json
 import sys
 
-from requant.audit.faults import VARIANT_BY_ID
-from requant.audit.matrix import MATRIX_PATH, MATRIX_V2_PATH, load_matrix
-from requant.audit.scoring import CellResult, Scorer
+from requant.audit.catalogue.faults import VARIANT_BY_ID
+from requant.audit.catalogue.matrix import MATRIX_PATH, MATRIX_V2_PATH, load_matrix
+from requant.audit.catalogue.scoring import CellResult, Scorer
 from requant.io.markdown import table as markdown_table
 from requant.regime import REGIMES
 

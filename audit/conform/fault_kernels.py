@@ -10,7 +10,7 @@ its accumulator model; None for the operand faults, which match no formula.
 
 from __future__ import annotations
 
-from requant.audit.faults import VARIANT_BY_ID, inject, reference_case
+from requant.audit.catalogue.faults import VARIANT_BY_ID, inject, reference_case
 from requant.audit.records import Activations, Weights
 from requant.kernels.reference import check_operands
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from requant.audit.faults import accumulate_bf16_tiles, wrap_int16
+from requant.audit.catalogue.faults import accumulate_bf16_tiles, wrap_int16
 from requant.kernels.bf16 import round_fp32_to_bf16, truncate_fp32_to_bf16
 from requant.kernels.reference import accumulate, epilogue_exact
 

@@ -17,13 +17,13 @@ import time
 import torch
 
 from requant.audit.capture import Capture
+from requant.audit.catalogue.checks import c7_token_risk, token_risk
+from requant.audit.catalogue.matrix import Matrix
+from requant.audit.catalogue.scoring import Scorer
 from requant.audit.cells import LinearQueue, backend_kernel
-from requant.audit.checks import c7_token_risk, token_risk
 from requant.audit.compare import summarize_layers
-from requant.audit.matrix import Matrix
 from requant.audit.phases.prefill import kernel_faults_markdown
 from requant.audit.records import Run, Weights
-from requant.audit.scoring import Scorer
 from requant.io.markdown import table
 from requant.runtime.cache import generation_capacity
 

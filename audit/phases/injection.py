@@ -20,12 +20,12 @@ from pathlib import Path
 import torch
 
 from requant import kernels
-from requant.audit.checks import FIRE, NOT_APPLICABLE, SILENT, token_risk
+from requant.audit.catalogue.checks import FIRE, NOT_APPLICABLE, SILENT, token_risk
+from requant.audit.catalogue.faults import VARIANT_BY_ID, LayerCase, inject
+from requant.audit.catalogue.matrix import INJECTION_MATRIX_PATH, PREDICTED_MISS, load_matrix
 from requant.audit.conform.fault_kernels import FAULTS
 from requant.audit.device_acc import exact_accumulate
 from requant.audit.f6_tiles import f6_accumulator
-from requant.audit.faults import VARIANT_BY_ID, LayerCase, inject
-from requant.audit.matrix import INJECTION_MATRIX_PATH, PREDICTED_MISS, load_matrix
 from requant.audit.records import REFERENCE_KERNEL, Activations, Run, Weights
 from requant.io.markdown import table
 from requant.kernels.reference import check_operands

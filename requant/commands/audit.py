@@ -316,7 +316,7 @@ def audit(
         if resolved.failure is not None:  # a finding, not a refusal: recorded, then exit 1
             _fail_fingerprint(resolved.failure, custom, ckpt, spec, pair, dev, json_out)
         pair = resolved.kernels
-        from requant.audit.matrix import baseline_variant, load_matrix, matrix_path
+        from requant.audit.catalogue.matrix import baseline_variant, load_matrix, matrix_path
 
         pred = load_matrix(matrix_path(matrix))
         for b in pair:

@@ -531,7 +531,7 @@ def render(
     fault_titles: Mapping[str, str] = MappingProxyType({}),
 ) -> RenderedCard:
     """Render the card of a checkpoint (nothing written). fault_titles: the audit's fault family
-    titles (requant.audit.faults.FAMILY_TITLES, given by the command: the core imports no audit)."""
+    titles (requant.audit.catalogue.faults.FAMILY_TITLES, given by the command: the core imports no audit)."""
     import jinja2
     from huggingface_hub import ModelCard
 

@@ -10,8 +10,8 @@ import torch
 
 from requant import DEFAULT_CHECKPOINT, kernels
 from requant.audit.batched import PER_CELL_ENV, Segment, evaluate_linear, resolve_all
+from requant.audit.catalogue.matrix import load_matrix, matrix_path
 from requant.audit.cells import backend_kernel, layer_cells
-from requant.audit.matrix import load_matrix, matrix_path
 from requant.audit.records import Activations
 from requant.audit.suite import run_audit
 from requant.backends import REFERENCE_PAIR
@@ -168,7 +168,7 @@ def test_row_histogram_without_atomics_equals_ulp_histogram_row_by_row():
     (frexp of every non-zero distance, bincount) row by row, on every power-of-two edge up to 2**16
     and NaN elements (distance 2**31)."""
     from requant.audit.batched_stats import _row_hist
-    from requant.audit.scoring import ulp_histogram
+    from requant.audit.catalogue.scoring import ulp_histogram
 
     edges = [0, 1, 2, 3] + [v for j in range(2, 17) for v in (2**j - 1, 2**j, 2**j + 1)]
     g = torch.Generator().manual_seed(3)

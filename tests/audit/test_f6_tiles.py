@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CHECK = """
 import torch
 from requant.audit.f6_tiles import accumulate_bf16_tiles_triton
-from requant.audit.faults import accumulate_bf16_tiles
+from requant.audit.catalogue.faults import accumulate_bf16_tiles
 dev = "{dev}"
 for seed, (m, k, n) in enumerate([(1, 256, 64), (8, 200, 40), (36, 1024, 96), (17, 64, 33), (5, 0, 7)]):
     g = torch.Generator().manual_seed(seed)

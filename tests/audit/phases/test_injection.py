@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from requant import DEFAULT_CHECKPOINT, kernels
-from requant.audit.matrix import PINS
+from requant.audit.catalogue.matrix import PINS
 from requant.audit.phases.injection import INJECTOR, run_injection, score_injection
 from requant.backends import REFERENCE_PAIR
 from requant.models.prompts import prompts
@@ -86,8 +86,8 @@ def test_device_fault_kernels_name_the_same_variants_as_fault_kernels():
 def test_lean_fault_kernels_give_the_fault_kernels_bits():
     """audit.phases.injection.lean_faults (no reference output, the accumulators passed in) equals
     audit/conform/fault_kernels.py's kernels bit for bit, on the definitions' accumulators (CPU)."""
+    from requant.audit.catalogue.faults import accumulate_bf16_tiles
     from requant.audit.conform.fault_kernels import FAULTS
-    from requant.audit.faults import accumulate_bf16_tiles
     from requant.audit.phases.injection import lean_faults
     from requant.kernels.reference import accumulate
     from tests.audit.conftest import make_operands
@@ -140,7 +140,7 @@ def test_injection_one_prompt_one_token_is_scored_without_false_negatives(tmp_pa
     so C7 is silent there: v3's 'fire' was a claim about the run, which v4 no longer makes."""
     from typer.testing import CliRunner
 
-    from requant.audit.checks import token_risk
+    from requant.audit.catalogue.checks import token_risk
     from requant.audit.conform.fault_kernels import FAULTS
     from requant.audit.phases.injection import INJECTOR, FaultInjector, base_backend
     from requant.cli import app

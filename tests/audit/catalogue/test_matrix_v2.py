@@ -10,9 +10,9 @@ import json
 import pytest
 import torch
 
-from requant.audit.checks import ALL_CHECK_IDS, CHECK_IDS, c8_declared_order, run_checks
-from requant.audit.faults import VARIANTS, inject
-from requant.audit.matrix import (
+from requant.audit.catalogue.checks import ALL_CHECK_IDS, CHECK_IDS, c8_declared_order, run_checks
+from requant.audit.catalogue.faults import VARIANTS, inject
+from requant.audit.catalogue.matrix import (
     BASELINE_VARIANTS_V2,
     MATRIX_PATH,
     MATRIX_V2_PATH,

@@ -3,9 +3,9 @@
 import hashlib
 import json
 
-from requant.audit.checks import CHECK_IDS
-from requant.audit.faults import VARIANTS
-from requant.audit.matrix import (
+from requant.audit.catalogue.checks import CHECK_IDS
+from requant.audit.catalogue.faults import VARIANTS
+from requant.audit.catalogue.matrix import (
     BASELINE_VARIANTS,
     MATRIX_PATH,
     PINNED_SHA256,

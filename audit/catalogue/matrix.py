@@ -21,7 +21,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from requant.audit.checks import ALL_CHECK_IDS, FIRE, NOT_APPLICABLE, SILENT
+from requant.audit.catalogue.checks import ALL_CHECK_IDS, FIRE, NOT_APPLICABLE, SILENT
 from requant.kernels import emulation_of
 
 MATRIX_PATH = Path(__file__).with_name("prediction_matrix.json")
