@@ -7,6 +7,8 @@
 See kernels/reference.py for the operand contract and the numerics every backend
 documents. Backends are imported on first use, so `import requant.kernels` never pulls in
 Triton or compiles CUTLASS; a resolved backend is kept, so later calls cost one dict lookup.
+The torch forms live here too: reference.py (the GEMM oracle), ops.py (the reference engine's ops),
+emulation.py (the fast engine's fused kernels), portable.py (the portable arithmetic).
 
 Design notes: docs/internals.md (kernels/__init__.py).
 """

@@ -189,7 +189,7 @@ def _teacher_forced_blocks(m, injector, tensors, tokens, ref_tokens, runs) -> li
     """The teacher-forced runs `runs` ([(fault kernel, targets)]) as one batch: the prompts once per
     run, each run's block of rows faulted by its own kernel (FaultInjector.blocks). The logits per
     step of each run, the same bits as running it alone: the reference engine computes every row
-    from its own sequence (batch-invariant by construction: runtime/ops.py), each block's fault
+    from its own sequence (batch-invariant by construction: kernels/ops.py), each block's fault
     kernel is called on exactly the rows its own run would pass, and the base on the rest."""
     n, b = len(runs), len(tensors)
     injector.blocks = list(runs)

@@ -19,10 +19,10 @@ import gc
 import torch
 
 from requant import kernels
+from requant.kernels.ops import rope_tables
 from requant.models.qwen3 import LAYER_LINEARS
 from requant.models.qwen3_moe import Qwen3MoeArch
 from requant.runtime.cache import KVCache
-from requant.runtime.ops import rope_tables
 
 __all__ = ["BUCKETS", "FastEngine", "FastLayout", "FastOps", "capture_graph", "fast_supported"]
 

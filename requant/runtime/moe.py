@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from requant.runtime.ops import tree_sum_halves
+from requant.kernels.ops import tree_sum_halves
 
 # Token rows per router logits chunk: the [rows, experts, hidden] fp32 products of one chunk
 # (64 x 128 x 4096 x 4 bytes = 128 MiB at Qwen3-235B's widest).

@@ -20,10 +20,10 @@ import torch.distributed as dist
 
 from requant import kernels
 from requant.kernels.epilogue import apply_epilogue, int_mm, order_of, quantize_slice
+from requant.kernels.ops import attend_prompt, dense_rows
 from requant.models.qwen3 import Qwen3Arch
 from requant.runtime.cache import Generation, KVCache
 from requant.runtime.engine import generate
-from requant.runtime.ops import attend_prompt, dense_rows
 from requant.runtime.reference import DeviceLinears, ReferenceEngine
 from requant.runtime.weights import arch_from_config
 from requant.tp.shard import Plan, plan, shard
