@@ -149,7 +149,7 @@ def _sm90() -> bool:
 def test_gpu_batched_equals_per_cell_with_the_real_pair(tmp_path, monkeypatch):
     """cutlass,triton on a small synthetic (tiny preset) on the GPU, prefill and decode: the batched
     path (Triton F6 kernel, GPU requantization) equals the per-cell path, every key but timings."""
-    from requant.models.synthetic import generate
+    from requant.checkpoint.synthetic import generate
 
     ckpt = open_checkpoint(generate("tiny", tmp_path / "tiny"))
     kw = dict(phases=("prefill", "decode"), decode_batches=(1, 8), decode_steps=2, keep_cells="all")
@@ -190,7 +190,7 @@ def test_gpu_real_kernel_beside_its_emulation(pair, tmp_path, monkeypatch):
     own cells), tiny synthetic, prefill and decode: the batched path equals the per-cell path on every
     key but timings; both regimes' rows are bitwise equal (the kernel implements its order), and no
     baseline row proves a kernel fault."""
-    from requant.models.synthetic import generate
+    from requant.checkpoint.synthetic import generate
 
     ckpt = open_checkpoint(generate("tiny", tmp_path / "tiny"))
     kw = dict(phases=("prefill", "decode"), decode_batches=(1, 8), decode_steps=2, keep_cells="all")

@@ -124,7 +124,7 @@ def test_device_fault_kernels_on_cuda_give_the_definitions_bits():
 def test_batched_runs_on_cuda_equal_the_runs_one_after_another(tmp_path):
     """CUDA's default (the 22 runs as one batch) against the runs one after another, cutlass,triton
     on the tiny synthetic, both regimes: every field of the result, bit for bit."""
-    from requant.models.synthetic import generate
+    from requant.checkpoint.synthetic import generate
 
     path = generate("tiny", tmp_path / "tiny")
     for regime in ("native", "pow2"):

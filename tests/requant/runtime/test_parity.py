@@ -131,11 +131,11 @@ def check_four_prompts(model, ref32, ref16, what: str) -> None:
 
 def test_bf16_directory_matches_transformers(tmp_path):
     """The bf16 row: a plain bf16 Qwen3 directory (the tiny preset's originals, written by
-    requant.models.synthetic --keep-source) with every Linear dense, against transformers on the
+    requant.checkpoint.synthetic --keep-source) with every Linear dense, against transformers on the
     same weights in fp32 (no fake quantization anywhere)."""
     from safetensors.torch import load_file
 
-    from requant.models.synthetic import generate
+    from requant.checkpoint.synthetic import generate
 
     n = torch.get_num_threads()
     torch.set_num_threads(1)

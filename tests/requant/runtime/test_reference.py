@@ -16,10 +16,10 @@ import torch
 
 from requant import DEFAULT_CHECKPOINT, kernels
 from requant.checkpoint import open_checkpoint
+from requant.checkpoint.synthetic import generate
 from requant.kernels.bf16 import bitwise_equal, is_power_of_two, ulp_distance
 from requant.models.prompts import prompts
 from requant.models.qwen3 import Qwen3Arch
-from requant.models.synthetic import generate
 from requant.runtime import arch_from_config, dense_names, load_linears, load_model
 from requant.scales.arms import requantize
 from tests.requant.conftest import MICRO
@@ -253,7 +253,7 @@ def test_backends_share_weights_and_pow2_orders_agree(ckpt, toks):
 
 
 def test_bf16_directory_runs_every_linear_dense(tmp_path):
-    """A plain bf16 Qwen3 (requant.models.synthetic --keep-source): every Linear is fp32(x) @ W^T
+    """A plain bf16 Qwen3 (requant.checkpoint.synthetic --keep-source): every Linear is fp32(x) @ W^T
     of the bf16 weights (reference: the first layer's q projection recomputed in float64)."""
     src = tmp_path / "bf16"
     generate(MICRO, tmp_path / "q", seed=3, keep_source=src)
