@@ -3,8 +3,8 @@ and scored. Shared by the prefill and decode phases (audit/phases/).
 
 A Linear's cells are evaluated together (audit/batched.py: every variant, check and decode
 step at once on the operands' device, one small tensor read back per window of Linears);
-the per-cell path (layer_cells: each cell on its own through audit.faults.reference_case and
-audit/checks.py) is the oracle it equals, kept and forced by REQUANT_AUDIT_PER_CELL=1.
+the per-cell path (layer_cells: each cell on its own through audit.catalogue.faults.reference_case and
+audit/catalogue/checks.py) is the oracle it equals, kept and forced by REQUANT_AUDIT_PER_CELL=1.
 
 Cells: 21 variants x 2 regimes per quantized Linear (a Qwen3-1.7B config: 196 Linears,
 8,232 cells). Baseline rows (each backend of the pair as the kernel under test, no fault)

@@ -6,7 +6,7 @@ Each JSON must hold `cell_results` (the default of `requant audit --json`) and h
 scored against matrix v2. The check outcomes of a cell do not depend on the matrix (each
 check is a pure function of the two runs), so v1's scorecard and detection table are
 recomputed exactly by rescoring the same cell outcomes, C8 dropped, against the pinned v1
-matrix (audit.scoring.Scorer). Same counting rules in both: observable cells only in the
+matrix (audit.catalogue.scoring.Scorer). Same counting rules in both: observable cells only in the
 denominators; "detected" = some applicable per-layer check of the matrix fired.
 Prints Markdown: per file, the scorecards and one table with v1 and v2 side by side.
 """

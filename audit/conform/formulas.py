@@ -74,7 +74,7 @@ def apply_formula(name: str, acc: torch.Tensor, s_a: torch.Tensor, s_w: torch.Te
     f = acc.to(torch.float32)
     sa = s_a.reshape(-1, 1)
     sw = s_w.reshape(1, -1)
-    recip = 1.0 / sw  # the precomputed per-channel reciprocal of F1 (as audit/faults.py forms it)
+    recip = 1.0 / sw  # the precomputed per-channel reciprocal of F1 (as audit/catalogue/faults.py forms it)
     if order == "cutlass-order":
         inner = f / recip if fault == "F1" else sw * f
         inner = _bf16_f32(inner) if fault == "F2" else inner

@@ -2,7 +2,7 @@
 cell: every field of every CellResult (observable, mismatches, max_ulp, each check's outcome, the
 ULP histogram) and every per_layer row, on crafted layers that exercise every fault family and on
 the embedded default (prefill and decode, whole audit). The per-cell path is the independent
-reference: it evaluates each cell on its own with audit/faults.py and audit/checks.py.
+reference: it evaluates each cell on its own with audit/catalogue/faults.py and audit/catalogue/checks.py.
 """
 
 import pytest

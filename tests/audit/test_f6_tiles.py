@@ -1,4 +1,4 @@
-"""audit/f6_tiles.py's Triton kernel equals F6's definition (audit.faults.accumulate_bf16_tiles,
+"""audit/f6_tiles.py's Triton kernel equals F6's definition (audit.catalogue.faults.accumulate_bf16_tiles,
 torch, tile by tile) bit for bit: under Triton's interpreter on CPU (a child process, so that
 TRITON_INTERPRET is set before Triton is imported) and on a GPU (marker gpu)."""
 

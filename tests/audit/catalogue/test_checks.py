@@ -1,4 +1,4 @@
-"""audit/checks.py: each check on crafted runs. References: kernels.reference.MAX_K (the
+"""audit/catalogue/checks.py: each check on crafted runs. References: kernels.reference.MAX_K (the
 int32 accumulator bound), kernels.bf16.is_power_of_two and ulp_distance (the spacing)."""
 
 import torch

@@ -1,4 +1,4 @@
-"""audit/faults.py against independent references. Bitwise assertions only.
+"""audit/catalogue/faults.py against independent references. Bitwise assertions only.
 
 The faulty epilogues (F1-F5), the reference pipeline and F9's output are checked against
 numpy float32 arithmetic done step by step (each numpy float32 multiply or divide is one

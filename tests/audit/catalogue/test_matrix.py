@@ -1,4 +1,4 @@
-"""The prediction matrices (audit/prediction_matrix*.json) and their pins (audit.matrix.PINS)."""
+"""The prediction matrices (audit/catalogue/prediction_matrix*.json) and their pins (audit.catalogue.matrix.PINS)."""
 
 import hashlib
 import json

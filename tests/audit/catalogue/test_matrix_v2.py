@@ -1,4 +1,4 @@
-"""Prediction matrix v2 (audit/prediction_matrix_v2.json) and check C8 (declared-order identity).
+"""Prediction matrix v2 (audit/catalogue/prediction_matrix_v2.json) and check C8 (declared-order identity).
 
 The matrix was written before any scored run; these tests score it on the embedded default
 with the reference pair and with a pair that includes the fused-scale order, and check C8

@@ -1,4 +1,4 @@
-"""audit/scoring.py: the false positive / negative rules on hand-made cells, and the
+"""audit/catalogue/scoring.py: the false positive / negative rules on hand-made cells, and the
 power-of-two ULP bins (reference: integer bit_length)."""
 
 import pytest

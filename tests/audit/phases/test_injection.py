@@ -2,7 +2,7 @@
 embedded default with the reference pair, and the injector as a run's kernel (kernels.ScaledMM).
 
 Independent references: the runtime's own greedy decoding (Model.greedy) for the tokens the
-injection decodes; the definitions in audit/faults.py for which faults leave the bits unchanged
+injection decodes; the definitions in audit/catalogue/faults.py for which faults leave the bits unchanged
 under power-of-two scales; the fault kernels of audit/conform/fault_kernels.py for the
 injector's bits.
 """
@@ -40,7 +40,7 @@ def test_injection_scored_on_both_regimes(tmp_path):
             f8, f7 = (table[f][regime] if scope == "all" else table[f][regime][scope] for f in ("F8", "F7"))
             assert f8["logits_bitwise_equal"] and f8["c7_flagged"] == 0
             assert f7["changed_prompts"] >= 1 and f7["c7"] == "fire"
-    for f in ("F1", "F2", "F3", "F5"):  # exact under power-of-two scales (audit/faults.py)
+    for f in ("F1", "F2", "F3", "F5"):  # exact under power-of-two scales (audit/catalogue/faults.py)
         assert table[f]["pow2"]["logits_bitwise_equal"] and table[f]["pow2"]["one_layer"]["logits_bitwise_equal"]
     assert not table["F4"]["pow2"]["logits_bitwise_equal"]  # truncation is not hidden by pow2 scales
     assert len(runs["pow2"]["one_layer"]) == 7
