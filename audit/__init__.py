@@ -10,7 +10,7 @@ fingerprinting of `requant conform`. Entry point: suite.run_audit (the dict `--j
   suite report pair                      the run of every phase; JSON/Markdown/PNG; the resolved pair
   conform/                               the conformance kit of `requant conform`
 
-Each module in a line: docs/architecture.md (audit); docs/internals.md (audit/__init__.py).
+Consumes requant's core and kernels/, never the commands (tests/test_layers.py).
 Docs: docs/audit.md, docs/conformance.md.
 """
 

@@ -6,8 +6,7 @@ sets, one per prefill or decode step, concatenated along M); Started.finish read
 `one` severity needs once the next Linear is queued; Read brings a window of Linears' results
 back without blocking, and resolves them into per-layer rows and cells.
 
-How, and why the two agree: docs/audit.md ("Batched evaluation") and docs/internals.md
-(audit/batched.py).
+How, and why the two agree: docs/audit.md#batched-evaluation.
 """
 
 from __future__ import annotations

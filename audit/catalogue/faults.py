@@ -8,7 +8,7 @@ the operands it consumed, the accumulator it formed, the bf16 output and a kerne
 audit/catalogue/checks.py compares it with the reference run. Faults are seeded (seed_for): the same
 layer, regime and variant always give the same run.
 
-Design notes: docs/internals.md (audit/catalogue/faults.py).
+Severities, families and why each fault moves what it moves: docs/audit.md#fault-definitions.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ Four versions, each pinned by its own sha256 (PINS):
                                        margins; docs/audit.md). The injection is scored from v4
 A matrix's checks are the ones its cells name (Matrix.checks); the suite runs exactly those.
 
-Design notes: docs/internals.md (audit/catalogue/matrix.py).
+Why pinned, and what a contradiction changes: docs/audit.md#prediction-matrix.
 """
 
 from __future__ import annotations

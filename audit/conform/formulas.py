@@ -7,7 +7,7 @@ NUMERICS
   product or quotient below is one IEEE fp32 operation (round to nearest even), and
   rne / trunc are the fp32 -> bf16 roundings of kernels.bf16 (to nearest even / toward zero).
 
-Design notes: docs/internals.md (audit/conform/formulas.py).
+The catalogue: docs/conformance.md#formula-catalogue-auditconformformulaspy.
 """
 
 from __future__ import annotations

@@ -6,8 +6,7 @@ decode tile, a tile chosen by M). Prefill evidence says nothing about that confi
 
 DecodePhase runs it on each regime's model with its own scorer and owns the JSON's `decode`
 (the prefill keys stay untouched); decode_markdown is the report's "Decode beside prefill".
-How the operands are captured and how C7 compares the pair: docs/internals.md
-(audit/phases/decode.py).
+How the operands are captured and how C7 compares the pair: docs/audit.md#3-decode-phase.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ Linears of decoder layer num_hidden_layers // 2), under both scale regimes.
 run_injection measures one regime's model; score_injection makes the JSON's `injection` and
 `injection_scorecard` (matrix v4's `injection` predictions); injection_markdown and
 plot_injection are the report's section and injection.png. How the injector finds its
-Linears, and what is measured: docs/internals.md (audit/phases/injection.py).
+Linears, and what is measured: docs/audit.md#4-faults-injected-into-the-generating-model.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ Usage: python -m requant.checkpoint.synthetic PRESET OUT [--seed N] [--shard-siz
 Output is written atomically; a non-empty OUT (or --keep-source DIR) is refused without --force,
 which replaces only a checkpoint or an empty directory.
 
-Why, the arithmetic, the weights drawn, --device cuda: docs/internals.md (requant/checkpoint/synthetic.py).
+Why, the arithmetic, the weights drawn, --device cuda: docs/checkpoints.md#synthetic-checkpoints.
 """
 
 from __future__ import annotations

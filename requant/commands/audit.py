@@ -11,8 +11,7 @@ false positive or negative and every layer is bitwise equal under pow2; 1 when i
 of those fails; 2 on a usage or checkpoint error (a message, no traceback), including a
 SHA256SUMS that does not match the checkpoint's files.
 
-Defaults, the matrices, the decode and injection phases and the JSON's identity fields: docs/audit.md;
-the rest of this docstring: docs/internals.md (requant/commands/audit.py).
+Defaults, the matrices, the decode and injection phases and the JSON's identity fields: docs/audit.md.
 """
 
 from __future__ import annotations

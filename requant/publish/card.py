@@ -6,7 +6,7 @@ error, not an empty cell). Its YAML front matter is made by huggingface_hub.Mode
 checked by parsing the rendered card back with huggingface_hub.ModelCard before anything is
 written: the metadata must round-trip exactly.
 
-Design notes: docs/internals.md (requant/publish/card.py).
+Front matter, tags as claims, and the marker: docs/publishing.md#the-card.
 """
 
 from __future__ import annotations

@@ -9,7 +9,20 @@
     model.prefill / extend / decode_step / new_cache   # the engine's methods, on a KVCache
     requant.runtime.engine: the Engine protocol and the one decode loop (generate)
 
-Design notes: docs/internals.md (requant/runtime/__init__.py).
+  model       Model (a front over one engine chosen at load), load_model, ENGINES
+  engine      the Engine and Decoder protocols and generate, the one decode loop
+  cache       KVCache, Generation, the cache-size rule
+  reference   the reference engine: torch ops (kernels/ops.py), the layer over a Linear strategy
+  fast        the fast engine: fused Triton kernels, one attention, CUDA-graph decode
+  portable    the portable engine: the fast layer in a machine-independent arithmetic
+  moe         the Qwen3-MoE sparse block of the reference engine
+  weights     loading a regime of a W8A8 checkpoint, or a bf16 directory
+  sampling, sampling_batch, _sampling_core   seeded batch-invariant sampling
+  generation  generation records and their replay
+  invariance  bitwise invariance checks of a Model
+
+Imports kernels/, models, checkpoint, io, regime and errors; never the audit nor the commands.
+Why our own runtime, the engines and their proofs: docs/runtime.md.
 """
 
 import importlib

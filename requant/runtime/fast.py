@@ -8,8 +8,7 @@ along N, the same bits as separate GEMMs) and shared by every with_backends copy
 graph holds the forward only, so `choose` sees the same bits eager or replayed. capture
 (prefill and decode_step, eager only) records what its GEMMs consume: the reference engine's
 names and shapes, not its values. The layer, the kernels' numerics and why a token's logits are
-the same bits prefilled, extended, decoded, batched or replayed: docs/runtime.md and
-docs/internals.md (requant/runtime/fast.py).
+the same bits prefilled, extended, decoded, batched or replayed: docs/runtime.md#two-engines.
 """
 
 from __future__ import annotations

@@ -9,8 +9,7 @@ The reference engine (its layer, prefill and decode_step) and the one decode loo
 (requant/runtime/engine.py) run on each rank, with this module's Linears (`ShardedLinears`) and a
 prompt attention of one query head per call (`attend_heads`). Contract (reduce="int32", the
 default): every TP degree gives the TP-1 bits, and TP 1 is the reference engine's forward bit for
-bit on the CPU (tested on gloo). The proof: docs/tensor-parallel.md; the rest of this docstring:
-docs/internals.md (requant/tp/engine.py).
+bit on the CPU (tested on gloo). The proof: docs/tensor-parallel.md#numerics-requanttpenginepy-kernelsepiloguepy.
 """
 
 from __future__ import annotations

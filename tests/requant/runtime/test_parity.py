@@ -13,8 +13,8 @@ transformers' bf16, 0.02) and <= 0.05; top-1 agreement >= transformers' bf16 - 5
 deviation <= max(1.5 x transformers' bf16, 2% of the range). relative RMS = sqrt(mean((ours - ref)^2)) /
 std(ref), over all positions and the vocabulary.
 
-Why not zero, the measured values, the faults the thresholds catch: docs/internals.md
-(tests/requant/runtime/test_parity.py).
+Why not zero, and the faults the thresholds catch: docs/runtime.md#parity-with-transformers; the
+measured values: docs/results.md#runtime-and-determinism.
 """
 
 import pytest
