@@ -11,15 +11,6 @@ from requant.kernels.bf16 import bitwise_equal, ulp_distance
 from requant.kernels.ops import DENSE_CHUNK, attend_decode, attend_prompt, dense_rows, rms_norm, rope, tree_sum_halves
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # small tensors on a shared 2-core machine: intra-op threads only add contention
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def test_rope_convention():
     """Rotate-half RoPE (HF Qwen3): position 0 is the identity; pair (i, i + d/2) of position t
     is rotated by t * theta**(-2i/d): x = e_i goes to (cos, sin) of that angle."""
