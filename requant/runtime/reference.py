@@ -98,7 +98,7 @@ def decode_attention(cache: KVCache, arch, device) -> tuple[torch.Tensor, torch.
 class ReferenceEngine:
     """An `Engine` (runtime/engine.py): the torch-ops forward of `model` (its arch, dense, device, tree), with `linears` (default
     DeviceLinears(model)), `heads`/`kv_heads` the attention heads this engine holds (default:
-    all) and `prompt_attention(q, k, v, scale)` for one prompt (default ops.attend_prompt)."""
+    all) and `prompt_attention(q, k, v, scale)` for one prompt (default kernels.ops.attend_prompt)."""
 
     name = "reference"
 

@@ -211,10 +211,10 @@ def test_kv_cache_decoding_against_full_prefill(native, toks):
     """Each decoded token's logits against prefilling prompt + tokens so far without a
     cache; every token must be the full prefill's argmax.
 
-    Not bitwise by contract: prefill (ops.attend_prompt) sums q.k and P.v with torch matmuls,
+    Not bitwise by contract: prefill (kernels.ops.attend_prompt) sums q.k and P.v with torch matmuls,
     whose fp32 summation order is the CPU BLAS library's blocking (it differs between MKL and
     OpenBLAS builds, and with the thread count), and normalises with torch.softmax; decode
-    (ops.attend_decode) sums the same products with tree_sum_halves. One fp32 rounding apart in
+    (kernels.ops.attend_decode) sums the same products with tree_sum_halves. One fp32 rounding apart in
     one score can move a bf16 probability by one spacing, and that propagates through every
     later layer. Measured on this build: 0, every logit bitwise equal over 64 steps of 4 prompts;
     the bound, 1% of the logits' spread, is what the test can promise on any BLAS. The bitwise
