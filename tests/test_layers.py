@@ -8,9 +8,10 @@ relative imports resolved, pyproject.toml's package-dir mapping applied):
     commands   on top
     requant._toplevel  the clone-root guard kernels/, audit/, model_cards/ and cli.py run first under
                a bare name: standard library only, so every layer may import it
-and, inside the core, the foundations import only what FOUNDATIONS lists: requant.io (files in and
-out) only requant.errors; requant.models (what a model is) only io and errors, so the synthetic
-checkpoint maker lives in requant.checkpoint; requant.scales (the arithmetic of scales) nothing.
+and, inside the core, the packages CORE_IMPORTS names import only what it lists: requant.io (files
+in and out) only requant.errors; requant.models (what a model is) only io and errors, so the
+synthetic checkpoint maker lives in requant.checkpoint; requant.scales (the arithmetic of scales)
+nothing; requant.checkpoint and requant.runtime nothing above them (convert, eval, publish, tp).
 and no import cycle among requant's modules, counting function-level imports too (a circle hidden
 in a function is still a circle) and the package __init__ an import runs first. The checker is
 itself tested on a small tree it must fault."""
@@ -102,16 +103,32 @@ def layer(name: str) -> str:
 
 
 # package -> the only other requant packages its modules may import (itself always allowed)
-FOUNDATIONS = {
+CORE_IMPORTS = {
     "requant.io": {"requant.errors"},
     "requant.models": {"requant.errors", "requant.io"},
     "requant.scales": set(),
+    "requant.checkpoint": {
+        "requant.errors",
+        "requant.io",
+        "requant.models",
+        "requant.scales",
+        "requant.kernels",
+        "requant.evidence",
+    },  # evidence: inspect reads the "requant" key (PROVENANCE_KEY) of a converted config
+    "requant.runtime": {
+        "requant.errors",
+        "requant.io",
+        "requant.models",
+        "requant.checkpoint",
+        "requant.kernels",
+        "requant.regime",
+    },
 }
 
 
-def foundation_fault(m: str, mod: str) -> str | None:
-    """The foundation package m belongs to, when m's import of mod leaves what it may import."""
-    for pkg, allowed in FOUNDATIONS.items():
+def core_fault(m: str, mod: str) -> str | None:
+    """The CORE_IMPORTS package m belongs to, when m's import of mod leaves what it may import."""
+    for pkg, allowed in CORE_IMPORTS.items():
         if m == pkg or m.startswith(pkg + "."):
             ok = {pkg, *allowed}
             return None if any(mod == a or mod.startswith(a + ".") for a in ok) else pkg
@@ -144,7 +161,7 @@ def faults(root: Path, dirs: dict[str, str]) -> list[str]:
                 continue
             if layer(mod) in FORBIDDEN.get(layer(m), ()):
                 bad.append(f"{where}: {layer(m)} imports {layer(mod)} ({mod})")
-            elif (pkg := foundation_fault(m, mod)) is not None:
+            elif (pkg := core_fault(m, mod)) is not None:
                 bad.append(f"{where}: {pkg} imports {mod}")
             # importing a.b.c runs a.b's __init__ first: an edge to each package above mod but not above m
             ancestors = set(_above(mod)) - set(_above(m))

@@ -13,7 +13,8 @@ anyone (the full list: docs/checkpoints.md#input).
   synthetic      seeded random Qwen3-shaped W8A8 checkpoints (`python -m requant.checkpoint.synthetic`);
                  synthetic_moe its Qwen3-MoE presets
 
-Imports io, models, scales, errors (and evidence, kernels for inspect); never convert, runtime or above.
+Imports io, models, scales, errors (and, for inspect, evidence and kernels); never convert, runtime
+or above (tests/test_layers.py).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@
   generation  generation records and their replay
   invariance  bitwise invariance checks of a Model
 
-Imports kernels/, models, checkpoint, io, regime and errors; never the audit nor the commands.
+Imports kernels/, models, checkpoint, io, regime and errors only (tests/test_layers.py).
 Why our own runtime, the engines and their proofs: docs/runtime.md.
 """
 
