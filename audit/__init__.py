@@ -2,14 +2,15 @@
 fault-injection suite scored against a prediction matrix pinned before the run, and the kernel
 fingerprinting of `requant conform`. Entry point: suite.run_audit (the dict `--json` writes).
 
-  records faults checks matrix scoring   runs, 21 fault variants, C1..C8, pinned matrices, scores
+  records                                what a GEMM run is (operands, kernel, output)
+  catalogue/ (faults checks matrix scoring)  21 fault variants, C1..C8, pinned matrices, scores
   capture linears                        operands from the runtime's forward pass; the Linears
   cells compare batched (+ batched_stats stats_triton device_acc f6_tiles)  one Linear's cells
   phases/ (prefill decode injection)     each phase's run, JSON keys and report section
   suite report pair                      the run of every phase; JSON/Markdown/PNG; the resolved pair
   conform/                               the conformance kit of `requant conform`
 
-Each module in a line: docs/architecture.md (audit); docs/internals.md (audit/__init__.py).
+Consumes requant's core and kernels/, never the commands (tests/test_layers.py).
 Docs: docs/audit.md, docs/conformance.md.
 """
 

@@ -6,8 +6,7 @@ sets, one per prefill or decode step, concatenated along M); Started.finish read
 `one` severity needs once the next Linear is queued; Read brings a window of Linears' results
 back without blocking, and resolves them into per-layer rows and cells.
 
-How, and why the two agree: docs/audit.md ("Batched evaluation") and docs/internals.md
-(audit/batched.py).
+How, and why the two agree: docs/audit.md#batched-evaluation.
 """
 
 from __future__ import annotations
@@ -19,11 +18,8 @@ from dataclasses import dataclass
 import torch
 
 from requant.audit.batched_stats import any_diff, cell_stats, seg_reduce, value_diff
-from requant.audit.checks import CHECKS, FIRE, NOT_APPLICABLE, ORDER_EPILOGUES, SILENT
-from requant.audit.compare import layer_row
-from requant.audit.device_acc import exact_accumulate
-from requant.audit.f6_tiles import f6_accumulator
-from requant.audit.faults import (
+from requant.audit.catalogue.checks import CHECKS, FIRE, NOT_APPLICABLE, ORDER_EPILOGUES, SILENT
+from requant.audit.catalogue.faults import (
     _EPILOGUE_FAULTS,
     F9A_FACTOR,
     FAULT_KERNELS,
@@ -33,9 +29,12 @@ from requant.audit.faults import (
     shift_int8_by_one,
     wrap_int16,
 )
-from requant.audit.matrix import baseline_variant
+from requant.audit.catalogue.matrix import baseline_variant
+from requant.audit.catalogue.scoring import HIST_BINS, CellResult, kernel_fault
+from requant.audit.compare import layer_row
+from requant.audit.device_acc import exact_accumulate
+from requant.audit.f6_tiles import f6_accumulator
 from requant.audit.records import REFERENCE_KERNEL, Activations, KernelDesc, Run, Weights
-from requant.audit.scoring import HIST_BINS, CellResult, kernel_fault
 from requant.kernels.bf16 import is_power_of_two
 from requant.kernels.reference import epilogue_triton_order
 

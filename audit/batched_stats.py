@@ -13,7 +13,7 @@ import sys
 
 import torch
 
-from requant.audit.scoring import HIST_BINS
+from requant.audit.catalogue.scoring import HIST_BINS
 from requant.audit.stats_triton import SLOT_MAX, SLOT_NAN, SLOT_NEQ, row_stats
 
 

@@ -3,8 +3,8 @@ and scored. Shared by the prefill and decode phases (audit/phases/).
 
 A Linear's cells are evaluated together (audit/batched.py: every variant, check and decode
 step at once on the operands' device, one small tensor read back per window of Linears);
-the per-cell path (layer_cells: each cell on its own through audit.faults.reference_case and
-audit/checks.py) is the oracle it equals, kept and forced by REQUANT_AUDIT_PER_CELL=1.
+the per-cell path (layer_cells: each cell on its own through audit.catalogue.faults.reference_case and
+audit/catalogue/checks.py) is the oracle it equals, kept and forced by REQUANT_AUDIT_PER_CELL=1.
 
 Cells: 21 variants x 2 regimes per quantized Linear (a Qwen3-1.7B config: 196 Linears,
 8,232 cells). Baseline rows (each backend of the pair as the kernel under test, no fault)
@@ -19,12 +19,12 @@ import torch
 
 from requant import kernels
 from requant.audit.batched import Pending, Read, Segment, Started, per_cell_forced, start_linear
-from requant.audit.checks import CHECK_IDS, declared_output, run_checks
+from requant.audit.catalogue.checks import CHECK_IDS, declared_output, run_checks
+from requant.audit.catalogue.faults import VARIANTS, LayerCase, inject, reference_case
+from requant.audit.catalogue.matrix import baseline_variant
+from requant.audit.catalogue.scoring import CellResult, Scorer, kernel_fault, ulp_histogram
 from requant.audit.compare import compare_layer
-from requant.audit.faults import VARIANTS, LayerCase, inject, reference_case
-from requant.audit.matrix import baseline_variant
 from requant.audit.records import BACKEND_KERNELS, Activations, KernelDesc, Run, Weights, output_distance, output_equal
-from requant.audit.scoring import CellResult, Scorer, kernel_fault, ulp_histogram
 from requant.regime import REGIMES
 
 CELLS_PER_LAYER = len(VARIANTS) * len(REGIMES)

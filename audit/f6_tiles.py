@@ -1,6 +1,6 @@
 """F6's accumulator (exact 64-wide tile sums added into a bf16 register) in one Triton launch.
 
-audit.faults.accumulate_bf16_tiles, the definition, loops over K / F6_TILE tiles in torch (five
+audit.catalogue.faults.accumulate_bf16_tiles, the definition, loops over K / F6_TILE tiles in torch (five
 launches per tile: hundreds per Linear). Here each program owns a [BM, BN] block of outputs and
 walks the same tiles in the same order:
 
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from requant.audit.faults import F6_TILE, accumulate_bf16_tiles
+from requant.audit.catalogue.faults import F6_TILE, accumulate_bf16_tiles
 
 
 def _kernel():

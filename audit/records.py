@@ -11,7 +11,7 @@ produced:
   * optional logits (only for end-to-end model runs; the token-level check C7 uses them);
   * a static kernel description (accumulator type/width, epilogue order).
 
-The checks in audit/checks.py are pure functions of (reference run, run under test, kernel
+The checks in audit/catalogue/checks.py are pure functions of (reference run, run under test, kernel
 description), so everything they may look at has to be here.
 """
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from requant.audit.checks import CHECK_TITLES
-from requant.audit.matrix import PINNED_SHA256, PINS
+from requant.audit.catalogue.checks import CHECK_TITLES
+from requant.audit.catalogue.matrix import PINNED_SHA256, PINS
 from requant.audit.phases.decode import decode_markdown
 from requant.audit.phases.injection import injection_markdown, plot_injection
 from requant.audit.phases.prefill import plot_heatmap, plot_histograms, prefill_markdown

@@ -11,10 +11,10 @@ import time
 import torch
 
 from requant.audit.capture import prompts
+from requant.audit.catalogue.faults import FAULT_KERNELS, VARIANTS
+from requant.audit.catalogue.matrix import Matrix, load_matrix
 from requant.audit.cells import CELLS_PER_LAYER, backend_kernel
-from requant.audit.faults import FAULT_KERNELS, VARIANTS
 from requant.audit.linears import AuditLinears
-from requant.audit.matrix import Matrix, load_matrix
 from requant.audit.phases.decode import DEFAULT_BATCHES, DEFAULT_STEPS, DecodePhase
 from requant.audit.phases.injection import run_injection, score_injection
 from requant.audit.phases.prefill import PrefillPhase

@@ -19,7 +19,7 @@
 #                            killed build is removed before and after (every later build would wait)
 #   has STEP                 whether STEP is one of the words of $STEPS
 #   synthetic_checkpoints    CKPTS=($CKPT_ROOT/requant-SIZE-synthetic for each SIZE of $SIZES that
-#                            exists), each made first (python -m requant.models.synthetic, a step) when
+#                            exists), each made first (python -m requant.checkpoint.synthetic, a step) when
 #                            STEPS has "generate"
 #   elapsed / left           seconds since sourcing / seconds left of $TOTAL_S
 # shellcheck shell=bash
@@ -106,7 +106,7 @@ synthetic_checkpoints() {
     for size in ${SIZES:-}; do
         dir="${CKPT_ROOT:-/tmp}/requant-$size-synthetic"
         if has generate && [ ! -f "$dir/config.json" ]; then
-            step "synthetic_$size" 900 python3 -m requant.models.synthetic "$size" "$dir"
+            step "synthetic_$size" 900 python3 -m requant.checkpoint.synthetic "$size" "$dir"
         fi
         [ -f "$dir/config.json" ] && CKPTS+=("$dir")
     done

@@ -1,5 +1,5 @@
 """The GEMM shapes of the real Qwen3 models, for the kernel benchmarks, derived from the presets
-of requant.models.synthetic (requant.models.qwen3.Qwen3Arch.layer_linear_shapes) rather than copied.
+of requant.checkpoint.synthetic (requant.models.qwen3.Qwen3Arch.layer_linear_shapes) rather than copied.
 
 QWEN3: {"Qwen3-1.7B": [("q,o", N, K, count), ("k,v", ...), ("gate,up", ...), ("down", ...)], ...}:
 per model, each distinct [N, K] = [out, in] of one decoder layer's quantized Linears, the Linears
@@ -9,8 +9,8 @@ Checked against the published configs in tests/benchmarks/test_plumbing.py.
 
 from __future__ import annotations
 
+from requant.checkpoint.synthetic import PRESETS
 from requant.models.qwen3 import LAYER_LINEARS, Qwen3Arch
-from requant.models.synthetic import PRESETS
 
 __all__ = ["MODELS", "QWEN3", "linear_groups"]
 

@@ -54,7 +54,7 @@ def _guard(fn, *args):
 
 def random_model(name: str, backend: str, device: str = "cuda"):
     """A requant Model (fast engine) with random W8A8 weights made on the GPU."""
-    from requant.models.synthetic import PRESETS, model_config
+    from requant.checkpoint.synthetic import PRESETS, model_config
     from requant.runtime.model import Model
 
     p = PRESETS[name]

@@ -58,7 +58,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
     from requant.audit.batched import PER_CELL_ENV
-    from requant.audit.matrix import load_matrix, matrix_path
+    from requant.audit.catalogue.matrix import load_matrix, matrix_path
     from requant.audit.pair import resolve_pair
     from requant.audit.suite import run_audit
     from requant.backends import parse_backends

@@ -77,8 +77,12 @@ def main() -> None:
     except ImportError:  # an older tree (the statistics inside batched.py): the before figures
         batched_stats = batched
     from requant.audit.batched import Segment, evaluate_linear, resolve_all
+
+    try:
+        from requant.audit.catalogue.matrix import load_matrix, matrix_path
+    except ImportError:  # an older tree (the catalogue flat in audit/): the before figures
+        from requant.audit.matrix import load_matrix, matrix_path
     from requant.audit.cells import backend_kernel
-    from requant.audit.matrix import load_matrix, matrix_path
     from requant.audit.records import Activations, Weights
     from requant.backends import REFERENCE_PAIR
 

@@ -127,7 +127,7 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--results", default=str(ROOT / "benchmarks" / "results"))
     a = ap.parse_args(argv)
-    from requant.models.synthetic import PRESETS, generate, plan
+    from requant.checkpoint.synthetic import PRESETS, generate, plan
 
     work = Path(a.workdir) if a.workdir else Path(tempfile.mkdtemp(prefix="requant-bench-"))
     work.mkdir(parents=True, exist_ok=True)

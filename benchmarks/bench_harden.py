@@ -47,7 +47,7 @@ def main() -> None:
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/requant-bench-harden"))
     ap.add_argument("--only", choices=["convert", "audit"], default=None)
     a = ap.parse_args()
-    from requant.models.synthetic import generate
+    from requant.checkpoint.synthetic import generate
 
     a.workdir.mkdir(parents=True, exist_ok=True)
     ckpts = {}

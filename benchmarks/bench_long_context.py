@@ -251,7 +251,7 @@ def markdown(rec: dict) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
-    ap.add_argument("--synthetic", default="qwen3-8b", help="preset (requant.models.synthetic.PRESETS)")
+    ap.add_argument("--synthetic", default="qwen3-8b", help="preset (requant.checkpoint.synthetic.PRESETS)")
     ap.add_argument("--backend", default="cutlass", help="GEMM backend of the fast engine")
     ap.add_argument("--contexts", default="128,4096,16384")
     ap.add_argument("--prefill", default="8192,32768")

@@ -32,7 +32,7 @@ def random_model(name: str, backend: str, device: str, engine: str, layers: int 
     import dataclasses
 
     from benchmarks import _runtime_fast as bench_runtime_fast
-    from requant.models.synthetic import PRESETS
+    from requant.checkpoint.synthetic import PRESETS
 
     if layers is not None:
         PRESETS[f"{name}-{layers}l"] = dataclasses.replace(PRESETS[name], layers=layers)

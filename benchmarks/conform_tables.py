@@ -6,7 +6,7 @@ Each JSON must hold `cell_results` (the default of `requant audit --json`) and h
 scored against matrix v2. The check outcomes of a cell do not depend on the matrix (each
 check is a pure function of the two runs), so v1's scorecard and detection table are
 recomputed exactly by rescoring the same cell outcomes, C8 dropped, against the pinned v1
-matrix (audit.scoring.Scorer). Same counting rules in both: observable cells only in the
+matrix (audit.catalogue.scoring.Scorer). Same counting rules in both: observable cells only in the
 denominators; "detected" = some applicable per-layer check of the matrix fired.
 Prints Markdown: per file, the scorecards and one table with v1 and v2 side by side.
 """
@@ -16,9 +16,9 @@ from __future__ import annotations
 import json
 import sys
 
-from requant.audit.faults import VARIANT_BY_ID
-from requant.audit.matrix import MATRIX_PATH, MATRIX_V2_PATH, load_matrix
-from requant.audit.scoring import CellResult, Scorer
+from requant.audit.catalogue.faults import VARIANT_BY_ID
+from requant.audit.catalogue.matrix import MATRIX_PATH, MATRIX_V2_PATH, load_matrix
+from requant.audit.catalogue.scoring import CellResult, Scorer
 from requant.io.markdown import table as markdown_table
 from requant.regime import REGIMES
 

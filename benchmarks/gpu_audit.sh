@@ -18,7 +18,7 @@
 set -uo pipefail
 source "$(dirname "$0")/_gpu_common.sh" || exit 1
 gpu_out
-PRESET="${PRESET:-qwen3-1.7b}"          # requant.models.synthetic preset (tiny: a quick smoke test)
+PRESET="${PRESET:-qwen3-1.7b}"          # requant.checkpoint.synthetic preset (tiny: a quick smoke test)
 CKPT="${CKPT_DIR:-/tmp/requant-$PRESET-synthetic}"
 PROMPTS="${PROMPTS:-8}"
 BACKENDS="${BACKENDS:-cutlass,triton}"   # 'reference' for a CPU smoke test of this script
@@ -39,7 +39,7 @@ print('triton ok', kernels.scaled_mm(a, w, s, t, backend='triton').shape)"
 fi
 
 if [ ! -f "$CKPT/config.json" ]; then
-    step "synthetic_$PRESET" 0 python3 -m requant.models.synthetic "$PRESET" "$CKPT"
+    step "synthetic_$PRESET" 0 python3 -m requant.checkpoint.synthetic "$PRESET" "$CKPT"
 fi
 step "plan_$PRESET" 0 python3 cli.py audit "$CKPT" --plan
 

@@ -12,7 +12,7 @@
 # batched path is checked against the per-cell one; INJ_SIZES (default "8b 1.7b") where the
 # injection runs; TOTAL_S (default 540) the budget: a step that would start with less than its
 # estimate left is skipped (the summary says so). Checkpoints are made on the GPU (python -m
-# requant.models.synthetic --device cuda, 4 GB shards) under $CKPT_ROOT (default /tmp) and reused when
+# requant.checkpoint.synthetic --device cuda, 4 GB shards) under $CKPT_ROOT (default /tmp) and reused when
 # present; the 32B one (~33 GB) is made last, after removing the sizes not in SIZES while fewer than
 # 40 GB are free (a 64 GiB disk does not hold all five). One call may not hold everything in 10
 # minutes; three that do (the machine kept warm between them, checkpoints reused):
@@ -48,7 +48,7 @@ generate() {  # generate SIZE LIMIT_S
     d=$(ckpt "$1")
     [ -f "$d/config.json" ] && return 0
     has generate || return 0
-    step "synthetic_$1" "$2" python3 -m requant.models.synthetic "qwen3-$1" "$d" --device cuda --shard-size 4000000000
+    step "synthetic_$1" "$2" python3 -m requant.checkpoint.synthetic "qwen3-$1" "$d" --device cuda --shard-size 4000000000
 }
 audit_size() {  # audit_size SIZE LIMIT_S
     local d t=()

@@ -52,7 +52,7 @@ generate() {  # generate SIZE EST_S
     [ -f "$d/config.json" ] && return 0
     has generate || return 0
     budget "synthetic_$1" "$2" || return 0
-    step "synthetic_$1" $(($2 * 3)) python3 -m requant.models.synthetic "qwen3-$1" "$d" --device cuda --shard-size 4000000000
+    step "synthetic_$1" $(($2 * 3)) python3 -m requant.checkpoint.synthetic "qwen3-$1" "$d" --device cuda --shard-size 4000000000
 }
 audit() {  # audit NAME SIZE LIMIT_S ARGS...: requant audit, JSON and log under $W, the log's tail shown
     local name="$1" d

@@ -28,7 +28,7 @@ gpu_env triton
 CKPT=/tmp/requant-$PRESET-synthetic
 # The synthetic checkpoint is CPU work: make it in the background while CUTLASS builds.
 rm -rf "$CKPT"
-python3 -m requant.models.synthetic "$PRESET" "$CKPT" > /tmp/synthetic.log 2>&1 &
+python3 -m requant.checkpoint.synthetic "$PRESET" "$CKPT" > /tmp/synthetic.log 2>&1 &
 SYN_PID=$!
 
 if [ "$DEV" = cuda ]; then

@@ -31,7 +31,7 @@ if has tests; then
 fi
 SYN=/tmp/requant-qwen3-1.7b-synthetic
 if has audit; then
-    [ -f "$SYN/config.json" ] || step synthetic_1.7b 120 python3 -m requant.models.synthetic qwen3-1.7b "$SYN"
+    [ -f "$SYN/config.json" ] || step synthetic_1.7b 120 python3 -m requant.checkpoint.synthetic qwen3-1.7b "$SYN"
     step audit_1.7b 200 requant audit "$SYN" --backends cutlass,triton --byte-tokens --json "$RES/audit_qwen3-1.7b.json"
 fi
 has sampling && step bench_sampling 120 python3 -m benchmarks.bench_sampling --devices cuda,cpu --out "$RES/sampling"

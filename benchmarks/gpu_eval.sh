@@ -16,7 +16,7 @@
 #   determinism       `requant determinism` of the default, cutlass,triton, 8 prompts x 64
 #   eval              `requant eval` of the default, every arm, --source default-bf16, all 50
 #                     held-out chapters, backend triton -> eval/ (JSON, Markdown, PNG)
-#   synthetic_1.7b    python -m requant.models.synthetic qwen3-1.7b (random weights, outliers)
+#   synthetic_1.7b    python -m requant.checkpoint.synthetic qwen3-1.7b (random weights, outliers)
 #   bench_runtime     benchmarks/bench_runtime.py on it, with whatever time is left
 # Files in $OUT: gpu_eval.log (everything), timings.txt, results.tar.gz (every report).
 set -uo pipefail
@@ -48,7 +48,7 @@ step eval 240 python3 cli.py eval "$DEF" --arms native,nearest,ceiling,mse,probe
     --backend triton --bootstrap 2000 --seed 0 --report "$R/eval"
 L=$(left)
 if [ "$L" -gt 150 ]; then
-    step synthetic_1.7b 90 python3 -m requant.models.synthetic qwen3-1.7b "$SYN"
+    step synthetic_1.7b 90 python3 -m requant.checkpoint.synthetic qwen3-1.7b "$SYN"
     L=$(left)
     step bench_runtime $((L - 10)) python3 -m benchmarks.bench_runtime "$SYN" --out "$R/runtime_1.7b" --reps 3
 else

@@ -44,7 +44,7 @@ cat "$OUT/env.txt"
 if has generate && [ ! -f "$CKPT/config.json" ]; then
     step "synthetic_$PRESET" 0 python3 -c "
 import dataclasses
-from requant.models.synthetic import PRESETS, generate
+from requant.checkpoint.synthetic import PRESETS, generate
 p = PRESETS['$PRESET']
 p = dataclasses.replace(p, layers=$LAYERS) if $LAYERS else p
 print(generate(p, '$CKPT', device='$DEV', shard_size=5_000_000_000))"

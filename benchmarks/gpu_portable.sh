@@ -47,7 +47,7 @@ if has tests; then
 fi
 if has records; then
     TINY="$REC/tiny.ckpt"
-    [ -f "$TINY/config.json" ] || step synthetic_tiny 120 python3 -m requant.models.synthetic tiny "$TINY"
+    [ -f "$TINY/config.json" ] || step synthetic_tiny 120 python3 -m requant.checkpoint.synthetic tiny "$TINY"
     for be in cutlass triton; do
         for b in 1 4; do
             for regime in pow2 native; do
@@ -68,7 +68,7 @@ if has records; then
 fi
 if has replay17; then
     SYN=/tmp/requant-qwen3-1.7b-synthetic
-    [ -f "$SYN/config.json" ] || step synthetic_1.7b 300 python3 -m requant.models.synthetic qwen3-1.7b "$SYN"
+    [ -f "$SYN/config.json" ] || step synthetic_1.7b 300 python3 -m requant.checkpoint.synthetic qwen3-1.7b "$SYN"
     step rec_17b 300 requant generate "$SYN" --prompts /tmp/p4.jsonl --byte-tokens --engine portable --backend cutlass \
         --regime pow2 --device cuda --max-new-tokens 8 --no-eos --json "$OUT/q17-cutlass-pow2-b4.jsonl"
     step cpu_replay_17b 580 requant replay "$OUT/q17-cutlass-pow2-b4.jsonl" --byte-tokens --device cpu --threads 2 \

@@ -41,7 +41,7 @@ for ck in $CKS; do
         case $ck in
             default-native) cp -r requant/data/default "$CK/$ck" ;;
             default-pow2) step convert_default 60 requant convert -o "$CK/$ck" ;;
-            q17-native) step synthetic_q17 180 python3 -m requant.models.synthetic qwen3-1.7b "$CK/$ck" ;;
+            q17-native) step synthetic_q17 180 python3 -m requant.checkpoint.synthetic qwen3-1.7b "$CK/$ck" ;;
             q17-pow2) step convert_q17 180 requant convert "$CK/q17-native" -o "$CK/$ck" ;;
         esac
     fi

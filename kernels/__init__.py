@@ -7,8 +7,18 @@
 See kernels/reference.py for the operand contract and the numerics every backend
 documents. Backends are imported on first use, so `import requant.kernels` never pulls in
 Triton or compiles CUTLASS; a resolved backend is kept, so later calls cost one dict lookup.
+  reference   the exact oracle: every epilogue order in torch, the operand contract, quantization
+  ops         the reference engine's torch ops (RMSNorm, RoPE, tree sums, dense rows, attention)
+  emulation   torch emulations of the fast engine's fused kernels and attention (the tests' references)
+  portable    the portable arithmetic in torch, its specification; math64 exp/log from + * /
+  epilogue    the GEMM split into the exact int32 accumulator and an epilogue (tensor parallelism)
+  bf16        rounding and distances on fp32 bits
+  cublas      torch._int_mm with the fused-scale epilogue
+  triton/     the Triton GEMM, quantization, fused row, attention, dense and portable kernels
+  cutlass/    the CUTLASS 3.x sm90a GEMM, built just in time
 
-Design notes: docs/internals.md (kernels/__init__.py).
+Imports only torch, triton, numpy, the CUTLASS headers' locator and itself (tests/test_layers.py).
+The backends, their numerics and the host path: docs/kernels.md.
 """
 
 if __name__ == "kernels":  # imported from the clone's root under its bare name: requant/_toplevel.py

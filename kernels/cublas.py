@@ -4,7 +4,8 @@ of TensorRT-LLM's SmoothQuant GEMM.
     acc = a @ w^T                                   exact int32 (torch._int_mm)
     y   = bf16_rne( fp32(acc) * fp32(s_a * s_w) )   three elementwise torch ops
 
-Design notes: docs/internals.md (kernels/cublas.py).
+Where the fused-scale order comes from, and why it is exact under power-of-two scales:
+docs/conformance.md#the-cublas-backend.
 """
 
 import torch

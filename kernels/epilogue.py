@@ -10,7 +10,7 @@ Summing the ranks' int32 accumulators is exact integer addition (associative: an
 any grouping gives the one sum), so applying the epilogue once to that sum gives the bits
 of the unsharded GEMM, whatever the number of ranks or the all-reduce algorithm.
 
-Design notes: docs/internals.md (kernels/epilogue.py).
+Why quantize_slice gives the whole row's bits: docs/tensor-parallel.md#numerics-requanttpenginepy-kernelsepiloguepy.
 """
 
 import torch

@@ -8,7 +8,7 @@ Contract (shared by every backend in kernels/):
   s_w  fp32  [N, 1]   weight scales (a bf16 checkpoint scale upcast exactly)
   ->   bf16  [M, N]
 
-Design notes: docs/internals.md (kernels/reference.py).
+Proof that the oracle is exact: docs/kernels.md#why-the-oracle-is-exact.
 """
 
 from fractions import Fraction

@@ -8,7 +8,7 @@ same weights, the same activation quantizer, the same attention and norms; only 
 scaled_mm epilogue order. Every prompt decodes exactly `new_tokens` tokens (no stop at
 eos), so both sides are compared over the same positions.
 
-Design notes: docs/internals.md (requant/determinism.py).
+What is compared, and the already-pow2 checkpoint: docs/runtime.md#requant-determinism.
 """
 
 from __future__ import annotations

@@ -14,8 +14,12 @@ started it. Endpoints (as the installed huggingface_hub calls them):
 
 `fail()` injects an error answer for the next matching request; `stall()` makes it hang (no answer
 until release() or stop()) and `drop()` close the connection unanswered; `corrupt` names paths whose
-bytes a commit stores with one byte changed (the Hub holding other bytes than were sent). More:
-docs/internals.md (tests/hubserver.py).
+bytes a commit stores with one byte changed (the Hub holding other bytes than were sent).
+
+Why a real socket: huggingface_hub talks httpx (httpx2 in 2.x), so request mocks made for `requests`
+would not intercept it. Every new repo starts with a .gitattributes commit, as on the Hub; writes
+need `Authorization: Bearer <token>` when the hub is given a token, and fail() can echo the request's
+Authorization header in its error (as a careless server might), to test that clients never show it.
 """
 
 from __future__ import annotations

@@ -71,7 +71,7 @@ def test_wheel_holds_only_the_requant_name(wheel):
         "requant/kernels/__init__.py",
         "requant/kernels/triton/scaled_mm.py",
         "requant/kernels/cutlass/w8a8_sm90.cu",
-        "requant/audit/prediction_matrix.json",
+        "requant/audit/catalogue/prediction_matrix.json",
         "requant/data/default/config.json",
         "requant/model_cards/requant_w8a8.md.j2",
         "requant/publish/card.py",
@@ -115,7 +115,7 @@ def test_installed_wheel_imports_under_requant_only(wheel, tmp_path):
     assert {p.name for p in site.iterdir() if not p.name.endswith(".dist-info")} == {"requant", "bin"}
     out = _probe(
         "import importlib.util as u, torch\n"
-        "import requant, requant.kernels as k, requant.audit.matrix as m, requant.cli as c\n"
+        "import requant, requant.kernels as k, requant.audit.catalogue.matrix as m, requant.cli as c\n"
         "print(requant.__file__); print(k.__file__); print(c.app.info.name)\n"
         "y = k.scaled_mm(torch.ones(1, 4, dtype=torch.int8), torch.ones(2, 4, dtype=torch.int8), torch.ones(1, 1), torch.ones(2, 1))\n"
         "print(y.tolist()); print(m.load_matrix().sha256 == m.PINNED_SHA256)\n"
@@ -186,9 +186,7 @@ def test_from_the_clone_root_each_name_is_the_installed_distribution(tmp_path):
         code += f"m = importlib.import_module({name!r}); print(m.MARK, m.__file__)\n"
         if name != "cli":
             code += f"s = importlib.import_module({name + '.sub'!r}); print(s.MARK)\n"
-    code += (
-        "import requant.kernels as k, requant.audit.matrix, requant.model_cards as mc; print(k.__file__, mc.__file__)\n"
-    )
+    code += "import requant.kernels as k, requant.audit.catalogue.matrix, requant.model_cards as mc; print(k.__file__, mc.__file__)\n"
     lines = _probe(code, cwd=ROOT, pythonpath=str(site)).splitlines()
     want = []
     for name in HANDED_OVER:

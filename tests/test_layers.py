@@ -8,6 +8,10 @@ relative imports resolved, pyproject.toml's package-dir mapping applied):
     commands   on top
     requant._toplevel  the clone-root guard kernels/, audit/, model_cards/ and cli.py run first under
                a bare name: standard library only, so every layer may import it
+and, inside the core, the packages CORE_IMPORTS names import only what it lists: requant.io (files
+in and out) only requant.errors; requant.models (what a model is) only io and errors, so the
+synthetic checkpoint maker lives in requant.checkpoint; requant.scales (the arithmetic of scales)
+nothing; requant.checkpoint and requant.runtime nothing above them (convert, eval, publish, tp).
 and no import cycle among requant's modules, counting function-level imports too (a circle hidden
 in a function is still a circle) and the package __init__ an import runs first. The checker is
 itself tested on a small tree it must fault."""
@@ -98,6 +102,39 @@ def layer(name: str) -> str:
     return "core"
 
 
+# package -> the only other requant packages its modules may import (itself always allowed)
+CORE_IMPORTS = {
+    "requant.io": {"requant.errors"},
+    "requant.models": {"requant.errors", "requant.io"},
+    "requant.scales": set(),
+    "requant.checkpoint": {
+        "requant.errors",
+        "requant.io",
+        "requant.models",
+        "requant.scales",
+        "requant.kernels",
+        "requant.evidence",
+    },  # evidence: inspect reads the "requant" key (PROVENANCE_KEY) of a converted config
+    "requant.runtime": {
+        "requant.errors",
+        "requant.io",
+        "requant.models",
+        "requant.checkpoint",
+        "requant.kernels",
+        "requant.regime",
+    },
+}
+
+
+def core_fault(m: str, mod: str) -> str | None:
+    """The CORE_IMPORTS package m belongs to, when m's import of mod leaves what it may import."""
+    for pkg, allowed in CORE_IMPORTS.items():
+        if m == pkg or m.startswith(pkg + "."):
+            ok = {pkg, *allowed}
+            return None if any(mod == a or mod.startswith(a + ".") for a in ok) else pkg
+    return None
+
+
 FORBIDDEN = {
     "core": {"audit", "commands"},
     "audit": {"commands"},
@@ -124,6 +161,8 @@ def faults(root: Path, dirs: dict[str, str]) -> list[str]:
                 continue
             if layer(mod) in FORBIDDEN.get(layer(m), ()):
                 bad.append(f"{where}: {layer(m)} imports {layer(mod)} ({mod})")
+            elif (pkg := core_fault(m, mod)) is not None:
+                bad.append(f"{where}: {pkg} imports {mod}")
             # importing a.b.c runs a.b's __init__ first: an edge to each package above mod but not above m
             ancestors = set(_above(mod)) - set(_above(m))
             graph[m].update(a for a in ancestors if a in known and a != m)
@@ -196,6 +235,14 @@ def test_the_checker_finds_each_kind_of_fault(tmp_path):
             "requant/a.py": "def f():\n    from requant.audit import x\n",  # core -> audit, hidden in a function
             "requant/b.py": "from . import c\n",  # relative: a cycle b -> c -> b
             "requant/c.py": "def g():\n    import requant.b\n",
+            "requant/models/__init__.py": "",
+            "requant/models/m.py": "from requant.io import f\nfrom requant.convert import s\n",  # 2nd: wrong way
+            "requant/io/__init__.py": "",
+            "requant/io/f.py": "from requant import errors\nfrom requant.checkpoint import x\n",  # 2nd: wrong way
+            "requant/errors.py": "",
+            "requant/convert/__init__.py": "",
+            "requant/convert/s.py": "",
+            "requant/checkpoint/__init__.py": "from requant import models\n",  # the right way
             "requant/commands/__init__.py": "from requant import audit\n",  # commands on top: allowed
             "kernels/__init__.py": "import torch, json\nfrom requant.b import q\nimport transformers\n",
             "audit/__init__.py": "",
@@ -208,5 +255,7 @@ def test_the_checker_finds_each_kind_of_fault(tmp_path):
         "kernels/__init__.py:2: kernels imports core (requant.b)",
         "kernels/__init__.py:3: kernels/ imports transformers",
         "requant/a.py:2 (in a function): core imports audit (requant.audit.x)",
+        "requant/io/f.py:2: requant.io imports requant.checkpoint",
+        "requant/models/m.py:2: requant.models imports requant.convert.s",
         "import cycle: requant.b -> requant.c",
     ]

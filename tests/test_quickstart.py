@@ -2,7 +2,7 @@
 parsed from README.md and run as written (in a fresh directory, so `out/...` is relative to it),
 with only the placeholders replaced:
 
-  org/Qwen3-8B-W8A8, SRC   a tiny requant.models.synthetic checkpoint (no Qwen3 weights, no network)
+  org/Qwen3-8B-W8A8, SRC   a tiny requant.checkpoint.synthetic checkpoint (no Qwen3 weights, no network)
   OUT                      out/roundtrip;  A B: that synthetic and out/roundtrip
   requant/data/default     the embedded default's installed path (the worked example's clone path)
   me/model-pow2            kept: a repo id pushed to tests/hubserver.py's loopback fake Hub
@@ -25,8 +25,8 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from requant import DEFAULT_CHECKPOINT
+from requant.checkpoint.synthetic import generate
 from requant.cli import app
-from requant.models.synthetic import generate
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 runner = CliRunner()

@@ -1,4 +1,4 @@
-"""The default model's architecture, and its config.json written the requant.models.synthetic way.
+"""The default model's architecture, and its config.json written the requant.checkpoint.synthetic way.
 
 DEFAULT: a Qwen3 with hidden 256, intermediate 768, 6 layers, 4 query heads and 2 KV heads
 of dimension 64, vocabulary 8,192 (training/tokenizer), embeddings tied to the output layer
@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from requant.checkpoint.synthetic import Preset, model_config
 from requant.models.qwen3 import SIZE_KEYS
-from requant.models.synthetic import Preset, model_config
 
 EOT_ID = 0
 DEFAULT = Preset(
@@ -49,7 +49,7 @@ def preset(tiny: bool = False) -> Preset:
 
 
 def config_dict(p: Preset) -> dict:
-    """The bf16 model's config.json (transformers Qwen3 keys), as requant.models.synthetic writes it."""
+    """The bf16 model's config.json (transformers Qwen3 keys), as requant.checkpoint.synthetic writes it."""
     return model_config(p, quantized=False)
 
 

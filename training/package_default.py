@@ -14,9 +14,9 @@ config.json). Two checkpoints are written into --out-dir:
                  is tied to the embeddings and stays unquantized (ignore ["lm_head"]); the
                  embeddings and norms are the bf16 source's tensors, byte for byte; the real
                  compressed-tensors quantization_config (requant.checkpoint.scheme.quantization_config)
-                 with the compression ratio computed as requant.models.synthetic.generate does.
+                 with the compression ratio computed as requant.checkpoint.synthetic.generate does.
 
-Both are written the way requant.models.synthetic writes checkpoints: one model.safetensors made by
+Both are written the way requant.checkpoint.synthetic writes checkpoints: one model.safetensors made by
 the safetensors library (`__metadata__` {"format": "pt"}; the library orders the data by
 dtype and name, so the bytes depend only on the tensors), config.json with sorted keys and
 indent 2, and here also tokenizer.json, tokenizer_config.json and generation_config.json
@@ -52,8 +52,8 @@ import torch
 if __package__ in (None, ""):  # run as a script: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from requant.checkpoint.synthetic import model_config, plan, write_json  # noqa: E402
 from requant.io.markdown import table  # noqa: E402
-from requant.models.synthetic import model_config, plan, write_json  # noqa: E402
 from requant.scales.from_source import rtn_quantize  # noqa: E402
 from training import arch  # noqa: E402
 from training.train_tokenizer import TOKENIZER_DIR, TOKENIZER_SHA256, sha256_file  # noqa: E402
@@ -166,7 +166,7 @@ def build(p, tensors: dict[str, torch.Tensor], bf16_dir: Path, w8a8_dir: Path) -
     def nbytes(d):
         return sum(t.numel() * t.element_size() for t in d.values())
 
-    ratio = round(nbytes(src) / nbytes(quant), 4)  # as requant.models.synthetic.generate: bf16 bytes / W8A8 bytes
+    ratio = round(nbytes(src) / nbytes(quant), 4)  # as requant.checkpoint.synthetic.generate: bf16 bytes / W8A8 bytes
     write_json(bf16_dir / "config.json", model_config(p, quantized=False))
     write_json(w8a8_dir / "config.json", model_config(p, quantized=True, compression_ratio=ratio))
     for d in (bf16_dir, w8a8_dir):

@@ -1,7 +1,12 @@
 """Fingerprint a W8A8 kernel: which formula of audit/conform/formulas.py it implements, whether it
 accumulates exactly, whether it is batch-invariant; one verdict line and a JSON record.
 
-Design notes: docs/internals.md (audit/conform/__init__.py).
+  __init__       fingerprint one kernel on the vectors and give the verdict
+  formulas       the epilogue formulas and accumulator models it tells apart
+  vectors        the crafted cases on which they differ
+  fault_kernels  every catalogue fault as a scaled_mm kernel, for `--kernel`
+
+The method and its errors: docs/conformance.md#requant-conform.
 """
 
 from __future__ import annotations

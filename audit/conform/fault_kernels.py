@@ -1,8 +1,8 @@
-"""Every fault of the catalogue (audit/faults.py) wrapped as a scaled_mm kernel, so that
+"""Every fault of the catalogue (audit/catalogue/faults.py) wrapped as a scaled_mm kernel, so that
 `requant conform --kernel requant.audit.conform.fault_kernels:F4` can fingerprint it.
 
 Each kernel checks the operand contract, forms the exact reference case on its operands
-(audit.faults.reference_case) and returns the output of one variant at severity "all"
+(audit.catalogue.faults.reference_case) and returns the output of one variant at severity "all"
 (F9: all three operand variants, F9a one scale, F9b 1% of activations, F9c all of them).
 Expected fingerprints (FAULT_FORMULAS): the formula of audit/conform/formulas.py each implements, with
 its accumulator model; None for the operand faults, which match no formula.
@@ -10,7 +10,7 @@ its accumulator model; None for the operand faults, which match no formula.
 
 from __future__ import annotations
 
-from requant.audit.faults import VARIANT_BY_ID, inject, reference_case
+from requant.audit.catalogue.faults import VARIANT_BY_ID, inject, reference_case
 from requant.audit.records import Activations, Weights
 from requant.kernels.reference import check_operands
 
@@ -26,7 +26,7 @@ def _wrap(variant_id: str):
         return inject(variant, case).y
 
     kernel.__name__ = kernel.__qualname__ = variant_id.replace(".", "_")
-    kernel.__doc__ = f"Fault {variant_id} of audit/faults.py as a scaled_mm kernel."
+    kernel.__doc__ = f"Fault {variant_id} of audit/catalogue/faults.py as a scaled_mm kernel."
     return kernel
 
 

@@ -7,14 +7,14 @@ NUMERICS
   product or quotient below is one IEEE fp32 operation (round to nearest even), and
   rne / trunc are the fp32 -> bf16 roundings of kernels.bf16 (to nearest even / toward zero).
 
-Design notes: docs/internals.md (audit/conform/formulas.py).
+The catalogue: docs/conformance.md#formula-catalogue-auditconformformulaspy.
 """
 
 from __future__ import annotations
 
 import torch
 
-from requant.audit.faults import accumulate_bf16_tiles, wrap_int16
+from requant.audit.catalogue.faults import accumulate_bf16_tiles, wrap_int16
 from requant.kernels.bf16 import round_fp32_to_bf16, truncate_fp32_to_bf16
 from requant.kernels.reference import accumulate, epilogue_exact
 
@@ -74,7 +74,7 @@ def apply_formula(name: str, acc: torch.Tensor, s_a: torch.Tensor, s_w: torch.Te
     f = acc.to(torch.float32)
     sa = s_a.reshape(-1, 1)
     sw = s_w.reshape(1, -1)
-    recip = 1.0 / sw  # the precomputed per-channel reciprocal of F1 (as audit/faults.py forms it)
+    recip = 1.0 / sw  # the precomputed per-channel reciprocal of F1 (as audit/catalogue/faults.py forms it)
     if order == "cutlass-order":
         inner = f / recip if fault == "F1" else sw * f
         inner = _bf16_f32(inner) if fault == "F2" else inner

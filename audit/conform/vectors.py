@@ -4,7 +4,7 @@ deterministically on CPU from one seed (the same bytes on every machine: seeded 
 generators, exact integer matmuls in float64, IEEE fp32 elementwise ops), and exportable
 so that a kernel can be checked with numpy alone (export()).
 
-Design notes: docs/internals.md (audit/conform/vectors.py).
+Why each case separates what it separates: docs/conformance.md#vectors-auditconformvectorspy.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@
   decode     the same cells on each decode step's operands, per batch size (JSON `decode`)
   injection  each fault kernel injected into the generating model, C7 scored (JSON `injection`)
 
-audit/suite.py runs them regime by regime; audit/report.py assembles their sections. Docs:
+audit/suite.py runs them regime by regime; audit/report.py assembles their sections. They import the
+cells, the catalogue and the core below them. Docs:
 docs/architecture.md (audit), docs/audit.md.
 """
 

@@ -6,8 +6,7 @@ decode tile, a tile chosen by M). Prefill evidence says nothing about that confi
 
 DecodePhase runs it on each regime's model with its own scorer and owns the JSON's `decode`
 (the prefill keys stay untouched); decode_markdown is the report's "Decode beside prefill".
-How the operands are captured and how C7 compares the pair: docs/internals.md
-(audit/phases/decode.py).
+How the operands are captured and how C7 compares the pair: docs/audit.md#3-decode-phase.
 """
 
 from __future__ import annotations
@@ -17,13 +16,13 @@ import time
 import torch
 
 from requant.audit.capture import Capture
+from requant.audit.catalogue.checks import c7_token_risk, token_risk
+from requant.audit.catalogue.matrix import Matrix
+from requant.audit.catalogue.scoring import Scorer
 from requant.audit.cells import LinearQueue, backend_kernel
-from requant.audit.checks import c7_token_risk, token_risk
 from requant.audit.compare import summarize_layers
-from requant.audit.matrix import Matrix
 from requant.audit.phases.prefill import kernel_faults_markdown
 from requant.audit.records import Run, Weights
-from requant.audit.scoring import Scorer
 from requant.io.markdown import table
 from requant.runtime.cache import generation_capacity
 

@@ -10,7 +10,7 @@ Linears of decoder layer num_hidden_layers // 2), under both scale regimes.
 run_injection measures one regime's model; score_injection makes the JSON's `injection` and
 `injection_scorecard` (matrix v4's `injection` predictions); injection_markdown and
 plot_injection are the report's section and injection.png. How the injector finds its
-Linears, and what is measured: docs/internals.md (audit/phases/injection.py).
+Linears, and what is measured: docs/audit.md#4-faults-injected-into-the-generating-model.
 """
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ from pathlib import Path
 import torch
 
 from requant import kernels
-from requant.audit.checks import FIRE, NOT_APPLICABLE, SILENT, token_risk
+from requant.audit.catalogue.checks import FIRE, NOT_APPLICABLE, SILENT, token_risk
+from requant.audit.catalogue.faults import VARIANT_BY_ID, LayerCase, inject
+from requant.audit.catalogue.matrix import INJECTION_MATRIX_PATH, PREDICTED_MISS, load_matrix
 from requant.audit.conform.fault_kernels import FAULTS
 from requant.audit.device_acc import exact_accumulate
 from requant.audit.f6_tiles import f6_accumulator
-from requant.audit.faults import VARIANT_BY_ID, LayerCase, inject
-from requant.audit.matrix import INJECTION_MATRIX_PATH, PREDICTED_MISS, load_matrix
 from requant.audit.records import REFERENCE_KERNEL, Activations, Run, Weights
 from requant.io.markdown import table
 from requant.kernels.reference import check_operands
@@ -189,7 +189,7 @@ def _teacher_forced_blocks(m, injector, tensors, tokens, ref_tokens, runs) -> li
     """The teacher-forced runs `runs` ([(fault kernel, targets)]) as one batch: the prompts once per
     run, each run's block of rows faulted by its own kernel (FaultInjector.blocks). The logits per
     step of each run, the same bits as running it alone: the reference engine computes every row
-    from its own sequence (batch-invariant by construction: runtime/ops.py), each block's fault
+    from its own sequence (batch-invariant by construction: kernels/ops.py), each block's fault
     kernel is called on exactly the rows its own run would pass, and the base on the rest."""
     n, b = len(runs), len(tensors)
     injector.blocks = list(runs)

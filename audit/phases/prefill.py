@@ -13,13 +13,13 @@ from pathlib import Path
 import torch
 
 from requant.audit.capture import Capture, run_prompts
+from requant.audit.catalogue.checks import LAYER_CHECK_IDS, c7_token_risk, token_risk
+from requant.audit.catalogue.faults import FAMILY_TITLES, VARIANTS
+from requant.audit.catalogue.matrix import Matrix
+from requant.audit.catalogue.scoring import HIST_BINS, Scorer, bin_label
 from requant.audit.cells import LinearQueue, backend_kernel
-from requant.audit.checks import LAYER_CHECK_IDS, c7_token_risk, token_risk
 from requant.audit.compare import summarize_layers
-from requant.audit.faults import FAMILY_TITLES, VARIANTS
-from requant.audit.matrix import Matrix
 from requant.audit.records import Run, Weights
-from requant.audit.scoring import HIST_BINS, Scorer, bin_label
 from requant.io.markdown import table
 from requant.kernels.bf16 import is_power_of_two
 from requant.regime import REGIMES

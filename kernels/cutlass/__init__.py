@@ -10,7 +10,7 @@ rounded fp32 multiplies in the order above, round to nearest even to bf16). It e
 kernels.reference.scaled_mm_cutlass_order bit for bit; tile and scheduler swizzle (chosen
 by shape in w8a8_sm90_select.h) never change a bit because int32 accumulation is exact.
 
-Design notes: docs/internals.md (kernels/cutlass/__init__.py).
+Shapes (padding is exact) and the build: docs/kernels.md#numerics, docs/kernels.md#cutlass-build.
 """
 
 import os

@@ -7,6 +7,11 @@ scaled_mm.py and quantize.py for the numerics, and _launch.py for the per-call h
 
     scaled_mm(a, w, s_a, s_w, config=None, cached=True)
     quantize_activations(x, check=None, cached=True)
+
+The other kernels here are the engines': fused.py (the fast engine's row kernels), attention.py
+(split-KV attention), dense.py (the bf16 lm_head), portable.py with _portable_math.py (the portable
+arithmetic); _bf16.py the bf16 rounding on bits, _launch.py the cached launches. Each equals its torch
+form in kernels/ bit for bit (emulation.py, portable.py, reference.py).
 """
 
 from requant.kernels.triton.quantize import quantize_activations

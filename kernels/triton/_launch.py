@@ -8,7 +8,8 @@ the kernel's globals, and only then launch. In eager use that is tens of microse
 call, as long as the GEMM itself at M = 512 (measured: 215 TOPS eager against 636 for a
 bare kernel on 512 x 2048 x 6144).
 
-Design notes: docs/internals.md (kernels/triton/_launch.py).
+Why the launch key covers Triton's specialization: docs/kernels.md#host-path (tested against
+Triton's own binder in tests/kernels/test_triton_launch.py).
 """
 
 import os

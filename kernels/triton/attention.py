@@ -14,8 +14,8 @@ order), or the fused fold (_fold_kernel: the same walk _walk and fold step _fold
 partials' round trip) for long launches (fold_path); the same bits on both paths. The split and
 combine kernels also compute the portable arithmetic (PORTABLE: lane dots, adjacent trees,
 software exp2; kernels/triton/portable.py), resolved at compile time. The arithmetic, the fold
-and why the bits depend on neither batch, chunking nor path: docs/runtime.md ("Split-KV
-attention") and docs/internals.md. The torch emulation: kernels/emulation.py attention_ref.
+and why the bits depend on neither batch, chunking nor path:
+docs/runtime.md#split-kv-attention-the-fast-engine. The torch emulation: kernels/emulation.py attention_ref.
 """
 
 import torch

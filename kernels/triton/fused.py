@@ -10,7 +10,7 @@ that covers the whole row (silu_mul_quantize: fixed slices of SILU_BLOCK_K): its
 function of the row length alone (the next power of two), never of the number of rows. So a row's arithmetic is the same code on the same
 data whatever else is in the call: BATCH INVARIANCE by construction, no measurement needed.
 
-Design notes: docs/internals.md (kernels/triton/fused.py).
+Proof of each kernel's numerics: docs/kernels.md#the-fused-row-kernels-kernelstritonfusedpy.
 """
 
 import torch

@@ -12,7 +12,7 @@ Inputs pass the reference's own host check (kernels.reference._check_activations
 a NaN or an infinity that it did not refuse gets s = NaN and q = 0, decided in the kernel.
 
 Why bf16 is upcast on its bits, how round_half_even is written, why enable_fp_fusion=False,
-and what the input checks cost: docs/internals.md (kernels/triton/quantize.py).
+and what the input checks cost: docs/kernels.md#numerics, docs/kernels.md#why-the-oracle-is-exact.
 """
 
 import torch

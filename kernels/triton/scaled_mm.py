@@ -11,7 +11,7 @@ empty [M, N] tensor; K = 0 gives acc = 0, hence y = s_a * 0 * s_w = +0 (or -0 fo
 negative scale, exactly as the reference computes it).
 
 Numerics guaranteed, and why (the exact accumulator, no FMA, the bf16 rounding, split-K):
-docs/internals.md (kernels/triton/scaled_mm.py).
+docs/kernels.md#numerics.
 """
 
 import functools
@@ -344,7 +344,7 @@ def _fixed(name: str):
     f = _FIXED.get((name, cfg))
     if f is None:
         bm, bn, bk, group_m, warps, stages, kind = cfg
-        # enable_fp_fusion=False: every fp32 op rounds on its own (docs/internals.md)
+        # enable_fp_fusion=False: every fp32 op rounds on its own (proof: docs/kernels.md#numerics)
         options = {"num_warps": warps, "num_stages": stages, "enable_fp_fusion": False}
         consts = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": group_m}
         f = _FIXED[(name, cfg)] = (bm, bn, bk, kind, options, consts, tuple(consts.values()))

@@ -4,7 +4,17 @@ This is the one place that decides whether a directory is a checkpoint requant a
 `open_checkpoint` resolves the source (a local directory, or a Hub repo id through
 `huggingface_hub.snapshot_download`, which honours HF_HUB_OFFLINE and the local cache),
 then checks the config, every shard header and every scale before any tensor data is used by
-anyone (the full list, and why: docs/internals.md, requant/checkpoint/__init__.py).
+anyone (the full list: docs/checkpoints.md#input).
+
+  __init__       open_checkpoint, Checkpoint: the validated, lazily read checkpoint
+  scheme         the one quantization scheme accepted, checked field by field
+  moe            the Qwen3-MoE tensor layout, checked after the generic checks
+  inspect        `requant inspect`
+  synthetic      seeded random Qwen3-shaped W8A8 checkpoints (`python -m requant.checkpoint.synthetic`);
+                 synthetic_moe its Qwen3-MoE presets
+
+Imports io, models, scales, errors (and, for inspect, evidence and kernels); never convert, runtime
+or above (tests/test_layers.py).
 """
 
 from __future__ import annotations

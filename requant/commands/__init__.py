@@ -16,4 +16,8 @@ _common.py      consoles, the error line, exit codes, the atomic JSON writer, sh
 _isolate.py     a command that runs a user kernel re-runs itself in a child process; the
                 parent gives the verdict (docs/audit.md)
 _limits.py      values that cannot fit (positions, batch memory, threads) refused before any work
+
+On top of every layer: the commands may import the core, kernels/ and the audit; nothing imports them
+but requant/cli.py. Heavy optional imports (torch, triton, lm-eval, transformers) stay inside the
+command bodies, so that `requant --help` stays fast.
 """

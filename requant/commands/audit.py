@@ -11,8 +11,7 @@ false positive or negative and every layer is bitwise equal under pow2; 1 when i
 of those fails; 2 on a usage or checkpoint error (a message, no traceback), including a
 SHA256SUMS that does not match the checkpoint's files.
 
-Defaults, the matrices, the decode and injection phases and the JSON's identity fields: docs/audit.md;
-the rest of this docstring: docs/internals.md (requant/commands/audit.py).
+Defaults, the matrices, the decode and injection phases and the JSON's identity fields: docs/audit.md.
 """
 
 from __future__ import annotations
@@ -316,7 +315,7 @@ def audit(
         if resolved.failure is not None:  # a finding, not a refusal: recorded, then exit 1
             _fail_fingerprint(resolved.failure, custom, ckpt, spec, pair, dev, json_out)
         pair = resolved.kernels
-        from requant.audit.matrix import baseline_variant, load_matrix, matrix_path
+        from requant.audit.catalogue.matrix import baseline_variant, load_matrix, matrix_path
 
         pred = load_matrix(matrix_path(matrix))
         for b in pair:

@@ -14,7 +14,7 @@ accumulation, batch invariance, every case equal to that order and, for a backen
 it declares; 1 otherwise; 2 when it could not run (unknown backend, a --kernel that cannot be
 imported, a callable that raises or returns the wrong dtype or shape: one `error:` line).
 
-More: docs/conformance.md; the rest of this docstring: docs/internals.md (requant/commands/conform.py).
+More: docs/conformance.md.
 """
 
 from __future__ import annotations

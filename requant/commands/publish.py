@@ -205,7 +205,7 @@ def card(
     requant-eval.json, requant-determinism.json, requant-convert.json. A missing report is
     named in the card as not measured. Also writes CKPT/SHA256SUMS when there is none (the
     card quotes its digest)."""
-    from requant.audit.faults import FAMILY_TITLES
+    from requant.audit.catalogue.faults import FAMILY_TITLES
     from requant.publish.card import checkpoint_facts, render, write_card
     from requant.publish.push import check_repo_id
 
@@ -284,7 +284,7 @@ def push(
     layer bitwise equal, and every weight scale is a power of two (--force overrides these,
     never the probe arm). The token comes from HF_TOKEN or the stored login; HF_ENDPOINT
     selects the Hub. Prints the commit URL."""
-    from requant.audit.faults import FAMILY_TITLES
+    from requant.audit.catalogue.faults import FAMILY_TITLES
     from requant.publish import push as push_mod
 
     with _hashing(ckpt, "sha256") as cb:

@@ -13,8 +13,8 @@ or only the logits); --json writes the result. Exit status: 0 every step of ever
 bit for bit; 1 a step differs; 2 could not run (a malformed record naming the line and field,
 another checkpoint or tokenizer than the record's, a backend that cannot run here); 130 interrupted.
 
-Which settings, and what --backend, --engine and --batch-with may change: docs/internals.md
-(requant/commands/replay.py), docs/runtime.md.
+Which settings, and what --backend, --engine and --batch-with may change:
+docs/runtime.md#verifiable-generation.
 """
 
 from __future__ import annotations

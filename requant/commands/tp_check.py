@@ -12,8 +12,7 @@ stdout: one line per degree, then the summary line
 1 when a degree differs, 2 when it could not run (usage, a checkpoint the degrees do not fit,
 a backend the device cannot run, a worker that failed or timed out; one `error:` line).
 
-What is launched, what is compared and the --json record: docs/tensor-parallel.md; the rest of
-this docstring: docs/internals.md (requant/commands/tp_check.py).
+What is launched, what is compared and the --json record: docs/tensor-parallel.md#the-command.
 """
 
 from __future__ import annotations

@@ -1,6 +1,14 @@
 """`requant convert`: rewrite a W8A8 checkpoint's weight scales under one arm, safely.
 
-Design notes: docs/internals.md (requant/convert/__init__.py).
+  __init__    convert(): validate, stream the segments, record the provenance, publish atomically
+  _streaming  the units of work: shards streamed piece by piece into output shards
+  _workers    a bounded thread pool in file order, with a deterministic failure
+  replace     what --force may replace: OUT not inside SRC, nothing a user wrote into an old OUT
+
+Imports checkpoint, scales, evidence, io and errors; nothing above it.
+
+How, and why this way: docs/checkpoints.md#output (validate first, stream, in parallel, provenance,
+atomically), docs/checkpoints.md#reading-and-writing-the-decisions.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The converter's units of work: shards streamed, piece by piece, into output shards.
 
-Design notes: docs/internals.md (requant/convert/_streaming.py).
+Why the headers and offsets are kept: docs/checkpoints.md#output.
 """
 
 from __future__ import annotations

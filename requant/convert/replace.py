@@ -2,7 +2,8 @@
 existing OUT replaced only when it is a checkpoint (requant.io.output.replaceable) holding nothing
 a user wrote into it (not_replaced_silently), checked before any work (check_output) and again
 just before the rename (refuse_users_files, AtomicOutput's before_replace). Here, not in
-requant.io.output, because it reads the manifest and the conversion's own stub (docs/internals.md).
+requant.io.output, because it reads the manifest and the conversion's own stub
+(docs/checkpoints.md#reading-and-writing-the-decisions).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def _written_by_conversion(path: Path, theirs: Path) -> bool:
 
 
 def not_replaced_silently(final: Path, src: Path) -> list[str]:
-    """The files of an existing OUT that --force must not delete (docs/internals.md):
+    """The files of an existing OUT that --force must not delete (docs/checkpoints.md):
     the evidence written about it (EVIDENCE_FILES at its top level, unless a conversion wrote it:
     _written_by_conversion) and, when OUT has a
     SHA256SUMS, every file it neither lists nor wrote itself (CONVERSION_FILES)."""

@@ -3,12 +3,12 @@
 Modules, one concern each:
   lm.py          the lm-eval model `requant` (registered on import): rolling log-likelihood,
                  log-likelihood and greedy generation on requant's runtime
-  model.py       the one import of the runtime's load_model
   task.py        the shipped `requant-heldout` task (tasks/*.yaml) and its TaskManager
   heldout.py     makes requant/data/heldout/ from the shared Austen corpus
   bootstrap.py   the paired bootstrap over documents and the probe decomposition
   run.py         arms -> converter -> lm_eval.simple_evaluate -> bootstrap
   report.py      JSON, Markdown and PNG outputs (atomic)
-  command.py     the typer command
-Importing this package imports neither lm-eval nor torch.
+The typer command is requant/commands/evaluate.py. Importing this package imports neither lm-eval
+nor torch. Imports the core below it (runtime, convert, checkpoint, evidence, io, scales, models) and
+kernels/, never the audit nor the commands. Docs: docs/eval.md.
 """

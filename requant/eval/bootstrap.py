@@ -10,7 +10,7 @@ arm a, the word count w[d] and the byte count b[d] (the same for every arm). The
     ppl_a / ppl_native = exp(-(sum ll_a - sum ll_native) / sum w)
     delta_pct = 100 * (ppl_a / ppl_native - 1)
 
-Design notes: docs/internals.md (requant/eval/bootstrap.py).
+Why documents are the unit, and the probe decomposition: docs/eval.md#intervals.
 """
 
 from __future__ import annotations

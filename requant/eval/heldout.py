@@ -7,7 +7,7 @@ default: $REQUANT_CORPUS, else ../shared/corpus/austen.txt.gz next to the checko
 trained default model never sees this novel (its training script holds it out), so its
 perplexity here is a held-out measurement.
 
-Design notes: docs/internals.md (requant/eval/heldout.py).
+What is cut, and why: docs/eval.md#the-held-out-task-requant-heldout.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ Importing this module registers it (`@register_model("requant")`):
     lm_eval.simple_evaluate(model="requant", model_args="pretrained=DIR,backend=triton",
                             tasks=["requant-heldout"], task_manager=task_manager())
 
-Design notes: docs/internals.md (requant/eval/lm.py).
+model_args and the scoring (lm-eval's HF model's rules): docs/eval.md#scoring.
 """
 
 from __future__ import annotations

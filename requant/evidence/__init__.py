@@ -8,4 +8,7 @@ buildinfo.py   tool_version and git_commit of the running code
 provenance.py  what `requant convert` records in its output: SHA256SUMS.source, the
                config.json "requant" key, requant-convert.json
 origin.py      `--source`: the proof that bf16 weights are the origin of an int8 checkpoint
+verify.py      `requant verify A B`: the same bytes, or where they differ
+
+Imports checkpoint, io, scales and errors; never convert, runtime or above. Docs: docs/publishing.md.
 """

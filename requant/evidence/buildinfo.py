@@ -3,7 +3,7 @@
 Every report that is evidence about a checkpoint (the audit, the eval, the determinism run)
 records the code that produced it, so that a stranger can tell which numbers came from which
 tool. The version alone is not enough while requant is developed from a git checkout (many
-commits share 0.1.0), so a checkout adds its commit (how it is found: docs/internals.md, requant/evidence/buildinfo.py).
+commits share 0.1.0), so a checkout adds its commit (the rules: docs/publishing.md#reports-carry-their-provenance).
 """
 
 from __future__ import annotations

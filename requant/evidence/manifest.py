@@ -12,7 +12,7 @@ rule describes a converted checkpoint's source (SOURCE_MANIFEST). File names tha
 format cannot hold plainly (a newline, a carriage return or a backslash: GNU would escape them)
 are refused, naming the file. Files are hashed in parallel, each read once.
 
-Why this format, what exactly is covered and why: docs/internals.md (requant/evidence/manifest.py).
+Why this format, what exactly is covered and why: docs/publishing.md#the-manifest.
 """
 
 from __future__ import annotations

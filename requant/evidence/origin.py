@@ -9,7 +9,7 @@ a checkpoint, --source would write RTN-of-unsmoothed Linears beside smoothed nor
 broken model. So, before anything is written, `prove_origin` checks, tensor by tensor in
 model order, and names the first tensor that disagrees and why (a TensorError naming the
 checkpoint's shard and the tensor, and the source file); the checks, in order:
-docs/internals.md (requant/evidence/origin.py).
+docs/checkpoints.md#from-the-bf16-source---source.
 """
 
 from __future__ import annotations

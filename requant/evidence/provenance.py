@@ -2,7 +2,7 @@
 
 One entry point, `record`, called by requant.convert once every shard is written and the
 source's files are hashed. For a constrained arm it writes its provenance files into the output (which, and
-what each proves: docs/internals.md, requant/evidence/provenance.py).
+what each proves: docs/checkpoints.md#output, docs/publishing.md#what-convert-writes).
 """
 
 from __future__ import annotations

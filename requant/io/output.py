@@ -12,8 +12,8 @@
 * Report files (write_files_atomic, write_bytes_atomic, write_json_atomic) are published as
   a set, all or nothing, durably, only over absent or regular files.
 
-How, and why (links, the fsync order, the lock files, what --force may replace): docs/internals.md
-(requant/io/output.py).
+How, and why (links, the fsync order, the lock files, what --force may replace):
+docs/checkpoints.md#output, docs/checkpoints.md#reading-and-writing-the-decisions.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def _lock_of(tmp: Path) -> Path:
 
 
 def _take_lock(lock: Path) -> int:
-    """Create the lock file holding this process's flock (how: docs/internals.md); its fd."""
+    """Create the lock file holding this process's flock (why so: docs/checkpoints.md); its fd."""
     staging = lock.with_name(f"{lock.name}.{os.getpid()}")
     fd = os.open(staging, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
     try:
@@ -91,7 +91,7 @@ def _try_lock(path: Path) -> tuple[int | None, str]:
 
 def sweep_stale(final: Path, on_note: Callable[[str], None]) -> None:
     """Remove the temporary directories that dead runs left for `final` (OUT as output_path
-    spells it) and name the leftovers it may not remove (docs/internals.md)."""
+    spells it) and name the leftovers it may not remove (docs/checkpoints.md)."""
     prefix_tmp, prefix_old = f".{final.name}.requant-tmp-", f".{final.name}.requant-old-"
     try:
         entries = sorted(final.parent.iterdir())
@@ -161,7 +161,7 @@ def _say_left(old: Path, on_note: Callable[[str], None]) -> None:
 
 
 def replaceable(path: Path) -> str | None:
-    """None when --force may replace path (docs/internals.md), else why not."""
+    """None when --force may replace path (docs/checkpoints.md), else why not."""
     if path.is_symlink():
         return None
     if not path.is_dir():

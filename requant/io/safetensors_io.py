@@ -8,7 +8,7 @@ by the same library version. Here the raw header bytes are kept as read, and a c
 file is written as *the same header* followed by new data at the same offsets: requantizing
 never changes a dtype or a shape, so the header stays valid as it is.
 
-Design notes: docs/internals.md (requant/io/safetensors_io.py).
+Why pread and not mmap: docs/checkpoints.md#reading-and-writing-the-decisions.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
     tok.encode(text) -> list[int];  tok.decode(ids) -> str;  tok.eos_id -> int | None
     tok.describe() -> {"kind", "sha256", "vocab_size", "model_vocab_size"}
 
-Design notes: docs/internals.md (requant/models/tokenizer.py).
+When byte-level ids are used, and where eos comes from: docs/runtime.md#tokenizer.
 """
 
 from __future__ import annotations

@@ -6,6 +6,8 @@
 
 The evidence is a set of JSON reports beside the checkpoint (reports.py), each tied to the
 checkpoint's bytes by the manifest digest it records. The typer commands live in requant/commands/publish.py.
+Imports checkpoint, evidence, io, models, regime and model_cards; never the audit (the command passes
+the fault titles in). Docs: docs/publishing.md.
 """
 
 from requant.errors import CheckpointError

@@ -6,7 +6,7 @@ error, not an empty cell). Its YAML front matter is made by huggingface_hub.Mode
 checked by parsing the rendered card back with huggingface_hub.ModelCard before anything is
 written: the metadata must round-trip exactly.
 
-Design notes: docs/internals.md (requant/publish/card.py).
+Front matter, tags as claims, and the marker: docs/publishing.md#the-card.
 """
 
 from __future__ import annotations
@@ -531,7 +531,7 @@ def render(
     fault_titles: Mapping[str, str] = MappingProxyType({}),
 ) -> RenderedCard:
     """Render the card of a checkpoint (nothing written). fault_titles: the audit's fault family
-    titles (requant.audit.faults.FAMILY_TITLES, given by the command: the core imports no audit)."""
+    titles (requant.audit.catalogue.faults.FAMILY_TITLES, given by the command: the core imports no audit)."""
     import jinja2
     from huggingface_hub import ModelCard
 

@@ -11,7 +11,7 @@ Refusals (checked before anything is contacted, `--dry-run` included):
     is bitwise equal; or not every weight scale of the checkpoint is a power of two (pushing
     an unconverted checkpoint would publish an audit of a conversion that is not in it).
 
-Design notes: docs/internals.md (requant/publish/push.py).
+What is uploaded, and the token: docs/publishing.md#push.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ are written about those bytes):
     requant-determinism.json   `requant determinism CKPT --json CKPT/requant-determinism.json`
     requant-convert.json       written by `requant convert` into its output (the per-Linear statistics)
 
-Design notes: docs/internals.md (requant/publish/reports.py).
+How a report is tied to bytes: docs/publishing.md#reports-carry-their-provenance.
 """
 
 from __future__ import annotations

@@ -9,7 +9,20 @@
     model.prefill / extend / decode_step / new_cache   # the engine's methods, on a KVCache
     requant.runtime.engine: the Engine protocol and the one decode loop (generate)
 
-Design notes: docs/internals.md (requant/runtime/__init__.py).
+  model       Model (a front over one engine chosen at load), load_model, ENGINES
+  engine      the Engine and Decoder protocols and generate, the one decode loop
+  cache       KVCache, Generation, the cache-size rule
+  reference   the reference engine: torch ops (kernels/ops.py), the layer over a Linear strategy
+  fast        the fast engine: fused Triton kernels, one attention, CUDA-graph decode
+  portable    the portable engine: the fast layer in a machine-independent arithmetic
+  moe         the Qwen3-MoE sparse block of the reference engine
+  weights     loading a regime of a W8A8 checkpoint, or a bf16 directory
+  sampling, sampling_batch, _sampling_core   seeded batch-invariant sampling
+  generation  generation records and their replay
+  invariance  bitwise invariance checks of a Model
+
+Imports kernels/, models, checkpoint, io, regime and errors only (tests/test_layers.py).
+Why our own runtime, the engines and their proofs: docs/runtime.md.
 """
 
 import importlib
@@ -23,15 +36,6 @@ _EXPORTS = {
     "ENGINES": "model",
     "Model": "model",
     "load_model": "model",
-    "DENSE_CHUNK": "ops",
-    "apply_rope": "ops",
-    "attend_decode": "ops",
-    "attend_prompt": "ops",
-    "dense_rows": "ops",
-    "rms_norm": "ops",
-    "rope": "ops",
-    "rope_tables": "ops",
-    "tree_sum_halves": "ops",
     "REGIMES": "weights",
     "arch_from_config": "weights",
     "check_layout": "weights",
@@ -61,13 +65,4 @@ __all__ = [
     "dense_names",
     "load_dense",
     "load_linears",
-    "rms_norm",
-    "rope",
-    "rope_tables",
-    "apply_rope",
-    "attend_prompt",
-    "attend_decode",
-    "dense_rows",
-    "tree_sum_halves",
-    "DENSE_CHUNK",
 ]

@@ -8,8 +8,7 @@ along N, the same bits as separate GEMMs) and shared by every with_backends copy
 graph holds the forward only, so `choose` sees the same bits eager or replayed. capture
 (prefill and decode_step, eager only) records what its GEMMs consume: the reference engine's
 names and shapes, not its values. The layer, the kernels' numerics and why a token's logits are
-the same bits prefilled, extended, decoded, batched or replayed: docs/runtime.md and
-docs/internals.md (requant/runtime/fast.py).
+the same bits prefilled, extended, decoded, batched or replayed: docs/runtime.md#two-engines.
 """
 
 from __future__ import annotations
@@ -19,10 +18,10 @@ import gc
 import torch
 
 from requant import kernels
+from requant.kernels.ops import rope_tables
 from requant.models.qwen3 import LAYER_LINEARS
 from requant.models.qwen3_moe import Qwen3MoeArch
 from requant.runtime.cache import KVCache
-from requant.runtime.ops import rope_tables
 
 __all__ = ["BUCKETS", "FastEngine", "FastLayout", "FastOps", "capture_graph", "fast_supported"]
 

@@ -3,7 +3,7 @@ the experts it selects (the whole contract: docs/moe.md).
 
 The router, for each token row x (bf16 [hidden]) and router weight W (bf16 [E, hidden]):
   1. logits[e] = tree_sum_halves(fp32(x) * fp32(W[e])) over hidden, in fp32. Each product of two
-     bf16 values is exact in fp32; the adds follow the fixed pairwise tree of ops.tree_sum_halves.
+     bf16 values is exact in fp32; the adds follow the fixed pairwise tree of kernels.ops.tree_sum_halves.
      (transformers rounds the logits to bf16; here they stay fp32.)
   2. p = e / tree_sum_halves(e) over the experts, e = exp(logits - max(logits)) (max is exact).
   3. the top k of p by a stable descending sort: equal probabilities go to the lowest expert id.
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from requant.runtime.ops import tree_sum_halves
+from requant.kernels.ops import tree_sum_halves
 
 # Token rows per router logits chunk: the [rows, experts, hidden] fp32 products of one chunk
 # (64 x 128 x 4096 x 4 bytes = 128 MiB at Qwen3-235B's widest).

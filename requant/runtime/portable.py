@@ -8,8 +8,7 @@ implementations of the same operations: kernels="triton" (kernels/triton/portabl
 row kernels; CUDA, or the CPU under TRITON_INTERPRET=1) and kernels="torch" (the specification,
 kernels/portable.py, on the CPU); "auto" picks triton on CUDA, torch elsewhere, and
 REQUANT_PORTABLE_KERNELS=triton|torch overrides it. A record made by this engine carries
-"arithmetic": ARITHMETIC. The specification: docs/runtime.md ("The portable arithmetic"); the
-rest of this docstring: docs/internals.md (requant/runtime/portable.py).
+"arithmetic": ARITHMETIC. The specification: docs/runtime.md#the-portable-arithmetic.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The reference engine: the Qwen3 forward in plain torch ops (requant/runtime/ops.py), the
+"""The reference engine: the Qwen3 forward in plain torch ops (kernels/ops.py), the
 CPU oracle, the path of the audit's capture, and the layer code tensor parallelism reuses.
 
 The layer takes its Linears as a strategy object (`Linears`: column(x, names, capture) for
@@ -22,11 +22,11 @@ from collections.abc import Callable
 import torch
 
 from requant import kernels
+from requant.kernels.ops import apply_rope, attend_decode, attend_prompt, dense_rows, rms_norm, rope_tables
 from requant.models.qwen3_moe import Qwen3MoeArch
 from requant.runtime.cache import KVCache, pow2_at_least
 from requant.runtime.engine import EagerDecoder
 from requant.runtime.moe import sparse_block
-from requant.runtime.ops import apply_rope, attend_decode, attend_prompt, dense_rows, rms_norm, rope_tables
 
 __all__ = ["DeviceLinears", "ReferenceEngine", "decode_attention"]
 
@@ -98,7 +98,7 @@ def decode_attention(cache: KVCache, arch, device) -> tuple[torch.Tensor, torch.
 class ReferenceEngine:
     """An `Engine` (runtime/engine.py): the torch-ops forward of `model` (its arch, dense, device, tree), with `linears` (default
     DeviceLinears(model)), `heads`/`kv_heads` the attention heads this engine holds (default:
-    all) and `prompt_attention(q, k, v, scale)` for one prompt (default ops.attend_prompt)."""
+    all) and `prompt_attention(q, k, v, scale)` for one prompt (default kernels.ops.attend_prompt)."""
 
     name = "reference"
 

@@ -11,7 +11,7 @@ len(key) as 8 bytes LE | key (UTF-8) | t as 8 bytes LE): an integer in [0, 2**12
 the request alone, never a stream shared by the batch. key: the request's own name (default: the
 sha256 hex of its prompt ids as little-endian int64).
 
-Design notes: docs/internals.md (requant/runtime/sampling.py).
+The definition, and what holds: docs/runtime.md#the-sampler-in-its-fixed-order.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ the reference; tests/requant/runtime/test_sampling_batch.py compares them bit fo
 
     tokens, ids, logprobs, digests = choose_batch(logits, requests, positions, record=True)
 
-Design notes: docs/internals.md (requant/runtime/sampling_batch.py).
+Why the bits cannot move with the device: docs/runtime.md#the-sampler-in-its-fixed-order.
 """
 
 from __future__ import annotations

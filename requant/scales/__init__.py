@@ -7,6 +7,7 @@
                     quantization from the original weights under each arm
 
 Names only here (no torch), so that the command line can list the arms without importing torch.
+Imports nothing else of requant (tests/test_layers.py). Docs: docs/checkpoints.md#arms---arm.
 """
 
 ARMS = ("unconstrained", "nearest", "ceiling", "mse", "probe")

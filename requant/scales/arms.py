@@ -4,7 +4,7 @@ Why powers of two: CUTLASS computes s_a * (s_w * acc) and Triton (s_a * acc) * s
 fp32. Multiplying by a power of two is exact (barring under/overflow), so with s_w = 2^e
 both orders round only once, at the same place, and give the same bits.
 
-Design notes: docs/internals.md (requant/scales/arms.py).
+The arms and their numerics: docs/checkpoints.md#arms---arm.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ to that dtype as in compressed-tensors:
 Round and clamp commute because the bounds are integers. The absmax element maps to about
 +-127.5, so positive maxima land on 127 and negative ones on -128. Every step is per row,
 so blocks of rows give the same bytes as the whole tensor (the --source origin proof,
-requant.evidence.origin, streams them). requant.models.synthetic makes its checkpoints with it.
+requant.evidence.origin, streams them). requant.checkpoint.synthetic makes its checkpoints with it.
 
 `quantize_from_source` (the converter's --source path) makes (q, s') under an arm from the
 float weight instead of the int8 one: w / s' is exact in float64 for a power of two s'.

@@ -8,7 +8,7 @@ Requantization (nearest, ceiling, mse): q' = clamp(round_half_even(q * s / s'), 
   nothing clips (-128 maps to >= -128); nearest may pick s' < s (by up to 2^1/2) and clip:
   counted.
 
-Design notes: docs/internals.md (requant/scales/requantizer.py).
+The arms, the mse tie rule and why the arithmetic is exact: docs/checkpoints.md#arms---arm.
 """
 
 from __future__ import annotations

@@ -11,9 +11,10 @@ Modules: shard.py (which rank holds what; the weight slicing), engine.py (one ra
 forward: the runtime's reference engine with column- and row-parallel Linears), launch.py (spawned
 processes: gloo on the CPU, NCCL on GPUs), compare.py (bitwise comparison with TP 1).
 The int32 accumulator / epilogue split is kernels/epilogue.py (requant.kernels.epilogue).
+Imports runtime, kernels/, models, checkpoint and io; never the audit nor the commands.
 
 With reduce="int32" every TP degree gives the TP-1 bits; reduce="bf16" is the usual scheme. Why, and
-what is only measured: docs/tensor-parallel.md (Numerics); what runs where: docs/internals.md (requant/tp/__init__.py).
+what is only measured: docs/tensor-parallel.md (Numerics); what has run where: docs/tensor-parallel.md#measured.
 """
 
 from requant.tp.compare import compare

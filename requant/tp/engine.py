@@ -9,8 +9,7 @@ The reference engine (its layer, prefill and decode_step) and the one decode loo
 (requant/runtime/engine.py) run on each rank, with this module's Linears (`ShardedLinears`) and a
 prompt attention of one query head per call (`attend_heads`). Contract (reduce="int32", the
 default): every TP degree gives the TP-1 bits, and TP 1 is the reference engine's forward bit for
-bit on the CPU (tested on gloo). The proof: docs/tensor-parallel.md; the rest of this docstring:
-docs/internals.md (requant/tp/engine.py).
+bit on the CPU (tested on gloo). The proof: docs/tensor-parallel.md#numerics-requanttpenginepy-kernelsepiloguepy.
 """
 
 from __future__ import annotations
@@ -20,10 +19,10 @@ import torch.distributed as dist
 
 from requant import kernels
 from requant.kernels.epilogue import apply_epilogue, int_mm, order_of, quantize_slice
+from requant.kernels.ops import attend_prompt, dense_rows
 from requant.models.qwen3 import Qwen3Arch
 from requant.runtime.cache import Generation, KVCache
 from requant.runtime.engine import generate
-from requant.runtime.ops import attend_prompt, dense_rows
 from requant.runtime.reference import DeviceLinears, ReferenceEngine
 from requant.runtime.weights import arch_from_config
 from requant.tp.shard import Plan, plan, shard

@@ -14,7 +14,7 @@ checkpoint loaded, each degree of each variant done), passed through the launch'
 Spawned workers import the caller's main module again, so a script calling run() needs the
 `if __name__ == "__main__":` guard (the requant command line has it).
 
-How, and why: docs/internals.md (requant/tp/launch.py).
+How, and why: docs/tensor-parallel.md#the-command.
 """
 
 from __future__ import annotations

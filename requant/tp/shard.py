@@ -12,7 +12,7 @@ residual stream; the Linears are split.
 Heads: rank r runs query heads [r*H/tp, (r+1)*H/tp) and the KV heads they read; tp must divide
 the KV heads or be a multiple of them (then a KV head is replicated). Any other tp is refused.
 
-Why the slices are exact, and the KV-head rule in full: docs/internals.md (requant/tp/shard.py).
+Why the slices are exact, and the KV-head rule in full: docs/tensor-parallel.md#layout-requanttpshardpy.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ hold -128), fp32 s_a [M, 1], fp32 s_w [N, 1] upcast from bf16 (as a checkpoint s
 import pytest
 import torch
 
-from requant.audit.faults import reference_case
+from requant.audit.catalogue.faults import reference_case
 from requant.audit.records import Activations, Weights
 
 

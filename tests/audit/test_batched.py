@@ -2,7 +2,7 @@
 cell: every field of every CellResult (observable, mismatches, max_ulp, each check's outcome, the
 ULP histogram) and every per_layer row, on crafted layers that exercise every fault family and on
 the embedded default (prefill and decode, whole audit). The per-cell path is the independent
-reference: it evaluates each cell on its own with audit/faults.py and audit/checks.py.
+reference: it evaluates each cell on its own with audit/catalogue/faults.py and audit/catalogue/checks.py.
 """
 
 import pytest
@@ -10,8 +10,8 @@ import torch
 
 from requant import DEFAULT_CHECKPOINT, kernels
 from requant.audit.batched import PER_CELL_ENV, Segment, evaluate_linear, resolve_all
+from requant.audit.catalogue.matrix import load_matrix, matrix_path
 from requant.audit.cells import backend_kernel, layer_cells
-from requant.audit.matrix import load_matrix, matrix_path
 from requant.audit.records import Activations
 from requant.audit.suite import run_audit
 from requant.backends import REFERENCE_PAIR
@@ -149,7 +149,7 @@ def _sm90() -> bool:
 def test_gpu_batched_equals_per_cell_with_the_real_pair(tmp_path, monkeypatch):
     """cutlass,triton on a small synthetic (tiny preset) on the GPU, prefill and decode: the batched
     path (Triton F6 kernel, GPU requantization) equals the per-cell path, every key but timings."""
-    from requant.models.synthetic import generate
+    from requant.checkpoint.synthetic import generate
 
     ckpt = open_checkpoint(generate("tiny", tmp_path / "tiny"))
     kw = dict(phases=("prefill", "decode"), decode_batches=(1, 8), decode_steps=2, keep_cells="all")
@@ -168,7 +168,7 @@ def test_row_histogram_without_atomics_equals_ulp_histogram_row_by_row():
     (frexp of every non-zero distance, bincount) row by row, on every power-of-two edge up to 2**16
     and NaN elements (distance 2**31)."""
     from requant.audit.batched_stats import _row_hist
-    from requant.audit.scoring import ulp_histogram
+    from requant.audit.catalogue.scoring import ulp_histogram
 
     edges = [0, 1, 2, 3] + [v for j in range(2, 17) for v in (2**j - 1, 2**j, 2**j + 1)]
     g = torch.Generator().manual_seed(3)
@@ -190,7 +190,7 @@ def test_gpu_real_kernel_beside_its_emulation(pair, tmp_path, monkeypatch):
     own cells), tiny synthetic, prefill and decode: the batched path equals the per-cell path on every
     key but timings; both regimes' rows are bitwise equal (the kernel implements its order), and no
     baseline row proves a kernel fault."""
-    from requant.models.synthetic import generate
+    from requant.checkpoint.synthetic import generate
 
     ckpt = open_checkpoint(generate("tiny", tmp_path / "tiny"))
     kw = dict(phases=("prefill", "decode"), decode_batches=(1, 8), decode_steps=2, keep_cells="all")

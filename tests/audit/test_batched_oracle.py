@@ -27,7 +27,7 @@ import torch
 from requant import DEFAULT_CHECKPOINT, kernels
 from requant.audit import cells as cells_mod
 from requant.audit.batched import PER_CELL_ENV
-from requant.audit.matrix import load_matrix, matrix_path
+from requant.audit.catalogue.matrix import load_matrix, matrix_path
 from requant.audit.pair import resolve_pair
 from requant.audit.suite import run_audit
 from requant.checkpoint import open_checkpoint

@@ -11,9 +11,9 @@ random outputs may have no element that a one-step activation shift moves by two
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from requant.audit.catalogue.matrix import load_matrix
+from requant.audit.catalogue.scoring import Scorer
 from requant.audit.cells import CELLS_PER_LAYER, audit_layer
-from requant.audit.matrix import load_matrix
-from requant.audit.scoring import Scorer
 from requant.backends import REFERENCE_PAIR, parse_backends
 from tests.audit.conftest import make_operands
 
@@ -57,7 +57,7 @@ def test_matrix_v1_limit_single_tile_f6_moves_at_most_one_spacing():
     """K <= F6_TILE: one bf16 rounding of the exact sum (relative error <= 2**-9, under half
     a bf16 spacing), so F6 stays within one spacing and C6 cannot fire: the v1 matrix's C6
     'fire' for F6 assumes K > F6_TILE (true of every Qwen3 Linear)."""
-    from requant.audit.faults import F6_TILE, VARIANT_BY_ID, inject, reference_case
+    from requant.audit.catalogue.faults import F6_TILE, VARIANT_BY_ID, inject, reference_case
     from requant.kernels.bf16 import ulp_distance
 
     for seed in range(10):

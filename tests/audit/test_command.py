@@ -100,10 +100,10 @@ def test_full_run_writes_the_report(tmp_path):
 
 def test_a_checkpoint_the_runtime_cannot_run_is_refused(tmp_path):
     """A valid W8A8 checkpoint without Qwen3's q_norm is refused with a message
-    (requant.models.synthetic writes the checkpoint; the tensor is dropped with safetensors)."""
+    (requant.checkpoint.synthetic writes the checkpoint; the tensor is dropped with safetensors)."""
     from safetensors.torch import load_file, save_file
 
-    from requant.models.synthetic import generate
+    from requant.checkpoint.synthetic import generate
 
     src = generate("tiny", tmp_path / "ck")
     tensors = load_file(str(src / "model.safetensors"))

@@ -51,10 +51,10 @@ def _sm90() -> bool:
 def test_real_pair_on_random_operands_gpu():
     """cutlass vs triton through audit.cells.audit_layer on random operands on the GPU,
     scored against the pinned matrix; the reference is kernels.reference (Triton order)."""
+    from requant.audit.catalogue.matrix import load_matrix
+    from requant.audit.catalogue.scoring import Scorer
     from requant.audit.cells import audit_layer
-    from requant.audit.matrix import load_matrix
     from requant.audit.records import Activations, Weights
-    from requant.audit.scoring import Scorer
 
     scorer = Scorer(load_matrix())
     for regime in ("native", "pow2"):

@@ -1,4 +1,4 @@
-"""audit/f6_tiles.py's Triton kernel equals F6's definition (audit.faults.accumulate_bf16_tiles,
+"""audit/f6_tiles.py's Triton kernel equals F6's definition (audit.catalogue.faults.accumulate_bf16_tiles,
 torch, tile by tile) bit for bit: under Triton's interpreter on CPU (a child process, so that
 TRITON_INTERPRET is set before Triton is imported) and on a GPU (marker gpu)."""
 
@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CHECK = """
 import torch
 from requant.audit.f6_tiles import accumulate_bf16_tiles_triton
-from requant.audit.faults import accumulate_bf16_tiles
+from requant.audit.catalogue.faults import accumulate_bf16_tiles
 dev = "{dev}"
 for seed, (m, k, n) in enumerate([(1, 256, 64), (8, 200, 40), (36, 1024, 96), (17, 64, 33), (5, 0, 7)]):
     g = torch.Generator().manual_seed(seed)

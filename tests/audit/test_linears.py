@@ -7,7 +7,7 @@ import torch
 
 from requant.audit.linears import AuditLinears, read_linear
 from requant.checkpoint import open_checkpoint
-from requant.models.synthetic import generate
+from requant.checkpoint.synthetic import generate
 from requant.runtime import load_linears
 
 

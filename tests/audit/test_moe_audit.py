@@ -13,7 +13,7 @@ import json
 import torch
 from safetensors.torch import save_file
 
-from requant.models.synthetic import generate
+from requant.checkpoint.synthetic import generate
 from tests.requant.commands.cli import invoke
 from tests.requant.conftest import load_all
 
@@ -51,7 +51,7 @@ def test_plan_counts_every_expert_linear():
     """`audit --plan` from the qwen3-30b-a3b config alone: 48 layers x (4 attention + 128 experts x 3)
     Linears, 42 cells each (21 variants x 2 regimes); the routers ignored; shapes from the config."""
     from requant.audit.suite import plan_from_config
-    from requant.models.synthetic import PRESETS, model_config
+    from requant.checkpoint.synthetic import PRESETS, model_config
 
     plan = plan_from_config(model_config(PRESETS["qwen3-30b-a3b"], quantized=True))
     assert plan["layers"] == 48 * (4 + 128 * 3) and plan["cells"] == plan["layers"] * 42

@@ -4,7 +4,7 @@
 import copy
 import json
 
-from requant.audit.matrix import PINNED_SHA256
+from requant.audit.catalogue.matrix import PINNED_SHA256
 from requant.audit.report import markdown, matrix_warning, write_report
 
 

@@ -3,8 +3,8 @@ and the scoring on the embedded default with the reference backends
 (reference-cutlass-order vs reference-triton-order, kernels/reference.py), asserting the
 structure theory predicts."""
 
-from requant.audit.faults import VARIANTS
-from requant.audit.matrix import PINNED_SHA256
+from requant.audit.catalogue.faults import VARIANTS
+from requant.audit.catalogue.matrix import PINNED_SHA256
 
 
 def test_scorecard_is_clean(default_audit):

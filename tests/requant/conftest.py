@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from requant import DEFAULT_CHECKPOINT
-from requant.models.synthetic import Preset, generate
+from requant.checkpoint.synthetic import Preset, generate
 
 # A micro Qwen3 (every Linear dimension a multiple of 16), fast enough for every test.
 MICRO = Preset(

@@ -99,7 +99,7 @@ W1, S1, W2, S2 = 3, 0.005859375, 9, 2.0**-9
 def write_walk_checkpoint(path):
     from safetensors.torch import save_file
 
-    from requant.models.synthetic import Preset, model_config
+    from requant.checkpoint.synthetic import Preset, model_config
 
     p = Preset(
         hidden=64,

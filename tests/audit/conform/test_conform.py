@@ -1,7 +1,7 @@
 """`requant conform`'s fingerprint (audit/conform/__init__.py) on kernels whose formula is known
 independently: the reference emulations and the cublas backend (each declares its order in
 kernels.EMULATION_OF), every fault of the catalogue wrapped as a kernel (audit/conform/fault_kernels.py:
-FAULT_FORMULAS says, from audit/faults.py's definitions, what each one computes), and
+FAULT_FORMULAS says, from audit/catalogue/faults.py's definitions, what each one computes), and
 hand-broken kernels (one flipped element, an M-dependent order, wrong dtype/shape, raising)."""
 
 import pytest

@@ -2,7 +2,7 @@
 embedded default with the reference pair, and the injector as a run's kernel (kernels.ScaledMM).
 
 Independent references: the runtime's own greedy decoding (Model.greedy) for the tokens the
-injection decodes; the definitions in audit/faults.py for which faults leave the bits unchanged
+injection decodes; the definitions in audit/catalogue/faults.py for which faults leave the bits unchanged
 under power-of-two scales; the fault kernels of audit/conform/fault_kernels.py for the
 injector's bits.
 """
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from requant import DEFAULT_CHECKPOINT, kernels
-from requant.audit.matrix import PINS
+from requant.audit.catalogue.matrix import PINS
 from requant.audit.phases.injection import INJECTOR, run_injection, score_injection
 from requant.backends import REFERENCE_PAIR
 from requant.models.prompts import prompts
@@ -40,7 +40,7 @@ def test_injection_scored_on_both_regimes(tmp_path):
             f8, f7 = (table[f][regime] if scope == "all" else table[f][regime][scope] for f in ("F8", "F7"))
             assert f8["logits_bitwise_equal"] and f8["c7_flagged"] == 0
             assert f7["changed_prompts"] >= 1 and f7["c7"] == "fire"
-    for f in ("F1", "F2", "F3", "F5"):  # exact under power-of-two scales (audit/faults.py)
+    for f in ("F1", "F2", "F3", "F5"):  # exact under power-of-two scales (audit/catalogue/faults.py)
         assert table[f]["pow2"]["logits_bitwise_equal"] and table[f]["pow2"]["one_layer"]["logits_bitwise_equal"]
     assert not table["F4"]["pow2"]["logits_bitwise_equal"]  # truncation is not hidden by pow2 scales
     assert len(runs["pow2"]["one_layer"]) == 7
@@ -86,8 +86,8 @@ def test_device_fault_kernels_name_the_same_variants_as_fault_kernels():
 def test_lean_fault_kernels_give_the_fault_kernels_bits():
     """audit.phases.injection.lean_faults (no reference output, the accumulators passed in) equals
     audit/conform/fault_kernels.py's kernels bit for bit, on the definitions' accumulators (CPU)."""
+    from requant.audit.catalogue.faults import accumulate_bf16_tiles
     from requant.audit.conform.fault_kernels import FAULTS
-    from requant.audit.faults import accumulate_bf16_tiles
     from requant.audit.phases.injection import lean_faults
     from requant.kernels.reference import accumulate
     from tests.audit.conftest import make_operands
@@ -124,7 +124,7 @@ def test_device_fault_kernels_on_cuda_give_the_definitions_bits():
 def test_batched_runs_on_cuda_equal_the_runs_one_after_another(tmp_path):
     """CUDA's default (the 22 runs as one batch) against the runs one after another, cutlass,triton
     on the tiny synthetic, both regimes: every field of the result, bit for bit."""
-    from requant.models.synthetic import generate
+    from requant.checkpoint.synthetic import generate
 
     path = generate("tiny", tmp_path / "tiny")
     for regime in ("native", "pow2"):
@@ -140,7 +140,7 @@ def test_injection_one_prompt_one_token_is_scored_without_false_negatives(tmp_pa
     so C7 is silent there: v3's 'fire' was a claim about the run, which v4 no longer makes."""
     from typer.testing import CliRunner
 
-    from requant.audit.checks import token_risk
+    from requant.audit.catalogue.checks import token_risk
     from requant.audit.conform.fault_kernels import FAULTS
     from requant.audit.phases.injection import INJECTOR, FaultInjector, base_backend
     from requant.cli import app

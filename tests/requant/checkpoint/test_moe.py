@@ -13,9 +13,9 @@ import torch
 from safetensors.torch import save_file
 
 from requant.checkpoint import open_checkpoint
+from requant.checkpoint.synthetic import generate
 from requant.convert import convert
 from requant.errors import LayoutError, SchemeError, TensorError
-from requant.models.synthetic import generate
 from requant.scales.arms import requantize
 from tests.requant.conftest import load_all, tree_bytes
 
@@ -203,7 +203,7 @@ def test_inspect_names_the_experts(moe):
 def test_large_presets_match_the_published_sizes(preset, total, active, linears, capsys):
     """The plan (nothing written): parameters from the bf16 bytes within 1% of the published totals;
     active parameters (embeddings, attention, routers, norms, 8 experts per layer, head) within 5%."""
-    from requant.models.synthetic import PRESETS, main
+    from requant.checkpoint.synthetic import PRESETS, main
 
     assert main([preset, "--plan"]) == 0
     got = json.loads(capsys.readouterr().out)

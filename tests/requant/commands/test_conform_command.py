@@ -1,5 +1,5 @@
 """`requant conform` through the assembled app: exit 0 for a kernel whose declared legal order
-is confirmed, 1 for a catalogue fault (audit/faults.py says what it computes), 2 with one
+is confirmed, 1 for a catalogue fault (audit/catalogue/faults.py says what it computes), 2 with one
 `error:` line for requests it cannot run (no kernel named, broken callables written here)."""
 
 import json

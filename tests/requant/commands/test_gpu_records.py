@@ -23,7 +23,7 @@ def presets(tmp_path_factory):
 
     def get(name):
         if name not in made:
-            from requant.models.synthetic import generate
+            from requant.checkpoint.synthetic import generate
 
             made[name] = generate(name, tmp_path_factory.mktemp("syn") / f"{name}.ckpt", seed=0)
         return made[name]

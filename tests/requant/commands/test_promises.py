@@ -1,6 +1,6 @@
 """The README's promises, checked for every command of the assembled app (requant.cli.app):
 
-  (a) a checkpoint that is not Qwen3 (a tiny requant.models.synthetic checkpoint whose config.json says
+  (a) a checkpoint that is not Qwen3 (a tiny requant.checkpoint.synthetic checkpoint whose config.json says
       LlamaForCausalLM) is refused before any work: exit 2, one stderr line naming the file and
       the field, nothing written;
   (b) a usage error is one `error: ...` line and exit 2, no boxed panel;
@@ -27,8 +27,8 @@ import pytest
 from typer.testing import CliRunner
 
 from requant import DEFAULT_CHECKPOINT
+from requant.checkpoint.synthetic import generate
 from requant.cli import app
-from requant.models.synthetic import generate
 
 runner = CliRunner()
 ARCH_LINE = (

@@ -52,7 +52,7 @@ def test_cpu_record_replays_alone_and_in_a_batch(default_record, tmp_path):
 
 
 def test_record_of_the_triton_kernels_replays_on_the_torch_form(tmp_path, monkeypatch):
-    from requant.models.synthetic import generate
+    from requant.checkpoint.synthetic import generate
     from tests.requant.conftest import MICRO
 
     ckpt = generate(MICRO, tmp_path / "micro", seed=2)

@@ -14,10 +14,10 @@ import torch
 
 import requant.scales.arms
 from requant.checkpoint import open_checkpoint
+from requant.checkpoint.synthetic import generate
 from requant.convert import PROVENANCE_KEY, convert
 from requant.errors import OutputError
 from requant.kernels.bf16 import is_power_of_two
-from requant.models.synthetic import generate
 from requant.scales.arms import requantize
 from tests.requant.conftest import MICRO, leftovers, load_all, tree_bytes, write_custom
 

@@ -4,7 +4,7 @@ cp would leave it; interrupted writers leave nothing.
 * A source shard rewritten in place while convert runs (between the reads of the conversion
   and those of the hasher) is refused, naming the shard, and nothing is written; untouched,
   SHA256SUMS.source lists hashlib's sha256 of each source file (the independent reference).
-* Files of requant.models.synthetic, of a converted checkpoint and of `manifest --write` get
+* Files of requant.checkpoint.synthetic, of a converted checkpoint and of `manifest --write` get
   0666 & ~umask, as `cp` gives a new file (reference: that arithmetic, under two umasks).
 * `manifest --write` interrupted, and eval interrupted while an arm is converted, leave no
   temporary file or directory (reference: the directory listings).
@@ -19,12 +19,12 @@ import pytest
 from typer.testing import CliRunner
 
 import requant.convert
+from requant.checkpoint.synthetic import generate
 from requant.cli import app
 from requant.convert import _streaming as streaming
 from requant.convert import convert
 from requant.errors import CheckpointError
 from requant.evidence import manifest as mf
-from requant.models.synthetic import generate
 from tests.requant.conftest import MICRO
 
 runner = CliRunner()

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from requant.models.synthetic import generate
+from requant.checkpoint.synthetic import generate
 
 from ..conftest import MICRO
 

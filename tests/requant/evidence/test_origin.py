@@ -1,6 +1,6 @@
 """--source must prove it is the checkpoint's origin (requant.evidence.origin), or be refused.
 
-Checkpoints are built here from a true bf16 origin with requant.models.synthetic's pieces (plan,
+Checkpoints are built here from a true bf16 origin with requant.checkpoint.synthetic's pieces (plan,
 rtn_quantize, model_config) the way llm-compressor's recipes would: SmoothQuant-style (a
 per-channel vector folded into the norms, the next Linears' columns divided by it, then
 RTN), GPTQ-style (RTN's scale, int8 weights moved by +-1 by error feedback along each row)
@@ -17,10 +17,10 @@ import torch
 from safetensors.torch import save_file
 from typer.testing import CliRunner
 
+from requant.checkpoint.synthetic import generate, model_config, plan, write_json
 from requant.cli import app
 from requant.convert import convert
 from requant.errors import TensorError
-from requant.models.synthetic import generate, model_config, plan, write_json
 from requant.scales.from_source import rtn_quantize
 
 from ..conftest import MICRO, load_all, tree_bytes
@@ -43,7 +43,7 @@ def _linears():
 def _write_checkpoint(dst, weights: dict, quantize=rtn_quantize):
     """A W8A8 checkpoint of `weights` (bf16 tensors by name): every Linear of the plan
     quantized by `quantize` (-> q, scale), everything else passed through; written with
-    the safetensors library and the real compressed-tensors config, as requant.models.synthetic
+    the safetensors library and the real compressed-tensors config, as requant.checkpoint.synthetic
     writes checkpoints."""
     dst.mkdir()
     tensors = {}

@@ -12,9 +12,9 @@ import shutil
 
 import pytest
 
+from requant.checkpoint.synthetic import generate
 from requant.io import snapshot
 from requant.io.safetensors_io import read_header
-from requant.models.synthetic import generate
 from tests.requant.commands.cli import invoke, refused
 from tests.requant.conftest import MICRO
 

@@ -98,9 +98,9 @@ def micro_reported(tmp_path_factory) -> Path:
     import torch
     from typer.testing import CliRunner
 
+    from requant.checkpoint.synthetic import generate
     from requant.cli import app
     from requant.convert import convert
-    from requant.models.synthetic import generate
 
     from ..conftest import MICRO
 

@@ -7,7 +7,7 @@ import pytest
 def micro_fast(tmp_path_factory):
     """The MICRO synthetic (seed 1), pow2, on the fast engine: the Triton kernels under the
     interpreter (each module using it sets TRITON_INTERPRET=1 before importing Triton)."""
-    from requant.models.synthetic import generate
+    from requant.checkpoint.synthetic import generate
     from requant.runtime import load_model
     from tests.requant.conftest import MICRO
 

@@ -40,10 +40,10 @@ from requant.kernels.emulation import (
     qk_norm_rope_ref,
     silu_mul_quantize_ref,
 )
+from requant.kernels.ops import attend_prompt, rope_tables
 from requant.kernels.triton.attention import attention, tokens_per_block
 from requant.kernels.triton.dense import dense
 from requant.kernels.triton.fused import add_rms_norm, qk_norm_rope, silu_mul_quantize
-from requant.runtime.ops import attend_prompt, rope_tables
 
 # one KV tile per split: split boundaries at 64, 128, ... within the interpreter's short contexts
 SMALL_SPLIT = 64

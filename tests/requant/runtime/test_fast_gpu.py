@@ -76,8 +76,8 @@ def toks(model):
 
 def test_fused_kernels_equal_their_cpu_emulation():
     from requant.kernels.emulation import add_rms_norm_ref, qk_norm_rope_ref
+    from requant.kernels.ops import rope_tables
     from requant.kernels.triton.fused import add_rms_norm, qk_norm_rope
-    from requant.runtime.ops import rope_tables
 
     g = torch.Generator().manual_seed(0)
     for t, n in ((1, 4096), (37, 2048), (300, 5120)):

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from requant import kernels
+from requant.checkpoint.synthetic import generate
 from requant.kernels.bf16 import bitwise_equal
-from requant.models.synthetic import generate
 from requant.runtime import Generation, load_model
 from requant.runtime.cache import generation_capacity, pow2_at_least
 from requant.runtime.reference import ReferenceEngine

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors.torch import save_file
 
-from requant.models.synthetic import generate
+from requant.checkpoint.synthetic import generate
 from requant.runtime import load_model
 from requant.runtime.moe import route, router_logits
 from tests.requant.commands.cli import invoke, refused

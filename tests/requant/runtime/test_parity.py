@@ -13,8 +13,8 @@ transformers' bf16, 0.02) and <= 0.05; top-1 agreement >= transformers' bf16 - 5
 deviation <= max(1.5 x transformers' bf16, 2% of the range). relative RMS = sqrt(mean((ours - ref)^2)) /
 std(ref), over all positions and the vocabulary.
 
-Why not zero, the measured values, the faults the thresholds catch: docs/internals.md
-(tests/requant/runtime/test_parity.py).
+Why not zero, and the faults the thresholds catch: docs/runtime.md#parity-with-transformers; the
+measured values: docs/results.md#runtime-and-determinism.
 """
 
 import pytest
@@ -131,11 +131,11 @@ def check_four_prompts(model, ref32, ref16, what: str) -> None:
 
 def test_bf16_directory_matches_transformers(tmp_path):
     """The bf16 row: a plain bf16 Qwen3 directory (the tiny preset's originals, written by
-    requant.models.synthetic --keep-source) with every Linear dense, against transformers on the
+    requant.checkpoint.synthetic --keep-source) with every Linear dense, against transformers on the
     same weights in fp32 (no fake quantization anywhere)."""
     from safetensors.torch import load_file
 
-    from requant.models.synthetic import generate
+    from requant.checkpoint.synthetic import generate
 
     n = torch.get_num_threads()
     torch.set_num_threads(1)

@@ -1,7 +1,7 @@
 """The Qwen3-MoE reference engine against transformers' Qwen3MoeForCausalLM on the same weights.
 
 Reference: transformers' own Qwen3-MoE (5.x) loading the tiny-moe preset's bf16 originals (written
-by requant.models.synthetic --keep-source: one Linear per expert on disk, which transformers fuses
+by requant.checkpoint.synthetic --keep-source: one Linear per expert on disk, which transformers fuses
 on load) in float32, "eager" attention. requant runs the same directory (every Linear dense, the
 bf16 regime). Compared as tests/requant/runtime/test_parity.py does, with its yardstick (transformers'
 bf16 model against the same fp32 reference) and thresholds. Where requant's router differs on
@@ -12,7 +12,7 @@ tie may take another expert than transformers' bf16 model; the thresholds measur
 import pytest
 import torch
 
-from requant.models.synthetic import generate
+from requant.checkpoint.synthetic import generate
 from requant.runtime import load_model
 from tests.requant.runtime.test_parity import check_four_prompts
 

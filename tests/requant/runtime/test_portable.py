@@ -33,7 +33,7 @@ def same(a, b) -> bool:
 
 @pytest.fixture(scope="module")
 def micro(tmp_path_factory):
-    from requant.models.synthetic import generate as synth
+    from requant.checkpoint.synthetic import generate as synth
     from tests.requant.conftest import MICRO
 
     path = synth(MICRO, tmp_path_factory.mktemp("micro") / "micro", seed=1)

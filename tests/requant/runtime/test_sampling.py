@@ -3,7 +3,7 @@ of its documented definition (hashlib, math, fractions, bisect; no torch), on fi
 chooser alone vs in a batch; greedy against the runtime's own argmax; and the fast engine's
 sampling under the Triton interpreter (one tiny case).
 
-References: `_Independent` below (written from the definition in requant/runtime/sampling.py and docs/internals.md: SHA-256
+References: `_Independent` below (written from the definition in requant/runtime/sampling.py and docs/runtime.md: SHA-256
 of the documented key bytes, Cody-Waite + Taylor exp from Python floats, a sort by (-logit, id),
 top-k, top-p by exact rationals, inverse CDF by bisect over cumulative integer weights, the
 logprob's exact integer sum); math.exp / math.log for the accuracy of exp64 / log64; Model.greedy

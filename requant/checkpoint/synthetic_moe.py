@@ -1,4 +1,4 @@
-"""The Qwen3-MoE presets of the synthetic generator (requant.models.synthetic) and their plan.
+"""The Qwen3-MoE presets of the synthetic generator (requant.checkpoint.synthetic) and their plan.
 
 The same RTN arithmetic and draws as the dense presets (synthetic._tensors_for): every expert
 Linear is a quantized Linear like any other, the router `mlp.gate` a bf16 tensor drawn like

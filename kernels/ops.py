@@ -1,4 +1,5 @@
-"""The reference engine's numerical building blocks (the whole contract: docs/runtime.md).
+"""The reference engine's numerical building blocks in torch, beside the other torch forms of
+kernels/ (the whole contract: docs/runtime.md).
 Each function states its arithmetic and whether a row's result can depend on
 the other rows of the call.
 

@@ -1,4 +1,4 @@
-"""audit/faults.py against independent references. Bitwise assertions only.
+"""audit/catalogue/faults.py against independent references. Bitwise assertions only.
 
 The faulty epilogues (F1-F5), the reference pipeline and F9's output are checked against
 numpy float32 arithmetic done step by step (each numpy float32 multiply or divide is one
@@ -16,7 +16,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from requant.audit.faults import (
+from requant.audit.catalogue.faults import (
     F9A_FACTOR,
     VARIANT_BY_ID,
     VARIANTS,
@@ -235,7 +235,7 @@ def test_shift_int8_by_one_saturates_at_the_top():
 def test_severity_masks():
     """one: exactly one element, drawn from those the fault changes; 1pct: at most
     ceil(1% of M*N) elements; all: None (every element); anything else is refused."""
-    from requant.audit.faults import severity_mask
+    from requant.audit.catalogue.faults import severity_mask
 
     y_ref = torch.zeros(20, 30, dtype=torch.bfloat16)
     y_fault = y_ref.clone()

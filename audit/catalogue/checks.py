@@ -11,7 +11,7 @@ description of the run under test) and returns a CheckResult: whether it is appl
 Matrix v1 (prediction_matrix.json) scores C1..C7 (CHECK_IDS); matrix v2 adds C8
 (ALL_CHECK_IDS). run_checks runs the checks a matrix names, so a v1 run is unchanged.
 
-Each check's definition, and why C5, C6 and C8 all exist: docs/internals.md (audit/checks.py).
+Each check's definition, and why C5, C6 and C8 all exist: docs/audit.md#fault-definitions.
 """
 
 from __future__ import annotations

@@ -5,17 +5,17 @@ int8 weights, bf16 per-channel scales, shards with an index, a compressed-tensor
 quantization_config), quantized by `requant.scales.from_source.rtn_quantize`.
 Presets: tiny (the old random default: 4 layers, byte-level vocab 512), qwen3-0.6b, qwen3-1.7b,
 qwen3-8b, qwen3-14b, qwen3-32b (the real configs), and the Qwen3-MoE ones (tiny-moe,
-qwen3-30b-a3b, qwen3-235b-a22b: requant/models/synthetic_moe.py). The files are reproducible bit for bit from
+qwen3-30b-a3b, qwen3-235b-a22b: requant/checkpoint/synthetic_moe.py). The files are reproducible bit for bit from
 the seed and the device, independent of the sharding.
 
-Usage: python -m requant.models.synthetic PRESET OUT [--seed N] [--shard-size BYTES] [--device DEV]
+Usage: python -m requant.checkpoint.synthetic PRESET OUT [--seed N] [--shard-size BYTES] [--device DEV]
                                            [--no-outliers] [--keep-source DIR] [--force]
-       python -m requant.models.synthetic PRESET --plan   (a Qwen3-MoE preset's bytes and Linears, nothing written)
+       python -m requant.checkpoint.synthetic PRESET --plan   (a Qwen3-MoE preset's bytes and Linears, nothing written)
 
 Output is written atomically; a non-empty OUT (or --keep-source DIR) is refused without --force,
 which replaces only a checkpoint or an empty directory.
 
-Why, the arithmetic, the weights drawn, --device cuda: docs/internals.md (requant/models/synthetic.py).
+Why, the arithmetic, the weights drawn, --device cuda: docs/checkpoints.md#synthetic-checkpoints.
 """
 
 from __future__ import annotations
@@ -32,11 +32,11 @@ from pathlib import Path
 import torch
 
 from requant.checkpoint.scheme import quantization_config
+from requant.checkpoint.synthetic_moe import MOE_IGNORE, MOE_PRESETS, moe_config_fields, moe_plan
 from requant.errors import CheckpointError, OutputError
 from requant.io.output import AtomicOutput, file_mode, output_path, refuse_unless_replaceable
 from requant.models.qwen3 import Qwen3Arch
 from requant.models.qwen3_moe import Qwen3MoeArch
-from requant.models.synthetic_moe import MOE_IGNORE, MOE_PRESETS, moe_config_fields, moe_plan
 from requant.scales.from_source import rtn_quantize
 
 LINEAR_STD = 0.02
@@ -59,7 +59,7 @@ PRESETS: dict[str, Preset] = {
     "qwen3-8b": Preset(4096, 12288, 36, 32, 8, 128, 151936, False, 40960, 151643, 151645),
     "qwen3-14b": Preset(5120, 17408, 40, 40, 8, 128, 151936, False, 40960, 151643, 151645),
     "qwen3-32b": Preset(5120, 25600, 64, 64, 8, 128, 151936, False, 40960, 151643, 151645),
-    **MOE_PRESETS,  # tiny-moe, qwen3-30b-a3b, qwen3-235b-a22b (requant/models/synthetic_moe.py)
+    **MOE_PRESETS,  # tiny-moe, qwen3-30b-a3b, qwen3-235b-a22b (requant/checkpoint/synthetic_moe.py)
 }
 
 
@@ -288,7 +288,7 @@ def _write(
 
 
 def _print_plan(ap: argparse.ArgumentParser, a) -> int:
-    from requant.models.synthetic_moe import plan_summary
+    from requant.checkpoint.synthetic_moe import plan_summary
 
     p = PRESETS[a.preset]
     if not a.plan:
@@ -300,7 +300,7 @@ def _print_plan(ap: argparse.ArgumentParser, a) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m requant.models.synthetic", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m requant.checkpoint.synthetic", description=__doc__.split("\n\n")[0])
     ap.add_argument("preset", choices=sorted(PRESETS))
     ap.add_argument("out", nargs="?", help="output directory (not with --plan)")
     ap.add_argument("--plan", action="store_true", help="print a Qwen3-MoE preset's sizes as JSON, write nothing")

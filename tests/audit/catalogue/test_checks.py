@@ -1,10 +1,17 @@
-"""audit/checks.py: each check on crafted runs. References: kernels.reference.MAX_K (the
+"""audit/catalogue/checks.py: each check on crafted runs. References: kernels.reference.MAX_K (the
 int32 accumulator bound), kernels.bf16.is_power_of_two and ulp_distance (the spacing)."""
 
 import torch
 
-from requant.audit.checks import FIRE, NOT_APPLICABLE, SILENT, c3_accumulator_precondition, run_checks, token_risk
-from requant.audit.faults import VARIANT_BY_ID, inject
+from requant.audit.catalogue.checks import (
+    FIRE,
+    NOT_APPLICABLE,
+    SILENT,
+    c3_accumulator_precondition,
+    run_checks,
+    token_risk,
+)
+from requant.audit.catalogue.faults import VARIANT_BY_ID, inject
 from requant.audit.records import REFERENCE_KERNEL, Activations, KernelDesc, Run, Weights
 from requant.kernels.bf16 import round_fp32_to_bf16
 from requant.kernels.reference import MAX_K

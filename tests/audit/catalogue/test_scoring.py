@@ -1,12 +1,12 @@
-"""audit/scoring.py: the false positive / negative rules on hand-made cells, and the
+"""audit/catalogue/scoring.py: the false positive / negative rules on hand-made cells, and the
 power-of-two ULP bins (reference: integer bit_length)."""
 
 import pytest
 import torch
 
-from requant.audit.checks import FIRE, NOT_APPLICABLE, SILENT
-from requant.audit.matrix import load_matrix
-from requant.audit.scoring import CellResult, Scorer, bin_label, ulp_histogram
+from requant.audit.catalogue.checks import FIRE, NOT_APPLICABLE, SILENT
+from requant.audit.catalogue.matrix import load_matrix
+from requant.audit.catalogue.scoring import CellResult, Scorer, bin_label, ulp_histogram
 
 
 def cell(variant, regime, observable, **over):
@@ -82,8 +82,8 @@ def test_a_baseline_row_that_proves_its_kernel_faulty_is_a_kernel_fault_not_fals
     """A baseline cell with kernel-fault evidence (C8's comparison) is grouped per (backend, regime,
     M), first element kept, and not scored; the same row without evidence firing C5 stays a false
     positive; a kernel fault anywhere in the run relabels the end-to-end contradictions."""
-    from requant.audit.matrix import matrix_path
-    from requant.audit.scoring import kernel_fault
+    from requant.audit.catalogue.matrix import matrix_path
+    from requant.audit.catalogue.scoring import kernel_fault
 
     m = load_matrix(matrix_path("v2"))
     s = Scorer(m)

@@ -1,4 +1,4 @@
-"""requant.models.synthetic and the embedded default: the default is the packaged trained model, the presets are the real Qwen3
+"""requant.checkpoint.synthetic and the embedded default: the default is the packaged trained model, the presets are the real Qwen3
 configs, and the files look like llm-compressor's. References: the committed files in
 requant/data/default (byte for byte), and an independent float32 re-statement of the RTN
 arithmetic (torch's bf16 ops compute in fp32 and round once to bf16)."""
@@ -12,8 +12,8 @@ import torch
 
 from requant import DEFAULT_CHECKPOINT, data_path
 from requant.checkpoint import open_checkpoint
+from requant.checkpoint.synthetic import PRESETS, generate, plan
 from requant.io.safetensors_io import read_header
-from requant.models.synthetic import PRESETS, generate, plan
 from requant.scales.from_source import rtn_quantize
 from tests.requant.conftest import tree_bytes
 
@@ -41,10 +41,10 @@ def test_default_is_the_packaged_trained_model(tmp_path):
 
 
 def test_generator_module_equals_the_api(tmp_path):
-    """`python -m requant.models.synthetic tiny` writes what generate('tiny') writes (reference: the
+    """`python -m requant.checkpoint.synthetic tiny` writes what generate('tiny') writes (reference: the
     API's files, byte for byte)."""
     subprocess.run(
-        [sys.executable, "-m", "requant.models.synthetic", "tiny", str(tmp_path / "m"), "--seed", "0"],
+        [sys.executable, "-m", "requant.checkpoint.synthetic", "tiny", str(tmp_path / "m"), "--seed", "0"],
         check=True,
         capture_output=True,
     )

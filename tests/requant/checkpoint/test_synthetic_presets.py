@@ -1,4 +1,4 @@
-"""The qwen3-0.6b and qwen3-32b presets: their config.json (requant.models.synthetic.model_config) read back
+"""The qwen3-0.6b and qwen3-32b presets: their config.json (requant.checkpoint.synthetic.model_config) read back
 by requant.qwen3.Qwen3Arch and planned by `requant audit --plan`. Independent reference: the
 published Qwen3-0.6B and Qwen3-32B configs (hidden, intermediate, layers, heads, KV heads, head_dim,
 vocab, tied embeddings) and the count 7 quantized Linears per decoder layer."""
@@ -8,8 +8,8 @@ import json
 from typer.testing import CliRunner
 
 from requant.audit.suite import plan_from_config
+from requant.checkpoint.synthetic import PRESETS, model_config, write_json
 from requant.models.qwen3 import Qwen3Arch
-from requant.models.synthetic import PRESETS, model_config, write_json
 
 PUBLISHED = {  # hidden, intermediate, layers, heads, kv heads, head_dim, vocab, tied
     "qwen3-0.6b": (1024, 3072, 28, 16, 8, 128, 151936, True),

@@ -5,10 +5,10 @@
 
 Contract: inject(variant, reference_case(...)) returns a *run under test* (audit.records.Run):
 the operands it consumed, the accumulator it formed, the bf16 output and a kernel description;
-audit/checks.py compares it with the reference run. Faults are seeded (seed_for): the same
+audit/catalogue/checks.py compares it with the reference run. Faults are seeded (seed_for): the same
 layer, regime and variant always give the same run.
 
-Design notes: docs/internals.md (audit/faults.py).
+Severities, families and why each fault moves what it moves: docs/audit.md#fault-definitions.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Prediction matrix v2 (audit/prediction_matrix_v2.json) and check C8 (declared-order identity).
+"""Prediction matrix v2 (audit/catalogue/prediction_matrix_v2.json) and check C8 (declared-order identity).
 
 The matrix was written before any scored run; these tests score it on the embedded default
 with the reference pair and with a pair that includes the fused-scale order, and check C8
@@ -10,9 +10,9 @@ import json
 import pytest
 import torch
 
-from requant.audit.checks import ALL_CHECK_IDS, CHECK_IDS, c8_declared_order, run_checks
-from requant.audit.faults import VARIANTS, inject
-from requant.audit.matrix import (
+from requant.audit.catalogue.checks import ALL_CHECK_IDS, CHECK_IDS, c8_declared_order, run_checks
+from requant.audit.catalogue.faults import VARIANTS, inject
+from requant.audit.catalogue.matrix import (
     BASELINE_VARIANTS_V2,
     MATRIX_PATH,
     MATRIX_V2_PATH,

@@ -1,4 +1,4 @@
-"""`python -m requant.models.synthetic PRESET DIR` never mixes a random model into existing files: a
+"""`python -m requant.checkpoint.synthetic PRESET DIR` never mixes a random model into existing files: a
 non-empty DIR is refused without --force, and --force replaces a checkpoint as a whole (no stale
 tokenizer kept) but never a directory of other things. References: the files on disk before and
 after (tree_bytes), and generate() into a fresh directory."""
@@ -10,8 +10,8 @@ import sys
 import pytest
 
 from requant import DEFAULT_CHECKPOINT
+from requant.checkpoint.synthetic import generate, main
 from requant.errors import OutputError
-from requant.models.synthetic import generate, main
 from tests.requant.conftest import MICRO, leftovers, tree_bytes
 
 
@@ -20,7 +20,7 @@ def test_the_readme_command_cannot_overwrite_the_default(tmp_path):
     shutil.copytree(DEFAULT_CHECKPOINT, d)
     before = tree_bytes(d)
     res = subprocess.run(
-        [sys.executable, "-m", "requant.models.synthetic", "tiny", str(d)], capture_output=True, text=True
+        [sys.executable, "-m", "requant.checkpoint.synthetic", "tiny", str(d)], capture_output=True, text=True
     )
     assert res.returncode == 2, res.stderr
     assert res.stderr.startswith("error: ") and res.stderr.count("\n") == 1 and "--force" in res.stderr

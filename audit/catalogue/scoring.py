@@ -31,8 +31,8 @@ from dataclasses import dataclass
 
 import torch
 
-from requant.audit.checks import FIRE, NOT_APPLICABLE, SILENT
-from requant.audit.matrix import PREDICTED_MISS, Matrix
+from requant.audit.catalogue.checks import FIRE, NOT_APPLICABLE, SILENT
+from requant.audit.catalogue.matrix import PREDICTED_MISS, Matrix
 from requant.regime import REGIMES
 
 HIST_BINS = 33  # floor(log2(d)) for d in 1 .. 2**32

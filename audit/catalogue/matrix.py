@@ -1,17 +1,17 @@
 """The prediction matrices, pinned before measuring.
 
 Four versions, each pinned by its own sha256 (PINS):
-  v1  audit/prediction_matrix.json     checks C1..C7; the seed paper's limit, reproduced
-  v2  audit/prediction_matrix_v2.json  v1's cells unchanged, plus C8 (declared-order identity)
+  v1  audit/catalogue/prediction_matrix.json     checks C1..C7; the seed paper's limit, reproduced
+  v2  audit/catalogue/prediction_matrix_v2.json  v1's cells unchanged, plus C8 (declared-order identity)
                                        on every row and the baseline row B.fused-order
-  v3  audit/prediction_matrix_v3.json  v2's cells unchanged, plus `injection`: C7 on faults
+  v3  audit/catalogue/prediction_matrix_v3.json  v2's cells unchanged, plus `injection`: C7 on faults
                                        injected into the generating model (audit/phases/injection.py)
-  v4  audit/prediction_matrix_v4.json  v3 unchanged but for one correction: C7 x F9c x all
+  v4  audit/catalogue/prediction_matrix_v4.json  v3 unchanged but for one correction: C7 x F9c x all
                                        is no claim (v3's 'fire' was a claim about the run's
                                        margins; docs/audit.md). The injection is scored from v4
 A matrix's checks are the ones its cells name (Matrix.checks); the suite runs exactly those.
 
-Design notes: docs/internals.md (audit/matrix.py).
+Why pinned, and what a contradiction changes: docs/audit.md#prediction-matrix.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from requant.audit.checks import ALL_CHECK_IDS, FIRE, NOT_APPLICABLE, SILENT
+from requant.audit.catalogue.checks import ALL_CHECK_IDS, FIRE, NOT_APPLICABLE, SILENT
 from requant.kernels import emulation_of
 
 MATRIX_PATH = Path(__file__).with_name("prediction_matrix.json")

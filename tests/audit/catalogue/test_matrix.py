@@ -1,11 +1,11 @@
-"""The prediction matrices (audit/prediction_matrix*.json) and their pins (audit.matrix.PINS)."""
+"""The prediction matrices (audit/catalogue/prediction_matrix*.json) and their pins (audit.catalogue.matrix.PINS)."""
 
 import hashlib
 import json
 
-from requant.audit.checks import CHECK_IDS
-from requant.audit.faults import VARIANTS
-from requant.audit.matrix import (
+from requant.audit.catalogue.checks import CHECK_IDS
+from requant.audit.catalogue.faults import VARIANTS
+from requant.audit.catalogue.matrix import (
     BASELINE_VARIANTS,
     MATRIX_PATH,
     PINNED_SHA256,
