@@ -21,6 +21,7 @@ from requant import kernels
 from requant.audit.compare import compare_layer
 from requant.kernels.epilogue import int_mm
 from requant.kernels.fused_moe import VLLM_MOE, down_vllm, moe_sum_vllm
+from requant.runtime.moe import combine
 
 __all__ = ["block_output", "combine_rows"]
 
@@ -30,17 +31,17 @@ def block_output(backend: str, block: str, ids, weights, ops: dict, linears: dic
     vllm = str(backend) == VLLM_MOE
     hidden = linears[f"{block}.experts.{int(ids[0, 0])}.down_proj"][0].shape[0]
     z = torch.zeros(*ids.shape, hidden, dtype=torch.bfloat16, device=ids.device)
-    acc = torch.zeros(ids.shape[0], hidden, dtype=torch.float32, device=ids.device)
-    for e in torch.unique(ids).tolist():  # ascending: the reference combine's order
-        rows, slots = (ids == e).nonzero(as_tuple=True)
+
+    def expert(e: int, rows, slots):
         name = f"{block}.experts.{e}.down_proj"
         act, (w, s_w) = ops[name], linears[name]
-        if vllm:
-            z[rows, slots] = down_vllm(int_mm(act.a, w), act.s_a, s_w, weights[rows, slots])
-        else:
-            y = kernels.scaled_mm(act.a, w, act.s_a, s_w, backend=backend)
-            acc[rows] += y.to(torch.float32) * weights[rows, slots][:, None]
-    return moe_sum_vllm(z) if vllm else acc.to(torch.bfloat16)
+        if not vllm:
+            return kernels.scaled_mm(act.a, w, act.s_a, s_w, backend=backend)
+        z[rows, slots] = down_vllm(int_mm(act.a, w), act.s_a, s_w, weights[rows, slots])
+        return None
+
+    out = combine(ids, weights, hidden, expert)  # the reference combine (runtime/moe.py); vLLM's: z
+    return moe_sum_vllm(z) if vllm else out
 
 
 def combine_rows(regime: str, routes: dict, ops: dict, linears: dict, backends) -> list[dict]:

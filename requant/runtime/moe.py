@@ -75,19 +75,30 @@ def sparse_block(engine, i: int, h: torch.Tensor, capture) -> torch.Tensor:
         capture.record_route(p.rstrip("."), ids, weights)
     vllm = str(model.backend) == VLLM_MOE and f"{p}experts.0.down_proj" in model.linears
     comb = _VllmCombine(model, ids, capture) if vllm else None
-    acc = torch.zeros(h.shape[0], h.shape[1], dtype=torch.float32, device=h.device)
+
+    def expert(e: int, rows, slots):
+        ex = f"{p}experts.{e}."
+        gate, up = lin.column(h[rows], (ex + "gate_proj", ex + "up_proj"), capture)
+        if comb is not None:
+            return comb.expert(ex + "down_proj", rows, slots, gate, up, weights[rows, slots])
+        act = (torch.nn.functional.silu(gate.to(torch.float32)) * up.to(torch.float32)).to(torch.bfloat16)
+        return lin.row(act, ex + "down_proj", capture)
+
+    out = combine(ids, weights, h.shape[1], expert)
+    return comb.out() if comb is not None else out
+
+
+def combine(ids: torch.Tensor, weights: torch.Tensor, hidden: int, expert) -> torch.Tensor:
+    """bf16 [T, hidden]: expert(e, rows, slots) -> bf16 [len(rows), hidden] (None: nothing to add)
+    called for each routed expert in ascending id, rows ascending with one slot each; the outputs
+    added per token in fp32 in that order, acc += fp32(y) * w, rounded to bf16 once (step 5)."""
+    acc = torch.zeros(ids.shape[0], hidden, dtype=torch.float32, device=ids.device)
     for e in torch.unique(ids).tolist():  # sorted ascending: the combine order
         rows, slots = (ids == e).nonzero(as_tuple=True)  # rows ascending, one slot per row
-        x = h[rows]
-        ex = f"{p}experts.{e}."
-        gate, up = lin.column(x, (ex + "gate_proj", ex + "up_proj"), capture)
-        if comb is not None:
-            comb.expert(ex + "down_proj", rows, slots, gate, up, weights[rows, slots])
-            continue
-        act = (torch.nn.functional.silu(gate.to(torch.float32)) * up.to(torch.float32)).to(torch.bfloat16)
-        y = lin.row(act, ex + "down_proj", capture)
-        acc[rows] += y.to(torch.float32) * weights[rows, slots][:, None]
-    return comb.out() if comb is not None else acc.to(torch.bfloat16)
+        y = expert(e, rows, slots)
+        if y is not None:
+            acc[rows] += y.to(torch.float32) * weights[rows, slots][:, None]
+    return acc.to(torch.bfloat16)
 
 
 class _VllmCombine:
@@ -108,7 +119,7 @@ class _VllmCombine:
         if self.capture is not None:
             self.capture.record((name,), q, s)
         w, s_w = self.model.linears[name]
-        self.z[rows, slots] = down_vllm(int_mm(q, w), s, s_w, route)
+        self.z[rows, slots] = down_vllm(int_mm(q, w), s, s_w, route)  # nothing for the reference combine
 
     def out(self) -> torch.Tensor:
         return moe_sum_vllm(self.z)

@@ -186,9 +186,10 @@ def test_capture_records_each_expert_with_its_tokens(tiny_moe):
     assert "model.layers.1.mlp.gate" not in rec.rows  # the router runs in fp32, unquantized
 
 
-def test_fast_engine_refuses_moe(tiny_moe):
-    with pytest.raises(ValueError, match="fast engine cannot run this model: a Qwen3-MoE model"):
-        load_model(tiny_moe, engine="fast")
+def test_portable_engine_refuses_moe(tiny_moe):
+    """The fast engine runs the experts (test_fast_moe.py); the portable engine refuses them by name."""
+    with pytest.raises(ValueError, match="portable engine cannot run this model: a Qwen3-MoE model"):
+        load_model(tiny_moe, engine="portable")
 
 
 def test_generate_and_replay_records(tiny_moe, tmp_path):
