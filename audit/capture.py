@@ -30,6 +30,11 @@ class Capture:
 
     def __init__(self):
         self._parts: dict[tuple[str, ...], list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        # Qwen3-MoE: each sparse block's route (expert ids, weights [T, k]) of the one packed prefill
+        self.routes: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def record_route(self, block: str, ids: torch.Tensor, weights: torch.Tensor) -> None:
+        self.routes[block] = (ids, weights)
 
     def record(self, names: tuple[str, ...], q: torch.Tensor, s: torch.Tensor) -> None:
         self._parts.setdefault(names, []).append((q, s))

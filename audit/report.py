@@ -78,7 +78,8 @@ def _culprit(backend: str, groups: list[dict], result: dict) -> str:
 
 def verdict(result: dict) -> tuple[bool, str]:
     """(passed, the one-line verdict). Passed: every scorecard pinned, no false positive or negative,
-    no kernel fault, every pow2 layer bitwise equal, in prefill and (when run) in decode; the
+    no kernel fault, every pow2 layer bitwise equal, in prefill and (when run) in decode, and every
+    pow2 MoE block's routed down projections + combine (moe_combine, prefill); the
     injection's scorecard the same way. A kernel fault is named first (the culprit), then the
     other failures; docs/audit.md ("The verdict")."""
     faults = kernel_faults(result)
@@ -96,6 +97,11 @@ def verdict(result: dict) -> tuple[bool, str]:
             )
         if pow2["bitwise_equal"] != pow2["layers"]:
             parts.append(f"{name}: pow2 {pow2['bitwise_equal']}/{pow2['layers']} layers bitwise equal")
+    comb = (result.get("moe_combine") or {}).get("summary", {}).get("pow2")
+    if comb and comb["bitwise_equal"] != comb["layers"]:  # audit/moe_combine.py: the pair's MoE blocks differ
+        parts.append(
+            f"prefill: pow2 {comb['bitwise_equal']}/{comb['layers']} MoE blocks (down + combine) bitwise equal"
+        )
     inj = result.get("injection_scorecard")
     if inj is not None and not (inj["matrix_pinned"] and inj["false_positives"] == 0 and inj["false_negatives"] == 0):
         parts.append(f"injection: {inj['false_positives']} false positives, {inj['false_negatives']} false negatives")
@@ -112,7 +118,7 @@ def write_json(result: dict, path: Path) -> Path:
 
 def unrouted_lines(result: dict) -> list[str]:
     """Qwen3-MoE: one line per phase and regime naming the expert Linears that received no token
-    (never compared, never counted as equal); none for a dense model."""
+    (never compared, never counted as equal), and the blocks' combine line; none for a dense model."""
     lines = []
     for regime, names in (result.get("experts_without_tokens") or {}).items():
         lines.append(f"experts without tokens, prefill, {regime} (not audited): {', '.join(names)}")
@@ -120,6 +126,10 @@ def unrouted_lines(result: dict) -> list[str]:
         lines.append(
             f"experts without tokens, decode, {regime}: {d['operand_sets_without_tokens']} (Linear, batch, step) "
             f"operand sets; never routed: {', '.join(d['experts']) or 'none'}"
+        )
+    if result.get("moe_combine"):  # audit/moe_combine.py: the routed down projections and the combine
+        lines.append(
+            f"MoE blocks, routed down projections + combine, prefill: {result['moe_combine']['summary']['line']}"
         )
     return lines
 

@@ -14,13 +14,17 @@
 # STEPS (default "generate audit run"): generate writes the checkpoint to $CKPT_DIR (default
 # /tmp/requant-qwen3-30b-a3b-4l-synthetic; kept between calls on a warm machine); audit runs
 # `requant audit` (prefill and decode) on it; run generates and replays.
+# "fast" (not in the default): benchmarks/bench_moe_fast.py (the fast engine: alone == batched, chunks ==
+# decode, pow2 CUTLASS == Triton, its distance and speed against the reference engine; fast.json) and
+# the audit of triton against vLLM's fused-MoE order (reference-vllm-moe-order; audit_vllm.json: its
+# moe_combine rows are expected unequal, exit 1, docs/moe.md).
 # "convert" (not in the default) also writes the nearest-arm conversion next to it: another ~31 GB,
 # which does not fit a 64 GiB disk beside the checkpoint and the pip cache; run it on a larger disk.
 # PRESET=tiny-moe runs every step in seconds (a smoke test of this script; BACKENDS=reference on a CPU).
 # Writes into $OUT: env.txt, timings.txt, inspect.json, audit.json, audit/ (report), audit.log,
 # generate_*.jsonl and their replay logs. The audit and replay exit 1 on a difference: a result to
 # report, recorded in timings.txt; the script goes on. The MoE layers run on the reference engine
-# (runtime/moe.py: the fast engine refuses MoE), one launch per expert and Linear: generation is
+# here (runtime/moe.py; the fast engine only in step "fast"), one launch per expert and Linear: generation is
 # slow (NEW_TOKENS, default 4); the point is the bits. Over 10 minutes in all: split the calls with
 # STEPS (generate; audit; run).
 set -uo pipefail
@@ -70,6 +74,13 @@ if has run; then
         step "replay_${regime}_$second" 0 bash -c "python3 cli.py replay '$rec' --backend $second --device $DEV --byte-tokens \
             > '$OUT/replay_${regime}_$second.log' 2>&1; rc=\$?; tail -n 8 '$OUT/replay_${regime}_$second.log'; exit \$rc"
     done
+fi
+
+if has fast; then  # the fast engine on the MoE checkpoint (runtime/fast_moe.py), and vLLM's fused-MoE order audited
+    step fast 0 python3 benchmarks/bench_moe_fast.py "$CKPT" --json "$OUT/fast.json" --tokens "${NEW_TOKENS:-4}"
+    step audit_vllm_order 0 bash -c "python3 cli.py audit '$CKPT' --backends triton,reference-vllm-moe-order \
+        --prompts $PROMPTS --device $DEV --json '$OUT/audit_vllm.json' > '$OUT/audit_vllm.log' 2>&1; rc=\$?; \
+        tail -n 12 '$OUT/audit_vllm.log'; exit \$rc"
 fi
 
 if has convert; then

@@ -41,6 +41,9 @@ _SCALED_MM = {
     "cutlass": "requant.kernels.cutlass:scaled_mm",
     "reference-fused-order": "requant.kernels.reference:scaled_mm_fused_order",
     "cublas": "requant.kernels.cublas:scaled_mm",
+    # vLLM's int8 fused-MoE kernel: the Triton order on a plain GEMM; its routed down projection
+    # and combine need the route (kernels/fused_moe.py, runtime/moe.py)
+    "reference-vllm-moe-order": "requant.kernels.fused_moe:scaled_mm_vllm_moe",
 }
 _QUANTIZE = {
     "reference": "requant.kernels.reference:quantize_activations",
@@ -56,6 +59,7 @@ EMULATION_OF = MappingProxyType(
         "reference-cutlass-order": "reference-cutlass-order",
         "cublas": "reference-fused-order",
         "reference-fused-order": "reference-fused-order",
+        "reference-vllm-moe-order": "reference-triton-order",
     }
 )
 

@@ -43,6 +43,7 @@ ORDER_OF = {
     "triton": "triton",
     "cutlass": "cutlass",
     "cublas": "fused",
+    "reference-vllm-moe-order": "triton",
 }
 
 

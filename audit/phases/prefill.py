@@ -19,6 +19,7 @@ from requant.audit.catalogue.matrix import Matrix
 from requant.audit.catalogue.scoring import HIST_BINS, Scorer, bin_label
 from requant.audit.cells import LinearQueue, backend_kernel
 from requant.audit.compare import summarize_layers
+from requant.audit.moe_combine import E2E_NOTE, combine_rows, e2e_claimed
 from requant.audit.records import Run, Weights
 from requant.io.markdown import table
 from requant.kernels.bf16 import is_power_of_two
@@ -49,6 +50,8 @@ class PrefillPhase:
         # never counted as equal), and how many Linears were audited (native: for native_is_pow2).
         self.unrouted: dict[str, list[str]] = {}
         self.audited: dict[str, int] = {}
+        self.routes: dict = {}  # this regime's routes per sparse block (capture -> cells)
+        self.combine: list = []  # audit/moe_combine.py's rows
 
     def capture(self, regime: str, model, token_lists, say) -> dict:
         """Both backends prefill the prompts; C7 scores their logits; returns the first backend's
@@ -65,9 +68,13 @@ class PrefillPhase:
             Run(None, None, None, None, backend_kernel(b), logits=logits_b),
             backend_kernel(b),
         ).outcome
-        expected = self.scorer.add_end_to_end("C7", regime, outcome, observable=not risk["bitwise_equal"])
+        if e2e_claimed(self.backends, model):
+            expected = self.scorer.add_end_to_end("C7", regime, outcome, observable=not risk["bitwise_equal"])
+        else:
+            expected, risk["note"] = None, E2E_NOTE
         risk.update({"outcome": outcome, "expected": expected})
         self.e2e[regime] = risk
+        self.routes = cap.routes
         return cap.operands()
 
     def cells(self, regime: str, ops: dict, linears: dict, names, advance) -> None:
@@ -90,6 +97,8 @@ class PrefillPhase:
             self.rows.append(row)
         if pow2_flags:
             self.native_pow2_layers += int(torch.stack(pow2_flags).sum())
+        self.combine += combine_rows(regime, self.routes, ops, linears, self.backends)
+        self.routes = {}
 
     def native_is_pow2(self, layers: int) -> bool:
         layers = self.audited.get("native", layers)
@@ -108,6 +117,11 @@ class PrefillPhase:
             **self.scorer.summary(),
             "end_to_end": self.e2e,
             **({"experts_without_tokens": self.unrouted} if self.unrouted else {}),
+            **(
+                {"moe_combine": {"rows": self.combine, "summary": summarize_layers(self.combine)}}
+                if self.combine
+                else {}
+            ),
         }
 
 

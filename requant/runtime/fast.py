@@ -22,6 +22,7 @@ from requant.kernels.ops import rope_tables
 from requant.models.qwen3 import LAYER_LINEARS
 from requant.models.qwen3_moe import Qwen3MoeArch
 from requant.runtime.cache import KVCache
+from requant.runtime.fast_moe import expert_layout, sparse_block
 
 __all__ = ["BUCKETS", "FastEngine", "FastLayout", "FastOps", "capture_graph", "fast_supported"]
 
@@ -32,10 +33,8 @@ _KEEP_DECODERS = 2
 def fast_supported(model) -> str | None:
     """Why `model` cannot run the fast path (None when it can)."""
     a = model.arch
-    if isinstance(a, Qwen3MoeArch):
-        return "a Qwen3-MoE model (this engine runs dense Qwen3; the reference engine runs the experts)"
     for i in range(a.layers):
-        for n in LAYER_LINEARS:
+        for n in _layer_linears(a, i):
             if f"model.layers.{i}.{n}" not in model.linears:
                 return f"model.layers.{i}.{n} is not quantized (the fast path runs W8A8 decoder layers only)"
     if (a.heads // a.kv_heads) > 64 or 64 % (a.heads // a.kv_heads):
@@ -49,6 +48,18 @@ def fast_supported(model) -> str | None:
         if not _launch.INTERPRET:
             return "a CPU device without TRITON_INTERPRET=1"
     return None
+
+
+def _is_moe(a, i: int) -> bool:
+    return isinstance(a, Qwen3MoeArch) and a.is_moe(i)
+
+
+def _layer_linears(a, i: int) -> list[str]:
+    """Layer i's quantized Linears the fast path needs: a sparse layer's experts for its MLP."""
+    if not _is_moe(a, i):
+        return list(LAYER_LINEARS)
+    att = [n for n in LAYER_LINEARS if n.startswith("self_attn.")]
+    return att + [f"mlp.experts.{e}.{leaf}" for e in range(a.experts) for leaf in ("gate_proj", "up_proj", "down_proj")]
 
 
 def _stack(linears, names):
@@ -81,7 +92,7 @@ class _Decoder:
         self.blocks = torch.stack([self.rows, torch.ones_like(self.rows), self.rows], 1).contiguous()
         self.logits = torch.empty(bucket, engine.model.arch.vocab, dtype=torch.float32, device=dev)
         self.engine = engine
-        self.graphs = graphs and dev.type == "cuda"
+        self.graphs = graphs and dev.type == "cuda" and not engine.layout.moe
         self.graph = None
         self.eager_steps = 0
 
@@ -146,20 +157,22 @@ class FastLayout:
             p = f"model.layers.{i}."
             qkv_names = (p + "self_attn.q_proj", p + "self_attn.k_proj", p + "self_attn.v_proj")
             gu_names = (p + "mlp.gate_proj", p + "mlp.up_proj")
-            self.layers.append(
-                {
-                    "in_norm": d[p + "input_layernorm.weight"].contiguous(),
-                    "post_norm": d[p + "post_attention_layernorm.weight"].contiguous(),
-                    "q_norm": d[p + "self_attn.q_norm.weight"].contiguous(),
-                    "k_norm": d[p + "self_attn.k_norm.weight"].contiguous(),
-                    "qkv": _stack(lin, list(qkv_names)),
-                    "o": lin[p + "self_attn.o_proj"],
-                    "gu": _stack(lin, list(gu_names)),
-                    "down": lin[p + "mlp.down_proj"],
-                    "names": {"qkv": qkv_names, "o": (p + "self_attn.o_proj",), "gu": gu_names},
-                    "down_name": (p + "mlp.down_proj",),
-                }
-            )
+            layer = {
+                "in_norm": d[p + "input_layernorm.weight"].contiguous(),
+                "post_norm": d[p + "post_attention_layernorm.weight"].contiguous(),
+                "q_norm": d[p + "self_attn.q_norm.weight"].contiguous(),
+                "k_norm": d[p + "self_attn.k_norm.weight"].contiguous(),
+                "qkv": _stack(lin, list(qkv_names)),
+                "o": lin[p + "self_attn.o_proj"],
+                "names": {"qkv": qkv_names, "o": (p + "self_attn.o_proj",), "gu": gu_names},
+                "down_name": (p + "mlp.down_proj",),
+            }
+            if _is_moe(a, i):  # a sparse layer: router and experts (runtime/fast_moe.py)
+                layer["moe"] = expert_layout(model, i, _stack)
+            else:
+                layer.update(gu=_stack(lin, list(gu_names)), down=lin[p + "mlp.down_proj"])
+            self.layers.append(layer)
+        self.moe = any("moe" in w for w in self.layers)  # routes are read on the host: no CUDA graph
         self.final_norm = d["model.norm.weight"].contiguous()
         self.embed = d["model.embed_tokens.weight"]
         self.lm_quantized = "lm_head" in lin
@@ -247,7 +260,10 @@ class FastEngine:
             att = ops.attention(q, k_caches[i], v_caches[i], pos, rows, blocks, scale)
             qa, sa = ops.quantize(att)
             o = mm(qa, sa, w["o"], w["names"]["o"])
-            _, q8, s8 = ops.add_rms_norm(x, w["post_norm"], eps, delta=o)
+            h, q8, s8 = ops.add_rms_norm(x, w["post_norm"], eps, delta=o, write_h="moe" in w)
+            if "moe" in w:
+                delta = sparse_block(self, w["moe"], h, q8, s8, mm)
+                continue
             gu = mm(q8, s8, w["gu"], w["names"]["gu"])
             qm, sm = ops.silu_mul_quantize(gu)
             delta = mm(qm, sm, w["down"], w["down_name"])

@@ -19,12 +19,18 @@ combined per token in fp32 in ascending expert id, acc = 0; acc += fp32(y_e) * w
 bf16 once (transformers adds in the same expert order, in bf16 after each expert). Per-token
 activation quantization is a function of the row alone, so an expert's operands for a token are
 the same bits whichever other tokens share the call.
+
+With the backend reference-vllm-moe-order the block computes vLLM's int8 fused-MoE arithmetic from
+the gate/up outputs on (kernels/fused_moe.py, _VllmCombine): alone == batched holds there too.
 """
 
 from __future__ import annotations
 
 import torch
 
+from requant import kernels
+from requant.kernels.epilogue import int_mm
+from requant.kernels.fused_moe import VLLM_MOE, down_vllm, moe_sum_vllm
 from requant.kernels.ops import tree_sum_halves
 
 # Token rows per router logits chunk: the [rows, experts, hidden] fp32 products of one chunk
@@ -59,21 +65,64 @@ def route(x: torch.Tensor, w: torch.Tensor, top_k: int, norm_topk_prob: bool) ->
 
 def sparse_block(engine, i: int, h: torch.Tensor, capture) -> torch.Tensor:
     """Layer i's MoE block on the normed hidden states h (bf16 [T, hidden]) -> bf16 [T, hidden]:
-    route, run each selected expert on its rows, combine in ascending expert id."""
+    route, run each selected expert on its rows, combine in ascending expert id; with the backend
+    reference-vllm-moe-order, vLLM's fused-MoE arithmetic instead (_VllmCombine)."""
     model, lin = engine.model, engine.linears
     a = model.arch
     p = f"model.layers.{i}.mlp."
     ids, weights = route(h, model.dense[p + "gate.weight"], a.top_k, a.norm_topk_prob)
-    acc = torch.zeros(h.shape[0], h.shape[1], dtype=torch.float32, device=h.device)
+    if capture is not None and hasattr(capture, "record_route"):  # the audit's combine comparison
+        capture.record_route(p.rstrip("."), ids, weights)
+    vllm = str(model.backend) == VLLM_MOE and f"{p}experts.0.down_proj" in model.linears
+    comb = _VllmCombine(model, ids, capture) if vllm else None
+
+    def expert(e: int, rows, slots):
+        ex = f"{p}experts.{e}."
+        gate, up = lin.column(h[rows], (ex + "gate_proj", ex + "up_proj"), capture)
+        if comb is not None:
+            return comb.expert(ex + "down_proj", rows, slots, gate, up, weights[rows, slots])
+        act = (torch.nn.functional.silu(gate.to(torch.float32)) * up.to(torch.float32)).to(torch.bfloat16)
+        return lin.row(act, ex + "down_proj", capture)
+
+    out = combine(ids, weights, h.shape[1], expert)
+    return comb.out() if comb is not None else out
+
+
+def combine(ids: torch.Tensor, weights: torch.Tensor, hidden: int, expert) -> torch.Tensor:
+    """bf16 [T, hidden]: expert(e, rows, slots) -> bf16 [len(rows), hidden] (None: nothing to add)
+    called for each routed expert in ascending id, rows ascending with one slot each; the outputs
+    added per token in fp32 in that order, acc += fp32(y) * w, rounded to bf16 once (step 5)."""
+    acc = torch.zeros(ids.shape[0], hidden, dtype=torch.float32, device=ids.device)
     for e in torch.unique(ids).tolist():  # sorted ascending: the combine order
         rows, slots = (ids == e).nonzero(as_tuple=True)  # rows ascending, one slot per row
-        x = h[rows]
-        ex = f"{p}experts.{e}."
-        gate, up = lin.column(x, (ex + "gate_proj", ex + "up_proj"), capture)
-        act = (torch.nn.functional.silu(gate.to(torch.float32)) * up.to(torch.float32)).to(torch.bfloat16)
-        y = lin.row(act, ex + "down_proj", capture)
-        acc[rows] += y.to(torch.float32) * weights[rows, slots][:, None]
+        y = expert(e, rows, slots)
+        if y is not None:
+            acc[rows] += y.to(torch.float32) * weights[rows, slots][:, None]
     return acc.to(torch.bfloat16)
+
+
+class _VllmCombine:
+    """vLLM's int8 fused-MoE path after the gate/up GEMM (the Triton order: the plain backend):
+    silu_and_mul in bf16 arithmetic, bf16(bf16(silu(g)) * u) (vLLM's act_and_mul_kernel computes in
+    scalar_t; silu in fp32 here, expf is the device's there), the down GEMM with the routed weight
+    in its epilogue (kernels.fused_moe.down_vllm) into the token's slot, then moe_sum over the slots
+    in rank order. docs/moe.md says what this does and does not share with the reference combine."""
+
+    def __init__(self, model, ids: torch.Tensor, capture):
+        self.model, self.capture = model, capture
+        self.z = torch.zeros(*ids.shape, model.arch.hidden, dtype=torch.bfloat16, device=ids.device)
+
+    def expert(self, name: str, rows, slots, gate, up, route) -> None:
+        silu = torch.nn.functional.silu(gate.to(torch.float32)).to(torch.bfloat16)
+        act = (silu.to(torch.float32) * up.to(torch.float32)).to(torch.bfloat16)
+        q, s = kernels.quantize_activations(act, backend=self.model.act_backend)
+        if self.capture is not None:
+            self.capture.record((name,), q, s)
+        w, s_w = self.model.linears[name]
+        self.z[rows, slots] = down_vllm(int_mm(q, w), s, s_w, route)  # nothing for the reference combine
+
+    def out(self) -> torch.Tensor:
+        return moe_sum_vllm(self.z)
 
 
 def expert_load(engine, i: int, h: torch.Tensor) -> list[int]:

@@ -24,6 +24,7 @@ from requant.kernels import reference
 from requant.kernels.bf16 import round_fp32_to_bf16
 from requant.kernels.emulation import qk_norm_rope_ref, rms_norm_ieee
 from requant.kernels.reference import accumulate, quantize_activations
+from requant.models.qwen3_moe import Qwen3MoeArch
 from requant.runtime.fast import FastEngine, FastLayout, FastOps, fast_supported
 
 __all__ = ["ARITHMETIC", "PortableEngine", "PortableLayout", "portable_supported", "with_kernels"]
@@ -34,6 +35,8 @@ KERNELS = ("auto", "triton", "torch")
 
 def portable_supported(model) -> str | None:
     """Why `model` cannot run the portable engine (None when it can)."""
+    if isinstance(model.arch, Qwen3MoeArch):
+        return "a Qwen3-MoE model (this engine runs dense Qwen3; the reference and fast engines run the experts)"
     why = fast_supported(model)
     if why is None or why.startswith("a CPU device"):
         return None

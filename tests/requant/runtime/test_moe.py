@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from safetensors.torch import save_file
 
 from requant.checkpoint.synthetic import generate
+from requant.kernels.fused_moe import VLLM_MOE
 from requant.runtime import load_model
 from requant.runtime.moe import route, router_logits
 from tests.requant.commands.cli import invoke, refused
@@ -104,11 +105,19 @@ def tiny_moe(tmp_path_factory):
 
 
 @pytest.mark.parametrize(
-    "regime, top_k, norm",
-    # the preset (top 2, normalised), every expert for every token, one expert, unnormalised
-    [("native", 2, True), ("pow2", 2, True), ("pow2", 8, False), ("native", 1, False)],
+    "regime, top_k, norm, backend",
+    # the preset (top 2, normalised), every expert for every token, one expert, unnormalised; vLLM's
+    # fused-MoE arithmetic with moe_sum's bf16 fold (top 2) and its fp32 sum (top 8)
+    [
+        ("native", 2, True, "reference-triton-order"),
+        ("pow2", 2, True, "reference-triton-order"),
+        ("pow2", 8, False, "reference-triton-order"),
+        ("native", 1, False, "reference-triton-order"),
+        ("native", 2, True, VLLM_MOE),
+        ("pow2", 8, False, VLLM_MOE),
+    ],
 )
-def test_prefill_and_decode_alone_equal_batched(tiny_moe, tmp_path, regime, top_k, norm):
+def test_prefill_and_decode_alone_equal_batched(tiny_moe, tmp_path, regime, top_k, norm, backend):
     import json
     import shutil
 
@@ -117,7 +126,7 @@ def test_prefill_and_decode_alone_equal_batched(tiny_moe, tmp_path, regime, top_
     cfg = json.loads((ck / "config.json").read_text())
     cfg.update(num_experts_per_tok=top_k, norm_topk_prob=norm)
     (ck / "config.json").write_text(json.dumps(cfg))
-    m = load_model(ck, regime=regime)
+    m = load_model(ck, regime=regime, backend=backend)
     batched = m.logits(PROMPTS)
     for p, b in zip(PROMPTS, batched):
         assert torch.equal(m.logits([p])[0], b)
@@ -138,13 +147,28 @@ def test_pow2_cutlass_order_equals_triton_order(tiny_moe):
     assert gt.ids == gc.ids and all(torch.equal(a, b) for a, b in zip(gt.step_logits, gc.step_logits))
 
 
+def test_vllm_moe_backend_runs_vllms_combine(tiny_moe):
+    """Under pow2 the plain orders agree (above), but reference-vllm-moe-order's sparse block is
+    vLLM's arithmetic (kernels/fused_moe.py): its logits differ, while the dense layer 0, whose
+    GEMMs are the Triton order, gives the same operands to layer 1's attention."""
+    t = load_model(tiny_moe, regime="pow2", backend="reference-triton-order")
+    v = t.with_backends(backend=VLLM_MOE)
+    rt, rv = Recorder(keep=True), Recorder(keep=True)
+    lt, lv = t.logits(PROMPTS, capture=rt), v.logits(PROMPTS, capture=rv)
+    assert not all(torch.equal(a, b) for a, b in zip(lt, lv))
+    q = "model.layers.1.self_attn.q_proj"
+    assert torch.equal(rt.ops[q][0], rv.ops[q][0]) and torch.equal(rt.ops[q][1], rv.ops[q][1])
+
+
 class Recorder:
-    def __init__(self):
-        self.rows = {}
+    def __init__(self, keep: bool = False):
+        self.rows, self.ops, self.keep = {}, {}, keep
 
     def record(self, names, q, s):
         for n in names:
             self.rows[n] = self.rows.get(n, 0) + q.shape[0]
+            if self.keep:
+                self.ops[n] = (q, s)
 
 
 def test_capture_records_each_expert_with_its_tokens(tiny_moe):
@@ -162,9 +186,10 @@ def test_capture_records_each_expert_with_its_tokens(tiny_moe):
     assert "model.layers.1.mlp.gate" not in rec.rows  # the router runs in fp32, unquantized
 
 
-def test_fast_engine_refuses_moe(tiny_moe):
-    with pytest.raises(ValueError, match="fast engine cannot run this model: a Qwen3-MoE model"):
-        load_model(tiny_moe, engine="fast")
+def test_portable_engine_refuses_moe(tiny_moe):
+    """The fast engine runs the experts (test_fast_moe.py); the portable engine refuses them by name."""
+    with pytest.raises(ValueError, match="portable engine cannot run this model: a Qwen3-MoE model"):
+        load_model(tiny_moe, engine="portable")
 
 
 def test_generate_and_replay_records(tiny_moe, tmp_path):
