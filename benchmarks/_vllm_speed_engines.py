@@ -35,10 +35,11 @@ TIMING = {
 }
 
 
-def _sync():
+def _sync(device: str = "cuda"):
     import torch
 
-    torch.cuda.synchronize()
+    if device != "cpu":
+        torch.cuda.synchronize()
 
 
 class VllmEngine:
@@ -118,11 +119,13 @@ class RequantEngine:
         import requant
         from requant.runtime import load_model
 
+        self.device = getattr(a, "device", "cuda")  # "cpu": the tests, under TRITON_INTERPRET=1
         t = time.perf_counter()
         self.model = load_model(
-            a.model, regime="pow2", backend=a.requant_backend, act_backend="triton", device="cuda", engine="fast"
+            a.model, regime="pow2", backend=a.requant_backend, act_backend="triton", device=self.device, engine="fast"
         )
         self.torch = torch
+        self.rep_ids: list[list[list[int]]] = []  # the last decode's ids, per repetition and row
         self.info = {
             "startup_s": round(time.perf_counter() - t, 1),
             "backend": a.requant_backend,
@@ -132,8 +135,8 @@ class RequantEngine:
 
     def prefill(self, ids) -> float:
         torch = self.torch
-        x = torch.tensor(ids, device="cuda")
-        _sync()
+        x = torch.tensor(ids, device=self.device)
+        _sync(self.device)
         t = time.perf_counter()
         with torch.no_grad():
             int(self.model.prefill([x], last_only=True).argmax(-1)[0])
@@ -144,12 +147,13 @@ class RequantEngine:
         fw = self.model.impl
         b, lens = len(prompts), [len(p) for p in prompts]
         dec = fw.decoder(b, max(lens) + steps + 8, graphs=True)
-        first = torch.empty(b, dtype=torch.long, device="cuda")
+        dev = self.device
+        first = torch.empty(b, dtype=torch.long, device=dev)
         with torch.no_grad():
             j = 0
             while j < b:  # rows in groups: the prefill's activations of 64 x 4k tokens need not fit at once
                 k = j + max(1, PREFILL_GROUP_TOKENS // lens[j])
-                group = [(r, 0, torch.tensor(prompts[r], device="cuda")) for r in range(j, min(k, b))]
+                group = [(r, 0, torch.tensor(prompts[r], device=dev)) for r in range(j, min(k, b))]
                 first[j : j + len(group)] = fw._run(group, dec.cache.k, dec.cache.v, last_only=True).argmax(-1)
                 j += len(group)
             dec.cache.lengths[:b] = lens
@@ -159,18 +163,23 @@ class RequantEngine:
             dec.step()
             dec.step()  # eager first step, then the capture and one replay
             out = []
+            self.rep_ids = []
             for _ in range(reps):
-                dec.pos.copy_(start)  # every repetition decodes at the same positions
-                _sync()
+                dec.pos.copy_(start)  # every repetition decodes the same ids at the same positions
+                dec.tok[:b] = first
+                rows = [[t] for t in first.tolist()]
+                _sync(dev)
                 t = time.perf_counter()
                 pending, nxt = [], None
                 for i in range(steps):
                     nxt = dec.step(nxt).argmax(-1)
                     pending.append(nxt)
                     if len(pending) == 16 or i == steps - 1:  # generate's host read (sync_every)
-                        torch.stack(pending, 1).tolist()
+                        for row, new in zip(rows, torch.stack(pending, 1).tolist()):
+                            row += new
                         pending.clear()
                 out.append(time.perf_counter() - t)
+                self.rep_ids.append(rows)
         return out
 
     def done_case(self):
@@ -218,6 +227,12 @@ class TransformersEngine:
         self.torch.cuda.empty_cache()
 
 
+def _device_name() -> str:
+    import torch
+
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+
+
 ENGINE_CLASSES = {
     "vllm": VllmEngine,
     "vllm-bi": VllmEngine,
@@ -253,9 +268,7 @@ def measure(a) -> int:
         flush()
         return 2
     rec.update(eng.info)
-    import torch
-
-    rec["device"] = torch.cuda.get_device_name()
+    rec["device"] = _device_name()
     flush()
     for i, c in enumerate(a.case_list):
         try:

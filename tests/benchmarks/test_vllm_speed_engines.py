@@ -1,0 +1,45 @@
+"""benchmarks/_vllm_speed_engines.py's requant engine on the CPU (TRITON_INTERPRET=1, the MICRO
+synthetic): the decode loop it times decodes what `generate` decodes, id for id, in every
+repetition, with the rows prefilled in groups; so the timed steps are the real
+greedy steps. The vLLM engines need vLLM and a GPU (benchmarks/gpu_vllm.sh, STAGE=speed)."""
+
+import importlib
+import os
+import random
+import types
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+from requant.kernels.triton import _launch  # noqa: E402
+
+if not _launch.INTERPRET:
+    pytest.skip("Triton was imported without TRITON_INTERPRET=1", allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    from requant.models.synthetic import generate
+    from tests.requant.conftest import MICRO
+
+    path = generate(MICRO, tmp_path_factory.mktemp("micro") / "micro", seed=1)
+    eng = importlib.import_module("benchmarks._vllm_speed_engines")
+    return eng.RequantEngine(
+        types.SimpleNamespace(model=str(path), requant_backend="reference-triton-order", device="cpu")
+    )
+
+
+def test_the_timed_decode_is_generate(engine, monkeypatch):
+    eng = importlib.import_module("benchmarks._vllm_speed_engines")
+    monkeypatch.setattr(eng, "PREFILL_GROUP_TOKENS", 8)  # rows 0 and 1 in one group, row 2 alone
+    rng = random.Random(0)
+    vocab = engine.model.arch.vocab
+    prompts = [[rng.randrange(vocab) for _ in range(n)] for n in (3, 4, 9)]
+    steps = 2
+    want = engine.model.generate([torch.tensor(p) for p in prompts], max_new_tokens=steps + 1).ids
+    secs = engine.decode(prompts, steps, 2)
+    assert len(secs) == 2 and min(secs) > 0
+    assert engine.rep_ids == [want, want]
+    engine.done_case()
