@@ -28,7 +28,7 @@ def _report():
 def test_the_default_plan_and_cases():
     vs = _vs()
     a = vs.parse(["plan"])
-    assert [r.engine for r in a.plan] == ["vllm", "vllm-bi", "requant"]
+    assert [r.engine for r in a.plan] == ["requant", "vllm", "vllm-bi"]
     assert {r.engine: r.env for r in a.plan} == {"vllm": {}, "vllm-bi": {"VLLM_BATCH_INVARIANT": "1"}, "requant": {}}
     assert {r.engine: r.compile for r in a.plan} == {"vllm": True, "vllm-bi": True, "requant": False}
     assert [c.key for c in a.case_list] == [
@@ -165,10 +165,15 @@ def test_run_all_runs_each_engine_in_its_process(tmp_path, monkeypatch):
     a = vs.parse(["all", "--model", "M", "--out", str(tmp_path), "--engines", "requant,vllm,vllm-bi"]
                  + ["--no-compile", "vllm", "--limit-s", "requant=50"])  # fmt: skip
     assert vs.run_all(a) == 1
-    assert calls == [("requant", None, 50, True), ("vllm", None, 240, True), ("vllm-bi", "1", 240, False)]
+    lim = vs.LIMIT_S
+    assert calls == [
+        ("requant", None, 50, True),
+        ("vllm", None, lim["vllm"], True),
+        ("vllm-bi", "1", lim["vllm-bi"], False),
+    ]
     rec = json.loads((tmp_path / "vllm_speed.json").read_text())
     assert [(r["engine"], r["process_rc"]) for r in rec["runs"]] == [
-        ("requant", 0), ("vllm", 0), ("vllm-bi", "timeout after 240 s")
+        ("requant", 0), ("vllm", 0), ("vllm-bi", f"timeout after {lim['vllm-bi']} s")
     ]  # fmt: skip
     assert (tmp_path / "vllm_speed.md").read_text().startswith("# requant beside vLLM")
 
