@@ -8,7 +8,7 @@
 #
 # The parts wait under /tmp/vllm-parts on the GPU machine. Results in $OUT: env.txt,
 # timings.txt, run_*.json (one per checkpoint and kernel), vllm_compare.json, requant_*.json.
-# Parts cannot be much larger: the working tree (~39 MB) travels with each part, 64 MiB in all.
+# A part travels with the working tree, 64 MiB in all: vllm_wheels.py sizes the parts to fit.
 #
 # Speed beside vLLM (issue 40; benchmarks/vllm_speed.py), on an 8B-shaped pow2 synthetic:
 #   STAGE=part PART=00 CK8=1 ...    # also starts (setsid) the checkpoint: /tmp/vllm-ck/q8-pow2
