@@ -10,6 +10,7 @@ import os
 import time
 from pathlib import Path
 
+from benchmarks._timing import sync
 from benchmarks.vllm_client import OFFLINE
 from benchmarks.vllm_speed import LABELS, decode_prompt_len, prompt_ids, stats
 
@@ -33,13 +34,6 @@ TIMING = {
         "decode": "`steps` forwards with DynamicCache, argmax fed back (_timing.transformers_decode)",
     },
 }
-
-
-def _sync(device: str = "cuda"):
-    import torch
-
-    if device != "cpu":
-        torch.cuda.synchronize()
 
 
 class VllmEngine:
@@ -136,7 +130,7 @@ class RequantEngine:
     def prefill(self, ids) -> float:
         torch = self.torch
         x = torch.tensor(ids, device=self.device)
-        _sync(self.device)
+        sync(self.device)
         t = time.perf_counter()
         with torch.no_grad():
             int(self.model.prefill([x], last_only=True).argmax(-1)[0])
@@ -168,7 +162,7 @@ class RequantEngine:
                 dec.pos.copy_(start)  # every repetition decodes the same ids at the same positions
                 dec.tok[:b] = first
                 rows = [[t] for t in first.tolist()]
-                _sync(dev)
+                sync(dev)
                 t = time.perf_counter()
                 pending, nxt = [], None
                 for i in range(steps):
@@ -195,8 +189,9 @@ class TransformersEngine:
         cfg = json.loads((Path(a.model) / "config.json").read_text())
         cfg = {k: v for k, v in cfg.items() if k not in ("quantization_config", "architectures", "model_type")}
         config = transformers.Qwen3Config(**cfg, attn_implementation="sdpa")
+        self.device = getattr(a, "device", "cuda")  # "cpu": the tests
         t = time.perf_counter()
-        with torch.device("cuda"):
+        with torch.device(self.device):
             self.hf = transformers.Qwen3ForCausalLM._from_config(config, dtype=torch.bfloat16).eval()
         self.torch = torch
         self.info = {
@@ -207,8 +202,8 @@ class TransformersEngine:
 
     def prefill(self, ids) -> float:
         torch = self.torch
-        x = torch.tensor([ids], device="cuda")
-        _sync()
+        x = torch.tensor([ids], device=self.device)
+        sync(self.device)
         t = time.perf_counter()
         with torch.no_grad():
             int(self.hf(input_ids=x, logits_to_keep=1, use_cache=False).logits[0, -1].argmax())
@@ -219,7 +214,7 @@ class TransformersEngine:
 
         if len(prompts) * len(prompts[0]) > HF_MAX_TOKENS:
             raise RuntimeError(f"skipped: {len(prompts)} x {len(prompts[0])} prompt tokens re-prefilled per repetition")
-        x = [self.torch.tensor(p, device="cuda") for p in prompts]
+        x = [self.torch.tensor(p, device=self.device) for p in prompts]
         transformers_decode(self.hf, x, 2)
         return [transformers_decode(self.hf, x, steps) for _ in range(reps)]
 

@@ -1,7 +1,7 @@
 """benchmarks/_vllm_speed_engines.py's requant engine on the CPU (TRITON_INTERPRET=1, the MICRO
 synthetic): the decode loop it times decodes what `generate` decodes, id for id, in every
 repetition, with the rows prefilled in groups; so the timed steps are the real
-greedy steps. The vLLM engines need vLLM and a GPU (benchmarks/gpu_vllm.sh, STAGE=speed)."""
+greedy steps; the transformers engine's path runs. The vLLM engines need vLLM and a GPU (benchmarks/gpu_vllm.sh, STAGE=speed)."""
 
 import importlib
 import os
@@ -20,15 +20,18 @@ if not _launch.INTERPRET:
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory):
+def micro_path(tmp_path_factory):
     from requant.models.synthetic import generate
     from tests.requant.conftest import MICRO
 
-    path = generate(MICRO, tmp_path_factory.mktemp("micro") / "micro", seed=1)
+    return generate(MICRO, tmp_path_factory.mktemp("micro") / "micro", seed=1)
+
+
+@pytest.fixture(scope="module")
+def engine(micro_path):
     eng = importlib.import_module("benchmarks._vllm_speed_engines")
-    return eng.RequantEngine(
-        types.SimpleNamespace(model=str(path), requant_backend="reference-triton-order", device="cpu")
-    )
+    ns = types.SimpleNamespace(model=str(micro_path), requant_backend="reference-triton-order", device="cpu")
+    return eng.RequantEngine(ns)
 
 
 def test_the_timed_decode_is_generate(engine, monkeypatch):
@@ -43,3 +46,14 @@ def test_the_timed_decode_is_generate(engine, monkeypatch):
     assert len(secs) == 2 and min(secs) > 0
     assert engine.rep_ids == [want, want]
     engine.done_case()
+
+
+def test_the_transformers_engine_runs_its_cases(micro_path):
+    """The bf16 engine's code path on the CPU (MICRO's config, random init): seconds per
+    repetition, and the cases it refuses named."""
+    eng = importlib.import_module("benchmarks._vllm_speed_engines")
+    hf = eng.TransformersEngine(types.SimpleNamespace(model=str(micro_path), device="cpu"))
+    assert hf.prefill([1, 2, 3, 4]) > 0
+    assert len(hf.decode([[1, 2, 3], [4, 5, 6]], 2, 3)) == 3
+    with pytest.raises(RuntimeError, match="skipped: 2 x"):
+        hf.decode([[1] * (eng.HF_MAX_TOKENS // 2 + 1)] * 2, 2, 1)
