@@ -176,6 +176,7 @@ def parser() -> argparse.ArgumentParser:
         p.add_argument("--reps", type=int, default=5)
         p.add_argument("--requant-backend", default="triton", help="requant's GEMM backend (cutlass needs its build)")
         p.add_argument("--gpu-memory-utilization", type=float, default=0.85, help="vLLM's share of the GPU")
+        p.add_argument("--device", default="cuda", help="requant, transformers: cpu runs the plan on the CPU (tests)")
         if name == "run":
             p.add_argument("--engine", choices=ENGINES, required=True)
             p.add_argument("--no-compile", action="store_true", help="vLLM: no torch.compile (CUDA graphs kept)")
@@ -229,7 +230,7 @@ def common_args(a) -> list[str]:
     return [
         "--prefill", a.prefill, "--batches", a.batches, "--contexts", a.contexts, "--steps", str(a.steps),
         "--reps", str(a.reps), "--requant-backend", a.requant_backend,
-        "--gpu-memory-utilization", str(a.gpu_memory_utilization),
+        "--gpu-memory-utilization", str(a.gpu_memory_utilization), "--device", a.device,
     ]  # fmt: skip
 
 

@@ -4,9 +4,13 @@ repetition, with the rows prefilled in groups; so the timed steps are the real
 greedy steps; the transformers engine's path runs. The vLLM engines need vLLM and a GPU (benchmarks/gpu_vllm.sh, STAGE=speed)."""
 
 import importlib
+import json
 import os
 import random
+import subprocess
+import sys
 import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,6 +21,8 @@ from requant.kernels.triton import _launch  # noqa: E402
 
 if not _launch.INTERPRET:
     pytest.skip("Triton was imported without TRITON_INTERPRET=1", allow_module_level=True)
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -57,3 +63,20 @@ def test_the_transformers_engine_runs_its_cases(micro_path):
     assert len(hf.decode([[1, 2, 3], [4, 5, 6]], 2, 3)) == 3
     with pytest.raises(RuntimeError, match="skipped: 2 x"):
         hf.decode([[1] * (eng.HF_MAX_TOKENS // 2 + 1)] * 2, 2, 1)
+
+
+def test_the_plan_runs_end_to_end_on_the_cpu(micro_path, tmp_path):
+    """`all` as the GPU runs it (a subprocess per engine, the records, the report), with the
+    cheapest engine on the CPU and tiny cases."""
+    out = tmp_path / "speed"
+    cmd = [sys.executable, "-m", "benchmarks.vllm_speed", "all", "--model", str(micro_path), "--out", str(out)]
+    cmd += ["--engines", "transformers", "--device", "cpu", "--prefill", "8", "--batches", "1,2", "--contexts", "16"]
+    cmd += ["--steps", "2", "--reps", "2"]
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rec = json.loads((out / "vllm_speed.json").read_text())
+    (run,) = rec["runs"]
+    assert run["process_rc"] == 0 and run["errors"] == {} and run["device"] == "cpu"
+    assert sorted(run["results"]) == sorted(rec["cases"]) == ["decode b1 c16", "decode b2 c16", "prefill 8"]
+    assert all(r["tok_s"]["n"] == 2 for r in run["results"].values())
+    assert (out / "vllm_speed.md").read_text().count("\n| decode b") == 2
