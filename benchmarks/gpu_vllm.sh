@@ -19,10 +19,10 @@
 # (default 560; 0 with BACKGROUND), SPEED_ARGS (more vllm_speed arguments) shape the plan.
 set -uo pipefail
 source "$(dirname "$0")/_gpu_common.sh" || exit 1
-PARTS=/tmp/vllm-parts
+PARTS=${PARTS_DIR:-/tmp/vllm-parts}
 mkdir -p "$PARTS"
-CK=/tmp/vllm-ck
-SPEED=/tmp/vllm-speed  # the speed plan's records (BACKGROUND runs write here too)
+CK=${CK_DIR:-/tmp/vllm-ck}
+SPEED=${SPEED_DIR:-/tmp/vllm-speed}  # the speed plan's records (BACKGROUND runs write here too)
 Q8="$CK/q8-pow2"
 if [ "${STAGE:-run}" = part ]; then
     cp ".vllm/vllm-wheels.tar.part${PART:?set PART}" .vllm/SHA256SUMS "$PARTS/" && ls -la "$PARTS"
