@@ -75,16 +75,22 @@ def _per_call(fn, reps: int, n: int) -> list[float]:
     return out
 
 
+def _random_bf16(device, seed: int):
+    """bf(*shape): seeded N(0, 1) tensors in bf16 on `device`."""
+    g = torch.Generator(device).manual_seed(seed)
+    return lambda *shape: torch.randn(shape, generator=g, device=device).to(torch.bfloat16)
+
+
+def _blocks(n: int, per: int, device) -> torch.Tensor:
+    """The attention blocks of one sequence of n query tokens, `per` tokens each (cache row 0)."""
+    return torch.tensor([(i, min(per, n - i), 0) for i in range(0, n, per)], dtype=torch.int32, device=device)
+
+
 def attention_shapes(heads, kv, dim, contexts, prefill, device):
     """(name, q, k_cache, v_cache, pos, blocks) for decode at each context and prefill lengths."""
     from requant.kernels.triton.attention import tokens_per_block
 
-    g = torch.Generator(device).manual_seed(0)
-    per = tokens_per_block(heads, kv)
-
-    def bf(*shape):
-        return torch.randn(shape, generator=g, device=device).to(torch.bfloat16)
-
+    bf, per = _random_bf16(device, 0), tokens_per_block(heads, kv)
     out = []
     for n in sorted(set(contexts) | set(prefill)):
         cap = 1 << max(n - 1, 0).bit_length()
@@ -95,8 +101,7 @@ def attention_shapes(heads, kv, dim, contexts, prefill, device):
             out.append((f"decode@{n}", bf(1, heads, dim), kc, vc, pos, blocks))
         if n in prefill:
             pos = torch.arange(n, dtype=torch.int32, device=device)
-            blocks = torch.tensor([(i, min(per, n - i), 0) for i in range(0, n, per)], dtype=torch.int32, device=device)
-            out.append((f"prefill@{n}", bf(n, heads, dim), kc, vc, pos, blocks))
+            out.append((f"prefill@{n}", bf(n, heads, dim), kc, vc, pos, _blocks(n, per, device)))
     return out
 
 
@@ -131,19 +136,14 @@ def chunk_shapes(heads, kv, dim, chunks, prefixes, device):
     """(name, q, k_cache, v_cache, pos, blocks) of a chunk of n tokens after p cached positions."""
     from requant.kernels.triton.attention import tokens_per_block
 
-    g = torch.Generator(device).manual_seed(3)
-    per = tokens_per_block(heads, kv)
-
-    def bf(*shape):
-        return torch.randn(shape, generator=g, device=device).to(torch.bfloat16)
-
+    bf, per = _random_bf16(device, 3), tokens_per_block(heads, kv)
     out = []
     for p in prefixes:
         for n in chunks:
             cap = 1 << max(p + n - 1, 0).bit_length()
             pos = torch.arange(p, p + n, dtype=torch.int32, device=device)
-            blocks = torch.tensor([(i, min(per, n - i), 0) for i in range(0, n, per)], dtype=torch.int32, device=device)
-            out.append((f"chunk {n}@{p}", bf(n, heads, dim), bf(1, kv, cap, dim), bf(1, kv, cap, dim), pos, blocks))
+            q, kc, vc = bf(n, heads, dim), bf(1, kv, cap, dim), bf(1, kv, cap, dim)
+            out.append((f"chunk {n}@{p}", q, kc, vc, pos, _blocks(n, per, device)))
     return out
 
 
