@@ -39,6 +39,7 @@ import dataclasses
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import time
@@ -56,7 +57,7 @@ LABELS = {
 # Seconds each engine's process may take at the default cases (startup + compile + measurement);
 # with torch.compile the default plan (requant, vllm, vllm-bi) may pass 600 s: gpu_vllm.sh runs it under
 # setsid (BACKGROUND=1) and brings it back with STAGE=collect.
-LIMIT_S = {"vllm": 300, "vllm-bi": 300, "requant": 150, "transformers": 150}
+LIMIT_S = {"vllm": 300, "vllm-bi": 300, "requant": 240, "transformers": 150}
 PREFILL = (2048, 8192)
 BATCHES = (1, 8, 64)
 CONTEXTS = (128, 4096)
@@ -234,6 +235,24 @@ def common_args(a) -> list[str]:
     ]  # fmt: skip
 
 
+def run_process(argv: list[str], env: dict, log: Path, limit: int) -> int | str:
+    """argv in a session of its own, output to `log`; its exit status, or "timeout after N s".
+    The whole session is killed after it (vLLM's engine core is a child process: a stray one would
+    keep GPU memory from the next run)."""
+    with open(log, "w") as f:
+        p = subprocess.Popen(argv, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            rc: int | str = p.wait(timeout=limit)
+        except subprocess.TimeoutExpired:
+            rc = f"timeout after {limit} s"
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass  # the session ended with its leader's children
+        p.wait()
+    return rc
+
+
 def run_all(a) -> int:
     """Each run of the plan in its own process (its log beside its record), then vllm_speed.json."""
     out = Path(a.out)
@@ -247,17 +266,8 @@ def run_all(a) -> int:
         if limit is None:
             rc = "skipped: the budget is spent"
         else:
-            with open(out / f"run_{r.engine}.log", "w") as log:
-                try:
-                    rc = subprocess.run(
-                        r.argv(a.model, str(path), common_args(a)),
-                        env={**os.environ, **r.env},
-                        stdout=log,
-                        stderr=subprocess.STDOUT,
-                        timeout=limit,
-                    ).returncode
-                except subprocess.TimeoutExpired:
-                    rc = f"timeout after {limit} s"
+            argv = r.argv(a.model, str(path), common_args(a))
+            rc = run_process(argv, {**os.environ, **r.env}, out / f"run_{r.engine}.log", limit)
         secs = round(time.perf_counter() - t, 1)
         rec = json.loads(path.read_text()) if path.exists() else {"engine": r.engine, "label": LABELS[r.engine]}
         rec.update({"process_rc": rc, "process_s": secs, "limit_s": limit})

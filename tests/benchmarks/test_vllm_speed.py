@@ -5,9 +5,11 @@ vLLM never runs here; the requant engine's decode loop is checked in test_vllm_s
 
 import importlib
 import json
+import os
 import random
-import subprocess
+import signal
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -152,15 +154,16 @@ def test_run_all_runs_each_engine_in_its_process(tmp_path, monkeypatch):
     vs = _vs()
     calls = []
 
-    def fake_run(argv, env, stdout, stderr, timeout):
+    def fake_run(argv, env, log, limit):
         a = vs.parse(argv[3:])
-        calls.append((a.engine, env.get("VLLM_BATCH_INVARIANT"), timeout, a.no_compile))
+        calls.append((a.engine, env.get("VLLM_BATCH_INVARIANT"), limit, a.no_compile))
+        assert log == tmp_path / f"run_{a.engine}.log"
         if a.engine == "vllm-bi":
-            raise subprocess.TimeoutExpired(argv, timeout)
+            return f"timeout after {limit} s"
         Path(a.out).write_text(json.dumps({"engine": a.engine, "label": a.engine, "results": {}, "errors": {}}))
-        return subprocess.CompletedProcess(argv, 0)
+        return 0
 
-    monkeypatch.setattr(vs.subprocess, "run", fake_run)
+    monkeypatch.setattr(vs, "run_process", fake_run)
     monkeypatch.delenv("VLLM_BATCH_INVARIANT", raising=False)
     a = vs.parse(["all", "--model", "M", "--out", str(tmp_path), "--engines", "requant,vllm,vllm-bi"]
                  + ["--no-compile", "vllm", "--limit-s", "requant=50"])  # fmt: skip
@@ -250,3 +253,36 @@ def test_the_report_cli(tmp_path, capsys):
     assert rep.main([str(bad)]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and str(bad) in err
+
+
+def test_run_process_kills_the_whole_session_at_its_limit(tmp_path):
+    """A child that leaves a grandchild (as vLLM's engine core is) and outlives its limit: the
+    status says so, and the grandchild is gone too."""
+    pidfile = tmp_path / "grandchild.pid"
+    code = (
+        "import subprocess, sys, time; "
+        f"g = subprocess.Popen(['sleep', '600']); open({str(pidfile)!r}, 'w').write(str(g.pid)); "
+        "print('started', flush=True); time.sleep(60)"
+    )
+    log = tmp_path / "run.log"
+    rc = _vs().run_process([sys.executable, "-c", code], {"PATH": "/usr/bin:/bin"}, log, 2)
+    assert rc == "timeout after 2 s" and log.read_text() == "started\n"
+    stat = Path(f"/proc/{int(pidfile.read_text())}/stat")
+
+    def killed():  # gone, or a zombie waiting for its new parent to reap it
+        try:
+            return stat.read_text().rsplit(")", 1)[1].split()[0] == "Z"
+        except FileNotFoundError:
+            return True
+
+    deadline = time.monotonic() + 10  # SIGKILL is delivered asynchronously
+    while not killed() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if not killed():  # the test's own grandchild: not left behind by a failing run
+        os.kill(int(pidfile.read_text()), signal.SIGKILL)
+    assert killed()
+
+
+def test_run_process_returns_the_exit_status(tmp_path):
+    rc = _vs().run_process([sys.executable, "-c", "print('x'); raise SystemExit(3)"], {}, tmp_path / "l", 30)
+    assert rc == 3 and (tmp_path / "l").read_text() == "x\n"
