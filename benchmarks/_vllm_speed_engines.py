@@ -118,6 +118,8 @@ class RequantEngine:
         self.model = load_model(
             a.model, regime="pow2", backend=a.requant_backend, act_backend="triton", device=self.device, engine="fast"
         )
+        from benchmarks._runtime_fast import weight_bytes
+
         self.torch = torch
         self.rep_ids: list[list[list[int]]] = []  # the last decode's ids, per repetition and row
         self.info = {
@@ -125,6 +127,7 @@ class RequantEngine:
             "backend": a.requant_backend,
             "graphs": True,
             "versions": {"requant": getattr(requant, "__version__", "?"), "torch": torch.__version__},
+            "weight_bytes_per_step": weight_bytes(self.model),  # what one decode step must read
         }
 
     def prefill(self, ids) -> float:

@@ -20,6 +20,22 @@ from requant.io.markdown import table
 __all__ = ["markdown", "readme_row", "main"]
 
 GOAL_VS_PLAIN = 0.9
+HBM = {"H200": 4.8e12, "H100": 3.35e12}  # bytes/s of the SXM parts' HBM (datasheets)
+
+
+def bound_line(run: dict | None, device: str) -> str | None:
+    """requant's batch-1 decode against the weight-read bound (weight bytes / HBM bytes/s)."""
+    r = (run or {}).get("results", {})
+    case = next((c for c in r if c.startswith("decode b1 ")), None)
+    hbm = next((v for k, v in HBM.items() if k in device), None)
+    wb = (run or {}).get("weight_bytes_per_step")
+    if case is None or hbm is None or not wb:
+        return None
+    bound_ms, ms = 1e3 * wb / hbm, r[case]["ms_per_step"]
+    return (
+        f"requant {case}: {ms:.3f} ms a step; the weight-read bound {bound_ms:.3f} ms ({wb / 1e9:.2f} GB at "
+        f"{hbm / 1e12:.2f} TB/s): {bound_ms / ms:.0%} of it"
+    )
 
 
 def _runs(rec: dict) -> dict:
@@ -108,6 +124,9 @@ def markdown(rec: dict) -> str:
              _goal(rq, plain, bi)]
         )  # fmt: skip
     lines += [*table(head, rows, align="l" + "r" * (len(head) - 2) + "l"), ""]
+    bound = bound_line(runs.get("requant"), device)
+    if bound:
+        lines += [bound, ""]
     pre = [c for c in rec["cases"] if c.startswith("prefill")]
     if pre:
         rows = [[f"TTFT {c.split()[1]} (ms)", *(_cell(runs[e], c, "ttft_ms", ".1f") for e in order)] for c in pre]

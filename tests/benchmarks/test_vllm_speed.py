@@ -286,3 +286,16 @@ def test_run_process_kills_the_whole_session_at_its_limit(tmp_path):
 def test_run_process_returns_the_exit_status(tmp_path):
     rc = _vs().run_process([sys.executable, "-c", "print('x'); raise SystemExit(3)"], {}, tmp_path / "l", 30)
     assert rc == 3 and (tmp_path / "l").read_text() == "x\n"
+
+
+def test_the_bound_line_is_the_weight_read_time_over_the_step():
+    rec = _record(3)
+    rq = rec["runs"][0]
+    rq["weight_bytes_per_step"] = 8_200_000_000
+    rq["results"]["decode b1 c128"]["ms_per_step"] = 4.1
+    line = _report().bound_line(rq, "NVIDIA H200")
+    assert line == (
+        "requant decode b1 c128: 4.100 ms a step; the weight-read bound 1.708 ms (8.20 GB at 4.80 TB/s): 42% of it"
+    )
+    assert line in _report().markdown(rec)
+    assert _report().bound_line(rq, "NVIDIA A100") is None  # no bandwidth known: no claim
