@@ -21,7 +21,11 @@ W8A8 weights at the preset's shapes (benchmarks/_runtime_fast.py, random_model):
     the production SPLIT and at every --split-sweep value, the path chosen by the dispatch (one split = the unsplit walk): the
     price of the fixed split against the best of the sweep at each shape (a free split); at a
     context within one split, whether the production output equals the unsplit one bit for bit.
---parts picks what runs (default: all four). JSON and Markdown under --out (bench_long_context.json, .md).
+  * ("fold", not in the default parts) the fused fold against split + combine on chunk-shaped
+    launches: a chunk of n tokens (--fold-chunks) after p cached positions (--fold-prefixes), the
+    launch's programs (blocks x KV heads), both paths' ms and bits; the FOLD_MIN_PROGRAMS it
+    suggests: the least program count from which the fold is never slower (issue 40, goal 2).
+--parts picks what runs (default: paths, sweep, decode, prefill). JSON and Markdown under --out (bench_long_context.json, .md).
 """
 
 from __future__ import annotations
@@ -71,16 +75,22 @@ def _per_call(fn, reps: int, n: int) -> list[float]:
     return out
 
 
+def _random_bf16(device, seed: int):
+    """bf(*shape): seeded N(0, 1) tensors in bf16 on `device`."""
+    g = torch.Generator(device).manual_seed(seed)
+    return lambda *shape: torch.randn(shape, generator=g, device=device).to(torch.bfloat16)
+
+
+def _blocks(n: int, per: int, device) -> torch.Tensor:
+    """The attention blocks of one sequence of n query tokens, `per` tokens each (cache row 0)."""
+    return torch.tensor([(i, min(per, n - i), 0) for i in range(0, n, per)], dtype=torch.int32, device=device)
+
+
 def attention_shapes(heads, kv, dim, contexts, prefill, device):
     """(name, q, k_cache, v_cache, pos, blocks) for decode at each context and prefill lengths."""
     from requant.kernels.triton.attention import tokens_per_block
 
-    g = torch.Generator(device).manual_seed(0)
-    per = tokens_per_block(heads, kv)
-
-    def bf(*shape):
-        return torch.randn(shape, generator=g, device=device).to(torch.bfloat16)
-
+    bf, per = _random_bf16(device, 0), tokens_per_block(heads, kv)
     out = []
     for n in sorted(set(contexts) | set(prefill)):
         cap = 1 << max(n - 1, 0).bit_length()
@@ -91,8 +101,7 @@ def attention_shapes(heads, kv, dim, contexts, prefill, device):
             out.append((f"decode@{n}", bf(1, heads, dim), kc, vc, pos, blocks))
         if n in prefill:
             pos = torch.arange(n, dtype=torch.int32, device=device)
-            blocks = torch.tensor([(i, min(per, n - i), 0) for i in range(0, n, per)], dtype=torch.int32, device=device)
-            out.append((f"prefill@{n}", bf(n, heads, dim), kc, vc, pos, blocks))
+            out.append((f"prefill@{n}", bf(n, heads, dim), kc, vc, pos, _blocks(n, per, device)))
     return out
 
 
@@ -123,6 +132,36 @@ def split_prices(shapes, splits, reps: int, calls: int) -> dict:
     return {"production_split": production, "ms": rows}
 
 
+def chunk_shapes(heads, kv, dim, chunks, prefixes, device):
+    """(name, q, k_cache, v_cache, pos, blocks) of a chunk of n tokens after p cached positions."""
+    from requant.kernels.triton.attention import tokens_per_block
+
+    bf, per = _random_bf16(device, 3), tokens_per_block(heads, kv)
+    out = []
+    for p in prefixes:
+        for n in chunks:
+            cap = 1 << max(p + n - 1, 0).bit_length()
+            pos = torch.arange(p, p + n, dtype=torch.int32, device=device)
+            q, kc, vc = bf(n, heads, dim), bf(1, kv, cap, dim), bf(1, kv, cap, dim)
+            out.append((f"chunk {n}@{p}", q, kc, vc, pos, _blocks(n, per, device)))
+    return out
+
+
+def fold_threshold(rows: dict) -> int | None:
+    """The least program count p such that the fold is no slower than split + combine on every
+    measured launch of at least p programs (None: the fold loses on the largest launch)."""
+    wins: dict[int, bool] = {}
+    for r in rows.values():
+        if r["eligible"]:
+            wins[r["programs"]] = wins.get(r["programs"], True) and r["fold"] <= r["split"]
+    best = None
+    for programs in sorted(wins, reverse=True):
+        if not wins[programs]:
+            break
+        best = programs
+    return best
+
+
 def path_prices(shapes, reps: int, calls: int) -> dict:
     """ms per attention call on each path at the production SPLIT, per shape; fold == split bitwise."""
     import requant.kernels.triton.attention as att
@@ -137,8 +176,12 @@ def path_prices(shapes, reps: int, calls: int) -> dict:
         row["split_over_fold"] = row["split"] / row["fold"]
         row["dispatch"] = "fold" if att.fold_path(q.shape[0], blocks.shape[0], kc.shape[1]) else "split"
         row["fold_equals_split"] = torch.equal(outs["fold"].view(torch.int16), outs["split"].view(torch.int16))
+        row["programs"] = blocks.shape[0] * kc.shape[1]
+        row["eligible"] = q.shape[0] > blocks.shape[0]  # fold_path's other condition: blocks of several tokens
         rows[name] = row
-    return {"split": att.SPLIT, "fold_min_programs": att.FOLD_MIN_PROGRAMS, "ms": rows}
+    rec = {"split": att.SPLIT, "fold_min_programs": att.FOLD_MIN_PROGRAMS, "ms": rows}
+    rec["suggested_fold_min_programs"] = fold_threshold(rows)
+    return rec
 
 
 def decode_at_contexts(model, contexts, steps: int, reps: int) -> dict:
@@ -235,6 +278,20 @@ def markdown(rec: dict) -> str:
                 f"| {r['fold_equals_split']} |"
             )
         lines.append("")
+    if "fold" in rec:
+        fp = rec["fold"]
+        lines += [
+            f"Fused fold against split + combine on chunk launches (FOLD_MIN_PROGRAMS {fp['fold_min_programs']}; "
+            f"suggested by this sweep: {fp['suggested_fold_min_programs']}):",
+            "",
+        ]
+        cells = [
+            [name, r["programs"], f"{r['split']:.4g}", f"{r['fold']:.4g}", f"{r['split_over_fold']:.2f}x", r["dispatch"],
+             r["fold_equals_split"]]
+            for name, r in fp["ms"].items()
+        ]  # fmt: skip
+        head = ["launch", "programs", "split + combine ms", "fold ms", "split / fold", "dispatch", "bits equal"]
+        lines += [*table(head, cells, align="lrrrrll"), ""]
     if "split_prices" in rec:
         sp = rec["split_prices"]
         lines += [f"Attention alone, ms per call (production SPLIT {sp['production_split']}):", ""]
@@ -259,15 +316,24 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--no-transformers", action="store_true")
-    ap.add_argument("--parts", default="paths,sweep,decode,prefill", help="what to run (comma-separated)")
+    ap.add_argument("--parts", default="paths,sweep,decode,prefill", help="what to run (comma-separated; also fold)")
+    ap.add_argument("--fold-chunks", default="16,32,64,128,256,512,1024,2048,4096")
+    ap.add_argument("--fold-prefixes", default="0,4096")
     ap.add_argument("--smoke", action="store_true", help="CPU, interpreter: the split sweep on tiny shapes only")
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     sweep = [int(x) for x in args.split_sweep.split(",")]
     parts = set(args.parts.split(","))
-    if parts - {"paths", "sweep", "decode", "prefill"}:
-        print(f"error: --parts {args.parts}: expected some of paths, sweep, decode, prefill", file=sys.stderr)
+    if parts - {"paths", "sweep", "decode", "prefill", "fold"}:
+        print(f"error: --parts {args.parts}: expected some of paths, sweep, decode, prefill, fold", file=sys.stderr)
+        return 2
+    try:
+        chunks = [int(x) for x in args.fold_chunks.split(",")]
+        prefixes = [int(x) for x in args.fold_prefixes.split(",")]
+    except ValueError:
+        print(f"error: --fold-chunks {args.fold_chunks} / --fold-prefixes {args.fold_prefixes}: expected integers",
+              file=sys.stderr)  # fmt: skip
         return 2
     if args.smoke:
         shapes = attention_shapes(4, 2, 16, [200], [130], "cpu")
@@ -276,6 +342,8 @@ def main(argv=None) -> int:
             rec["paths"] = path_prices(shapes, reps=1, calls=1)
         if "sweep" in parts:
             rec["split_prices"] = split_prices(shapes, [64, 128, UNSPLIT], reps=1, calls=1)
+        if "fold" in parts:
+            rec["fold"] = path_prices(chunk_shapes(4, 2, 16, [8, 40, 100], [0, 520], "cpu"), reps=1, calls=1)
     else:
         if not torch.cuda.is_available():
             print("error: the benchmark needs CUDA (--smoke runs the CPU path)", file=sys.stderr)
@@ -294,6 +362,10 @@ def main(argv=None) -> int:
             if "sweep" in parts:
                 rec["split_prices"] = split_prices(shapes, sweep, args.reps, calls=10)
             del shapes
+        if "fold" in parts:
+            fold = chunk_shapes(a.heads, a.kv_heads, a.head_dim, chunks, prefixes, "cuda")
+            rec["fold"] = path_prices(fold, args.reps, calls=10)
+            del fold
         if "decode" in parts:
             rec["decode"] = decode_at_contexts(model, contexts, args.steps, args.reps)
         if "prefill" in parts:

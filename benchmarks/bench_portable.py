@@ -1,9 +1,12 @@
 """The price of the portable arithmetic on a GPU: the fast engine against the portable engine on the
 same random W8A8 weights (bench_runtime_fast.random_model) at one shape (default Qwen3-8B):
 prefill tokens/s at 1 x 2048 and 1 x 8192 (last logits only) and decode tokens/s at batch 1 and 64
-(CUDA graphs, after a 128-token prompt), the median of --reps, engines interleaved rep by rep.
+(CUDA graphs, after a 128-token prompt), the median of --reps with the spread [min-max], engines
+interleaved rep by rep. --profile also records where each engine's GPU time goes (torch.profiler,
+the kernels by name, ms per call: eager decode steps at batch 1 and prefill 1 x 2048), so a price
+above the goal names its kernels (the software exp2, the lane dot products).
 
-    python3 benchmarks/bench_portable.py --out DIR [--synthetic qwen3-8b] [--backend cutlass] [--reps 3]
+    python3 benchmarks/bench_portable.py --out DIR [--synthetic qwen3-8b] [--backend cutlass] [--reps 3] [--profile]
 
 Writes DIR/bench_portable.json and .md. Needs CUDA.
 """
@@ -112,6 +115,49 @@ def decode_secs(model, batch: int, steps: int) -> float:
     return secs
 
 
+def kernel_times(fn, calls: int = 3, top: int = 12) -> dict:
+    """GPU ms per call of fn() by kernel name (the `top` largest, the rest summed as "other")."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    _sync()
+    with torch.no_grad(), profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        _sync()
+    ms = {}
+    for e in prof.key_averages():
+        us = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+        if us and not e.key.startswith("aten::"):
+            ms[e.key[:80]] = ms.get(e.key[:80], 0.0) + us / 1e3 / calls
+    ranked = sorted(ms.items(), key=lambda kv: -kv[1])
+    out = dict(ranked[:top])
+    if len(ranked) > top:
+        out["other"] = sum(v for _, v in ranked[top:])
+    return out
+
+
+def profiles(model) -> dict:
+    """Where one engine's GPU time goes: an eager batch-1 decode step, a 1 x 2048 prefill."""
+    from benchmarks._runtime_fast import requant_decoder
+
+    g = torch.Generator().manual_seed(5)
+    ids = torch.randint(0, model.arch.vocab, (2048,), generator=g).cuda()
+    dec = requant_decoder(model, [ids[:128]], 16, graphs=False)
+    out = {
+        "decode_b1_step": kernel_times(lambda: dec.step()),
+        "prefill_2048": kernel_times(lambda: model.prefill([ids], last_only=True), calls=2),
+    }
+    model.impl.layout.decoders.clear()
+    return out
+
+
+def _spread(secs: list[float], work: float) -> dict:
+    """tokens/s at the median, min and max of the seconds (the min rate at the max time)."""
+    s = sorted(secs)
+    return {"tok_s": work / s[len(s) // 2], "tok_s_min": work / s[-1], "tok_s_max": work / s[0]}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
@@ -121,6 +167,7 @@ def main(argv=None) -> int:
     ap.add_argument("--batches", default="1,64")
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--profile", action="store_true", help="also where each engine's GPU time goes, by kernel")
     ap.add_argument("--cpu", action="store_true", help="time the torch form on the CPU instead (seconds a token)")
     ap.add_argument("--layers", type=int, default=None, help="--cpu: only the first LAYERS layers")
     ap.add_argument("--threads", type=int, default=2, help="--cpu: torch threads")
@@ -160,7 +207,7 @@ def main(argv=None) -> int:
             for k, m in engines.items():
                 secs[k].append(prefill_secs(m, n))
         med = {k: sorted(v)[len(v) // 2] for k, v in secs.items()}
-        rec["prefill"][n] = {k: {"tok_s": n / med[k], "ms": 1e3 * med[k]} for k in engines}
+        rec["prefill"][n] = {k: {"ms": 1e3 * med[k], **_spread(secs[k], n)} for k in engines}
         rec["prefill"][n]["portable_over_fast_time"] = med["portable"] / med["fast"]
         print(f"prefill {n}: {rec['prefill'][n]}", flush=True)
         flush()
@@ -170,26 +217,41 @@ def main(argv=None) -> int:
             for k, m in engines.items():
                 secs[k].append(decode_secs(m, b, args.steps))
         med = {k: sorted(v)[len(v) // 2] for k, v in secs.items()}
-        rec["decode"][b] = {
-            k: {"tok_s": b * args.steps / med[k], "ms_per_step": 1e3 * med[k] / args.steps} for k in engines
-        }
+        rec["decode"][b] = {k: {"ms_per_step": 1e3 * med[k] / args.steps, **_spread(secs[k], b * args.steps)}
+                            for k in engines}  # fmt: skip
         rec["decode"][b]["portable_over_fast_time"] = med["portable"] / med["fast"]
         print(f"decode batch {b}: {rec['decode'][b]}", flush=True)
         flush()
+    if args.profile:
+        rec["profile"] = {k: profiles(m) for k, m in engines.items()}
+        flush()
+    (out / "bench_portable.md").write_text(markdown(rec))
+    print(markdown(rec))
+    return 0
+
+
+def markdown(rec: dict) -> str:
+    """The table (median tokens/s [min-max]) and, with --profile, the largest kernels per engine."""
+
+    def cell(r, fmt):
+        return f"{r['tok_s']:{fmt}} [{r['tok_s_min']:{fmt}}-{r['tok_s_max']:{fmt}}]"
+
     lines = [f"# fast vs portable, {rec['shape']}, {rec['backend']}, {rec['device']} (commit {rec['commit']})", ""]
     rows = [
-        [f"prefill 1 x {n} (tok/s)", f"{r['fast']['tok_s']:.0f}", f"{r['portable']['tok_s']:.0f}",
+        [f"prefill 1 x {n} (tok/s)", cell(r["fast"], ".0f"), cell(r["portable"], ".0f"),
          f"{r['portable_over_fast_time']:.2f}"]
         for n, r in rec["prefill"].items()
     ] + [
-        [f"decode batch {b} (tok/s)", f"{r['fast']['tok_s']:.1f}", f"{r['portable']['tok_s']:.1f}",
+        [f"decode batch {b} (tok/s)", cell(r["fast"], ".1f"), cell(r["portable"], ".1f"),
          f"{r['portable_over_fast_time']:.2f}"]
         for b, r in rec["decode"].items()
     ]  # fmt: skip
-    lines += table(["what", "fast", "portable", "portable time / fast time"], rows)
-    (out / "bench_portable.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
-    return 0
+    lines += table(["what (median [min-max] of reps)", "fast", "portable", "portable time / fast time"], rows)
+    for engine, prof in rec.get("profile", {}).items():
+        for what, ms in prof.items():
+            total = sum(ms.values())
+            lines += ["", f"{engine}, {what}: {total:.3f} ms GPU: " + "; ".join(f"{k} {v:.3f}" for k, v in ms.items())]
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

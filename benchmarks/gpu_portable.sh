@@ -74,6 +74,7 @@ if has replay17; then
     step cpu_replay_17b 580 requant replay "$OUT/q17-cutlass-pow2-b4.jsonl" --byte-tokens --device cpu --threads 2 \
         --json "$STEP_DIR/replay_q17.json"
 fi
+# BENCH_BACKEND=triton spares the CUTLASS build (~4 min on a fresh machine) when STEPS has no build
 has bench && step bench_portable 580 python3 -m benchmarks.bench_portable --out "$OUT/bench" --synthetic qwen3-8b \
-    --backend cutlass --reps 3
+    --backend "${BENCH_BACKEND:-cutlass}" --reps "${BENCH_REPS:-3}" --profile
 cat "$TIMINGS"

@@ -8,12 +8,46 @@
 #
 # The parts wait under /tmp/vllm-parts on the GPU machine. Results in $OUT: env.txt,
 # timings.txt, run_*.json (one per checkpoint and kernel), vllm_compare.json, requant_*.json.
+# A part travels with the working tree, 64 MiB in all: vllm_wheels.py sizes the parts to fit.
+#
+# Speed beside vLLM (issue 40; benchmarks/vllm_speed.py), on an 8B-shaped pow2 synthetic:
+#   STAGE=part PART=00 CK8=1 ...    # also starts (setsid) the checkpoint: /tmp/vllm-ck/q8-pow2
+#   STAGE=speed OUT=/dir ...        # install, wait for the checkpoint, run the plan of engines
+#   STAGE=speed BACKGROUND=1 ...    # the same under setsid (outlives the call); then within 30 s:
+#   STAGE=collect OUT=/dir ...      # wait (WAIT_S, default 560) for it and bring the results back
+# ENGINES (default requant,vllm,vllm-bi), NO_COMPILE (engines without torch.compile), BUDGET_S
+# (default 560; 0 with BACKGROUND), SPEED_ARGS (more vllm_speed arguments) shape the plan.
 set -uo pipefail
 source "$(dirname "$0")/_gpu_common.sh" || exit 1
-PARTS=/tmp/vllm-parts
+PARTS=${PARTS_DIR:-/tmp/vllm-parts}
 mkdir -p "$PARTS"
+CK=${CK_DIR:-/tmp/vllm-ck}
+SPEED=${SPEED_DIR:-/tmp/vllm-speed}  # the speed plan's records (BACKGROUND runs write here too)
+Q8="$CK/q8-pow2"
 if [ "${STAGE:-run}" = part ]; then
     cp ".vllm/vllm-wheels.tar.part${PART:?set PART}" .vllm/SHA256SUMS "$PARTS/" && ls -la "$PARTS"
+    rc=$?
+    if [ "${CK8:-0}" = 1 ] && [ ! -e "$CK/q8.started" ]; then  # the 8B checkpoint while the parts travel
+        mkdir -p "$CK" && touch "$CK/q8.started"
+        setsid nohup bash -c "python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . \
+            && python3 -m requant.models.synthetic qwen3-8b $CK/q8-native --device cuda \
+            && requant convert $CK/q8-native -o $Q8 && rm -rf $CK/q8-native && touch $CK/q8.done \
+            || touch $CK/q8.failed" > "$CK/q8.log" 2>&1 < /dev/null &
+        echo "8B checkpoint started in the background: $CK/q8.log"
+    fi
+    exit $rc
+fi
+speed_out() {  # what comes back of the speed plan (8 files at most)
+    cp "$SPEED"/vllm_speed.json "$SPEED"/vllm_speed.md "$SPEED"/env.txt "$SPEED"/timings.txt "$OUT/" 2>/dev/null
+    tar -czf "$OUT/speed_logs.tgz" -C "$SPEED" . 2>/dev/null
+    cat "$SPEED/vllm_speed.md" 2>/dev/null
+}
+if [ "${STAGE:-run}" = collect ]; then
+    gpu_out
+    for _ in $(seq "${WAIT_S:-560}"); do [ -e "$SPEED/finished" ] && break; sleep 1; done
+    [ -e "$SPEED/finished" ] || echo "gpu_vllm: the speed plan is still running; collect again" >&2
+    speed_out
+    [ -e "$SPEED/finished" ]
     exit $?
 fi
 gpu_out
@@ -33,8 +67,33 @@ python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . || exit
 gpu_env vllm > "$KEEP/env.txt" 2>&1
 cat "$KEEP/env.txt"
 STEP_DIR=$KEEP TIMINGS=$KEEP/timings.txt
-CK=/tmp/vllm-ck
 mkdir -p "$CK"
+if [ "${STAGE:-run}" = speed ]; then
+    if [ ! -e "$CK/q8.done" ]; then
+        [ -e "$CK/q8.started" ] || step checkpoint_8b 400 bash -c "python3 -m requant.models.synthetic qwen3-8b \
+            $CK/q8-native --device cuda && requant convert $CK/q8-native -o $Q8 && rm -rf $CK/q8-native \
+            && touch $CK/q8.done"
+        for _ in $(seq 300); do [ -e "$CK/q8.done" ] || [ -e "$CK/q8.failed" ] && break; sleep 1; done
+        [ -e "$CK/q8.done" ] || { echo "gpu_vllm: no 8B checkpoint ($CK/q8.log)" >&2; exit 2; }
+    fi
+    rm -rf "$SPEED" && mkdir -p "$SPEED" && cp "$KEEP/env.txt" "$SPEED/"
+    cmd=(python3 -m benchmarks.vllm_speed all --model "$Q8" --out "$SPEED" --engines "${ENGINES:-requant,vllm,vllm-bi}"
+        --no-compile "${NO_COMPILE:-}")
+    # shellcheck disable=SC2206
+    cmd+=(${SPEED_ARGS:-})
+    if [ "${BACKGROUND:-0}" = 1 ]; then
+        setsid nohup bash -c '"$@" > '"$SPEED/speed.log"' 2>&1; touch '"$SPEED/finished" _ \
+            "${cmd[@]}" --budget-s "${BUDGET_S:-0}" < /dev/null > /dev/null 2>&1 &
+        echo "speed plan started in the background; STAGE=collect brings it back"
+        exit 0
+    fi
+    STEP_DIR=$SPEED TIMINGS=$SPEED/timings.txt
+    budget=$((${BUDGET_S:-570} - $(elapsed)))  # the install and the checkpoint came out of the call's 600 s
+    step speed $((budget + 10)) "${cmd[@]}" --budget-s "$budget"
+    touch "$SPEED/finished"
+    speed_out
+    exit 0
+fi
 CKS=${CKS:-default-native default-pow2 q17-native q17-pow2}
 for ck in $CKS; do
     if [ ! -d "$CK/$ck" ]; then

@@ -5,9 +5,13 @@ parts small enough to travel with one device call each (benchmarks/gpu_vllm.sh j
 
 vLLM 0.26.0 pins torch 2.11.0, the GPU machine's. Its wheel (304 MB) is repacked without what
 a dense Qwen3 on sm90 never loads: the FlashAttention-2 kernels (sm80; FA3 serves sm90), the
-MoE extension and the Rust front end (`vllm-rs`, used only with VLLM_RUST_FRONTEND_PATH). Their
-imports are guarded in vLLM. The repacked wheel and the dependency wheels go into one tar,
-split into parts of --part-mb MB; SHA256SUMS names every part and the whole tar.
+MoE extension, the Rust front end (`vllm-rs`, used only with VLLM_RUST_FRONTEND_PATH) and the
+sm100 attention sources (`third_party/fmha_sm100`, imported by MiniMax-M3 only) and the vendored
+DeepGEMM (`third_party/deep_gemm`, FP8 only). Their imports are guarded in vLLM. The repacked wheel and the dependency wheels go into one tar,
+split into parts of --part-mb MB; SHA256SUMS names every part and the whole tar. A part travels
+beside the working tree, 64 MiB in all: the default part is as large as fits beside this checkout's
+tree (tracked and untracked files git does not ignore) with 1 MB to spare (26 MB beside a 39 MB tree:
+5 calls for the ~125 MB tar).
 
 Assumptions: pip reaches PyPI here; the GPU machine has Python 3.12 (cp312, manylinux_2_28).
 """
@@ -22,7 +26,10 @@ import tarfile
 import zipfile
 from pathlib import Path
 
-__all__ = ["VLLM", "DEPENDENCIES", "DROPPED", "repack", "split"]
+__all__ = ["VLLM", "DEPENDENCIES", "DROPPED", "DROPPED_DIRS", "dropped", "part_bytes", "repack", "split"]
+
+CARRY_LIMIT = 64 << 20  # the working tree and the carried paths of one device call
+SPARE = 1_000_000
 
 VLLM = "vllm==0.26.0"
 # The wheels the offline path imports that the GPU image lacks (measured on a CPU up to device
@@ -56,6 +63,15 @@ DROPPED = (
     "vllm/_moe_C_stable_libtorch.abi3.so",
     "vllm/vllm-rs",
 )
+# every member under these folders: sm100 attention (MiniMax-M3 only); DeepGEMM (FP8 block GEMMs,
+# off by VLLM_USE_DEEP_GEMM=0; its import falls back to None when missing, vllm/utils/deep_gemm.py)
+DROPPED_DIRS = ("vllm/third_party/fmha_sm100/", "vllm/third_party/deep_gemm/")
+
+
+def dropped(name: str) -> bool:
+    return name in DROPPED or name.startswith(DROPPED_DIRS)
+
+
 PLATFORM = [
     "--only-binary=:all:",
     "--python-version",
@@ -81,10 +97,10 @@ def repack(wheel: Path, out: Path) -> Path:
     with zipfile.ZipFile(wheel) as src, zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as dst:
         record = next(n for n in src.namelist() if n.endswith(".dist-info/RECORD"))
         for info in src.infolist():
-            if info.filename in DROPPED or info.filename == record:
+            if dropped(info.filename) or info.filename == record:
                 continue
             dst.writestr(info, src.read(info.filename))
-        kept = [line for line in src.read(record).decode().splitlines() if line and line.split(",")[0] not in DROPPED]
+        kept = [line for line in src.read(record).decode().splitlines() if line and not dropped(line.split(",")[0])]
         dst.writestr(record, "\n".join(kept) + "\n")
     return out
 
@@ -95,6 +111,26 @@ def sha256(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
+
+
+def tree_bytes(root: Path) -> int:
+    """Bytes of what travels with every device call: tracked files and untracked ones git does
+    not ignore (an un-ignored .vllm/ would count here: ignore it first)."""
+    out = subprocess.run(
+        ["git", "-C", str(root), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        check=True,
+        capture_output=True,
+    ).stdout
+    names = {n for n in out.decode().split("\0") if n}
+    return sum((root / n).stat().st_size for n in names if (root / n).is_file())
+
+
+def part_bytes(tree: int, limit: int = CARRY_LIMIT, spare: int = SPARE) -> int:
+    """The largest part (whole MB) that travels beside a tree of `tree` bytes with `spare` left."""
+    mb = (limit - tree - spare) // 1_000_000
+    if mb < 1:
+        raise ValueError(f"the working tree ({tree / 1e6:.1f} MB) leaves no room for a part in {limit >> 20} MiB")
+    return mb * 1_000_000
 
 
 def split(path: Path, part_bytes: int) -> list[Path]:
@@ -110,8 +146,12 @@ def split(path: Path, part_bytes: int) -> list[Path]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dir", type=Path, default=Path(".vllm"))
-    ap.add_argument("--part-mb", type=int, default=23)
+    ap.add_argument("--part-mb", type=int, default=None, help="default: as large as fits beside the tree")
     args = ap.parse_args()
+    if args.part_mb is None:
+        tree = tree_bytes(Path.cwd())
+        args.part_mb = part_bytes(tree) // 1_000_000
+        print(f"working tree {tree / 1e6:.1f} MB: parts of {args.part_mb} MB")
     dl, wheels = args.dir / "dl", args.dir / "wheels"
     dl.mkdir(parents=True, exist_ok=True)
     wheels.mkdir(parents=True, exist_ok=True)

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -52,3 +54,33 @@ def test_smoke_run(tmp_path):
 def test_bad_parts_is_refused(tmp_path, capsys):
     assert _bench().main(["--smoke", "--out", str(tmp_path), "--parts", "paths,nope"]) == 2
     assert capsys.readouterr().err.startswith("error: --parts paths,nope")
+
+
+def test_smoke_fold_sweep(tmp_path):
+    bench = _bench()
+    assert bench.main(["--smoke", "--out", str(tmp_path), "--parts", "fold"]) == 0
+    fp = json.loads((tmp_path / "bench_long_context.json").read_text())["fold"]
+    assert set(fp["ms"]) == {f"chunk {n}@{p}" for n in (8, 40, 100) for p in (0, 520)}
+    for name, row in fp["ms"].items():
+        n = int(name.split()[1].split("@")[0])
+        assert row["programs"] == -(-n // 32) * 2  # blocks of 32 tokens (group 2), 2 KV heads
+        assert row["fold_equals_split"] is True
+    assert fp["suggested_fold_min_programs"] == bench.fold_threshold(fp["ms"])
+
+
+@given(st.lists(st.tuples(st.integers(1, 600), st.booleans(), st.floats(0.1, 2.0)), min_size=1, max_size=12))
+def test_fold_threshold_is_the_least_count_from_which_the_fold_never_loses(cells):
+    rows = {
+        str(i): {"programs": p, "eligible": e, "fold": 1.0, "split": ratio} for i, (p, e, ratio) in enumerate(cells)
+    }
+    got = _bench().fold_threshold(rows)
+    eligible = [r for r in rows.values() if r["eligible"]]
+    if got is None:  # the largest eligible launch loses (or none is eligible)
+        assert not eligible or any(
+            r["fold"] > r["split"] for r in eligible if r["programs"] == max(x["programs"] for x in eligible)
+        )
+        return
+    assert all(r["fold"] <= r["split"] for r in eligible if r["programs"] >= got)
+    below = [r["programs"] for r in eligible if r["programs"] < got]
+    if below:  # the next count down has a losing launch: no smaller threshold holds
+        assert any(r["fold"] > r["split"] for r in eligible if r["programs"] == max(below))

@@ -8,6 +8,7 @@ import importlib
 import zipfile
 from pathlib import Path
 
+import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,15 +30,23 @@ def _wheel(path: Path, members: dict[str, bytes]) -> Path:
 def test_repack_drops_only_the_unused_kernels(tmp_path):
     vw = _load("vllm_wheels")
     members = {n: n.encode() * 3 for n in vw.DROPPED}
+    members.update({d + "api.py": b"y = 2\n" for d in vw.DROPPED_DIRS})
+    members.update({d + "include/x.hpp": b"//\n" for d in vw.DROPPED_DIRS})
+    # kept: a sibling whose name only starts like a dropped folder
     members.update({"vllm/__init__.py": b"x = 1\n", "vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so": b"\x7fELF fa3"})
+    members.update({"vllm/third_party/fmha_sm100x.py": b"z = 3\n"})
     src = _wheel(tmp_path / "src.whl", members)
     out = vw.repack(src, tmp_path / "out.whl")
     with zipfile.ZipFile(out) as z:
         names = set(z.namelist())
         record = z.read("vllm-0.26.0.dist-info/RECORD").decode().splitlines()
         kept = {n: z.read(n) for n in names if not n.endswith("RECORD")}
-    assert not names & set(vw.DROPPED)
-    assert kept == {"vllm/__init__.py": b"x = 1\n", "vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so": b"\x7fELF fa3"}
+    assert not names & set(vw.DROPPED) and not any(n.startswith(vw.DROPPED_DIRS) for n in names)
+    assert kept == {
+        "vllm/__init__.py": b"x = 1\n",
+        "vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so": b"\x7fELF fa3",
+        "vllm/third_party/fmha_sm100x.py": b"z = 3\n",
+    }
     assert {line.split(",")[0] for line in record} == set(kept) | {"vllm-0.26.0.dist-info/RECORD"}
 
 
@@ -68,3 +77,16 @@ def test_first_diff():
     assert vc.first_diff([1, 2, 3], [1, 2, 3]) is None
     assert vc.first_diff([1, 2, 3], [1, 5, 3]) == 1
     assert vc.first_diff([1, 2], [1, 2, 3]) == 2
+
+
+@pytest.mark.parametrize("tree", [0, 1, 39_190_000, 40_500_000, 66_108_863, 66_108_864])
+def test_a_part_fits_beside_the_tree(tree):
+    vw = _load("vllm_wheels")
+    limit = 64 << 20
+    if limit - tree - vw.SPARE < 1_000_000:
+        with pytest.raises(ValueError):
+            vw.part_bytes(tree)
+        return
+    got = vw.part_bytes(tree)
+    assert got % 1_000_000 == 0 and tree + got + vw.SPARE <= limit  # fits, with the spare
+    assert tree + got + 1_000_000 + vw.SPARE > limit  # one MB more would not
