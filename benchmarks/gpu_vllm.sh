@@ -30,7 +30,7 @@ if [ "${STAGE:-run}" = part ]; then
     if [ "${CK8:-0}" = 1 ] && [ ! -e "$CK/q8.started" ]; then  # the 8B checkpoint while the parts travel
         mkdir -p "$CK" && touch "$CK/q8.started"
         setsid nohup bash -c "python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . \
-            && python3 -m requant.models.synthetic qwen3-8b $CK/q8-native --device cuda \
+            && python3 -m requant.checkpoint.synthetic qwen3-8b $CK/q8-native --device cuda \
             && requant convert $CK/q8-native -o $Q8 && rm -rf $CK/q8-native && touch $CK/q8.done \
             || touch $CK/q8.failed" > "$CK/q8.log" 2>&1 < /dev/null &
         echo "8B checkpoint started in the background: $CK/q8.log"
@@ -70,7 +70,7 @@ STEP_DIR=$KEEP TIMINGS=$KEEP/timings.txt
 mkdir -p "$CK"
 if [ "${STAGE:-run}" = speed ]; then
     if [ ! -e "$CK/q8.done" ]; then
-        [ -e "$CK/q8.started" ] || step checkpoint_8b 400 bash -c "python3 -m requant.models.synthetic qwen3-8b \
+        [ -e "$CK/q8.started" ] || step checkpoint_8b 400 bash -c "python3 -m requant.checkpoint.synthetic qwen3-8b \
             $CK/q8-native --device cuda && requant convert $CK/q8-native -o $Q8 && rm -rf $CK/q8-native \
             && touch $CK/q8.done"
         for _ in $(seq 300); do [ -e "$CK/q8.done" ] || [ -e "$CK/q8.failed" ] && break; sleep 1; done

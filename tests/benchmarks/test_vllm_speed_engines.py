@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def micro_path(tmp_path_factory):
-    from requant.models.synthetic import generate
+    from requant.checkpoint.synthetic import generate
     from tests.requant.conftest import MICRO
 
     return generate(MICRO, tmp_path_factory.mktemp("micro") / "micro", seed=1)
