@@ -60,11 +60,14 @@ class FaultInjector:
     """fn(a, w, s_a, s_w): the fault kernel for weights in `targets` (by data_ptr), else the base.
     With `blocks` ([(fault, targets)], one per run), the rows are that many equal blocks, one run's
     each (_teacher_forced_blocks): a block's fault kernel sees its block's rows alone, exactly the
-    call its own run would make; the other blocks' rows go through the base in one call (every
-    backend computes a row from that row alone: exact int32 accumulator, elementwise epilogue)."""
+    call its own run would make. A built-in base takes the other blocks' rows in one call (a
+    built-in computes a row from that row alone: exact int32 accumulator, elementwise epilogue);
+    a user's kernel as the base is not trusted with that (it may depend on M), so it too gets
+    each block's rows alone."""
 
     def __init__(self, base: str):
         self.base = base
+        self.rows_alone = str(base) in kernels.scaled_mm_backends()
         self.fault = None
         self.targets: set[int] = set()
         self.blocks: list | None = None
@@ -75,6 +78,9 @@ class FaultInjector:
             return self._by_block(a, w, s_a, s_w)
         if self.fault is not None and w.data_ptr() in self.targets:
             return self.fault(a, w, s_a, s_w)
+        return self._base(a, w, s_a, s_w)
+
+    def _base(self, a, w, s_a, s_w):
         return kernels.scaled_mm(a, w, s_a, s_w, backend=self.base)
 
     def _by_block(self, a, w, s_a, s_w):
@@ -83,19 +89,21 @@ class FaultInjector:
         assert left == 0, (a.shape, n)
         ptr = w.data_ptr()
         hit = tuple(j for j, (_, targets) in enumerate(self.blocks) if ptr in targets)
-        if not hit:
-            return kernels.scaled_mm(a, w, s_a, s_w, backend=self.base)
+        if not hit and self.rows_alone:
+            return self._base(a, w, s_a, s_w)
         out = torch.empty(a.shape[0], w.shape[0], dtype=torch.bfloat16, device=a.device)
-        for j in hit:
-            rows = slice(j * r, (j + 1) * r)
-            out[rows] = self.blocks[j][0](a[rows], w, s_a[rows], s_w)
-        if len(hit) < n:
+        for j in range(n):
+            if j in hit or not self.rows_alone:
+                rows = slice(j * r, (j + 1) * r)
+                fn = self.blocks[j][0] if j in hit else self._base
+                out[rows] = fn(a[rows], w, s_a[rows], s_w)
+        if self.rows_alone and len(hit) < n:
             key = (r, hit)
             if key not in self._rest:
                 idx = [i for j in range(n) if j not in hit for i in range(j * r, (j + 1) * r)]
                 self._rest[key] = torch.tensor(idx, dtype=torch.long).to(a.device)
             idx = self._rest[key]
-            out[idx] = kernels.scaled_mm(a[idx], w, s_a[idx], s_w, backend=self.base)
+            out[idx] = self._base(a[idx], w, s_a[idx], s_w)
         return out
 
 
