@@ -83,7 +83,7 @@ if has tests; then
     lim=$(($(left) - 10))
     [ "$lim" -gt 240 ] && lim=240
     budget gpu_tests 60 && step gpu_tests "$lim" bash -c "python3 -m pytest -q -m gpu -p no:cacheprovider \
-        tests/audit/test_batched.py tests/audit/phases/test_injection.py > '$W/gpu_tests.log' 2>&1; rc=\$?; \
+        tests/audit/test_batched.py tests/audit/phases/test_injection.py tests/audit/phases/test_lean_faults.py > '$W/gpu_tests.log' 2>&1; rc=\$?; \
         tail -n 5 '$W/gpu_tests.log'; exit \$rc"
 fi
 has sizes && sizes $EXTRA_SIZES

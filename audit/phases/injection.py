@@ -21,14 +21,10 @@ import torch
 
 from requant import kernels
 from requant.audit.checks import FIRE, NOT_APPLICABLE, SILENT, token_risk
-from requant.audit.conform.fault_kernels import FAULTS
 from requant.audit.device_acc import exact_accumulate
-from requant.audit.f6_tiles import f6_accumulator
-from requant.audit.faults import VARIANT_BY_ID, LayerCase, inject
 from requant.audit.matrix import INJECTION_MATRIX_PATH, PREDICTED_MISS, load_matrix
-from requant.audit.records import REFERENCE_KERNEL, Activations, Run, Weights
+from requant.audit.phases.lean_faults import device_faults
 from requant.io.markdown import table
-from requant.kernels.reference import check_operands
 from requant.regime import REGIMES
 from requant.runtime.cache import generation_capacity
 
@@ -37,6 +33,7 @@ __all__ = [
     "SCOPES",
     "FaultInjector",
     "base_backend",
+    "device_faults",
     "injection_markdown",
     "one_layer_names",
     "plot_injection",
@@ -83,6 +80,16 @@ class FaultInjector:
     def _base(self, a, w, s_a, s_w):
         return kernels.scaled_mm(a, w, s_a, s_w, backend=self.base)
 
+    def _shared_acc(self, a, w, hit, r):
+        """(the exact accumulator of the faulted blocks' rows, its first block) in one GEMM where
+        they are consecutive and every one's kernel takes it (lean_faults: from_acc), else
+        (None, None). Exact integers: any row split gives the same bits."""
+        if len(hit) < 2 or hit != tuple(range(hit[0], hit[-1] + 1)):
+            return None, None
+        if not all(hasattr(self.blocks[j][0], "from_acc") for j in hit):
+            return None, None
+        return exact_accumulate(a[hit[0] * r : (hit[-1] + 1) * r], w), hit[0]
+
     def _by_block(self, a, w, s_a, s_w):
         n = len(self.blocks)
         r, left = divmod(a.shape[0], n)
@@ -92,9 +99,14 @@ class FaultInjector:
         if not hit and self.rows_alone:
             return self._base(a, w, s_a, s_w)
         out = torch.empty(a.shape[0], w.shape[0], dtype=torch.bfloat16, device=a.device)
+        acc, first = self._shared_acc(a, w, hit, r)
         for j in range(n):
             if j in hit or not self.rows_alone:
                 rows = slice(j * r, (j + 1) * r)
+                if acc is not None and j in hit:
+                    at = slice((j - first) * r, (j - first + 1) * r)
+                    out[rows] = self.blocks[j][0].from_acc(a[rows], w, s_a[rows], s_w, acc[at])
+                    continue
                 fn = self.blocks[j][0] if j in hit else self._base
                 out[rows] = fn(a[rows], w, s_a[rows], s_w)
         if self.rows_alone and len(hit) < n:
@@ -156,43 +168,6 @@ def _measure(ref_logits, ref_tokens, logits) -> dict:
     }
 
 
-# The variant each kernel of audit/fault_kernels.py runs (FAULTS' names).
-_VARIANT_OF = {f"F{i}": f"F{i}.all" for i in range(1, 9)} | {"F9a": "F9.one", "F9b": "F9.1pct", "F9c": "F9.all"}
-
-
-def device_faults(device) -> dict:
-    """audit/fault_kernels.py's kernels, with exact accumulators suited to the device: on CUDA
-    cuBLASLt's int8 GEMM and F6's Triton kernel (audit/device_acc.py, audit/f6_tiles.py) instead
-    of the float64 definition and F6's per-tile torch loop. The same bits: every accumulator is
-    the exact integer (F6: the same bf16 register, tile by tile); elsewhere FAULTS itself."""
-    if torch.device(device).type != "cuda":
-        return dict(FAULTS)
-
-    return lean_faults(exact_accumulate, f6_accumulator)
-
-
-def lean_faults(acc_fn, f6_fn) -> dict:
-    """FAULTS' kernels built on the given accumulators, without the reference output: none of
-    these 11 variants reads it (severity `all` replaces every element; F9's operand faults form
-    their own output), so the generating model pays one epilogue less per faulted GEMM."""
-
-    def wrap(variant):
-        assert variant.severity == "all" or variant.family == "F9", variant.id
-
-        def kernel(a, w, s_a, s_w):
-            check_operands(a, w, s_a, s_w)
-            act, wt = Activations(a, s_a), Weights(w, s_w)
-            acc = acc_fn(a, w)
-            case = LayerCase(
-                "conform", "native", act, wt, acc, Run(act, wt, acc, None, REFERENCE_KERNEL), acc_fn=acc_fn, f6_fn=f6_fn
-            )
-            return inject(variant, case).y
-
-        return kernel
-
-    return {f: wrap(VARIANT_BY_ID[_VARIANT_OF[f]]) for f in FAULTS}
-
-
 def _teacher_forced_blocks(m, injector, tensors, tokens, ref_tokens, runs) -> list[list[torch.Tensor]]:
     """The teacher-forced runs `runs` ([(fault kernel, targets)]) as one batch: the prompts once per
     run, each run's block of rows faulted by its own kernel (FaultInjector.blocks). The logits per
@@ -232,21 +207,25 @@ def run_injection(
             "all": {m.linears[n][0].data_ptr() for n in m.linears},
             "one_layer": {m.linears[n][0].data_ptr() for n in one_layer_names(m)},
         }
-        out = {}
-        runs = [(fault, scope, fn) for fault, fn in device_faults(model.device).items() for scope in scopes]
+        # scope-major: a Linear's faulted blocks are consecutive (FaultInjector._shared_acc); the JSON
+        # keeps the fault-major order (out is filled below in FAULTS' order, `all` first)
+        faults = device_faults(model.device)
+        runs = [(fault, scope, faults[fault]) for scope in scopes for fault in faults]
         blocks = []
         if batched:
             per = runs_per_batch(len(tensors), True)
             for g in range(0, len(runs), per):
                 group = [(fn, scopes[scope]) for _, scope, fn in runs[g : g + per]]
                 blocks += _teacher_forced_blocks(m, injector, tensors, tokens, ref_tokens, group)
+        measured = {}
         for i, (fault, scope, fn) in enumerate(runs):
             if batched:
                 logits = blocks[i]
             else:
                 injector.fault, injector.targets = fn, scopes[scope]
                 logits, _ = _greedy(m, tensors, tokens, fed=ref_tokens)
-            out.setdefault(fault, {})[scope] = _measure(ref_logits, ref_tokens, logits)
+            measured[(fault, scope)] = _measure(ref_logits, ref_tokens, logits)
+        out = {fault: {scope: measured[(fault, scope)] for scope in scopes} for fault in faults}
         injector.fault = None
         return {
             "faults": out,

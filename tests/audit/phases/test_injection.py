@@ -72,51 +72,6 @@ def test_the_injector_faults_only_its_target_weights():
     assert torch.equal(miss.view(torch.int16), scaled_mm_triton_order(act.a, w2.w, act.s_a, w2.s_w).view(torch.int16))
 
 
-def test_device_fault_kernels_name_the_same_variants_as_fault_kernels():
-    """audit.phases.injection.device_faults: on CPU the kernels of audit/conform/fault_kernels.py themselves; its
-    variant table names each kernel's own variant (fault_kernels' function names are the variant
-    ids)."""
-    from requant.audit.conform.fault_kernels import FAULTS
-    from requant.audit.phases.injection import _VARIANT_OF, device_faults
-
-    assert device_faults("cpu") == FAULTS
-    assert {f: fn.__name__ for f, fn in FAULTS.items()} == {f: v.replace(".", "_") for f, v in _VARIANT_OF.items()}
-
-
-def test_lean_fault_kernels_give_the_fault_kernels_bits():
-    """audit.phases.injection.lean_faults (no reference output, the accumulators passed in) equals
-    audit/conform/fault_kernels.py's kernels bit for bit, on the definitions' accumulators (CPU)."""
-    from requant.audit.conform.fault_kernels import FAULTS
-    from requant.audit.faults import accumulate_bf16_tiles
-    from requant.audit.phases.injection import lean_faults
-    from requant.kernels.reference import accumulate
-    from tests.audit.conftest import make_operands
-
-    lean = lean_faults(accumulate, accumulate_bf16_tiles)
-    for m in (1, 8, 40):
-        act, wt = make_operands(m, m=m, k=160, n=48)
-        ops = (act.a, wt.w, act.s_a, wt.s_w)
-        for f, fn in FAULTS.items():
-            assert torch.equal(lean[f](*ops).view(torch.int16), fn(*ops).view(torch.int16)), (f, m)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_device_fault_kernels_on_cuda_give_the_definitions_bits():
-    """On CUDA the injection's kernels (cuBLASLt accumulator, Triton F6) equal audit/conform/fault_kernels.py's
-    (float64 accumulator, F6's torch tile loop) bit for bit, at decode and prefill sizes."""
-    from requant.audit.conform.fault_kernels import FAULTS
-    from requant.audit.phases.injection import device_faults
-    from tests.audit.conftest import make_operands
-
-    fast = device_faults("cuda")
-    for m in (1, 8, 40):
-        act, wt = make_operands(m, m=m, k=512, n=256)
-        ops = (act.a.cuda(), wt.w.cuda(), act.s_a.cuda(), wt.s_w.cuda())
-        for f, fn in FAULTS.items():
-            assert torch.equal(fast[f](*ops).view(torch.int16), fn(*ops).view(torch.int16)), (f, m)
-
-
 @pytest.mark.gpu
 @pytest.mark.skipif(
     not (torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0)), reason="needs an sm90 GPU"
@@ -209,7 +164,9 @@ def draw_injection(seed: int) -> dict:
     names = [tri, other] if r.random() < 0.5 else [other, tri]
     faults = []
     for _ in range(r.choice([2, 3])):
-        kind = r.choice(["catalogue", "catalogue-small", "generated"])
+        # lean: the injection's own kernels (audit/phases/lean_faults.py); all of them every third
+        # case, so that a Linear's faulted blocks share one accumulator (FaultInjector._shared_acc)
+        kind = "lean" if seed % 3 == 2 else r.choice(["catalogue", "catalogue-small", "generated", "lean"])
         if kind == "generated":
             spec = ("generated", _gen(r, r.choice(["triton-order", "cutlass-order"]), CONDITIONS).name)
         else:
@@ -259,6 +216,9 @@ def _kernels(case):
     """The pair as kernels.ScaledMM (a user member named triton-order:SPEC, called through the
     audit's guard) and the injected kernels {label: fn} in run order."""
     from requant.audit.conform.fault_kernels import FAULTS
+    from requant.audit.faults import accumulate_bf16_tiles
+    from requant.audit.phases.lean_faults import lean_faults
+    from requant.kernels.reference import accumulate
     from requant.user_kernel import guarded
     from tests.audit.generated_kernels import Spec
 
@@ -268,9 +228,10 @@ def _kernels(case):
         order, _, spec = name.partition(":")
         return kernels.ScaledMM(name, guarded(name, Spec.parse(spec)), order)
 
+    lean = lean_faults(accumulate, accumulate_bf16_tiles)
     faults = {}
     for i, (kind, spec) in enumerate(case["faults"]):
-        fn = Spec.parse(spec) if kind == "generated" else FAULTS[spec]
+        fn = Spec.parse(spec) if kind == "generated" else (lean if kind == "lean" else FAULTS)[spec]
         faults[f"{i}:{kind}:{spec}"] = _SmallOnly(fn) if kind == "catalogue-small" else fn
     return tuple(member(n) for n in case["names"]), faults
 
@@ -320,7 +281,7 @@ def test_generated_batched_injection_equals_the_runs_one_after_another(seed, mod
 
 def test_the_injection_generator_covers_its_space():
     """The drawn cases span every base, pair shape and regime, both positions of the base, catalogue,
-    small-M and generated kernels, a kernel twice in a row, a legal kernel first and last, 1 to 4
+    small-M, generated and lean kernels (all lean with several runs per batch), a kernel twice in a row, a legal kernel first and last, 1 to 4
     prompts, one run per batch and all runs in one batch."""
     cases = [draw_injection(s) for s in range(INJ_CASES)]
     assert {c["base"] for c in cases} == {"builtin", "legal", "small", "large", "kind"}
@@ -334,7 +295,8 @@ def test_the_injection_generator_covers_its_space():
     assert {c["names"][0].startswith("reference-triton") or c["names"][0].startswith("triton-order:")
             for c in cases if c["shape"] == "two-orders"} == {True, False}  # fmt: skip
     kinds = [k for c in cases for k, _ in c["faults"]]
-    assert set(kinds) == {"catalogue", "catalogue-small", "generated"}
+    assert set(kinds) == {"catalogue", "catalogue-small", "generated", "lean"}
+    assert any(all(k == "lean" for k, _ in c["faults"]) and c["rows"] >= 2 * c["prompts"] for c in cases)
     assert any(a == b for c in cases for a, b in zip(c["faults"], c["faults"][1:]))
     assert {c["prompts"] for c in cases} == {1, 2, 3, 4}
     assert {c["rows"] == c["prompts"] for c in cases} == {True, False}

@@ -1,0 +1,120 @@
+"""The injection's fault kernels: audit/conform/fault_kernels.py's eleven, bit for bit, built for a
+model that calls them once per Linear and step.
+
+What the catalogue's kernels repeat on every call and these do not:
+  * the reference output (reference_case forms it; none of these variants reads it);
+  * the exact accumulator, when the caller has it: `from_acc` takes it (the injector forms one for
+    every faulted block of a Linear at once, audit/phases/injection.py);
+  * F9a's and F9b's seeded draws. Their generator is seeded by the variant alone, so the draw
+    depends on the shape: F9b's flat indices on M*K, F9a's row on M and the count of non-zero
+    scales. Each is made once per shape on the host and kept on the device, and F9a's row is
+    picked there from the count: no host synchronisation per call (the catalogue's nonzero(),
+    int() and unique() each wait for the device).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from requant.audit.conform.fault_kernels import FAULTS
+from requant.audit.device_acc import exact_accumulate
+from requant.audit.f6_tiles import f6_accumulator
+from requant.audit.faults import (
+    F9A_FACTOR,
+    VARIANT_BY_ID,
+    LayerCase,
+    accumulate_bf16_tiles,
+    inject,
+    seed_for,
+    shift_int8_by_one,
+)
+from requant.audit.records import REFERENCE_KERNEL, Activations, Run, Weights
+from requant.kernels.reference import accumulate, check_operands, epilogue_triton_order
+
+__all__ = ["VARIANT_OF", "LeanFault", "device_faults", "lean_faults"]
+
+# The variant each kernel of audit/conform/fault_kernels.py runs (FAULTS' names).
+VARIANT_OF = {f"F{i}": f"F{i}.all" for i in range(1, 9)} | {"F9a": "F9.one", "F9b": "F9.1pct", "F9c": "F9.all"}
+_CASE = ("conform", "native")  # the name and regime fault_kernels' reference_case seeds the draws with
+
+
+def device_faults(device) -> dict:
+    """The eleven kernels with exact accumulators suited to the device: on CUDA cuBLASLt's int8 GEMM
+    and F6's Triton kernel (audit/device_acc.py, audit/f6_tiles.py), elsewhere the float64
+    definition and F6's torch tile loop. The same bits: every accumulator is the exact integer
+    (F6: the same bf16 register, tile by tile)."""
+    if torch.device(device).type == "cuda":
+        return lean_faults(exact_accumulate, f6_accumulator)
+    return lean_faults(accumulate, accumulate_bf16_tiles)
+
+
+def lean_faults(acc_fn, f6_fn) -> dict:
+    """{FAULT: LeanFault} on the given accumulators, sharing one cache of draws."""
+    draws = _Draws()
+    return {f: LeanFault(VARIANT_BY_ID[VARIANT_OF[f]], acc_fn, f6_fn, draws) for f in FAULTS}
+
+
+class LeanFault:
+    """fn(a, w, s_a, s_w) -> bf16 [M, N]: one variant at severity `all` (F9: its operand fault);
+    from_acc(a, w, s_a, s_w, acc) the same, given a's exact accumulator acc."""
+
+    def __init__(self, variant, acc_fn, f6_fn, draws):
+        assert variant.severity == "all" or variant.family == "F9", variant.id
+        self.variant, self.acc_fn, self.f6_fn, self.draws = variant, acc_fn, f6_fn, draws
+        self.__name__ = variant.id.replace(".", "_")
+
+    def __call__(self, a, w, s_a, s_w):
+        check_operands(a, w, s_a, s_w)
+        return self.from_acc(a, w, s_a, s_w, self.acc_fn(a, w))
+
+    def from_acc(self, a, w, s_a, s_w, acc):
+        vid = self.variant.id
+        if vid == "F9.one":  # the accumulator is untouched: one scale changes
+            return epilogue_triton_order(acc, self.draws.f9a_scales(s_a), s_w)
+        if vid == "F9.1pct":
+            return epilogue_triton_order(self.acc_fn(self.draws.f9b_operand(a), w), s_a, s_w)
+        act, wt = Activations(a, s_a), Weights(w, s_w)
+        ref = Run(act, wt, acc, None, REFERENCE_KERNEL)
+        case = LayerCase(*_CASE, act, wt, acc, ref, acc_fn=self.acc_fn, f6_fn=self.f6_fn)
+        return inject(self.variant, case).y
+
+
+class _Draws:
+    """F9a's and F9b's seeded draws per shape, on the device (module docstring)."""
+
+    def __init__(self):
+        self.cache: dict = {}
+
+    @staticmethod
+    def _gen(variant_id: str) -> torch.Generator:
+        return torch.Generator(device="cpu").manual_seed(seed_for(*_CASE, variant_id))
+
+    def f9a_scales(self, s_a: torch.Tensor) -> torch.Tensor:
+        """s_a with one row times F9A_FACTOR: the catalogue draws randint(0, c) on a fresh generator,
+        c the count of rows with a non-zero scale (all M rows when none), and takes that row of
+        them. The draw for every c in 1..M is tabled once; the row is chosen on the device."""
+        m, dev = s_a.shape[0], s_a.device
+        key = ("F9.one", m, dev)
+        if key not in self.cache:
+            picks = [int(torch.randint(0, c, (1,), generator=self._gen("F9.one"))) for c in range(1, m + 1)]
+            self.cache[key] = torch.tensor(picks, dtype=torch.int64, device=dev)
+        nonzero = s_a.reshape(-1) != 0
+        count = nonzero.sum()
+        rows = nonzero | (count == 0)  # no non-zero scale: every row is a candidate
+        pick = self.cache[key][(torch.where(count == 0, m, count) - 1).reshape(1)]  # a tensor index: no sync
+        row = rows & (torch.cumsum(rows, 0) - 1 == pick)
+        return torch.where(row.reshape(-1, 1), s_a * F9A_FACTOR, s_a)
+
+    def f9b_operand(self, a: torch.Tensor) -> torch.Tensor:
+        """a with ceil(1% of M*K) seeded elements shifted by one (the catalogue's indices)."""
+        n, dev = a.numel(), a.device
+        key = ("F9.1pct", n, dev)
+        if key not in self.cache:
+            idx = torch.randint(0, n, (math.ceil(0.01 * n),), generator=self._gen("F9.1pct"))
+            self.cache[key] = torch.unique(idx).to(dev)
+        idx = self.cache[key]
+        flat = a.reshape(-1).clone()
+        flat[idx] = shift_int8_by_one(flat[idx])
+        return flat.view_as(a)
