@@ -25,6 +25,7 @@ from requant.audit.device_acc import exact_accumulate
 from requant.audit.matrix import INJECTION_MATRIX_PATH, PREDICTED_MISS, load_matrix
 from requant.audit.phases.lean_faults import device_faults
 from requant.io.markdown import table
+from requant.kernels.bf16 import round_fp32_to_bf16, truncate_fp32_to_bf16
 from requant.regime import REGIMES
 from requant.runtime.cache import generation_capacity
 
@@ -80,15 +81,25 @@ class FaultInjector:
     def _base(self, a, w, s_a, s_w):
         return kernels.scaled_mm(a, w, s_a, s_w, backend=self.base)
 
-    def _shared_acc(self, a, w, hit, r):
-        """(the exact accumulator of the faulted blocks' rows, its first block) in one GEMM where
-        they are consecutive and every one's kernel takes it (lean_faults: from_acc), else
-        (None, None). Exact integers: any row split gives the same bits."""
-        if len(hit) < 2 or hit != tuple(range(hit[0], hit[-1] + 1)):
-            return None, None
-        if not all(hasattr(self.blocks[j][0], "from_acc") for j in hit):
-            return None, None
-        return exact_accumulate(a[hit[0] * r : (hit[-1] + 1) * r], w), hit[0]
+    def _faulted_at_once(self, a, w, s_a, s_w, hit, r, out) -> bool:
+        """The faulted blocks, consecutive, whose kernels all give their last fp32 value (lean_faults:
+        `last`): one exact accumulator for all their rows (exact integers: any row split gives the
+        same bits), each block's last value from its rows, one bf16 cast for them all (elementwise:
+        the same bits as each block's own), the truncating ones cast apart. False: not applicable."""
+        fns = [self.blocks[j][0] for j in hit]
+        if len(hit) < 2 or hit != tuple(range(hit[0], hit[-1] + 1)) or not all(hasattr(f, "last") for f in fns):
+            return False
+        lo = hit[0] * r
+        acc = exact_accumulate(a[lo : lo + len(hit) * r], w)
+        vals = []
+        for i, fn in enumerate(fns):
+            rows, at = slice(lo + i * r, lo + (i + 1) * r), slice(i * r, (i + 1) * r)
+            vals.append(fn.last(a[rows], w, s_a[rows], s_w, acc[at]))
+        out[lo : lo + len(hit) * r] = round_fp32_to_bf16(torch.cat(vals))
+        for i, fn in enumerate(fns):
+            if fn.truncates:
+                out[lo + i * r : lo + (i + 1) * r] = truncate_fp32_to_bf16(vals[i])
+        return True
 
     def _by_block(self, a, w, s_a, s_w):
         n = len(self.blocks)
@@ -99,14 +110,10 @@ class FaultInjector:
         if not hit and self.rows_alone:
             return self._base(a, w, s_a, s_w)
         out = torch.empty(a.shape[0], w.shape[0], dtype=torch.bfloat16, device=a.device)
-        acc, first = self._shared_acc(a, w, hit, r)
+        done = hit if self._faulted_at_once(a, w, s_a, s_w, hit, r, out) else ()
         for j in range(n):
-            if j in hit or not self.rows_alone:
+            if j not in done and (j in hit or not self.rows_alone):
                 rows = slice(j * r, (j + 1) * r)
-                if acc is not None and j in hit:
-                    at = slice((j - first) * r, (j - first + 1) * r)
-                    out[rows] = self.blocks[j][0].from_acc(a[rows], w, s_a[rows], s_w, acc[at])
-                    continue
                 fn = self.blocks[j][0] if j in hit else self._base
                 out[rows] = fn(a[rows], w, s_a[rows], s_w)
         if self.rows_alone and len(hit) < n:
@@ -207,7 +214,7 @@ def run_injection(
             "all": {m.linears[n][0].data_ptr() for n in m.linears},
             "one_layer": {m.linears[n][0].data_ptr() for n in one_layer_names(m)},
         }
-        # scope-major: a Linear's faulted blocks are consecutive (FaultInjector._shared_acc); the JSON
+        # scope-major: a Linear's faulted blocks are consecutive (FaultInjector._faulted_at_once); the JSON
         # keeps the fault-major order (out is filled below in FAULTS' order, `all` first)
         faults = device_faults(model.device)
         runs = [(fault, scope, faults[fault]) for scope in scopes for fault in faults]

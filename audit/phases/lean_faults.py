@@ -3,6 +3,8 @@ model that calls them once per Linear and step.
 
 What the catalogue's kernels repeat on every call and these do not:
   * the reference output (reference_case forms it; none of these variants reads it);
+  * the bf16 cast, a dozen elementwise operations, once per block: `last` gives the fp32 value a
+    variant casts, and the injector casts every faulted block of a Linear at once;
   * the exact accumulator, when the caller has it: `from_acc` takes it (the injector forms one for
     every faulted block of a Linear at once, audit/phases/injection.py);
   * F9a's and F9b's seeded draws. Their generator is seeded by the variant alone, so the draw
@@ -24,14 +26,13 @@ from requant.audit.f6_tiles import f6_accumulator
 from requant.audit.faults import (
     F9A_FACTOR,
     VARIANT_BY_ID,
-    LayerCase,
     accumulate_bf16_tiles,
-    inject,
     seed_for,
     shift_int8_by_one,
+    wrap_int16,
 )
-from requant.audit.records import REFERENCE_KERNEL, Activations, Run, Weights
-from requant.kernels.reference import accumulate, check_operands, epilogue_triton_order
+from requant.kernels.bf16 import round_fp32_to_bf16, truncate_fp32_to_bf16
+from requant.kernels.reference import accumulate, check_operands
 
 __all__ = ["VARIANT_OF", "LeanFault", "device_faults", "lean_faults"]
 
@@ -56,13 +57,31 @@ def lean_faults(acc_fn, f6_fn) -> dict:
     return {f: LeanFault(VARIANT_BY_ID[VARIANT_OF[f]], acc_fn, f6_fn, draws) for f in FAULTS}
 
 
+def _inner(acc, s_a):
+    return s_a.reshape(-1, 1) * acc.to(torch.float32)  # fp32(s_a * fp32(acc)): the Triton order's first product
+
+
+# Each variant's last fp32 value before its one bf16 cast, written from audit/faults.py's formulas
+# (the same operations in the same order; test_lean_faults compares the bits with the catalogue):
+# (acc, s_a, s_w) -> fp32 [M, N]. F4 truncates that value; every other variant rounds it (RNE).
+_LAST = {
+    "F1": lambda acc, s_a, s_w: _inner(acc, s_a) / (1.0 / s_w.reshape(1, -1)),
+    "F2": lambda acc, s_a, s_w: round_fp32_to_bf16(_inner(acc, s_a)).to(torch.float32) * s_w.reshape(1, -1),
+    "F3": lambda acc, s_a, s_w: s_a.reshape(-1, 1) * (s_w.reshape(1, -1) * acc.to(torch.float32)),
+    "F5": lambda acc, s_a, s_w: acc.to(torch.float32) * (s_a.reshape(-1, 1) * s_w.reshape(1, -1)),
+}
+_TRITON = lambda acc, s_a, s_w: _inner(acc, s_a) * s_w.reshape(1, -1)  # noqa: E731 - F4, F6..F9's epilogue
+
+
 class LeanFault:
     """fn(a, w, s_a, s_w) -> bf16 [M, N]: one variant at severity `all` (F9: its operand fault);
-    from_acc(a, w, s_a, s_w, acc) the same, given a's exact accumulator acc."""
+    from_acc(a, w, s_a, s_w, acc) the same, given a's exact accumulator acc; last(...) the fp32
+    value it casts last and whether it truncates (the injector casts several blocks at once)."""
 
     def __init__(self, variant, acc_fn, f6_fn, draws):
         assert variant.severity == "all" or variant.family == "F9", variant.id
         self.variant, self.acc_fn, self.f6_fn, self.draws = variant, acc_fn, f6_fn, draws
+        self.truncates = variant.family == "F4"
         self.__name__ = variant.id.replace(".", "_")
 
     def __call__(self, a, w, s_a, s_w):
@@ -70,15 +89,24 @@ class LeanFault:
         return self.from_acc(a, w, s_a, s_w, self.acc_fn(a, w))
 
     def from_acc(self, a, w, s_a, s_w, acc):
-        vid = self.variant.id
-        if vid == "F9.one":  # the accumulator is untouched: one scale changes
-            return epilogue_triton_order(acc, self.draws.f9a_scales(s_a), s_w)
-        if vid == "F9.1pct":
-            return epilogue_triton_order(self.acc_fn(self.draws.f9b_operand(a), w), s_a, s_w)
-        act, wt = Activations(a, s_a), Weights(w, s_w)
-        ref = Run(act, wt, acc, None, REFERENCE_KERNEL)
-        case = LayerCase(*_CASE, act, wt, acc, ref, acc_fn=self.acc_fn, f6_fn=self.f6_fn)
-        return inject(self.variant, case).y
+        return (truncate_fp32_to_bf16 if self.truncates else round_fp32_to_bf16)(self.last(a, w, s_a, s_w, acc))
+
+    def last(self, a, w, s_a, s_w, acc):
+        """The fp32 value this variant casts to bf16 last (module _LAST), given a's exact accumulator."""
+        fam, vid = self.variant.family, self.variant.id
+        if fam in _LAST:
+            return _LAST[fam](acc, s_a, s_w)
+        if fam == "F6":
+            acc = self.f6_fn(a, w)
+        elif fam == "F7":
+            acc = wrap_int16(acc)
+        elif vid == "F9.one":  # the accumulator is untouched: one scale changes
+            s_a = self.draws.f9a_scales(s_a)
+        elif vid == "F9.1pct":
+            acc = self.acc_fn(self.draws.f9b_operand(a), w)
+        elif vid == "F9.all":
+            acc = self.acc_fn(shift_int8_by_one(a), w)
+        return _TRITON(acc, s_a, s_w)
 
 
 class _Draws:

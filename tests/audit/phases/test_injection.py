@@ -165,13 +165,15 @@ def draw_injection(seed: int) -> dict:
     faults = []
     for _ in range(r.choice([2, 3])):
         # lean: the injection's own kernels (audit/phases/lean_faults.py); all of them every third
-        # case, so that a Linear's faulted blocks share one accumulator (FaultInjector._shared_acc)
+        # case, so that a Linear's faulted blocks share one accumulator and one bf16 cast (FaultInjector._faulted_at_once)
         kind = "lean" if seed % 3 == 2 else r.choice(["catalogue", "catalogue-small", "generated", "lean"])
         if kind == "generated":
             spec = ("generated", _gen(r, r.choice(["triton-order", "cutlass-order"]), CONDITIONS).name)
         else:
             spec = (kind, r.choice(CATALOGUE))
         faults.append(spec)
+    if seed % 3 == 2:
+        faults[r.randrange(len(faults))] = ("lean", "F4")  # the truncating one among blocks cast at once
     if seed % 3 == 0:
         faults.insert(r.randrange(len(faults) + 1), faults[0])  # the same kernel twice
     if seed % 4 == 1:
@@ -296,7 +298,10 @@ def test_the_injection_generator_covers_its_space():
             for c in cases if c["shape"] == "two-orders"} == {True, False}  # fmt: skip
     kinds = [k for c in cases for k, _ in c["faults"]]
     assert set(kinds) == {"catalogue", "catalogue-small", "generated", "lean"}
-    assert any(all(k == "lean" for k, _ in c["faults"]) and c["rows"] >= 2 * c["prompts"] for c in cases)
+    assert any(
+        all(k == "lean" for k, _ in c["faults"]) and ("lean", "F4") in c["faults"] and c["rows"] >= 2 * c["prompts"]
+        for c in cases
+    )
     assert any(a == b for c in cases for a, b in zip(c["faults"], c["faults"][1:]))
     assert {c["prompts"] for c in cases} == {1, 2, 3, 4}
     assert {c["rows"] == c["prompts"] for c in cases} == {True, False}
