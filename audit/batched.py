@@ -158,7 +158,7 @@ class Pending:
         hist = list(st[5:]) if observable else []
         return CellResult(
             seg.label, self.regime, cell.variant, cell.family, cell.severity, observable, mism, mx if observable else 0,
-            outcomes, hist,
+            outcomes, hist, shape=(seg.act.a.shape[0], self.k, self.wt.w.shape[0]),
         )  # fmt: skip
 
 

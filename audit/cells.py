@@ -45,12 +45,15 @@ def backend_kernel(name: str) -> KernelDesc:
 def evaluate_cell(case: LayerCase, variant: str, family: str, severity: str, test: Run, checks=CHECK_IDS) -> CellResult:
     outcomes = {cid: r.outcome for cid, r in run_checks(case.ref, test, checks=checks).items()}
     if output_equal(case.ref, test):
-        return CellResult(case.name, case.regime, variant, family, severity, False, 0, 0, outcomes, [])
+        return CellResult(
+            case.name, case.regime, variant, family, severity, False, 0, 0, outcomes, [], shape=case.shape
+        )
     dist = output_distance(case.ref, test)
     mism = int((test.y.view(torch.int16) != case.ref.y.view(torch.int16)).sum())
     return CellResult(
-        case.name, case.regime, variant, family, severity, True, mism, int(dist.max()), outcomes, ulp_histogram(dist)
-    )
+        case.name, case.regime, variant, family, severity, True, mism, int(dist.max()), outcomes, ulp_histogram(dist),
+        shape=case.shape,
+    )  # fmt: skip
 
 
 def layer_cells(

@@ -1,6 +1,6 @@
 """F6's accumulator (exact 64-wide tile sums added into a bf16 register) in one Triton launch.
 
-audit.catalogue.faults.accumulate_bf16_tiles, the definition, loops over K / F6_TILE tiles in torch (five
+audit.faults.accumulate_bf16_tiles, the definition, loops over K / F6_TILE tiles in torch (five
 launches per tile: hundreds per Linear). Here each program owns a [BM, BN] block of outputs and
 walks the same tiles in the same order:
 
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import torch
 
+from requant.audit.catalogue.checks import SILENT
 from requant.audit.catalogue.faults import F6_TILE, accumulate_bf16_tiles
 
 
@@ -81,3 +82,26 @@ def f6_accumulator(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         except ImportError:
             pass
     return accumulate_bf16_tiles(a, w)
+
+
+# From three tiles on, whether some output moves by more than one spacing is chance per element
+# (measured on random operands: 9% of the elements at K = 192, 25% at K = 1024): the matrix's
+# 'fire' is claimed from this many outputs (M * N) on, where staying within one spacing everywhere
+# has odds below 1e-40; below, no claim.
+C6_MIN_OUTPUTS = 1024
+
+
+def c6_expected(shape: tuple[int, int, int], expected: str) -> str | None:
+    """What C6 (more than one spacing) does on F6 for a Linear of shape (M, K, N): the matrix's cell
+    refined by the tile count of K and the number of outputs. One tile (K <= F6_TILE): the register
+    holds the exact sum rounded once to bf16 (relative error <= 2**-9, under half a spacing of the
+    product whatever the scales), so the output moves by at most one spacing: silent. Two tiles: the
+    first tile's rounding plus the sum's is about one spacing, and more only where the second tile
+    cancels the first (1.8% of the elements at K = 65; none where the first tile dominates): no
+    claim (None). Three or more with fewer than C6_MIN_OUTPUTS outputs (a decode row of a narrow
+    Linear): no claim. Otherwise the matrix's cell."""
+    m, k, n = shape
+    tiles = -(-k // F6_TILE)
+    if tiles <= 1:
+        return SILENT
+    return None if tiles == 2 or m * n < C6_MIN_OUTPUTS else expected

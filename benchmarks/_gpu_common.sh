@@ -22,6 +22,13 @@
 #                            exists), each made first (python -m requant.checkpoint.synthetic, a step) when
 #                            STEPS has "generate"
 #   elapsed / left           seconds since sourcing / seconds left of $TOTAL_S
+#   budget NAME EST_S        true when EST_S seconds are left of $TOTAL_S, else a skip line for NAME
+#   qwen3_ckpt SIZE          $CKPT_ROOT/requant-qwen3-SIZE-synthetic (CKPT_ROOT default /tmp)
+#   qwen3_synthetic SIZE LIMIT_S [EST_S]   that checkpoint made on the GPU when missing and STEPS has
+#                            "generate" (a step synthetic_SIZE, 4 GB shards); with EST_S, only when
+#                            `budget` allows it (else its skip line)
+#   carried_wheels           the wheels carried in .whl/ and this checkout installed (gpu_setup.sh);
+#                            nothing when none is carried
 # shellcheck shell=bash
 
 _GPU_CALLER_PWD=$PWD  # a relative $OUT names a folder of the caller's directory
@@ -63,6 +70,22 @@ EOF
 
 elapsed() { echo $((SECONDS - _GPU_T0)); }
 left() { echo $((${TOTAL_S:?set TOTAL_S} - (SECONDS - _GPU_T0))); }
+budget() { [ "$(left)" -ge "$2" ] && return 0; skip "$1" "$(left) s left of TOTAL_S=$TOTAL_S, needs ~$2 s"; return 1; }
+qwen3_ckpt() { echo "${CKPT_ROOT:-/tmp}/requant-qwen3-$1-synthetic"; }
+
+qwen3_synthetic() {
+    local d
+    d=$(qwen3_ckpt "$1")
+    [ -f "$d/config.json" ] && return 0
+    has generate || return 0
+    [ -n "${3:-}" ] && { budget "synthetic_$1" "$3" || return 0; }
+    step "synthetic_$1" "$2" python3 -m requant.checkpoint.synthetic "qwen3-$1" "$d" --device cuda --shard-size 4000000000
+}
+
+carried_wheels() {
+    ls .whl/*.whl > /dev/null 2>&1 || return 0
+    source benchmarks/gpu_setup.sh
+}
 has() { case " ${STEPS:-} " in *" $1 "*) return 0 ;; esac; return 1; }
 
 _step_line() {  # _step_line TEXT: to the terminal, $TIMINGS and $STEP_LOG

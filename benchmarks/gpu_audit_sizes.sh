@@ -25,9 +25,7 @@
 set -uo pipefail
 source "$(dirname "$0")/_gpu_common.sh" || exit 1
 gpu_out
-if ls .whl/*.whl > /dev/null 2>&1; then  # wheels carried: install them and this checkout (gpu_setup.sh)
-    source benchmarks/gpu_setup.sh || exit 1
-fi
+carried_wheels || exit 1
 STEPS="${STEPS-build generate audit equality injection}"
 SIZES="${SIZES-0.6b 1.7b 8b 14b 32b}"
 TOTAL_S="${TOTAL_S:-540}"
@@ -37,22 +35,12 @@ TIMINGS="$OUT/timings.txt"
 gpu_env triton > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 
-ckpt() { echo "$CKPT_ROOT/requant-qwen3-$1-synthetic"; }
 TIME=()
 [ -x /usr/bin/time ] && TIME=(/usr/bin/time -v -o)
-# budget NAME EST_S: true when EST_S seconds are left, else a skip line
-budget() { [ "$(left)" -ge "$2" ] && return 0; skip "$1" "$(left) s left of TOTAL_S=$TOTAL_S, needs ~$2 s"; return 1; }
 free_gb() { df -Pk "$CKPT_ROOT" | awk 'NR == 2 {print int($4 / 1048576)}'; }
-generate() {  # generate SIZE LIMIT_S
-    local d
-    d=$(ckpt "$1")
-    [ -f "$d/config.json" ] && return 0
-    has generate || return 0
-    step "synthetic_$1" "$2" python3 -m requant.checkpoint.synthetic "qwen3-$1" "$d" --device cuda --shard-size 4000000000
-}
 audit_size() {  # audit_size SIZE LIMIT_S
     local d t=()
-    d=$(ckpt "$1")
+    d=$(qwen3_ckpt "$1")
     [ -f "$d/config.json" ] || { skip "audit_$1" "no checkpoint $d"; return 0; }
     [ ${#TIME[@]} -gt 0 ] && t=("${TIME[@]}" "$OUT/time_$1.txt")
     step "audit_$1" "$2" bash -c "${t[*]} python3 cli.py audit '$d' --backends cutlass,triton --byte-tokens \
@@ -71,7 +59,7 @@ fi
 
 SMALL=""
 for size in $SIZES; do [ "$size" != 32b ] && SMALL="$SMALL $size"; done
-for size in $SMALL; do generate "$size" 240; done
+for size in $SMALL; do qwen3_synthetic "$size" 240; done
 if has audit; then
     for size in $SMALL; do
         case $size in 0.6b) est=20 ;; 1.7b) est=25 ;; 8b) est=40 ;; *) est=60 ;; esac
@@ -81,15 +69,15 @@ fi
 in_sizes() { case " $SIZES " in *" $1 "*) return 0 ;; esac; return 1; }
 if has equality; then
     for size in ${EQ_SIZES-1.7b 14b}; do
-        [ -f "$(ckpt "$size")/config.json" ] || { skip "equality_$size" "no checkpoint"; continue; }
+        [ -f "$(qwen3_ckpt "$size")/config.json" ] || { skip "equality_$size" "no checkpoint"; continue; }
         budget "equality_$size" "$([ "$size" = 14b ] && echo 200 || echo 90)" || continue
-        step "equality_$size" 420 bash -c "python3 -m benchmarks.audit_equality '$(ckpt "$size")' --decode-tokens 1 \
+        step "equality_$size" 420 bash -c "python3 -m benchmarks.audit_equality '$(qwen3_ckpt "$size")' --decode-tokens 1 \
             --json '$OUT/equality_$size.json' > '$OUT/equality_$size.log' 2>&1; rc=\$?; tail -n 3 '$OUT/equality_$size.log'; exit \$rc"
     done
 fi
 if has injection; then
     for size in ${INJ_SIZES-8b 1.7b}; do
-        d=$(ckpt "$size")
+        d=$(qwen3_ckpt "$size")
         [ -f "$d/config.json" ] || { skip "injection_$size" "no checkpoint"; continue; }
         budget "injection_$size" "$([ "$size" = 8b ] && echo 150 || echo 60)" || continue
         step "injection_$size" 420 bash -c "python3 cli.py audit '$d' --backends cutlass,triton --byte-tokens \
@@ -98,15 +86,15 @@ if has injection; then
     done
 fi
 if in_sizes 32b; then
-    d32=$(ckpt 32b)
+    d32=$(qwen3_ckpt 32b)
     if [ ! -f "$d32/config.json" ] && has generate; then
         for other in 14b 8b 1.7b 0.6b; do  # the disk (64 GiB) does not hold every size at once
             [ "$(free_gb)" -ge 40 ] && break
             in_sizes "$other" && continue
-            [ -d "$(ckpt "$other")" ] && echo "disk: $(free_gb) GB free; removing $(ckpt "$other")" && rm -rf "$(ckpt "$other")"
+            [ -d "$(qwen3_ckpt "$other")" ] && echo "disk: $(free_gb) GB free; removing $(qwen3_ckpt "$other")" && rm -rf "$(qwen3_ckpt "$other")"
         done
     fi
-    budget synthetic_32b 60 && generate 32b 300
+    budget synthetic_32b 60 && qwen3_synthetic 32b 300
     has audit && budget audit_32b 90 && audit_size 32b 420
 fi
 

@@ -28,9 +28,7 @@
 set -uo pipefail
 source "$(dirname "$0")/_gpu_common.sh" || exit 1
 gpu_out
-if ls .whl/*.whl > /dev/null 2>&1; then  # wheels carried: install them and this checkout (gpu_setup.sh)
-    source benchmarks/gpu_setup.sh || exit 1
-fi
+carried_wheels || exit 1
 STEPS="${STEPS-build generate pairs tests sizes injection}"
 SIZES="${SIZES-0.6b 1.7b 8b}"
 EXTRA_SIZES="${EXTRA_SIZES-14b}"  # after the tests, while time is left
@@ -44,19 +42,9 @@ TIMINGS="$OUT/timings.txt"
 gpu_env triton > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 
-ckpt() { echo "$CKPT_ROOT/requant-qwen3-$1-synthetic"; }
-budget() { [ "$(left)" -ge "$2" ] && return 0; skip "$1" "$(left) s left of TOTAL_S=$TOTAL_S, needs ~$2 s"; return 1; }
-generate() {  # generate SIZE EST_S
-    local d
-    d=$(ckpt "$1")
-    [ -f "$d/config.json" ] && return 0
-    has generate || return 0
-    budget "synthetic_$1" "$2" || return 0
-    step "synthetic_$1" $(($2 * 3)) python3 -m requant.checkpoint.synthetic "qwen3-$1" "$d" --device cuda --shard-size 4000000000
-}
 audit() {  # audit NAME SIZE LIMIT_S ARGS...: requant audit, JSON and log under $W, the log's tail shown
     local name="$1" d
-    d=$(ckpt "$2")
+    d=$(qwen3_ckpt "$2")
     local limit="$3"
     shift 3
     [ -f "$d/config.json" ] || { skip "$name" "no checkpoint $d"; return 0; }
@@ -67,7 +55,7 @@ audit() {  # audit NAME SIZE LIMIT_S ARGS...: requant audit, JSON and log under 
 if has build; then
     cutlass_build 240
 fi
-generate 1.7b 40
+qwen3_synthetic 1.7b 120 40
 if has pairs; then
     # the first Triton launches of the machine compile (cold): the first audit pays them
     budget pair_cutlass 60 && audit pair_cutlass 1.7b 200 --backends cutlass,reference-cutlass-order
@@ -79,13 +67,13 @@ sizes() {  # sizes SIZE...: each generated when missing, then audited with cutla
     local size gen est
     for size in "$@"; do
         case $size in 0.6b) gen=20 est=30 ;; 1.7b) gen=20 est=30 ;; 8b) gen=60 est=60 ;; *) gen=80 est=60 ;; esac
-        generate "$size" "$gen"
+        qwen3_synthetic "$size" $((gen * 3)) "$gen"
         budget "audit_$size" "$est" && audit "audit_$size" "$size" $((est * 4)) --backends cutlass,triton
     done
 }
 if has injection; then  # at most 180 s each: before the change one regime took 128 s at 1.7B, one run after another
     for size in $INJ_SIZES; do
-        generate "$size" 60
+        qwen3_synthetic "$size" 180 60
         budget "injection_$size" 60 && audit "injection_$size" "$size" 180 --backends cutlass,triton --phases prefill \
             --injection --injection-tokens 32
     done
@@ -95,7 +83,7 @@ if has tests; then
     lim=$(($(left) - 10))
     [ "$lim" -gt 240 ] && lim=240
     budget gpu_tests 60 && step gpu_tests "$lim" bash -c "python3 -m pytest -q -m gpu -p no:cacheprovider \
-        tests/audit/test_batched.py tests/audit/phases/test_injection.py > '$W/gpu_tests.log' 2>&1; rc=\$?; \
+        tests/audit/test_batched.py tests/audit/phases/test_injection.py tests/audit/phases/test_lean_faults.py > '$W/gpu_tests.log' 2>&1; rc=\$?; \
         tail -n 5 '$W/gpu_tests.log'; exit \$rc"
 fi
 has sizes && sizes $EXTRA_SIZES

@@ -21,14 +21,11 @@ import torch
 
 from requant import kernels
 from requant.audit.catalogue.checks import FIRE, NOT_APPLICABLE, SILENT, token_risk
-from requant.audit.catalogue.faults import VARIANT_BY_ID, LayerCase, inject
 from requant.audit.catalogue.matrix import INJECTION_MATRIX_PATH, PREDICTED_MISS, load_matrix
-from requant.audit.conform.fault_kernels import FAULTS
 from requant.audit.device_acc import exact_accumulate
-from requant.audit.f6_tiles import f6_accumulator
-from requant.audit.records import REFERENCE_KERNEL, Activations, Run, Weights
+from requant.audit.phases.lean_faults import device_faults
 from requant.io.markdown import table
-from requant.kernels.reference import check_operands
+from requant.kernels.bf16 import round_fp32_to_bf16, truncate_fp32_to_bf16
 from requant.regime import REGIMES
 from requant.runtime.cache import generation_capacity
 
@@ -37,6 +34,7 @@ __all__ = [
     "SCOPES",
     "FaultInjector",
     "base_backend",
+    "device_faults",
     "injection_markdown",
     "one_layer_names",
     "plot_injection",
@@ -60,11 +58,14 @@ class FaultInjector:
     """fn(a, w, s_a, s_w): the fault kernel for weights in `targets` (by data_ptr), else the base.
     With `blocks` ([(fault, targets)], one per run), the rows are that many equal blocks, one run's
     each (_teacher_forced_blocks): a block's fault kernel sees its block's rows alone, exactly the
-    call its own run would make; the other blocks' rows go through the base in one call (every
-    backend computes a row from that row alone: exact int32 accumulator, elementwise epilogue)."""
+    call its own run would make. A built-in base takes the other blocks' rows in one call (a
+    built-in computes a row from that row alone: exact int32 accumulator, elementwise epilogue);
+    a user's kernel as the base is not trusted with that (it may depend on M), so it too gets
+    each block's rows alone."""
 
     def __init__(self, base: str):
         self.base = base
+        self.rows_alone = str(base) in kernels.scaled_mm_backends()
         self.fault = None
         self.targets: set[int] = set()
         self.blocks: list | None = None
@@ -75,7 +76,30 @@ class FaultInjector:
             return self._by_block(a, w, s_a, s_w)
         if self.fault is not None and w.data_ptr() in self.targets:
             return self.fault(a, w, s_a, s_w)
+        return self._base(a, w, s_a, s_w)
+
+    def _base(self, a, w, s_a, s_w):
         return kernels.scaled_mm(a, w, s_a, s_w, backend=self.base)
+
+    def _faulted_at_once(self, a, w, s_a, s_w, hit, r, out) -> bool:
+        """The faulted blocks, consecutive, whose kernels all give their last fp32 value (lean_faults:
+        `last`): one exact accumulator for all their rows (exact integers: any row split gives the
+        same bits), each block's last value from its rows, one bf16 cast for them all (elementwise:
+        the same bits as each block's own), the truncating ones cast apart. False: not applicable."""
+        fns = [self.blocks[j][0] for j in hit]
+        if len(hit) < 2 or hit != tuple(range(hit[0], hit[-1] + 1)) or not all(hasattr(f, "last") for f in fns):
+            return False
+        lo = hit[0] * r
+        acc = exact_accumulate(a[lo : lo + len(hit) * r], w)
+        vals = []
+        for i, fn in enumerate(fns):
+            rows, at = slice(lo + i * r, lo + (i + 1) * r), slice(i * r, (i + 1) * r)
+            vals.append(fn.last(a[rows], w, s_a[rows], s_w, acc[at]))
+        out[lo : lo + len(hit) * r] = round_fp32_to_bf16(torch.cat(vals))
+        for i, fn in enumerate(fns):
+            if fn.truncates:
+                out[lo + i * r : lo + (i + 1) * r] = truncate_fp32_to_bf16(vals[i])
+        return True
 
     def _by_block(self, a, w, s_a, s_w):
         n = len(self.blocks)
@@ -83,19 +107,22 @@ class FaultInjector:
         assert left == 0, (a.shape, n)
         ptr = w.data_ptr()
         hit = tuple(j for j, (_, targets) in enumerate(self.blocks) if ptr in targets)
-        if not hit:
-            return kernels.scaled_mm(a, w, s_a, s_w, backend=self.base)
+        if not hit and self.rows_alone:
+            return self._base(a, w, s_a, s_w)
         out = torch.empty(a.shape[0], w.shape[0], dtype=torch.bfloat16, device=a.device)
-        for j in hit:
-            rows = slice(j * r, (j + 1) * r)
-            out[rows] = self.blocks[j][0](a[rows], w, s_a[rows], s_w)
-        if len(hit) < n:
+        done = hit if self._faulted_at_once(a, w, s_a, s_w, hit, r, out) else ()
+        for j in range(n):
+            if j not in done and (j in hit or not self.rows_alone):
+                rows = slice(j * r, (j + 1) * r)
+                fn = self.blocks[j][0] if j in hit else self._base
+                out[rows] = fn(a[rows], w, s_a[rows], s_w)
+        if self.rows_alone and len(hit) < n:
             key = (r, hit)
             if key not in self._rest:
                 idx = [i for j in range(n) if j not in hit for i in range(j * r, (j + 1) * r)]
                 self._rest[key] = torch.tensor(idx, dtype=torch.long).to(a.device)
             idx = self._rest[key]
-            out[idx] = kernels.scaled_mm(a[idx], w, s_a[idx], s_w, backend=self.base)
+            out[idx] = self._base(a[idx], w, s_a[idx], s_w)
         return out
 
 
@@ -148,43 +175,6 @@ def _measure(ref_logits, ref_tokens, logits) -> dict:
     }
 
 
-# The variant each kernel of audit/fault_kernels.py runs (FAULTS' names).
-_VARIANT_OF = {f"F{i}": f"F{i}.all" for i in range(1, 9)} | {"F9a": "F9.one", "F9b": "F9.1pct", "F9c": "F9.all"}
-
-
-def device_faults(device) -> dict:
-    """audit/fault_kernels.py's kernels, with exact accumulators suited to the device: on CUDA
-    cuBLASLt's int8 GEMM and F6's Triton kernel (audit/device_acc.py, audit/f6_tiles.py) instead
-    of the float64 definition and F6's per-tile torch loop. The same bits: every accumulator is
-    the exact integer (F6: the same bf16 register, tile by tile); elsewhere FAULTS itself."""
-    if torch.device(device).type != "cuda":
-        return dict(FAULTS)
-
-    return lean_faults(exact_accumulate, f6_accumulator)
-
-
-def lean_faults(acc_fn, f6_fn) -> dict:
-    """FAULTS' kernels built on the given accumulators, without the reference output: none of
-    these 11 variants reads it (severity `all` replaces every element; F9's operand faults form
-    their own output), so the generating model pays one epilogue less per faulted GEMM."""
-
-    def wrap(variant):
-        assert variant.severity == "all" or variant.family == "F9", variant.id
-
-        def kernel(a, w, s_a, s_w):
-            check_operands(a, w, s_a, s_w)
-            act, wt = Activations(a, s_a), Weights(w, s_w)
-            acc = acc_fn(a, w)
-            case = LayerCase(
-                "conform", "native", act, wt, acc, Run(act, wt, acc, None, REFERENCE_KERNEL), acc_fn=acc_fn, f6_fn=f6_fn
-            )
-            return inject(variant, case).y
-
-        return kernel
-
-    return {f: wrap(VARIANT_BY_ID[_VARIANT_OF[f]]) for f in FAULTS}
-
-
 def _teacher_forced_blocks(m, injector, tensors, tokens, ref_tokens, runs) -> list[list[torch.Tensor]]:
     """The teacher-forced runs `runs` ([(fault kernel, targets)]) as one batch: the prompts once per
     run, each run's block of rows faulted by its own kernel (FaultInjector.blocks). The logits per
@@ -224,21 +214,25 @@ def run_injection(
             "all": {m.linears[n][0].data_ptr() for n in m.linears},
             "one_layer": {m.linears[n][0].data_ptr() for n in one_layer_names(m)},
         }
-        out = {}
-        runs = [(fault, scope, fn) for fault, fn in device_faults(model.device).items() for scope in scopes]
+        # scope-major: a Linear's faulted blocks are consecutive (FaultInjector._faulted_at_once); the JSON
+        # keeps the fault-major order (out is filled below in FAULTS' order, `all` first)
+        faults = device_faults(model.device)
+        runs = [(fault, scope, faults[fault]) for scope in scopes for fault in faults]
         blocks = []
         if batched:
             per = runs_per_batch(len(tensors), True)
             for g in range(0, len(runs), per):
                 group = [(fn, scopes[scope]) for _, scope, fn in runs[g : g + per]]
                 blocks += _teacher_forced_blocks(m, injector, tensors, tokens, ref_tokens, group)
+        measured = {}
         for i, (fault, scope, fn) in enumerate(runs):
             if batched:
                 logits = blocks[i]
             else:
                 injector.fault, injector.targets = fn, scopes[scope]
                 logits, _ = _greedy(m, tensors, tokens, fed=ref_tokens)
-            out.setdefault(fault, {})[scope] = _measure(ref_logits, ref_tokens, logits)
+            measured[(fault, scope)] = _measure(ref_logits, ref_tokens, logits)
+        out = {fault: {scope: measured[(fault, scope)] for scope in scopes} for fault in faults}
         injector.fault = None
         return {
             "faults": out,

@@ -81,7 +81,9 @@ def test_every_gpu_script_sources_the_helper():
     for p in scripts:
         text = p.read_text()
         assert 'source "$(dirname "$0")/_gpu_common.sh" || exit 1' in text, p.name
-        assert not re.search(r"^\s*(step|now|has|left)\(\)", text, re.M), f"{p.name} defines its own helper"
+        assert not re.search(r"^\s*(step|now|has|left|budget|ckpt|generate)\(\)", text, re.M), (
+            f"{p.name} defines its own helper"
+        )
         assert "gpu_env" in text, p.name
 
 
@@ -93,6 +95,44 @@ def test_synthetic_checkpoints_lists_the_ones_that_exist(tmp_path):
     r = _bash('SIZES="a b c" STEPS=tests synthetic_checkpoints\necho "${CKPTS[*]}"', tmp_path, CKPT_ROOT=str(tmp_path))
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == str(tmp_path / "requant-a-synthetic")
+
+
+def test_qwen3_synthetic_makes_a_missing_checkpoint_when_asked_and_time_is_left(tmp_path):
+    """qwen3_ckpt names $CKPT_ROOT/requant-qwen3-SIZE-synthetic; qwen3_synthetic runs the generator
+    (a stand-in python3 on PATH that records its arguments) only for a missing checkpoint, only with
+    "generate" in STEPS, and with EST_S only when budget leaves that much of TOTAL_S (else a skip
+    line). Reference: the stand-in's record and the timings lines written here."""
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    (bin_ / "python3").write_text('#!/bin/sh\necho "$@" >> "$CKPT_ROOT/calls"\n')
+    (bin_ / "python3").chmod(0o755)
+    (tmp_path / "requant-qwen3-old-synthetic").mkdir()
+    (tmp_path / "requant-qwen3-old-synthetic" / "config.json").write_text("{}")
+    r = _bash(
+        """TIMINGS="$CKPT_ROOT/t"; TOTAL_S=100
+echo "$(qwen3_ckpt 8b)"
+STEPS=tests qwen3_synthetic a 5
+STEPS=generate qwen3_synthetic old 5
+STEPS=generate qwen3_synthetic b 5
+STEPS=generate qwen3_synthetic c 5 10
+STEPS=generate qwen3_synthetic d 5 1000
+budget e 1 && echo e-ok
+budget f 101 || echo f-skipped""",
+        tmp_path,
+        CKPT_ROOT=str(tmp_path),
+        PATH=f"{bin_}:/usr/bin:/bin",
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[0] == str(tmp_path / "requant-qwen3-8b-synthetic")
+    assert "e-ok" in r.stdout and "f-skipped" in r.stdout
+    calls = (tmp_path / "calls").read_text().splitlines()
+    tail = "--device cuda --shard-size 4000000000"
+    assert calls == [
+        f"-m requant.checkpoint.synthetic qwen3-{s} {tmp_path}/requant-qwen3-{s}-synthetic {tail}" for s in "bc"
+    ]
+    lines = (tmp_path / "t").read_text().splitlines()
+    assert [x.split()[1] for x in lines] == ["synthetic_b", "synthetic_c", "synthetic_d", "f"]
+    assert "skipped: " in lines[2] and "needs ~1000 s" in lines[2] and "needs ~101 s" in lines[3]
 
 
 def test_the_reverse_order_plugin_reverses_the_collected_tests(tmp_path):

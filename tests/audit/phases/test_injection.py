@@ -72,51 +72,6 @@ def test_the_injector_faults_only_its_target_weights():
     assert torch.equal(miss.view(torch.int16), scaled_mm_triton_order(act.a, w2.w, act.s_a, w2.s_w).view(torch.int16))
 
 
-def test_device_fault_kernels_name_the_same_variants_as_fault_kernels():
-    """audit.phases.injection.device_faults: on CPU the kernels of audit/conform/fault_kernels.py themselves; its
-    variant table names each kernel's own variant (fault_kernels' function names are the variant
-    ids)."""
-    from requant.audit.conform.fault_kernels import FAULTS
-    from requant.audit.phases.injection import _VARIANT_OF, device_faults
-
-    assert device_faults("cpu") == FAULTS
-    assert {f: fn.__name__ for f, fn in FAULTS.items()} == {f: v.replace(".", "_") for f, v in _VARIANT_OF.items()}
-
-
-def test_lean_fault_kernels_give_the_fault_kernels_bits():
-    """audit.phases.injection.lean_faults (no reference output, the accumulators passed in) equals
-    audit/conform/fault_kernels.py's kernels bit for bit, on the definitions' accumulators (CPU)."""
-    from requant.audit.catalogue.faults import accumulate_bf16_tiles
-    from requant.audit.conform.fault_kernels import FAULTS
-    from requant.audit.phases.injection import lean_faults
-    from requant.kernels.reference import accumulate
-    from tests.audit.conftest import make_operands
-
-    lean = lean_faults(accumulate, accumulate_bf16_tiles)
-    for m in (1, 8, 40):
-        act, wt = make_operands(m, m=m, k=160, n=48)
-        ops = (act.a, wt.w, act.s_a, wt.s_w)
-        for f, fn in FAULTS.items():
-            assert torch.equal(lean[f](*ops).view(torch.int16), fn(*ops).view(torch.int16)), (f, m)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_device_fault_kernels_on_cuda_give_the_definitions_bits():
-    """On CUDA the injection's kernels (cuBLASLt accumulator, Triton F6) equal audit/conform/fault_kernels.py's
-    (float64 accumulator, F6's torch tile loop) bit for bit, at decode and prefill sizes."""
-    from requant.audit.conform.fault_kernels import FAULTS
-    from requant.audit.phases.injection import device_faults
-    from tests.audit.conftest import make_operands
-
-    fast = device_faults("cuda")
-    for m in (1, 8, 40):
-        act, wt = make_operands(m, m=m, k=512, n=256)
-        ops = (act.a.cuda(), wt.w.cuda(), act.s_a.cuda(), wt.s_w.cuda())
-        for f, fn in FAULTS.items():
-            assert torch.equal(fast[f](*ops).view(torch.int16), fn(*ops).view(torch.int16)), (f, m)
-
-
 @pytest.mark.gpu
 @pytest.mark.skipif(
     not (torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0)), reason="needs an sm90 GPU"
@@ -165,19 +120,192 @@ def test_injection_one_prompt_one_token_is_scored_without_false_negatives(tmp_pa
     assert token_risk(ref, bad)["flagged"] == 0
 
 
-@pytest.mark.parametrize("regime, n_prompts, tokens, rows", [("native", 3, 3, 256), ("pow2", 1, 4, 5)])
-def test_batched_runs_equal_the_runs_one_after_another(regime, n_prompts, tokens, rows, monkeypatch):
-    """The 22 teacher-forced runs in batches (what CUDA runs: all 22 at once; or, with BATCH_ROWS
-    at 5 rows, batches of 5, 5, 5, 5 and 2 runs) against the same runs one after another (the
-    oracle): every field of the result, bit for bit (logit deviations as floats, first divergences,
-    C7 counts), on prompts of different lengths (packed prefill) and decode."""
+# The batched injection against its oracle, over a generated space (seeded generator). Space: the
+# pair the audit was given (its triton-order member is the injector's base: a built-in emulation,
+# or a user kernel of that order from tests/audit/generated_kernels.py, legal or faulty only at
+# small M, only at large M, only in one Linear kind; the pair's shape: two orders, one order twice,
+# the same kernel twice, two kernels of one order, the kernel under test first or second); the
+# injected kernels (catalogue faults of audit/conform/fault_kernels.py, generated kernels faulty at
+# every M, only at M <= 8, only at M > 64, only under native scales, only in one Linear kind, at
+# every element or one in 10**3, legal ones; the same kernel twice in a row; the faulty one first
+# or second); the regime; 1 to 4 prompts (prefill M = 17 to 83 packed, decode M = 1 to 4); 1 to 3
+# tokens; runs per batch from 1 (BATCH_ROWS = prompts) to all of them.
+INJ_CASES = 15
+CATALOGUE = ("F1", "F2", "F3", "F4", "F5", "F6", "F7", "F8", "F9a", "F9b", "F9c")
+SMALL_M = 8
+
+
+def _gen(r, order, conds, density=None):
+    from tests.audit.generated_kernels import DENSITIES, Spec
+    from tests.audit.test_batched_oracle import KINDS
+
+    density = density or r.choice([d for d in DENSITIES if d != "d1e5"])  # 1 in 10**5: no element at this size
+    return Spec(order, r.choice(conds), density, r.choice(KINDS), r.randrange(1 << 20))
+
+
+def draw_injection(seed: int) -> dict:
+    """One case: the pair (names, base order), the injected kernels ((label, spec) in run order),
+    regime, prompts, tokens, BATCH_ROWS."""
+    import random
+
+    from tests.audit.generated_kernels import CONDITIONS
+
+    r = random.Random(seed)
+    base = ["builtin", "legal", "small", "large", "kind"][seed % 5]  # the triton-order member of the pair
+    user = f"triton-order:{_gen(r, 'triton-order', [base], 'd1').name}" if base != "builtin" else None
+    tri = user or "reference-triton-order"
+    shape = ["two-orders", "one-order-twice", "same-kernel-twice", "two-kernels-one-order"][seed % 4]
+    other = {
+        "two-orders": "reference-cutlass-order",
+        "one-order-twice": "reference-triton-order",
+        "same-kernel-twice": tri,
+        "two-kernels-one-order": f"triton-order:{_gen(r, 'triton-order', CONDITIONS).name}",
+    }[shape]
+    names = [tri, other] if r.random() < 0.5 else [other, tri]
+    faults = []
+    for _ in range(r.choice([2, 3])):
+        # lean: the injection's own kernels (audit/phases/lean_faults.py); all of them every third
+        # case, so that a Linear's faulted blocks share one accumulator and one bf16 cast (FaultInjector._faulted_at_once)
+        kind = "lean" if seed % 3 == 2 else r.choice(["catalogue", "catalogue-small", "generated", "lean"])
+        if kind == "generated":
+            spec = ("generated", _gen(r, r.choice(["triton-order", "cutlass-order"]), CONDITIONS).name)
+        else:
+            spec = (kind, r.choice(CATALOGUE))
+        faults.append(spec)
+    if seed % 3 == 2:
+        faults[r.randrange(len(faults))] = ("lean", "F4")  # the truncating one among blocks cast at once
+    if seed % 3 == 0:
+        faults.insert(r.randrange(len(faults) + 1), faults[0])  # the same kernel twice
+    if seed % 4 == 1:
+        faults.insert(r.choice([0, len(faults)]), ("generated", _gen(r, "triton-order", ["legal"]).name))
+    prompts = r.choice([1, 2, 3, 4])
+    runs = 2 * len(faults)
+    per, tokens = [1, 2, 3, runs][seed % 4], r.choice([1, 2, 3])  # runs per batch, tokens
+    # a batch whose M passes the base's threshold where one run's does not: decode M (2 tokens: one
+    # decode step) = prompts, prefill M = 17 or 44 for 1 or 2 prompts, all runs in one batch
+    if base == "small":
+        prompts, per, tokens = max(prompts, 3), runs, max(tokens, 2)
+    elif base == "large":
+        prompts, per = min(prompts, 2), runs
+    return {
+        "seed": seed,
+        "names": tuple(names),
+        "base": base,
+        "shape": shape,
+        "faults": faults,
+        "regime": ["native", "pow2"][(seed // 2) % 2],
+        "prompts": prompts,
+        "tokens": tokens,
+        "rows": prompts * per,
+    }
+
+
+class _SmallOnly:
+    """A catalogue fault only at M <= SMALL_M (the base order elsewhere)."""
+
+    def __init__(self, fault):
+        self.fault = fault
+
+    def __call__(self, a, w, s_a, s_w):
+        from requant.kernels.reference import scaled_mm_triton_order
+
+        if a.shape[0] <= SMALL_M:
+            return self.fault(a, w, s_a, s_w)
+        return scaled_mm_triton_order(a, w, s_a, s_w)
+
+
+def _kernels(case):
+    """The pair as kernels.ScaledMM (a user member named triton-order:SPEC, called through the
+    audit's guard) and the injected kernels {label: fn} in run order."""
+    from requant.audit.catalogue.faults import accumulate_bf16_tiles
+    from requant.audit.conform.fault_kernels import FAULTS
+    from requant.audit.phases.lean_faults import lean_faults
+    from requant.kernels.reference import accumulate
+    from requant.user_kernel import guarded
+    from tests.audit.generated_kernels import Spec
+
+    def member(name):
+        if name.startswith("reference-"):
+            return kernels.lookup(name)
+        order, _, spec = name.partition(":")
+        return kernels.ScaledMM(name, guarded(name, Spec.parse(spec)), order)
+
+    lean = lean_faults(accumulate, accumulate_bf16_tiles)
+    faults = {}
+    for i, (kind, spec) in enumerate(case["faults"]):
+        fn = Spec.parse(spec) if kind == "generated" else (lean if kind == "lean" else FAULTS)[spec]
+        faults[f"{i}:{kind}:{spec}"] = _SmallOnly(fn) if kind == "catalogue-small" else fn
+    return tuple(member(n) for n in case["names"]), faults
+
+
+@pytest.fixture(scope="module")
+def models():
+    return {r: load_model(DEFAULT_CHECKPOINT, regime=r, engine="reference") for r in ("native", "pow2")}
+
+
+def _bits(x):
+    """A result's fields with every float as its hex (bit for bit; NaN equal to itself)."""
+    if isinstance(x, float):
+        return x.hex()
+    if isinstance(x, dict):
+        return {k: _bits(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_bits(v) for v in x]
+    return x
+
+
+@pytest.mark.parametrize("seed", range(INJ_CASES))
+def test_generated_batched_injection_equals_the_runs_one_after_another(seed, models, monkeypatch):
+    """The batched injection (_teacher_forced_blocks: the runs as blocks of one batch) against the
+    independent reference, the same runs one after another (batched=False: each kernel called by
+    the runtime on its own run's rows, no blocks, no row index), on a case drawn from the space
+    above: every field of every run, bit for bit (floats by their hex)."""
     from requant.audit.phases import injection
 
-    model = load_model(DEFAULT_CHECKPOINT, regime=regime, engine="reference")
-    toks = _tokens(model, n_prompts)
-    one_by_one = run_injection(model, toks, REFERENCE_PAIR, tokens=tokens, batched=False)
-    monkeypatch.setattr(injection, "BATCH_ROWS", rows)
-    batched = run_injection(model, toks, REFERENCE_PAIR, tokens=tokens, batched=True)
-    assert batched == one_by_one
-    changed = [f for f, s in one_by_one["faults"].items() if not s["all"]["logits_bitwise_equal"]]
-    assert "F7" in changed and "F8" not in changed  # the runs differ from each other: blocks kept apart
+    case = draw_injection(seed)
+    pair, faults = _kernels(case)
+    model = models[case["regime"]]
+    toks = _tokens(model, case["prompts"])
+    monkeypatch.setattr(injection, "device_faults", lambda device: faults)
+    one_by_one = run_injection(model, toks, pair, tokens=case["tokens"], batched=False)
+    monkeypatch.setattr(injection, "BATCH_ROWS", case["rows"])
+    batched = run_injection(model, toks, pair, tokens=case["tokens"], batched=True)
+    assert set(batched) == set(one_by_one) and list(batched["faults"]) == list(faults), case
+    for field in batched:
+        if field != "faults":
+            assert batched[field] == one_by_one[field], (case, field)
+    for label, scopes in one_by_one["faults"].items():
+        for scope, meas in scopes.items():
+            got = _bits(batched["faults"][label][scope])
+            for k, v in _bits(meas).items():
+                assert got[k] == v, (case, label, scope, k)
+
+
+def test_the_injection_generator_covers_its_space():
+    """The drawn cases span every base, pair shape and regime, both positions of the base, catalogue,
+    small-M, generated and lean kernels (all lean with several runs per batch), a kernel twice in a row, a legal kernel first and last, 1 to 4
+    prompts, one run per batch and all runs in one batch."""
+    cases = [draw_injection(s) for s in range(INJ_CASES)]
+    assert {c["base"] for c in cases} == {"builtin", "legal", "small", "large", "kind"}
+    assert {c["shape"] for c in cases} == {
+        "two-orders",
+        "one-order-twice",
+        "same-kernel-twice",
+        "two-kernels-one-order",
+    }
+    assert {c["regime"] for c in cases} == {"native", "pow2"}
+    assert {c["names"][0].startswith("reference-triton") or c["names"][0].startswith("triton-order:")
+            for c in cases if c["shape"] == "two-orders"} == {True, False}  # fmt: skip
+    kinds = [k for c in cases for k, _ in c["faults"]]
+    assert set(kinds) == {"catalogue", "catalogue-small", "generated", "lean"}
+    assert any(
+        all(k == "lean" for k, _ in c["faults"]) and ("lean", "F4") in c["faults"] and c["rows"] >= 2 * c["prompts"]
+        for c in cases
+    )
+    assert any(a == b for c in cases for a, b in zip(c["faults"], c["faults"][1:]))
+    assert {c["prompts"] for c in cases} == {1, 2, 3, 4}
+    assert {c["rows"] == c["prompts"] for c in cases} == {True, False}
+    assert any(c["rows"] >= 2 * len(c["faults"]) * c["prompts"] for c in cases)  # all runs in one batch
+    # a user base wrong only at M <= 8 (M > 64): one run's decode (prefill) M is, the batch's is not
+    assert any(c["base"] == "small" and c["prompts"] <= SMALL_M < c["rows"] for c in cases)
+    assert any(c["base"] == "large" and c["prompts"] <= 2 and c["rows"] >= 4 * c["prompts"] for c in cases)
