@@ -41,6 +41,7 @@ TIMINGS="$OUT/timings.txt"
 DEV=cuda
 [ "$BACKENDS" = reference ] && DEV=cpu
 
+carried_wheels || exit 1  # nvidia-cutlass for the cutlass backend
 gpu_env triton > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 [ "$BACKENDS" != reference ] && cutlass_build 0
@@ -57,7 +58,7 @@ step inspect 600 bash -c "python3 cli.py inspect '$CKPT' --json > '$OUT/inspect.
 step plan 120 python3 cli.py audit "$CKPT" --plan
 
 if has audit; then
-    step audit 0 bash -c "python3 cli.py audit '$CKPT' --backends $BACKENDS --prompts $PROMPTS --device $DEV \
+    step audit 0 bash -c "python3 cli.py audit '$CKPT' --byte-tokens --phases ${PHASES:-prefill,decode} --backends $BACKENDS --prompts $PROMPTS --device $DEV \
         --json '$OUT/audit.json' --report '$OUT/audit' > '$OUT/audit.log' 2>&1; rc=\$?; tail -n 30 '$OUT/audit.log'; exit \$rc"
 fi
 
@@ -78,7 +79,7 @@ fi
 
 if has fast; then  # the fast engine on the MoE checkpoint (runtime/fast_moe.py), and vLLM's fused-MoE order audited
     step fast 0 python3 benchmarks/bench_moe_fast.py "$CKPT" --json "$OUT/fast.json" --tokens "${NEW_TOKENS:-4}"
-    step audit_vllm_order 0 bash -c "python3 cli.py audit '$CKPT' --backends triton,reference-vllm-moe-order \
+    step audit_vllm_order 0 bash -c "python3 cli.py audit '$CKPT' --byte-tokens --phases ${PHASES:-prefill,decode} --backends triton,reference-vllm-moe-order \
         --prompts $PROMPTS --device $DEV --json '$OUT/audit_vllm.json' > '$OUT/audit_vllm.log' 2>&1; rc=\$?; \
         tail -n 12 '$OUT/audit_vllm.log'; exit \$rc"
 fi
