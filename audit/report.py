@@ -116,16 +116,44 @@ def write_json(result: dict, path: Path) -> Path:
     return write_json_atomic(path, result)
 
 
+def compact_experts(names: list[str]) -> str:
+    """Expert Linear names in brace form, one group per block and set of projections, e.g.
+    `model.layers.1.mlp.experts.{6,7}.{gate_proj,up_proj,down_proj}` (3,000 names at the 30B-A3B
+    shape fit a line; the JSON keeps every name). Expanding the braces gives exactly the names given,
+    each once; a name not of the form BLOCK.experts.E.LEAF stays as it is."""
+    blocks: dict[str, dict[int, list[str]]] = {}
+    others = []
+    for name in names:
+        head, sep, tail = name.rpartition(".experts.")
+        expert, _, leaf = tail.partition(".")
+        if not sep or not expert.isdigit() or not leaf:
+            others.append(name)
+            continue
+        blocks.setdefault(head, {}).setdefault(int(expert), []).append(leaf)
+    groups = []
+    for head, experts in blocks.items():
+        by_leaves: dict[tuple[str, ...], list[int]] = {}
+        for e in sorted(experts):
+            by_leaves.setdefault(tuple(experts[e]), []).append(e)
+        for leaves, es in by_leaves.items():
+            ids = str(es[0]) if len(es) == 1 else "{" + ",".join(map(str, es)) + "}"
+            tail = leaves[0] if len(leaves) == 1 else "{" + ",".join(leaves) + "}"
+            groups.append(f"{head}.experts.{ids}.{tail}")
+    return ", ".join(groups + others)
+
+
 def unrouted_lines(result: dict) -> list[str]:
     """Qwen3-MoE: one line per phase and regime naming the expert Linears that received no token
     (never compared, never counted as equal), and the blocks' combine line; none for a dense model."""
     lines = []
     for regime, names in (result.get("experts_without_tokens") or {}).items():
-        lines.append(f"experts without tokens, prefill, {regime} (not audited): {', '.join(names)}")
+        lines.append(
+            f"experts without tokens, prefill, {regime} (not audited): {len(names)} Linears, {compact_experts(names)}"
+        )
     for regime, d in ((result.get("decode") or {}).get("experts_without_tokens") or {}).items():
         lines.append(
             f"experts without tokens, decode, {regime}: {d['operand_sets_without_tokens']} (Linear, batch, step) "
-            f"operand sets; never routed: {', '.join(d['experts']) or 'none'}"
+            f"operand sets; never routed: {compact_experts(d['experts']) or 'none'}"
         )
     if result.get("moe_combine"):  # audit/moe_combine.py: the routed down projections and the combine
         lines.append(

@@ -40,7 +40,7 @@ def test_audit_names_experts_without_tokens(tmp_path):
     assert out["per_layer_summary"]["pow2"] == {**out["per_layer_summary"]["pow2"], "layers": 29, "bitwise_equal": 29}
     assert out["scorecard"]["false_positives"] == out["scorecard"]["false_negatives"] == 0
     assert out["decode"]["scorecard"]["false_positives"] == out["decode"]["scorecard"]["false_negatives"] == 0
-    line = "experts without tokens, prefill, native (not audited): " + ", ".join(idle)
+    line = "experts without tokens, prefill, native (not audited): 6 Linears, model.layers.1.mlp.experts.{6,7}.{gate_proj,up_proj,down_proj}"
     assert line in res.output and f"- {line}\n" in (tmp_path / "rep" / "audit.md").read_text()
     # expert operands: the down_proj rows of the routed experts add up to tokens x top_k
     downs = [row["m"] for row in out["per_layer"] if row["regime"] == "native" and row["name"].endswith("down_proj")]
