@@ -52,9 +52,12 @@ SPLIT = 512
 # Bytes of fp32 partials one launch may hold; more blocks are launched in groups (a block's
 # bits never depend on its group).
 PARTIAL_BUDGET = 1 << 29
-# The fused fold's launches (fold_path): at least this many (block, KV head) programs, about two
-# per SM of an H200, so a launch with fewer keeps the splits' parallelism. Changes no bits.
-FOLD_MIN_PROGRAMS = 256
+# The fused fold's launches (fold_path): at least this many (block, KV head) programs, so a launch
+# with fewer keeps the splits' parallelism. Changes no bits. Chosen by measurement (was a guess of
+# 256): one H100, 8B shape, `bench_long_context --parts fold` (benchmarks/results/speed4_gpu/3481826/):
+# at 128 programs the fold beats split + combine 2.23x at position 0 and 1.16x at 4096; at 64
+# programs it loses at 4096 (0.65x).
+FOLD_MIN_PROGRAMS = 128
 _LOG2E = 1.4426950408889634
 
 
