@@ -101,6 +101,9 @@ BACKEND_KERNELS = {
     "cublas": KernelDesc("cublas", "int", 32, "fused-order", False),
     "reference-fused-order": KernelDesc("reference-fused-order", "int", 32, "fused-order", False),
     "reference": KernelDesc("reference", "int", 32, "exact", False),
+    # vLLM's int8 fused-MoE kernel: the Triton order on a plain GEMM (its routed down projection and
+    # moe_sum are the MoE block's, audit/moe_combine.py)
+    "reference-vllm-moe-order": KernelDesc("reference-vllm-moe-order", "int", 32, "triton-order", False),
 }
 
 

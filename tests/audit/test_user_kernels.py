@@ -26,6 +26,7 @@ from requant.commands.conform import conform
 from requant.commands.determinism import determinism
 from requant.user_kernel import KernelError, guarded
 from tests.audit.custom_kernels import triton_order
+from tests.interrupts import sigint_default
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
 app.command("audit")(audit)
@@ -204,6 +205,7 @@ def test_interrupt_while_the_kernel_hangs_is_130_with_nothing_written(tmp_path, 
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         start_new_session=True,  # its own process group, as a terminal's foreground job
+        preexec_fn=sigint_default,
     )
     deadline = time.monotonic() + 180
     while not marker.exists() or not marker.read_text():

@@ -11,6 +11,8 @@ import sys
 
 import pytest
 
+from tests.interrupts import sigint_default
+
 SCRIPT = """
 import importlib.abc, os, signal, sys
 sig, at = getattr(signal, sys.argv[1]), sys.argv[2]
@@ -47,6 +49,7 @@ def test_an_interrupt_during_start_up_exits_130_with_one_line(sig, at, tmp_path)
         text=True,
         cwd=tmp_path,
         timeout=120,
+        preexec_fn=sigint_default,
     )
     assert res.returncode == 130, (res.returncode, res.stderr)
     assert "Traceback" not in res.stderr and res.stdout == "", res.stderr

@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from requant import DEFAULT_CHECKPOINT
 from requant.cli import app
+from tests.interrupts import sigint_default
 from tests.requant.conftest import tree_bytes
 
 runner = CliRunner()
@@ -110,6 +111,7 @@ def test_signal_mid_convert_leaves_nothing(tmp_path, micro, sig):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=sigint_default,
     )
     deadline = time.time() + 60
     while time.time() < deadline and not (
