@@ -13,6 +13,7 @@ are run on every (layer, regime) too and reported beside the cells, not counted 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 import torch
@@ -123,10 +124,13 @@ def audit_layer(
 GROUP_ELEMENTS = 1 << 23
 
 
+GROUPS_ENV = "REQUANT_AUDIT_GROUPS"  # 0: every expert Linear evaluated alone (the A/B of benchmarks)
+
+
 def groupable(name) -> bool:
     """A Qwen3-MoE expert Linear (model.layers.L.mlp.experts.E.*): many Linears of one shape,
     each with few rows, whose per-Linear work a group shares."""
-    return isinstance(name, str) and ".mlp.experts." in name
+    return isinstance(name, str) and ".mlp.experts." in name and os.environ.get(GROUPS_ENV, "1") != "0"
 
 
 class _Group:
