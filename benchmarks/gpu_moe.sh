@@ -9,8 +9,8 @@
 #
 # LAYERS (default 4): the first 4 decoder layers at the real widths (every Linear shape of the model,
 # 1,552 quantized Linears, 512 experts); LAYERS=0 makes all 48 (18,624 Linears, ~31 GB). The audit
-# works one expert Linear at a time: at the 1.7B audit's ~0.1 s per Linear (H200) the 48 layers would
-# take ~30 min of cells, past the 10-minute call; 4 layers ~3 min (estimates, not measured).
+# evaluates a layer's expert Linears of one shape as one group (docs/audit.md, "Expert Linears in
+# groups"; one at a time it took 77.8 s for 4 layers on an H100, ~15 min for 48).
 # STEPS (default "generate audit run"): generate writes the checkpoint to $CKPT_DIR (default
 # /tmp/requant-qwen3-30b-a3b-4l-synthetic; kept between calls on a warm machine); audit runs
 # `requant audit` (prefill and decode) on it; run generates and replays.
