@@ -126,3 +126,23 @@ def test_the_draws_cover_the_space():
     assert any(not cells_mod.groupable(i[0]) for items, _, _ in draws for i in items)  # dense between
     rows = {act.a.shape[0] for items, _, _ in draws for _, lab, _ in items for _, act in lab}
     assert {1, 24} <= rows
+
+
+@pytest.mark.parametrize("seed", [1, 3])
+def test_a_group_the_batched_path_refuses_is_evaluated_linear_by_linear(seed, pairs, monkeypatch):
+    """start_linear refusing the group (as it refuses an output that is not bf16 [M, N]): each Linear
+    is evaluated alone, results equal to the per-cell path's, in put order."""
+    items, p, regime = draw(seed)
+    start = cells_mod.start_linear
+    calls = []
+
+    def refuse_groups(*a, **kw):
+        calls.append(len(a) > 5)
+        return None if len(a) > 5 else start(*a, **kw)
+
+    monkeypatch.setattr(cells_mod, "start_linear", refuse_groups)
+    got = _run(items, regime, pairs[p], False, monkeypatch)
+    monkeypatch.setattr(cells_mod, "start_linear", start)
+    want = _run(items, regime, pairs[p], True, monkeypatch)
+    assert list(got) == [key for key, _, _ in items] and got == want
+    assert calls.count(True) == 1 and calls.count(False) == len(items)
