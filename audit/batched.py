@@ -11,6 +11,7 @@ How, and why the two agree: docs/audit.md#batched-evaluation.
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 from dataclasses import dataclass
@@ -106,10 +107,10 @@ class Pending:
         """Per segment: (the pair's per_layer row, its cells in audit_layer's order)."""
 
         n_seg = len(self.segments)
-        pow2 = bool(values[0])
-        pair = values[1 : 1 + 2 * n_seg]
-        end = 1 + 2 * n_seg + len(self.cells) * n_seg * _STAT
-        stats = values[1 + 2 * n_seg : end]
+        pow2s = values[:n_seg]  # per segment: its Linear's weight scales all powers of two
+        pair = values[n_seg : 3 * n_seg]
+        end = 3 * n_seg + len(self.cells) * n_seg * _STAT
+        stats = values[3 * n_seg : end]
         evidence = values[end:]  # [baseline cell, S, 5]: differing elements, first row, column, bits
         out = []
         for s, seg in enumerate(self.segments):
@@ -121,7 +122,7 @@ class Pending:
             for c, cell in enumerate(self.cells):
                 base = (c * n_seg + s) * _STAT
                 st = stats[base : base + _STAT]
-                res = self._cell(seg, cell, st, pow2, checks)
+                res = self._cell(seg, cell, st, bool(pow2s[s]), checks)
                 if cell.backend is not None:  # the baseline cells come first (finish's order)
                     count, *first = evidence[(c * n_seg + s) * 5 : (c * n_seg + s + 1) * 5]
                     res.backend = cell.backend
@@ -163,25 +164,35 @@ class Pending:
 
 
 def evaluate_linear(
-    regime: str, segments: list[Segment], wt: Weights, backends: tuple[str, str], backend_kernel
+    regime: str, segments: list[Segment], wt: Weights, backends: tuple[str, str], backend_kernel, parts=None
 ) -> Pending | None:
     """The batched evaluation of one Linear's segments, queued on the device; None when the
     per-cell path must run instead (an empty operand, an output that is not bf16 [M, N], M*N
     beyond 2**31). start_linear + Started.finish in one call."""
-    work = start_linear(regime, segments, wt, backends, backend_kernel)
+    work = start_linear(regime, segments, wt, backends, backend_kernel, parts)
     return None if work is None else work.finish()
 
 
 def start_linear(
-    regime: str, segments: list[Segment], wt: Weights, backends: tuple[str, str], backend_kernel
+    regime: str, segments: list[Segment], wt: Weights, backends: tuple[str, str], backend_kernel, parts=None
 ) -> Started | None:
     """Queue every cell that needs no host read; Started.finish() reads the six `one` draws' counts
     (copied back without blocking, so that a caller can queue the next Linear first) and queues the
-    rest. None: as evaluate_linear."""
+    rest. None: as evaluate_linear.
+
+    parts: None (every segment is an operand set of `wt`), or one Weights per segment: Linears of
+    one weight shape evaluated together (Qwen3-MoE experts), `wt` then only names the shape and
+    device; segments of one Linear must be adjacent and share its Weights object."""
     n = wt.w.shape[0]
     k = wt.w.shape[1]
     dev = wt.w.device
     pair = tuple(dict.fromkeys(backends))
+    if parts is not None:
+        if len(parts) != len(segments):
+            return None
+        for p in parts:
+            if p.w.shape != wt.w.shape or p.w.device != dev or tuple(p.s_w.shape) != (n, 1) or p.s_w.device != dev:
+                return None
     for sg in segments:
         m = sg.act.a.shape[0]
         if m == 0 or n == 0 or k == 0 or m * max(n, k) >= 2**31:
@@ -192,7 +203,7 @@ def start_linear(
                 return None
             if y.device != dev:
                 return None
-    w = Started(regime, segments, wt, backends, dev)
+    w = Started(regime, segments, wt, backends, dev, parts)
     w.start(backend_kernel)
     return w
 
@@ -200,13 +211,32 @@ def start_linear(
 class Started:
     """One Linear's batched evaluation between its two halves (start_linear, finish)."""
 
-    def __init__(self, regime, segments, wt, backends, dev):
+    def __init__(self, regime, segments, wt, backends, dev, parts=None):
         self.regime, self.segments, self.wt, self.backends, self.dev = regime, segments, wt, backends, dev
         self.n_seg = len(segments)
         self.ms = [sg.act.a.shape[0] for sg in segments]
-        self.r0 = [sum(self.ms[:i]) for i in range(self.n_seg)]
+        self.r0 = [0, *itertools.accumulate(self.ms)][:-1]
+        # row ranges [r0, r1) of one weight (adjacent segments of one Linear merged): the accumulators
+        # are computed per range, the epilogues over every row at once with per-row scales
+        self.runs = [(0, sum(self.ms), wt)]
+        if parts is not None:
+            runs = []
+            for p, r, m in zip(parts, self.r0, self.ms):
+                if runs and runs[-1][2] is p:
+                    runs[-1][1] = r + m
+                else:
+                    runs.append([r, r + m, p])
+            self.runs = [tuple(x) for x in runs]
+        self.grouped = parts is not None
         self.stat_of: dict = {}  # variant -> [S, _STAT] device tensor
         self.cells: dict = {}  # variant -> _Cell
+
+    def accumulate(self, fn, x: torch.Tensor) -> torch.Tensor:
+        """fn(rows, w) (an exact accumulator: each output row depends on its own row alone) over
+        every row range with its own weight, concatenated."""
+        if len(self.runs) == 1:
+            return fn(x, self.runs[0][2].w)
+        return torch.cat([fn(x[r0:r1], p.w) for r0, r1, p in self.runs])
 
     def start(self, backend_kernel) -> None:
         segments, regime, dev, wt, n_seg, ms, r0 = (
@@ -218,7 +248,10 @@ class Started:
         a = torch.cat([sg.act.a for sg in segments]) if n_seg > 1 else segments[0].act.a
         s_a = torch.cat([sg.act.s_a for sg in segments]) if n_seg > 1 else segments[0].act.s_a
         self.a, self.s_a = a, s_a
-        self.acc = acc = exact_accumulate(a, wt.w)
+        self.acc = acc = self.accumulate(exact_accumulate, a)
+        if self.grouped:  # each row's own Linear's scales, [R, N, 1] (kernels.reference.scale_row)
+            s_w = torch.cat([p.s_w.reshape(1, n, 1).expand(r1 - r0, n, 1) for r0, r1, p in self.runs])
+            self.wt = wt = Weights(wt.w, s_w)
         self.ref_y = ref_y = epilogue_triton_order(acc, s_a, wt.s_w)
         case = LayerCase("batched", regime, Activations(a, s_a), wt, acc, Run(None, wt, acc, ref_y, REFERENCE_KERNEL))
         self.faulty = faulty = {fam: _EPILOGUE_FAULTS[fam](case) for fam in _EPI}
@@ -265,7 +298,7 @@ class Started:
                 cells[f"{fam}.{sev}"] = _Cell(
                     f"{fam}.{sev}", fam, sev, kd, y, declared(kd.declared_order), None, None, True
                 )
-        acc6 = f6_accumulator(a, wt.w)  # one Triton launch on CUDA (audit/f6_tiles.py)
+        acc6 = self.accumulate(f6_accumulator, a)  # one Triton launch per weight on CUDA (audit/f6_tiles.py)
         kd = FAULT_KERNELS["F6"]
         y6 = epilogue_triton_order(acc6, s_a, wt.s_w)
         cells["F6.all"] = _Cell(
@@ -279,12 +312,16 @@ class Started:
         )
         kd = FAULT_KERNELS["F8"]  # the reference pipeline itself: its output is ref_y's computation
         cells["F8.all"] = _Cell("F8.all", "F8", "all", kd, ref_y, declared(kd.declared_order), None, None, True)
-        cells.update(_operand_faults_bc(a, s_a, acc, wt, pct_f9, seg, n_seg))
+        cells.update(_operand_faults_bc(a, s_a, acc, wt, pct_f9, seg, n_seg, self.accumulate))
         # the pair compares its two backends' outputs (their own cells; one cell when A is B)
         y_a = cells[f"B:{self.backends[0]}"].y
         y_b = cells[f"B:{self.backends[1]}"].y
         self.pair_stats = cell_stats(y_b.unsqueeze(0), y_a, seg, n_seg, hist=False)[0, :, :2].reshape(-1)  # [S * 2]
-        self.pow2 = is_power_of_two(wt.s_w).all().to(torch.int64).reshape(1)
+        if self.grouped:  # [S]: each segment's Linear's scales all powers of two
+            bad = (~is_power_of_two(wt.s_w[..., 0]).all(dim=1)).unsqueeze(0)
+            self.pow2 = (seg_reduce(bad, seg, n_seg, "sum")[0] == 0).to(torch.int64)
+        else:
+            self.pow2 = is_power_of_two(wt.s_w).all().to(torch.int64).reshape(1).expand(n_seg)
         self._stats_of(list(cells.values()))
 
     def declared(self, order: str | None) -> torch.Tensor | None:
@@ -347,7 +384,8 @@ class Started:
         self._stats_of(new)
         order = [f"B:{b}" for b in dict.fromkeys(self.backends)] + [v.id for v in VARIANTS]
         packed = torch.cat([self.pow2, self.pair_stats, *(self.stat_of[v].reshape(-1) for v in order), self.evidence])
-        return Pending(regime, segments, [self.cells[v] for v in order], packed, self.wt.w.shape[1], self.wt)
+        wt = self.runs[0][2] if self.grouped else self.wt  # the shape (static checks read K alone)
+        return Pending(regime, segments, [self.cells[v] for v in order], packed, wt.w.shape[1], wt)
 
 
 def _first_difference(y, want, seg, n_seg, r0) -> torch.Tensor:
@@ -452,14 +490,15 @@ def _operand_fault_a(s_a, acc, wt, plan, seg, n_seg) -> _Cell:
     return _Cell("F9.one", "F9", "one", kd, y, want, c1, None, True)
 
 
-def _operand_faults_bc(a, s_a, acc, wt, idx, seg, n_seg) -> dict:
-    """F9b (1% of the int8 activations shifted by one, `idx` drawn per segment) and F9c (every one)."""
+def _operand_faults_bc(a, s_a, acc, wt, idx, seg, n_seg, accumulate) -> dict:
+    """F9b (1% of the int8 activations shifted by one, `idx` drawn per segment) and F9c (every one);
+    accumulate: Started.accumulate."""
     kd = FAULT_KERNELS["F9"]
     out = {}
     flat = a.reshape(-1).clone()
     flat[idx] = shift_int8_by_one(flat[idx])
     for sev, a_x in (("1pct", flat.view_as(a)), ("all", shift_int8_by_one(a))):
-        acc_x = exact_accumulate(a_x, wt.w)
+        acc_x = accumulate(exact_accumulate, a_x)
         y = epilogue_triton_order(acc_x, s_a, wt.s_w)
         want = _declared_on_own_operands(kd, y, acc_x, s_a, wt)
         out[f"F9.{sev}"] = _Cell(

@@ -13,6 +13,7 @@ are run on every (layer, regime) too and reported beside the cells, not counted 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 import torch
@@ -117,12 +118,42 @@ def audit_layer(
     return row
 
 
+# Expert Linears of one weight shape are evaluated together (batched.start_linear's parts), up to
+# this many output elements (rows x N) a group: a Qwen3-30B-A3B layer's 128 gate (or up, or down)
+# projections at 8 prompts are about one group; the group's [R, N] cell tensors bound its memory.
+GROUP_ELEMENTS = 1 << 23
+
+
+GROUPS_ENV = "REQUANT_AUDIT_GROUPS"  # 0: every expert Linear evaluated alone (the A/B of benchmarks)
+
+
+def groupable(name) -> bool:
+    """A Qwen3-MoE expert Linear (model.layers.L.mlp.experts.E.*): many Linears of one shape,
+    each with few rows, whose per-Linear work a group shares."""
+    return isinstance(name, str) and ".mlp.experts." in name and os.environ.get(GROUPS_ENV, "1") != "0"
+
+
+class _Group:
+    """The keys of one grouped evaluation and how many segments each holds."""
+
+    def __init__(self, keys: list, counts: list[int]):
+        self.keys, self.counts = keys, counts
+
+    def split(self, res: list) -> dict:
+        out, at = {}, 0
+        for key, c in zip(self.keys, self.counts):
+            out[key] = res[at : at + c]
+            at += c
+        return out
+
+
 class LinearQueue:
     """Evaluates Linears through audit/batched.py (or per cell when REQUANT_AUDIT_PER_CELL is set,
-    or when a Linear needs it), reading results back once per `window` Linears.
+    or when a Linear needs it), reading results back once per `window` evaluations; expert
+    Linears (groupable) of one shape are evaluated as one group.
 
     put(key, labelled, wt): labelled = [(label, Activations)], one per segment; results() then
-    maps each key to [(per_layer row, cells)] in segment order."""
+    maps each key to [(per_layer row, cells)] in segment order, keys in put order."""
 
     def __init__(self, regime: str, backends: tuple[str, str], checks, advance=None, window: int = 16):
         self.regime, self.backends, self.checks, self.advance, self.window = regime, backends, checks, advance, window
@@ -130,10 +161,21 @@ class LinearQueue:
         self.queued: list = []
         self.reading: list = []  # (entries, Read): windows whose results are on their way
         self.done: dict = {}
+        self.order: list = []  # keys in put order (a group is evaluated after keys put behind it)
+        self.groups: dict = {}  # weight shape -> [(key, segments, wt)] waiting to be grouped
 
     def put(self, key, labelled: list, wt: Weights) -> None:
         pair = tuple(dict.fromkeys(self.backends))
         outs = [{b: kernels.scaled_mm(act.a, wt.w, act.s_a, wt.s_w, backend=b) for b in pair} for _, act in labelled]
+        self.order.append(key)
+        if not self.per_cell and groupable(key):
+            shape = (tuple(wt.w.shape), wt.w.device)
+            members = self.groups.setdefault(shape, [])
+            members.append((key, [Segment(label, act, o) for (label, act), o in zip(labelled, outs)], wt))
+            rows = sum(sg.act.a.shape[0] for _, segs, _ in members for sg in segs)
+            if rows * wt.w.shape[0] >= GROUP_ELEMENTS:
+                self._put_group(self.groups.pop(shape))
+            return
         work = None
         if not self.per_cell:
             segs = [Segment(label, act, o) for (label, act), o in zip(labelled, outs)]
@@ -149,8 +191,36 @@ class LinearQueue:
             self.queued.append((key, res, len(labelled)))
         else:
             self.queued.append((key, work, len(labelled)))
+        self._maybe_flush()
+
+    def _maybe_flush(self) -> None:
         if sum(isinstance(r, (Pending, Started)) for _, r, _ in self.queued) >= self.window:
             self.flush()
+
+    def _put_group(self, members: list) -> None:
+        """One batched evaluation of several Linears of one shape (batched.start_linear's parts);
+        each Linear on its own when the group cannot run batched."""
+        segs = [sg for _, s, _ in members for sg in s]
+        parts = [wt for _, s, wt in members for _ in s]
+        work = start_linear(self.regime, segs, members[0][2], self.backends, backend_kernel, parts)
+        self._finish_started()
+        if work is None:
+            for key, s, wt in members:
+                work = start_linear(self.regime, s, wt, self.backends, backend_kernel)
+                if work is None:
+                    work = [
+                        layer_cells(sg.label, self.regime, sg.act, wt, self.backends, self.checks, sg.outs) for sg in s
+                    ]
+                self.queued.append((key, work, len(s)))
+                self._finish_started()
+                self._maybe_flush()
+            return
+        self.queued.append((_Group([k for k, _, _ in members], [len(s) for _, s, _ in members]), work, len(segs)))
+        self._maybe_flush()
+
+    def _put_groups(self) -> None:
+        while self.groups:
+            self._put_group(self.groups.pop(next(iter(self.groups))))
 
     def _finish_started(self) -> None:
         self.queued = [(k, r.finish() if isinstance(r, Started) else r, n) for k, r, n in self.queued]
@@ -158,6 +228,8 @@ class LinearQueue:
     def flush(self, wait: bool = False) -> None:
         """Send the queued Linears' results to the host; resolve the window sent before (or, with
         `wait`, every window): the device works on while the host reads and scores."""
+        if wait:
+            self._put_groups()
         self._finish_started()
         if self.queued:
             self.reading.append((self.queued, Read([r for _, r, _ in self.queued if isinstance(r, Pending)])))
@@ -166,10 +238,14 @@ class LinearQueue:
             entries, read = self.reading.pop(0)
             resolved = iter(read.resolve(self.checks))
             for key, r, n_seg in entries:
-                self.done[key] = next(resolved) if isinstance(r, Pending) else r
+                res = next(resolved) if isinstance(r, Pending) else r
+                if isinstance(key, _Group):
+                    self.done.update(key.split(res))
+                else:
+                    self.done[key] = res
                 if self.advance is not None:
                     self.advance(len(VARIANTS) * n_seg)
 
     def results(self) -> dict:
         self.flush(wait=True)
-        return self.done
+        return {key: self.done[key] for key in self.order}

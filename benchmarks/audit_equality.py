@@ -5,6 +5,8 @@ memory. Prints one line per run and "equal" or the first differing key; exit 0 w
 
     python3 -m benchmarks.audit_equality CKPT [--backends cutlass,triton] [--order ORDER] [--matrix v2] [--prompts 8]
         [--decode-batches 1,8] [--decode-tokens 1] [--device cuda] [--json OUT]
+    python3 -m benchmarks.audit_equality --compare A.json B.json   (two audits' JSON records: equal but
+        for timings and the command line, e.g. REQUANT_AUDIT_GROUPS=0 against the default)
 """
 
 from __future__ import annotations
@@ -45,9 +47,18 @@ def first_difference(a, b, path="") -> str | None:
     return None if a == b else f"{path}: {a!r} vs {b!r}"
 
 
+def compare_files(a: str, b: str) -> int:
+    """Two audit JSON records: 0 when equal but for timings and the command line, else 1."""
+    ra, rb = (_strip({k: v for k, v in json.load(open(p)).items() if k != "command"}) for p in (a, b))
+    diff = first_difference(ra, rb)
+    print("equal (but for timings and the command line)" if diff is None else f"DIFFERENT at {diff}")
+    return 0 if diff is None else 1
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("ckpt")
+    ap.add_argument("ckpt", nargs="?")
+    ap.add_argument("--compare", nargs=2, metavar="JSON", help="compare two audit JSON records instead")
     ap.add_argument("--backends", default="cutlass,triton")
     ap.add_argument("--matrix", default="v2", help="v1..v4, as requant audit --matrix (default v2, as the command)")
     ap.add_argument("--order", default=None, help="the order of a MODULE:FUNCTION member (requant audit --order)")
@@ -57,6 +68,10 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
+    if a.compare:
+        return compare_files(*a.compare)
+    if a.ckpt is None:
+        ap.error("a checkpoint, or --compare A.json B.json")
     from requant.audit.batched import PER_CELL_ENV
     from requant.audit.catalogue.matrix import load_matrix, matrix_path
     from requant.audit.pair import resolve_pair

@@ -9,8 +9,8 @@
 #
 # LAYERS (default 4): the first 4 decoder layers at the real widths (every Linear shape of the model,
 # 1,552 quantized Linears, 512 experts); LAYERS=0 makes all 48 (18,624 Linears, ~31 GB). The audit
-# works one expert Linear at a time: at the 1.7B audit's ~0.1 s per Linear (H200) the 48 layers would
-# take ~30 min of cells, past the 10-minute call; 4 layers ~3 min (estimates, not measured).
+# evaluates a layer's expert Linears of one shape as one group (docs/audit.md, "Expert Linears in
+# groups"; one at a time it took 77.8 s for 4 layers on an H100, ~15 min for 48).
 # STEPS (default "generate audit run"): generate writes the checkpoint to $CKPT_DIR (default
 # /tmp/requant-qwen3-30b-a3b-4l-synthetic; kept between calls on a warm machine); audit runs
 # `requant audit` (prefill and decode) on it; run generates and replays.
@@ -18,6 +18,12 @@
 # decode, pow2 CUTLASS == Triton, its distance and speed against the reference engine; fast.json) and
 # the audit of triton against vLLM's fused-MoE order (reference-vllm-moe-order; audit_vllm.json: its
 # moe_combine rows are expected unequal, exit 1, docs/moe.md).
+# "groups" (not in the default; issue 41 goal 3): the audit's expert Linears evaluated one at a time
+# against one group per shape, on one layer's routed operands at the real widths
+# (benchmarks/audit_moe_groups.py, groups_prefill.json, groups_decode.json: wall time, results equal),
+# and the whole audit again with REQUANT_AUDIT_GROUPS=0 (audit_alone.json: its wall time beside the audit
+# step's; the two JSONs compared, equal but for timings: audit_ab.txt). Run after "audit":
+#     STEPS="generate audit groups" (about 2 x the audit's time).
 # "convert" (not in the default) also writes the nearest-arm conversion next to it: another ~31 GB,
 # which does not fit a 64 GiB disk beside the checkpoint and the pip cache; run it on a larger disk.
 # PRESET=tiny-moe runs every step in seconds (a smoke test of this script; BACKENDS=reference on a CPU).
@@ -82,6 +88,18 @@ if has fast; then  # the fast engine on the MoE checkpoint (runtime/fast_moe.py)
     step audit_vllm_order 0 bash -c "python3 cli.py audit '$CKPT' --byte-tokens --phases ${PHASES:-prefill,decode} --backends triton,reference-vllm-moe-order \
         --prompts $PROMPTS --device $DEV --json '$OUT/audit_vllm.json' > '$OUT/audit_vllm.log' 2>&1; rc=\$?; \
         tail -n 12 '$OUT/audit_vllm.log'; exit \$rc"
+fi
+
+if has groups; then  # expert Linears alone vs grouped: speed, and the same JSON
+    for ph in prefill decode; do
+        step "groups_$ph" 300 python3 -m benchmarks.audit_moe_groups --phase "$ph" --device "$DEV" --tokens 480 ${GROUPS_ARGS:-} \
+            --json "$OUT/groups_$ph.json"
+    done
+    step audit_alone 0 bash -c "REQUANT_AUDIT_GROUPS=0 python3 cli.py audit '$CKPT' --byte-tokens --phases ${PHASES:-prefill,decode} \
+        --backends $BACKENDS --prompts $PROMPTS --device $DEV --json '$OUT/audit_alone.json' > '$OUT/audit_alone.log' 2>&1; \
+        rc=\$?; tail -n 4 '$OUT/audit_alone.log'; exit \$rc"
+    step audit_ab 60 bash -c "python3 -m benchmarks.audit_equality --compare '$OUT/audit.json' '$OUT/audit_alone.json' \
+        > '$OUT/audit_ab.txt' 2>&1; rc=\$?; cat '$OUT/audit_ab.txt'; exit \$rc"
 fi
 
 if has convert; then

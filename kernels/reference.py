@@ -93,21 +93,29 @@ def accumulate_int64(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def scale_row(s_w: torch.Tensor) -> torch.Tensor:
+    """The weight scales as the epilogue multiplies them: [N, 1] (or [N]) as a [1, N] row broadcast
+    down the output; a grouped [R, N, 1] (the audit's expert Linears of one shape evaluated together,
+    audit/batched.py: each output row its own Linear's scales) as [R, N]. Elementwise either way,
+    so every output element sees the same fp32 operations."""
+    return s_w[..., 0] if s_w.dim() == 3 else s_w.reshape(1, -1)
+
+
 def epilogue_cutlass_order(acc: torch.Tensor, s_a: torch.Tensor, s_w: torch.Tensor) -> torch.Tensor:
     """bf16_rne(s_a * fp32(s_w * fp32(acc))), s_w broadcast along rows of the output."""
-    inner = s_w.reshape(1, -1) * acc.to(torch.float32)
+    inner = scale_row(s_w) * acc.to(torch.float32)
     return round_fp32_to_bf16(s_a.reshape(-1, 1) * inner)
 
 
 def epilogue_triton_order(acc: torch.Tensor, s_a: torch.Tensor, s_w: torch.Tensor) -> torch.Tensor:
     """bf16_rne(fp32(s_a * fp32(acc)) * s_w)."""
     inner = s_a.reshape(-1, 1) * acc.to(torch.float32)
-    return round_fp32_to_bf16(inner * s_w.reshape(1, -1))
+    return round_fp32_to_bf16(inner * scale_row(s_w))
 
 
 def epilogue_fused_order(acc: torch.Tensor, s_a: torch.Tensor, s_w: torch.Tensor) -> torch.Tensor:
     """bf16_rne(fp32(acc) * fp32(s_a * s_w)): the scale product first, one [M, N] fp32 tensor."""
-    scale = s_a.reshape(-1, 1) * s_w.reshape(1, -1)
+    scale = s_a.reshape(-1, 1) * scale_row(s_w)
     return round_fp32_to_bf16(acc.to(torch.float32) * scale)
 
 
@@ -137,7 +145,7 @@ def epilogue_exact(acc: torch.Tensor, s_a: torch.Tensor, s_w: torch.Tensor) -> t
     """bf16 of the real number acc * s_a * s_w, rounded once (ties to even)."""
     a64 = acc.to(torch.float64)
     sa = s_a.reshape(-1, 1).to(torch.float64)
-    sw = s_w.reshape(1, -1).to(torch.float64)
+    sw = scale_row(s_w).to(torch.float64)
     v = (a64 * sa) * sw
     # Decide in float64 directly: scale to 8 integer bits and round half to even.
     _, exp = torch.frexp(v)
@@ -154,7 +162,7 @@ def epilogue_exact(acc: torch.Tensor, s_a: torch.Tensor, s_w: torch.Tensor) -> t
         # One gather and one transfer per operand (not one device read per element).
         accs = acc[rows, cols].tolist()
         sas = s_a.reshape(-1)[rows].tolist()  # fp32 -> Python float: exact
-        sws = s_w.reshape(-1)[cols].tolist()
+        sws = (s_w[rows, cols, 0] if s_w.dim() == 3 else s_w.reshape(-1)[cols]).tolist()
         fixed = [
             _round_fraction_to_bf16(Fraction(int(c)) * Fraction(sa_) * Fraction(sw_))
             for c, sa_, sw_ in zip(accs, sas, sws)

@@ -22,7 +22,7 @@ import torch
 
 from requant.audit.records import REFERENCE_KERNEL, Activations, KernelDesc, Run, Weights
 from requant.kernels.bf16 import round_fp32_to_bf16, truncate_fp32_to_bf16
-from requant.kernels.reference import accumulate, epilogue_cutlass_order, epilogue_triton_order
+from requant.kernels.reference import accumulate, epilogue_cutlass_order, epilogue_triton_order, scale_row
 
 F6_TILE = 64
 F9A_FACTOR = 1.25
@@ -158,13 +158,13 @@ def _inner(case: LayerCase) -> torch.Tensor:
 
 
 def _f1(case: LayerCase) -> torch.Tensor:
-    recip = 1.0 / case.wt.s_w.reshape(1, -1)  # precomputed fp32 reciprocal per channel
+    recip = 1.0 / scale_row(case.wt.s_w)  # precomputed fp32 reciprocal per channel
     return round_fp32_to_bf16(_inner(case) / recip)
 
 
 def _f2(case: LayerCase) -> torch.Tensor:
     first = round_fp32_to_bf16(_inner(case)).to(torch.float32)
-    return round_fp32_to_bf16(first * case.wt.s_w.reshape(1, -1))
+    return round_fp32_to_bf16(first * scale_row(case.wt.s_w))
 
 
 def _f3(case: LayerCase) -> torch.Tensor:
@@ -172,11 +172,11 @@ def _f3(case: LayerCase) -> torch.Tensor:
 
 
 def _f4(case: LayerCase) -> torch.Tensor:
-    return truncate_fp32_to_bf16(_inner(case) * case.wt.s_w.reshape(1, -1))
+    return truncate_fp32_to_bf16(_inner(case) * scale_row(case.wt.s_w))
 
 
 def _f5(case: LayerCase) -> torch.Tensor:
-    scale = case.act.s_a.reshape(-1, 1) * case.wt.s_w.reshape(1, -1)
+    scale = case.act.s_a.reshape(-1, 1) * scale_row(case.wt.s_w)
     return round_fp32_to_bf16(case.acc.to(torch.float32) * scale)
 
 

@@ -80,23 +80,19 @@ class PrefillPhase:
     def cells(self, regime: str, ops: dict, linears: dict, names, advance) -> None:
         """Every Linear's cells on its captured operands, scored."""
         queue = LinearQueue(regime, self.backends, self.scorer.checks, advance)
-        pow2_flags = []  # on the device, read once after the cells (no host read per Linear)
         unrouted = [n for n in names if n not in ops]  # only an expert no token was routed to
         if unrouted:
             self.unrouted[regime] = unrouted
         names = [n for n in names if n in ops]
         self.audited[regime] = len(names)
+        if regime == "native":
+            self.native_pow2_layers += _all_pow2_count([linears[n][1] for n in names])
         for name in names:
-            wt = Weights(*linears[name])
-            if regime == "native":
-                pow2_flags.append(is_power_of_two(wt.s_w).all())
-            queue.put(name, [(name, ops[name])], wt)
+            queue.put(name, [(name, ops[name])], Weights(*linears[name]))
         for name, [(row, cells)] in queue.results().items():
             for cell in cells:
                 self.scorer.add(cell)
             self.rows.append(row)
-        if pow2_flags:
-            self.native_pow2_layers += int(torch.stack(pow2_flags).sum())
         self.combine += combine_rows(regime, self.routes, ops, linears, self.backends)
         self.routes = {}
 
@@ -123,6 +119,18 @@ class PrefillPhase:
                 else {}
             ),
         }
+
+
+def _all_pow2_count(scales: list) -> int:
+    """How many of the weight-scale tensors are powers of two throughout: one pass over all of them
+    (a few launches on CUDA, not a few per Linear: 18,624 Linears at the 30B-A3B shape)."""
+    if not scales:
+        return 0
+    sizes = torch.tensor([s.numel() for s in scales])
+    owner = torch.repeat_interleave(torch.arange(len(scales)), sizes).to(scales[0].device)
+    bad = (~is_power_of_two(torch.cat([s.reshape(-1) for s in scales]))).to(torch.int64)
+    per = torch.zeros(len(scales), dtype=torch.int64, device=bad.device).index_add_(0, owner, bad)
+    return int((per == 0).sum())
 
 
 def scope_note(result: dict) -> str:

@@ -4,7 +4,9 @@ resolves them as it resolves a user's kernel (`--backends`, `--order` or conform
 A name spells the kernel: `ORDER_CONDITION_DENSITY_KIND_SALT`, e.g. `cutlass_small_d1e3_256x768_7`:
 the CUTLASS order with the low bit of about one output in 10**3 flipped (one bf16 spacing) when M <= 8.
 ORDER: cutlass, triton, fused. CONDITION: legal (never wrong), always, small (M <= 8), large (M > 64),
-native (some weight scale is not a power of two), kind (the weight's [N, K] is KIND). DENSITY: d1
+native (some weight scale is not a power of two), kind (the weight's [N, K] is KIND), odd (the
+weights' checksum is odd: about half of a model's Linears, so some experts of one shape and not
+others; drawn in the MoE cases only, MOE_CONDITIONS). DENSITY: d1
 (every element), d1e3, d1e5 (a seeded hash of the flat index picks the elements).
 
 The orders are written here from their definitions (float64 accumulator, exact for these K; fp32
@@ -35,6 +37,7 @@ def _fused(a, w, s_a, s_w):
 
 ORDERS = {"triton-order": _triton, "cutlass-order": _cutlass, "fused-order": _fused}
 CONDITIONS = ("legal", "always", "small", "large", "native", "kind")
+MOE_CONDITIONS = ("odd", "kind", "small", "legal")  # the first MoE kernel's condition cycles through these
 DENSITIES = {"d1": 1.0, "d1e3": 1e-3, "d1e5": 1e-5}
 
 
@@ -61,7 +64,7 @@ class Spec:
     @classmethod
     def parse(cls, name: str) -> "Spec":
         order, cond, density, kind, salt = name.split("_")
-        if f"{order}-order" not in ORDERS or cond not in CONDITIONS or density not in DENSITIES:
+        if f"{order}-order" not in ORDERS or cond not in (*CONDITIONS, "odd") or density not in DENSITIES:
             raise AttributeError(name)
         return cls(f"{order}-order", cond, density, tuple(int(v) for v in kind.split("x")), int(salt))
 
@@ -74,6 +77,7 @@ class Spec:
             "large": m > 64,
             "native": not _all_pow2(s_w),
             "kind": tuple(w.shape) == self.kind,
+            "odd": int(w.to(torch.int64).sum()) % 2 == 1,
         }[self.condition]
 
     def __call__(self, a, w, s_a, s_w):

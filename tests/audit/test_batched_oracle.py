@@ -31,7 +31,7 @@ from requant.audit.catalogue.matrix import load_matrix, matrix_path
 from requant.audit.pair import resolve_pair
 from requant.audit.suite import run_audit
 from requant.checkpoint import open_checkpoint
-from tests.audit.generated_kernels import CONDITIONS, DENSITIES, ORDERS, Spec
+from tests.audit.generated_kernels import CONDITIONS, DENSITIES, MOE_CONDITIONS, ORDERS, Spec
 
 MODULE = "tests.audit.generated_kernels"
 BUILTIN = {f"reference-{o}": o for o in ORDERS}
@@ -39,18 +39,19 @@ SHAPES = ("two-orders", "one-order-twice", "same-backend-twice", "two-kernels-on
 # the embedded default's Linear weight shapes [N, K]: q and o, k and v, gate and up, down
 KINDS = ((256, 256), (128, 256), (768, 256), (256, 768))
 N_CASES = 8  # two per pair shape; about 2 minutes of one loaded core
+N_MOE_CASES = 4  # one per pair shape and MoE condition
 
 
-def draw(seed: int) -> dict:
+def draw(seed: int, conditions=CONDITIONS) -> dict:
     """One case: the pair (MODULE:FUNCTION names and built-ins), --order or the fingerprint, the
-    matrix, prompts, decode sizes."""
+    matrix, prompts, decode sizes. `conditions`: those the first kernel's cycles through."""
     r = random.Random(seed)
     shape = SHAPES[seed % len(SHAPES)]
 
     def kernel(order, first=False):
         # the first kernel's condition and density cycle with the seed (every one within N_CASES cases);
         # the rest, and every kernel's kind and salt, are drawn
-        cond = CONDITIONS[seed % len(CONDITIONS)] if first else r.choice(CONDITIONS)
+        cond = conditions[seed % len(conditions)] if first else r.choice(conditions)
         density = list(DENSITIES)[(seed // 3) % len(DENSITIES)] if first else r.choice(list(DENSITIES))
         return f"{MODULE}:{Spec(order, cond, density, r.choice(KINDS), r.randrange(1 << 20)).name}"
 
@@ -135,9 +136,31 @@ def _pair(case):
     return pair
 
 
+@pytest.fixture(scope="module")
+def moe_ckpt(tmp_path_factory):
+    from requant.checkpoint.synthetic import generate
+
+    return open_checkpoint(generate("tiny-moe", tmp_path_factory.mktemp("moe") / "m", seed=6))
+
+
 @pytest.mark.parametrize("seed", range(N_CASES))
 def test_generated_pairs_batched_equals_per_cell_equals_direct(seed, ckpt, monkeypatch):
-    case = draw(seed)
+    _case_equal(draw(seed), ckpt, monkeypatch)
+
+
+@pytest.mark.parametrize("seed", range(N_MOE_CASES))
+def test_generated_moe_pairs_batched_equals_per_cell_equals_direct(seed, moe_ckpt, monkeypatch):
+    """tiny-moe (8 experts of one shape per Linear kind, top 2: experts with no token, one, many; the
+    batched path evaluates each kind's experts as one group): the kernel under test wrong in some
+    experts only (odd), in one weight shape (kind: every expert Linear, or attention), at decode sizes,
+    or legal; every pair shape."""
+    res = _case_equal(draw(seed, MOE_CONDITIONS), moe_ckpt, monkeypatch)
+    ms = {(phase, r["m"] > 1) for phase in ("prefill", "decode") for r in _rows(res, phase) if ".experts." in r["name"]}
+    assert {("prefill", True), ("decode", False)} <= ms  # experts with many rows, with one
+    assert res["decode"]["experts_without_tokens"]  # and (Linear, step) operand sets without a token
+
+
+def _case_equal(case, ckpt, monkeypatch):
     pair = _pair(case)
     spied = []
     put = cells_mod.LinearQueue.put
@@ -156,6 +179,11 @@ def test_generated_pairs_batched_equals_per_cell_equals_direct(seed, ckpt, monke
     got = run_audit(ckpt, pair, case["prompts"], "cpu", **kw)
     assert _strip(got) == _strip(want), case
     _check_direct(want, spied, pair, case)
+    return want
+
+
+def _rows(res, phase):
+    return res["per_layer"] if phase == "prefill" else res["decode"]["per_layer"]
 
 
 def _check_direct(res: dict, spied: list, pair, case) -> None:
@@ -184,8 +212,10 @@ def _check_direct(res: dict, spied: list, pair, case) -> None:
                 r_, c_ = divmod(at, y.shape[1])
                 bits = (int(y.view(torch.int16)[r_, c_]) & 0xFFFF, int(ref.view(torch.int16)[r_, c_]) & 0xFFFF)
                 # the scorer's order: regime, then (decode) batch and step, then Linear, then backend
-                name = label.split("@")[0]
-                order_key = (i, [n for n, _, _ in _names(spied, regime)].index(name))
+                name, _, at_ = label.partition("@")
+                # (batch, step) from the label: an expert's operand sets are the steps it was routed at
+                when = tuple(int(v[1:]) for v in at_.split(".")) if at_ else ()
+                order_key = (when, [n for n, _, _ in _names(spied, regime, phase)].index(name))
                 g = faults[phase].setdefault((b, regime, act.a.shape[0]), [order_key, 0, 0, None])
                 g[1] += 1
                 g[2] += int(ne.sum())
@@ -213,9 +243,13 @@ def _check_direct(res: dict, spied: list, pair, case) -> None:
         )
 
 
-def _names(spied, regime):
-    """The Linears of one regime in the order the audit put them (the scorer's order)."""
-    return [(lab[0][0].split("@")[0], r, w) for r, lab, w in spied if r == regime and "@b" not in lab[0][0]]
+def _names(spied, regime, phase="prefill"):
+    """The Linears of one regime and phase in the order the audit put them (the scorer's order)."""
+    return [
+        (lab[0][0].split("@")[0], r, w)
+        for r, lab, w in spied
+        if r == regime and ("@b" in lab[0][0]) == (phase == "decode")
+    ]
 
 
 def test_the_generator_covers_its_space():

@@ -2,6 +2,8 @@
 References: the per-layer rows of the result counted here, and the sentences the scorecard section
 must carry, read back from the rendered Markdown."""
 
+import torch
+
 from requant.audit.phases.prefill import prefill_markdown
 from requant.regime import REGIMES
 
@@ -39,3 +41,23 @@ def test_report_says_what_the_scorecard_proves(default_audit):
     ):
         assert needle in section, needle
     assert all(f"`{b}`" in section for b in default_audit["backends"])
+
+
+def test_all_pow2_count_equals_one_check_per_tensor():
+    """prefill._all_pow2_count (one pass over every Linear's scales) against is_power_of_two(s).all()
+    per tensor, on seeded lists: pow2 and not, zeros, negatives, inf, NaN, subnormals, sizes 0 to 9."""
+    from requant.audit.phases.prefill import _all_pow2_count
+    from requant.kernels.bf16 import is_power_of_two
+
+    g = torch.Generator().manual_seed(41)
+    specials = torch.tensor([0.0, -0.25, float("inf"), float("nan"), 2.0**-140, 3.0 * 2.0**-140, 1.5])
+    for trial in range(30):
+        scales = []
+        for _ in range(int(torch.randint(0, 7, (1,), generator=g))):
+            n = int(torch.randint(0, 10, (1,), generator=g))
+            s = torch.pow(2.0, torch.randint(-20, 3, (n, 1), generator=g).to(torch.float32))
+            if n and torch.rand(1, generator=g) < 0.5:  # one element not a power of two
+                s[int(torch.randint(0, n, (1,), generator=g))] = specials[int(torch.randint(0, 7, (1,), generator=g))]
+            scales.append(s)
+        want = sum(bool(is_power_of_two(s).all()) for s in scales)
+        assert _all_pow2_count(scales) == want, trial
