@@ -27,7 +27,7 @@
 # "convert" (not in the default) also writes the nearest-arm conversion next to it: another ~31 GB,
 # which does not fit a 64 GiB disk beside the checkpoint and the pip cache; run it on a larger disk.
 # PRESET=tiny-moe runs every step in seconds (a smoke test of this script; BACKENDS=reference on a CPU).
-# Writes into $OUT: env.txt, timings.txt, fast.json and moe.tgz (inspect.json, audit.json, audit/
+# Writes into $OUT: env.txt, timings.txt, fast.json, audit_ab.txt, groups_*.json and moe.tgz (inspect.json, audit.json, audit/
 # (report), audit.log, generate_*.jsonl and their replay logs, audit_vllm.*). The audit and replay exit 1 on a difference: a result to
 # report, recorded in timings.txt; the script goes on. The MoE layers run on the reference engine
 # here (runtime/moe.py; the fast engine only in step "fast"), one launch per expert and Linear: generation is
@@ -110,5 +110,5 @@ fi
 echo "total $(elapsed) s"
 # The device returns at most 8 files from $OUT: keep the summaries, pack the rest (reports, logs,
 # records, JSON) into moe.tgz.
-(cd "$OUT" && find . -type f ! -name env.txt ! -name timings.txt ! -name fast.json ! -name moe.tgz -print0 \
+(cd "$OUT" && find . -type f ! -name env.txt ! -name timings.txt ! -name fast.json ! -name audit_ab.txt ! -name 'groups_*.json' ! -name moe.tgz -print0 \
     | tar --null -czf moe.tgz -T - --remove-files && find . -mindepth 1 -type d -empty -delete)
