@@ -24,7 +24,7 @@ W8A8 weights at the preset's shapes (benchmarks/_runtime_fast.py, random_model):
   * ("fold", not in the default parts) the fused fold against split + combine on chunk-shaped
     launches: a chunk of n tokens (--fold-chunks) after p cached positions (--fold-prefixes), the
     launch's programs (blocks x KV heads), both paths' ms and bits; the FOLD_MIN_PROGRAMS it
-    suggests: the least program count from which the fold is never slower (issue 40, goal 2).
+    suggests: the least program count from which the fold is never slower (kernels/triton/attention.py's FOLD_MIN_PROGRAMS).
 --parts picks what runs (default: paths, sweep, decode, prefill). JSON and Markdown under --out (bench_long_context.json, .md).
 """
 

@@ -10,8 +10,8 @@ bytes per second, the split count split_k picks, the config config_for picks, an
 two configs give the same bits (they must: the int32 sum is exact). JSON and Markdown under --out.
 
 --slots sweeps scaled_mm.SLOTS (the programs split_k aims at; restored after): "decode_splitk" at
-each value, its bits against "decode" too. The summary chooses split-K's defaults from the rows
-(issue 40, goal 2): the SLOTS value with the least total split-K time over the rows, and the
+each value, its bits against "decode" too. The summary chooses split-K's defaults from the rows:
+the SLOTS value with the least total split-K time over the rows, and the
 largest M up to which split-K (at that SLOTS) beats the unsplit tile on every Linear whose
 output has fewer than SMS column tiles (the Linears the rule splits; SPLIT_K_MAX_M's choice).
 """

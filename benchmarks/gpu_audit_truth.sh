@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 38 on one H100/H200, in one 10-minute call: the audit's per-layer evidence compares the two
+# Audit truth on one H100/H200, in one 10-minute call: the audit's per-layer evidence compares the two
 # kernels it names. On the Qwen3-1.7B-shaped synthetic:
 #   pair_cutlass   requant audit --backends cutlass,reference-cutlass-order   (a real kernel against
 #   pair_triton    requant audit --backends triton,reference-triton-order      its own emulation; exit 0
@@ -143,7 +143,7 @@ for size in ("1.7b", "8b"):
 EOF
 cat "$TIMINGS"
 cat > "$OUT/README.md" <<EOF
-# Audit truth on the GPU (issue 38), commit $REQUANT_COMMIT
+# Audit truth on the GPU, commit $REQUANT_COMMIT
 
 Command: \`OUT=... STEPS="$STEPS" SIZES="$SIZES" bash benchmarks/gpu_audit_truth.sh\` (one call).
 Device, torch, Triton: \`env.txt\`. Step walls and exit codes: \`timings.txt\` (pair_cutlass and pair_triton

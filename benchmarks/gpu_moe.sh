@@ -18,7 +18,7 @@
 # decode, pow2 CUTLASS == Triton, its distance and speed against the reference engine; fast.json) and
 # the audit of triton against vLLM's fused-MoE order (reference-vllm-moe-order; audit_vllm.json: its
 # moe_combine rows are expected unequal, exit 1, docs/moe.md).
-# "groups" (not in the default; issue 41 goal 3): the audit's expert Linears evaluated one at a time
+# "groups" (not in the default; the audit-time goal, docs/moe.md): the audit's expert Linears evaluated one at a time
 # against one group per shape, on one layer's routed operands at the real widths
 # (benchmarks/audit_moe_groups.py, groups_prefill.json, groups_decode.json: wall time, results equal),
 # and the whole audit again with REQUANT_AUDIT_GROUPS=0 (audit_alone.json: its wall time beside the audit

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 40's requant-only measurements in one GPU call (one H200, ~8 min; no carry needed with the
+# requant's speed measurements without vLLM in one GPU call (one H200, ~8 min; no carry needed with the
 # default Triton backend):
 #   * goal 2, split-K's defaults: bench_splitk at decode M 1..16 with a SLOTS sweep (its summary
 #     chooses SLOTS and SPLIT_K_MAX_M);

@@ -10,7 +10,7 @@
 # timings.txt, run_*.json (one per checkpoint and kernel), vllm_compare.json, requant_*.json.
 # A part travels with the working tree, 64 MiB in all: vllm_wheels.py sizes the parts to fit.
 #
-# Speed beside vLLM (issue 40; benchmarks/vllm_speed.py), on an 8B-shaped pow2 synthetic:
+# Speed beside vLLM (benchmarks/vllm_speed.py), on an 8B-shaped pow2 synthetic:
 #   STAGE=part PART=00 CK8=1 ...    # also starts (setsid) the checkpoint: /tmp/vllm-ck/q8-pow2
 #   STAGE=speed OUT=/dir ...        # install, wait for the checkpoint, run the plan of engines
 #   STAGE=speed BACKGROUND=1 ...    # the same under setsid (outlives the call); then within 30 s:

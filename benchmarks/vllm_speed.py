@@ -1,4 +1,4 @@
-"""requant's fast engine beside vLLM 0.26 on one checkpoint (issue 40, goal 1): prefill tokens/s and
+"""requant's fast engine beside vLLM 0.26 on one checkpoint: prefill tokens/s and
 time to first token, decode tokens/s, each engine in its own process, one after the other.
 
     python3 -m benchmarks.vllm_speed all --model DIR --out DIR [--engines requant,vllm,vllm-bi]

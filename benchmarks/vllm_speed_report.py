@@ -4,7 +4,7 @@ from the recorded vllm_speed.json (no GPU).
     python3 -m benchmarks.vllm_speed_report DIR/vllm_speed.json [--md OUT.md] [--readme-row]
 
 Tokens/s: median [min-max] of the repetitions; the ratio columns divide requant's median by each
-vLLM mode's. Goal (issue 40): requant ahead of vLLM batch-invariant on every row and at least 0.9x
+vLLM mode's. Goal: requant ahead of vLLM batch-invariant on every row and at least 0.9x
 plain vLLM.
 """
 

@@ -266,8 +266,8 @@ def test_the_generator_covers_its_space():
     assert {s.density for s in specs if s.condition != "legal"} == set(DENSITIES)
 
 
-def test_the_issue_pair_one_order_twice_is_compared_not_shared(ckpt):
-    """Issue 38's first row: reference-cutlass-order beside a kernel declared in the CUTLASS order
+def test_a_pair_of_one_order_is_compared_not_shared(ckpt):
+    """reference-cutlass-order beside a kernel declared in the CUTLASS order
     that returns zeros at M <= 8. The batched path said 168/168 decode layers bitwise equal (one
     shared cell compared with itself); every decode row now differs, and the verdict names it."""
     name = f"{MODULE}:zeros_small"

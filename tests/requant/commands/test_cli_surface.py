@@ -165,8 +165,7 @@ def test_help_has_no_bool_metavar_and_consistent_capitals(command):
 
 @pytest.mark.parametrize("command", COMMANDS + ["tp-check"])
 def test_no_help_text_capitalises_an_option_value(command):
-    # issue 37: "Native ... or pow2", "Auto, fast ...", "Prefill, or prefill,decode": an option's
-    # value is spelled as it is typed, at the start of its help as anywhere else in it
+    # an option's value ("native", "auto", "prefill") is spelled as it is typed, at the start of its help as anywhere else in it
     values = _option_values()
     for flag, h in _option_helps(command):
         words = re.findall(r"[\w-]+", h)
@@ -185,8 +184,8 @@ def test_every_argument_is_shown_in_upper_case(command):
 
 
 def test_every_engine_synopsis_lists_every_engine():
-    # issue 37: docs/runtime.md listed `--engine auto|fast|reference` (no portable), and its
-    # determinism synopsis had no --engine; each command's own synopsis (its module docstring) too
+    # docs/runtime.md's synopses and each command's own (its module docstring) name every engine
+    # of ENGINES wherever they show --engine
     import importlib
 
     from requant.runtime.model import ENGINES

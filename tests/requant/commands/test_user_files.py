@@ -124,7 +124,7 @@ def test_prompts_u2028_and_u0085_stay_inside_one_prompt(tmp_path):
 
 
 def test_prompts_top_k_of_the_vocabulary_size_keeps_every_token(tmp_path):
-    # past the vocabulary (2**63 included) is refused: test_generate.py (issue 37's probe)
+    # past the vocabulary (2**63 included) is refused: test_generate.py
     outs = []
     for k in (8192, 0):
         f = prompts(

@@ -98,7 +98,7 @@ def test_parse_degrees_and_summary():
 
 
 def test_tp_check_shows_progress_while_it_runs():
-    # issue 37: only the header for ~18 s; now a line at the start, when the ranks have read the
+    # never only the header while it works: a line at the start, when the ranks have read the
     # checkpoint, and when each degree is done (in that order), and the bar's count
     res = runner.invoke(app, ["tp-check", "--tp", "2", "--prompts", "1", "--new-tokens", "1"])
     assert res.exit_code == 0, res.output
