@@ -51,21 +51,28 @@ def test_generator_module_equals_the_api(tmp_path):
     assert tree_bytes(tmp_path / "m") == tree_bytes(generate("tiny", tmp_path / "api"))
 
 
+DIMS = (
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "vocab_size",
+    "tie_word_embeddings",
+)
+
+
+def _dims(cfg: dict) -> tuple:
+    return tuple(cfg[k] for k in DIMS)
+
+
 def test_tiny_preset_is_a_sensible_qwen3(tmp_path):
     """The random tiny preset (the old embedded default, kept for fast scale tests)."""
     ck = open_checkpoint(generate("tiny", tmp_path / "tiny"))
     cfg = ck.config
     assert cfg["architectures"] == ["Qwen3ForCausalLM"] and cfg["model_type"] == "qwen3"
-    assert (
-        cfg["hidden_size"],
-        cfg["intermediate_size"],
-        cfg["num_hidden_layers"],
-        cfg["num_attention_heads"],
-        cfg["num_key_value_heads"],
-        cfg["head_dim"],
-        cfg["vocab_size"],
-        cfg["tie_word_embeddings"],
-    ) == (256, 768, 4, 4, 2, 64, 512, False)
+    assert _dims(cfg) == (256, 768, 4, 4, 2, 64, 512, False)
     qc = cfg["quantization_config"]
     assert (
         qc["quant_method"] == "compressed-tensors" and qc["format"] == "int-quantized" and qc["ignore"] == ["lm_head"]
@@ -94,16 +101,7 @@ def test_default_is_the_trained_qwen3():
     embeddings, with its tokenizer."""
     ck = open_checkpoint(DEFAULT_CHECKPOINT)
     cfg = ck.config
-    assert (
-        cfg["hidden_size"],
-        cfg["intermediate_size"],
-        cfg["num_hidden_layers"],
-        cfg["num_attention_heads"],
-        cfg["num_key_value_heads"],
-        cfg["head_dim"],
-        cfg["vocab_size"],
-        cfg["tie_word_embeddings"],
-    ) == (256, 768, 6, 4, 2, 64, 8192, True)
+    assert _dims(cfg) == (256, 768, 6, 4, 2, 64, 8192, True)
     assert len(ck.quantized_linears) == 42 and "lm_head.weight" not in ck.tensor_names()
     assert (DEFAULT_CHECKPOINT / "tokenizer.json").is_file()
     assert any(bool((ck.weight_and_scale(lin)[0] == -128).any()) for lin in ck.quantized_linears)
