@@ -130,7 +130,7 @@ GROUPS_ENV = "REQUANT_AUDIT_GROUPS"  # 0: every expert Linear evaluated alone (t
 def groupable(name) -> bool:
     """A Qwen3-MoE expert Linear (model.layers.L.mlp.experts.E.*): many Linears of one shape,
     each with few rows, whose per-Linear work a group shares."""
-    return isinstance(name, str) and ".mlp.experts." in name and os.environ.get(GROUPS_ENV, "1") != "0"
+    return isinstance(name, str) and ".mlp.experts." in name
 
 
 class _Group:
@@ -162,35 +162,35 @@ class LinearQueue:
         self.reading: list = []  # (entries, Read): windows whose results are on their way
         self.done: dict = {}
         self.order: list = []  # keys in put order (a group is evaluated after keys put behind it)
-        self.groups: dict = {}  # weight shape -> [(key, segments, wt)] waiting to be grouped
+        self.groups: dict = {}  # weight shape -> ([(key, segments, wt)], [rows]) waiting to be grouped
+        self.grouping = not self.per_cell and os.environ.get(GROUPS_ENV, "1") != "0"
 
     def put(self, key, labelled: list, wt: Weights) -> None:
         pair = tuple(dict.fromkeys(self.backends))
-        outs = [{b: kernels.scaled_mm(act.a, wt.w, act.s_a, wt.s_w, backend=b) for b in pair} for _, act in labelled]
+        segs = [
+            Segment(label, act, {b: kernels.scaled_mm(act.a, wt.w, act.s_a, wt.s_w, backend=b) for b in pair})
+            for label, act in labelled
+        ]
         self.order.append(key)
-        if not self.per_cell and groupable(key):
+        if self.grouping and groupable(key):
             shape = (tuple(wt.w.shape), wt.w.device)
-            members = self.groups.setdefault(shape, [])
-            members.append((key, [Segment(label, act, o) for (label, act), o in zip(labelled, outs)], wt))
-            rows = sum(sg.act.a.shape[0] for _, segs, _ in members for sg in segs)
-            if rows * wt.w.shape[0] >= GROUP_ELEMENTS:
-                self._put_group(self.groups.pop(shape))
+            group = self.groups.setdefault(shape, ([], [0]))
+            group[0].append((key, segs, wt))
+            group[1][0] += sum(sg.act.a.shape[0] for sg in segs)  # the group's rows
+            if group[1][0] * wt.w.shape[0] >= GROUP_ELEMENTS:
+                self._put_group(self.groups.pop(shape)[0])
             return
-        work = None
-        if not self.per_cell:
-            segs = [Segment(label, act, o) for (label, act), o in zip(labelled, outs)]
-            work = start_linear(self.regime, segs, wt, self.backends, backend_kernel)
+        self._put_one(key, segs, wt)
+
+    def _put_one(self, key, segs: list, wt: Weights) -> None:
+        """One Linear's segments: batched, or per cell (forced, or a Linear the batched path refuses)."""
+        work = None if self.per_cell else start_linear(self.regime, segs, wt, self.backends, backend_kernel)
         # The Linear queued before this one reads its counts now: its copy is done or nearly, and the
         # device has this Linear's work queued behind it (no idle device while the host reads).
         self._finish_started()
         if work is None:
-            res = [
-                layer_cells(label, self.regime, act, wt, self.backends, self.checks, o)
-                for (label, act), o in zip(labelled, outs)
-            ]
-            self.queued.append((key, res, len(labelled)))
-        else:
-            self.queued.append((key, work, len(labelled)))
+            work = [layer_cells(sg.label, self.regime, sg.act, wt, self.backends, self.checks, sg.outs) for sg in segs]
+        self.queued.append((key, work, len(segs)))
         self._maybe_flush()
 
     def _maybe_flush(self) -> None:
@@ -206,21 +206,14 @@ class LinearQueue:
         self._finish_started()
         if work is None:
             for key, s, wt in members:
-                work = start_linear(self.regime, s, wt, self.backends, backend_kernel)
-                if work is None:
-                    work = [
-                        layer_cells(sg.label, self.regime, sg.act, wt, self.backends, self.checks, sg.outs) for sg in s
-                    ]
-                self.queued.append((key, work, len(s)))
-                self._finish_started()
-                self._maybe_flush()
+                self._put_one(key, s, wt)
             return
         self.queued.append((_Group([k for k, _, _ in members], [len(s) for _, s, _ in members]), work, len(segs)))
         self._maybe_flush()
 
     def _put_groups(self) -> None:
         while self.groups:
-            self._put_group(self.groups.pop(next(iter(self.groups))))
+            self._put_group(self.groups.pop(next(iter(self.groups)))[0])
 
     def _finish_started(self) -> None:
         self.queued = [(k, r.finish() if isinstance(r, Started) else r, n) for k, r, n in self.queued]
