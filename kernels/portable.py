@@ -70,7 +70,7 @@ def _finish(x: torch.Tensor, k: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
     y = p * scale
     y = torch.where(k < -125.0, _f32(0.0, y), y)
     y = torch.where(k > 127.0, _f32(math.inf, y), y)
-    nan = torch.tensor(CANONICAL_NAN, dtype=torch.int32).view(torch.float32).to(y.device)
+    nan = torch.full((), CANONICAL_NAN, dtype=torch.int32, device=y.device).view(torch.float32)  # no host copy
     return torch.where(x != x, nan, y)
 
 

@@ -265,7 +265,8 @@ def quantize_activations(x: torch.Tensor, check: bool | None = None) -> tuple[to
     q = torch.round((xf * up) * inv).clamp_(-128, 127).to(torch.int8)
     if not checked:  # no host read: mark rows with NaN/inf on the device (see POISON_SCALE_BITS)
         bad = ~torch.isfinite(xf).all(dim=1, keepdim=True)
-        poison = torch.tensor(POISON_SCALE_BITS, dtype=torch.int32, device=xf.device).view(torch.float32)
+        # torch.full, not torch.tensor(..., device=cuda): a host-to-device copy waits for the stream
+        poison = torch.full((), POISON_SCALE_BITS, dtype=torch.int32, device=xf.device).view(torch.float32)
         s = torch.where(bad, poison, s)
         q = torch.where(bad, torch.zeros_like(q), q)
     return q, s.to(torch.float32)

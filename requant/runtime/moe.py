@@ -75,10 +75,19 @@ def sparse_block(engine, i: int, h: torch.Tensor, capture) -> torch.Tensor:
         capture.record_route(p.rstrip("."), ids, weights)
     vllm = str(model.backend) == VLLM_MOE and f"{p}experts.0.down_proj" in model.linears
     comb = _VllmCombine(model, ids, capture) if vllm else None
+    # The tokens are quantized once for every expert's gate/up (each expert gets its rows: the
+    # same bits as quantizing those rows alone; one quantization per layer, not per expert).
+    q8 = None
+    if f"{p}experts.0.gate_proj" in model.linears:
+        q8, s8 = kernels.quantize_activations(h, backend=model.act_backend)
 
     def expert(e: int, rows, slots):
         ex = f"{p}experts.{e}."
-        gate, up = lin.column(h[rows], (ex + "gate_proj", ex + "up_proj"), capture)
+        names = (ex + "gate_proj", ex + "up_proj")
+        if q8 is None:
+            gate, up = lin.column(h[rows], names, capture)
+        else:
+            gate, up = lin.quantized(q8[rows], s8[rows], names, capture, h[rows])
         if comb is not None:
             return comb.expert(ex + "down_proj", rows, slots, gate, up, weights[rows, slots])
         act = (torch.nn.functional.silu(gate.to(torch.float32)) * up.to(torch.float32)).to(torch.bfloat16)
@@ -93,8 +102,19 @@ def combine(ids: torch.Tensor, weights: torch.Tensor, hidden: int, expert) -> to
     called for each routed expert in ascending id, rows ascending with one slot each; the outputs
     added per token in fp32 in that order, acc += fp32(y) * w, rounded to bf16 once (step 5)."""
     acc = torch.zeros(ids.shape[0], hidden, dtype=torch.float32, device=ids.device)
-    for e in torch.unique(ids).tolist():  # sorted ascending: the combine order
-        rows, slots = (ids == e).nonzero(as_tuple=True)  # rows ascending, one slot per row
+    # One host read per block (the counts), not one per expert: a stable sort of the flat [T, k]
+    # ids lists each expert's (row, slot) positions in ascending flat index, i.e. rows ascending,
+    # exactly as (ids == e).nonzero() would.
+    k = ids.shape[1]
+    flat = ids.reshape(-1)
+    order = torch.sort(flat, stable=True).indices
+    start = 0
+    for e, n in enumerate(torch.bincount(flat).tolist()):  # ascending expert id: the combine order
+        if n == 0:
+            continue
+        idx = order[start : start + n]
+        start += n
+        rows, slots = idx // k, idx % k
         y = expert(e, rows, slots)
         if y is not None:
             acc[rows] += y.to(torch.float32) * weights[rows, slots][:, None]

@@ -48,11 +48,19 @@ class DeviceLinears:
     def column(self, x: torch.Tensor, names: tuple[str, ...], capture) -> list[torch.Tensor]:
         """Linears that share the input x; it is quantized once (shared operands)."""
         m = self.model
-        quantized = [n for n in names if n in m.linears]
-        if quantized:
-            q, s = kernels.quantize_activations(x, backend=m.act_backend)
-            if capture is not None:
-                capture.record(tuple(quantized), q, s)
+        if not any(n in m.linears for n in names):
+            return [self.dense(x, n) for n in names]
+        q, s = kernels.quantize_activations(x, backend=m.act_backend)
+        return self.quantized(q, s, names, capture, x)
+
+    def quantized(self, q, s, names: tuple[str, ...], capture, x=None) -> list[torch.Tensor]:
+        """column on operands already quantized (q int8 [M, K], s fp32 [M, 1]); x (bf16) only for
+        names the checkpoint keeps dense. The MoE block quantizes a layer's tokens once and gives
+        each expert its rows: per-token quantization is a function of the row alone."""
+        m = self.model
+        quantized = tuple(n for n in names if n in m.linears)
+        if capture is not None and quantized:
+            capture.record(quantized, q, s)
         outs = []
         for n in names:
             if n in m.linears:

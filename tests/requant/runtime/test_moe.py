@@ -231,3 +231,57 @@ def test_determinism_command(tiny_moe, tmp_path):
     out = json.loads((tmp_path / "d.json").read_text())
     assert out["regimes"]["pow2"]["identical"] == out["regimes"]["pow2"]["total"] == 2
     assert out["batch_invariant"] is True and out["ok"] is True
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 12), st.integers(1, 8), st.integers(0, 2**31 - 1))
+def test_combine_visits_experts_as_the_nonzero_definition(tokens, k, seed):
+    """combine (runtime/moe.py) calls each routed expert once, in ascending id, with its (row, slot)
+    positions in ascending row order: the same tensors as the definition (ids == e).nonzero(), drawn
+    over token counts (none too), top-k widths and id sets that leave experts unused."""
+    from requant.runtime.moe import combine
+
+    g = torch.Generator().manual_seed(seed)
+    experts = k + int(torch.randint(0, 6, (), generator=g))
+    ids = (
+        torch.stack([torch.randperm(experts, generator=g)[:k] for _ in range(tokens)])
+        if tokens
+        else torch.zeros(0, k, dtype=torch.long)
+    )
+    weights = torch.rand(tokens, k, generator=g)
+    seen = []
+
+    def expert(e, rows, slots):
+        seen.append((e, rows.tolist(), slots.tolist()))
+        return torch.full((len(rows), 3), float(e + 1), dtype=torch.bfloat16)
+
+    out = combine(ids, weights, 3, expert)
+    want = []
+    for e in torch.unique(ids).tolist():
+        rows, slots = (ids == e).nonzero(as_tuple=True)
+        want.append((e, rows.tolist(), slots.tolist()))
+    assert seen == want
+    ref = torch.zeros(tokens, 3)
+    for e, rows, slots in want:  # fp32, ascending expert id, rounded once
+        ref[rows] += float(e + 1) * weights[rows, slots][:, None]
+    assert torch.equal(out.view(torch.int16), ref.to(torch.bfloat16).view(torch.int16))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 24), st.integers(1, 96), st.integers(0, 2**31 - 1))
+def test_quantizing_the_layer_once_gives_each_experts_rows_alone(tokens, hidden, seed):
+    """The MoE block quantizes a layer's tokens once and hands each expert its rows: the same bits
+    as quantizing those rows alone (kernels.quantize_activations per token), drawn over widths,
+    zero rows, tiny rows (below the 2**-64 rescale) and row subsets."""
+    from requant import kernels
+
+    g = torch.Generator().manual_seed(seed)
+    h = (torch.randn(tokens, hidden, generator=g) * torch.exp2(torch.randint(-80, 20, (tokens, 1), generator=g))).to(
+        torch.bfloat16
+    )
+    h[torch.rand(tokens, generator=g) < 0.15] = 0
+    q, s = kernels.quantize_activations(h)
+    for _ in range(4):
+        rows = torch.nonzero(torch.rand(tokens, generator=g) < 0.5).reshape(-1)
+        qa, sa = kernels.quantize_activations(h[rows])
+        assert torch.equal(q[rows], qa) and torch.equal(s[rows].view(torch.int32), sa.view(torch.int32))
