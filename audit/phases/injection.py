@@ -101,12 +101,35 @@ class FaultInjector:
                 out[lo + i * r : lo + (i + 1) * r] = truncate_fp32_to_bf16(vals[i])
         return True
 
-    def _by_block(self, a, w, s_a, s_w):
+    def shared_input(self, a, s_a, weights):
+        """Several Linears of one input a (the engine's q/k/v, gate/up; weights [(w, s_w)]), the
+        same bits as one call each. Batched, with a built-in base, and where every run faults all
+        of them or none: one call on the weights stacked along N. Every output element then reads
+        its own weight row and scale only (the exact int32 accumulator, F6's K tiles per element,
+        elementwise epilogues, F9's operand draws made from a alone: the fault kernels that say
+        so, `columnwise`), so the stacking changes no bit; the fault kernels run once per layer's
+        q/k/v instead of three times. A user's base kernel, or a fault kernel that does not say so
+        (it may depend on N or on an element's position), gets one call per Linear."""
+        hits = {self._hit(w.data_ptr()) for w, _ in weights} if self.blocks is not None else ()
+        if len(hits) != 1 or not self.rows_alone:
+            return [self(a, w, s_a, s_w) for w, s_w in weights]
+        (hit,) = hits
+        if not all(getattr(self.blocks[j][0], "columnwise", False) for j in hit):
+            return [self(a, w, s_a, s_w) for w, s_w in weights]
+        w = torch.cat([w for w, _ in weights])
+        s_w = torch.cat([s for _, s in weights])
+        out = self._by_block(a, w, s_a, s_w, hit=hit)
+        return [y.contiguous() for y in torch.split(out, [w.shape[0] for w, _ in weights], dim=1)]
+
+    def _hit(self, ptr: int) -> tuple[int, ...]:
+        return tuple(j for j, (_, targets) in enumerate(self.blocks) if ptr in targets)
+
+    def _by_block(self, a, w, s_a, s_w, hit=None):
         n = len(self.blocks)
         r, left = divmod(a.shape[0], n)
         assert left == 0, (a.shape, n)
-        ptr = w.data_ptr()
-        hit = tuple(j for j, (_, targets) in enumerate(self.blocks) if ptr in targets)
+        if hit is None:
+            hit = self._hit(w.data_ptr())
         if not hit and self.rows_alone:
             return self._base(a, w, s_a, s_w)
         out = torch.empty(a.shape[0], w.shape[0], dtype=torch.bfloat16, device=a.device)

@@ -78,6 +78,11 @@ class LeanFault:
     from_acc(a, w, s_a, s_w, acc) the same, given a's exact accumulator acc; last(...) the fp32
     value it casts last and whether it truncates (the injector casts several blocks at once)."""
 
+    # Each output element reads its own weight row and scale only (exact or F6 per-element
+    # accumulators, elementwise epilogues, F9's draws made from a alone): the injector may stack
+    # several Linears of one input along N (FaultInjector.shared_input).
+    columnwise = True
+
     def __init__(self, variant, acc_fn, f6_fn, draws):
         assert variant.severity == "all" or variant.family == "F9", variant.id
         self.variant, self.acc_fn, self.f6_fn, self.draws = variant, acc_fn, f6_fn, draws
