@@ -23,7 +23,7 @@ from requant import kernels
 from requant.audit.catalogue.checks import FIRE, NOT_APPLICABLE, SILENT, token_risk
 from requant.audit.catalogue.matrix import INJECTION_MATRIX_PATH, PREDICTED_MISS, load_matrix
 from requant.audit.device_acc import exact_accumulate
-from requant.audit.phases.lean_faults import device_faults
+from requant.audit.phases.lean_faults import device_faults, lean_epilogue
 from requant.io.markdown import table
 from requant.kernels.bf16 import round_fp32_to_bf16, truncate_fp32_to_bf16
 from requant.regime import REGIMES
@@ -91,10 +91,21 @@ class FaultInjector:
             return False
         lo = hit[0] * r
         acc = exact_accumulate(a[lo : lo + len(hit) * r], w)
-        vals = []
+        vals, tri = [None] * len(fns), []
         for i, fn in enumerate(fns):
             rows, at = slice(lo + i * r, lo + (i + 1) * r), slice(i * r, (i + 1) * r)
-            vals.append(fn.last(a[rows], w, s_a[rows], s_w, acc[at]))
+            ops = fn.last_operands(a[rows], w, s_a[rows], s_w, acc[at]) if hasattr(fn, "last_operands") else None
+            if ops is None:
+                vals[i] = fn.last(a[rows], w, s_a[rows], s_w, acc[at])
+            else:
+                tri.append((i, *ops))
+        if tri:  # one Triton-order epilogue for the blocks that end with it (elementwise: the same bits)
+            tri.sort(key=lambda t: t[1].dtype != torch.int32)  # the int32 accumulators first, cast at once
+            ints = [t[1] for t in tri if t[1].dtype == torch.int32]
+            accs = ([torch.cat(ints).to(torch.float32)] if ints else []) + [t[1] for t in tri[len(ints) :]]
+            y = lean_epilogue(torch.cat(accs), torch.cat([t[2].reshape(-1) for t in tri]), s_w)
+            for j, (i, _, _) in enumerate(tri):
+                vals[i] = y[j * r : (j + 1) * r]
         out[lo : lo + len(hit) * r] = round_fp32_to_bf16(torch.cat(vals))
         for i, fn in enumerate(fns):
             if fn.truncates:

@@ -34,7 +34,7 @@ from requant.audit.f6_tiles import f6_accumulator
 from requant.kernels.bf16 import round_fp32_to_bf16, truncate_fp32_to_bf16
 from requant.kernels.reference import accumulate, check_operands
 
-__all__ = ["VARIANT_OF", "LeanFault", "device_faults", "lean_faults"]
+__all__ = ["VARIANT_OF", "LeanFault", "device_faults", "lean_epilogue", "lean_faults"]
 
 # The variant each kernel of audit/conform/fault_kernels.py runs (FAULTS' names).
 VARIANT_OF = {f"F{i}": f"F{i}.all" for i in range(1, 9)} | {"F9a": "F9.one", "F9b": "F9.1pct", "F9c": "F9.all"}
@@ -70,7 +70,12 @@ _LAST = {
     "F3": lambda acc, s_a, s_w: s_a.reshape(-1, 1) * (s_w.reshape(1, -1) * acc.to(torch.float32)),
     "F5": lambda acc, s_a, s_w: acc.to(torch.float32) * (s_a.reshape(-1, 1) * s_w.reshape(1, -1)),
 }
-_TRITON = lambda acc, s_a, s_w: _inner(acc, s_a) * s_w.reshape(1, -1)  # noqa: E731 - F4, F6..F9's epilogue
+
+
+def lean_epilogue(acc, s_a, s_w):
+    """The Triton order's fp32 value before its cast, fp32(fp32(s_a * fp32(acc)) * s_w): F4's and
+    F6..F9's last step (each on its own accumulator or scales, see LeanFault.last_operands)."""
+    return _inner(acc, s_a) * s_w.reshape(1, -1)
 
 
 class LeanFault:
@@ -98,9 +103,17 @@ class LeanFault:
 
     def last(self, a, w, s_a, s_w, acc):
         """The fp32 value this variant casts to bf16 last (module _LAST), given a's exact accumulator."""
+        if self.variant.family in _LAST:
+            return _LAST[self.variant.family](acc, s_a, s_w)
+        return lean_epilogue(*self.last_operands(a, w, s_a, s_w, acc), s_w)
+
+    def last_operands(self, a, w, s_a, s_w, acc):
+        """(accumulator, s_a) of the Triton-order epilogue this variant ends with (F4, F6..F9: `last`
+        is lean_epilogue of them), or None for F1, F2, F3, F5 (their own epilogues). The injector runs one
+        epilogue for every faulted block that ends with it (elementwise: the same bits)."""
         fam, vid = self.variant.family, self.variant.id
         if fam in _LAST:
-            return _LAST[fam](acc, s_a, s_w)
+            return None
         if fam == "F6":
             acc = self.f6_fn(a, w)
         elif fam == "F7":
@@ -111,7 +124,7 @@ class LeanFault:
             acc = self.acc_fn(self.draws.f9b_operand(a), w)
         elif vid == "F9.all":
             acc = self.acc_fn(shift_int8_by_one(a), w)
-        return _TRITON(acc, s_a, s_w)
+        return acc, s_a
 
 
 class _Draws:
