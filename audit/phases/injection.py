@@ -85,7 +85,9 @@ class FaultInjector:
         """The faulted blocks, consecutive, whose kernels all give their last fp32 value (lean_faults:
         `last`): one exact accumulator for all their rows (exact integers: any row split gives the
         same bits), each block's last value from its rows, one bf16 cast for them all (elementwise:
-        the same bits as each block's own), the truncating ones cast apart. False: not applicable."""
+        the same bits as each block's own), the truncating ones cast apart; the blocks whose kernels
+        end with the Triton-order epilogue (`last_operands`) share one call of it. False: not
+        applicable."""
         fns = [self.blocks[j][0] for j in hit]
         if len(hit) < 2 or hit != tuple(range(hit[0], hit[-1] + 1)) or not all(hasattr(f, "last") for f in fns):
             return False
