@@ -1,0 +1,91 @@
+"""Counts what the audit's batched injection dispatches for one regime (audit/phases/injection.py,
+run_injection with batched=True, the path CUDA takes), run on the CPU: torch ops that launch work
+(views and the like left out), by the frame that issued them. The GEMMs are one-launch stand-ins
+(the exact accumulator, F6's and the base kernel are each one launch on CUDA), so the count is the
+injector's and the reference engine's own. The model is a synthetic of 1.7B's depth (28 layers) at
+small widths, made in a temporary folder; 8 prompts, as the audit.
+
+    python -m benchmarks.injection_ops [--layers 28 --tokens 32]   (prints JSON)
+
+The batched injection on a GPU is bound by this dispatch (its stage costs about the same at the
+1.7B and 8B shapes: benchmarks/results/audit_truth_gpu/784aba0/).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import tempfile
+from collections import Counter
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from benchmarks.audit_op_counts import _NO_LAUNCH
+from requant import kernels
+from requant.audit.phases import injection
+from requant.audit.phases.lean_faults import lean_faults
+from requant.checkpoint.synthetic import PRESETS, generate
+from requant.runtime import load_model
+
+_FRAMES = ("audit/phases/", "runtime/reference.py", "kernels/ops.py", "kernels/reference.py")
+
+
+class _Count(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops, self.where = 0, Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func.__name__.split(".")[0] in _NO_LAUNCH:
+            return out
+        self.ops += 1
+        f = sys._getframe(1)
+        while f is not None and not any(k in f.f_code.co_filename for k in _FRAMES):
+            f = f.f_back
+        self.where[f"{f.f_code.co_filename.rsplit('/', 1)[-1]}:{f.f_code.co_name}" if f else "?"] += 1
+        return out
+
+
+def _acc(a, w):
+    return torch.zeros(a.shape[0], w.shape[0], dtype=torch.int32)
+
+
+def _gemm(a, w, s_a, s_w):
+    return torch.zeros(a.shape[0], w.shape[0], dtype=torch.bfloat16)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--layers", type=int, default=28)
+    p.add_argument("--tokens", type=int, default=32)
+    args = p.parse_args()
+    base = kernels.ScaledMM("one-launch", _gemm, "triton-order")
+    # The stand-ins are built-ins to the injector (a registered base), as cutlass and triton are.
+    registered = kernels.scaled_mm_backends
+    kernels.scaled_mm_backends = lambda: [*registered(), str(base)]
+    injection.device_faults = lambda device: lean_faults(_acc, _acc)
+    injection.exact_accumulate = _acc
+    preset = dataclasses.replace(PRESETS["tiny"], layers=args.layers)
+    prompts = [list(range(1, 6 + i)) for i in range(8)]
+    with tempfile.TemporaryDirectory() as d:
+        generate(preset, d)
+        model = load_model(d, regime="pow2", engine="reference")
+        count = _Count()
+        with count:
+            injection.run_injection(model, prompts, (base, base), tokens=args.tokens, batched=True)
+    report = {
+        "layers": args.layers,
+        "tokens": args.tokens,
+        "prompts": len(prompts),
+        "launching_ops": count.ops,
+        "by_frame": dict(count.where.most_common(16)),
+    }
+    print(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
