@@ -82,7 +82,7 @@ def main() -> None:
         "tokens": args.tokens,
         "prompts": len(prompts),
         "launching_ops": count.ops,
-        "by_frame": dict(count.where.most_common(16)),
+        "by_frame": dict(count.where.most_common()),
     }
     print(json.dumps(report, indent=1))
 
