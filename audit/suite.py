@@ -6,6 +6,7 @@ Docs: docs/architecture.md (audit), docs/audit.md.
 
 from __future__ import annotations
 
+import os
 import time
 
 import torch
@@ -78,6 +79,24 @@ def converted_info(config: dict) -> dict | None:
     }
 
 
+# triton: the capture's per-token activation quantization through the Triton kernel on CUDA (one
+# launch a call; the reference quantizer is ~20 torch ops) instead of kernels/reference.py's. The two
+# are tested equal bit for bit; this is the A/B that measures what it saves and that the JSON stays
+# the same (the JSON then names it: `activation_quantizer`). Default: the reference quantizer.
+ACT_ENV = "REQUANT_AUDIT_ACT"
+ACT_BACKENDS = ("reference", "triton")
+
+
+def activation_quantizer(device) -> str:
+    """The activation quantizer the audit's reference engine uses (ACT_ENV; ValueError naming it)."""
+    act = os.environ.get(ACT_ENV, "reference")
+    if act not in ACT_BACKENDS:
+        raise ValueError(f"{ACT_ENV}={act!r}: expected one of {', '.join(ACT_BACKENDS)}")
+    if act == "triton" and torch.device(device).type != "cuda":
+        raise ValueError(f"{ACT_ENV}=triton needs a CUDA device (the audit runs on {device})")
+    return act
+
+
 def run_audit(
     ckpt,
     backends: tuple[str, str],
@@ -110,6 +129,7 @@ def run_audit(
             one_layer) to inject each fault family into the generating model.
     """
     t0 = time.perf_counter()
+    act = activation_quantizer(device)
     cuda = torch.device(device).type == "cuda"
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
@@ -138,7 +158,14 @@ def run_audit(
         # The reference engine for both backends: the capture records its operands, and the two
         # prefills compared end to end (C7) must differ in the GEMM backend alone.
         model = Model(
-            config, dense, linears, regime=regime, path=getattr(ckpt, "path", None), tokenizer=tok, engine="reference"
+            config,
+            dense,
+            linears,
+            regime=regime,
+            path=getattr(ckpt, "path", None),
+            tokenizer=tok,
+            engine="reference",
+            act_backend=act,
         )
         ops = prefill.capture(regime, model, token_lists, say)
         timings[f"{regime}_capture_s"] = _lap(t_r, device)
@@ -190,6 +217,8 @@ def run_audit(
         "peak_gpu_memory_bytes": torch.cuda.max_memory_allocated(device) if cuda else None,
         "wall_seconds": round(time.perf_counter() - t0, 3),
     }
+    if act != "reference":
+        result["activation_quantizer"] = act
     if decode is not None:
         result["decode"] = decode.result(keep_cells, native_is_pow2=prefill.native_is_pow2(layers))
     if injection is not None:

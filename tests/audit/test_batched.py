@@ -211,3 +211,27 @@ def test_gpu_real_kernel_beside_its_emulation(pair, tmp_path, monkeypatch):
         assert summary["native"]["bitwise_equal"] == summary["native"]["layers"]
     assert got["kernel_faults"] == [] and got["decode"]["kernel_faults"] == []
     assert {b["backend"] for b in got["baseline"]} == set(pair)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _sm90(), reason="needs an sm90 GPU (CUTLASS)")
+@pytest.mark.parametrize("preset", ["tiny", "tiny-moe"])
+def test_gpu_triton_activation_quantizer_gives_the_same_audit(preset, tmp_path, monkeypatch):
+    """REQUANT_AUDIT_ACT=triton (the capture quantizes through the Triton kernel) against the default
+    (kernels/reference.py's quantizer), cutlass,triton, prefill, decode and the injection: every key
+    equal but timings and the `activation_quantizer` the JSON then names."""
+    from requant.audit.suite import ACT_ENV
+    from requant.checkpoint.synthetic import generate
+
+    ckpt = open_checkpoint(generate(preset, tmp_path / preset))
+    kw = dict(
+        phases=("prefill", "decode"), decode_batches=(1, 8), decode_steps=2, keep_cells="all",
+        injection={"tokens": 4, "prompts": 2},
+    )  # fmt: skip
+    want = run_audit(ckpt, ("cutlass", "triton"), 8, "cuda", **kw)
+    monkeypatch.setenv(ACT_ENV, "triton")
+    got = run_audit(ckpt, ("cutlass", "triton"), 8, "cuda", **kw)
+    assert got.pop("activation_quantizer") == "triton" and "activation_quantizer" not in want
+    for res in (got, want):
+        res.pop("peak_gpu_memory_bytes")
+    assert _strip(got) == _strip(want)

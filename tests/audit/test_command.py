@@ -111,3 +111,18 @@ def test_a_checkpoint_the_runtime_cannot_run_is_refused(tmp_path):
     save_file(tensors, str(src / "model.safetensors"), metadata={"format": "pt"})
     res = runner.invoke(app, ["audit", str(src), "--prompts", "1"])
     assert res.exit_code == 2 and "q_norm" in res.output and "Traceback" not in res.output
+
+
+def test_an_unknown_or_cpu_triton_activation_quantizer_is_refused(tmp_path, monkeypatch):
+    """REQUANT_AUDIT_ACT (audit/suite.py, the quantizer A/B): anything but reference/triton, or
+    triton without CUDA, exits 2 with one line naming the variable; nothing is written."""
+    from requant.audit.suite import ACT_ENV
+
+    out = tmp_path / "a.json"
+    for value, words in [("fast", [ACT_ENV, "'fast'", "reference"]), ("triton", [ACT_ENV, "CUDA"])]:
+        monkeypatch.setenv(ACT_ENV, value)
+        res = runner.invoke(app, ["audit", "--prompts", "1", "--device", "cpu", "--json", str(out)])
+        assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+        (line,) = [ln for ln in res.output.splitlines() if ln.startswith("error:")]
+        assert all(w in line for w in words), line
+        assert not out.exists()
