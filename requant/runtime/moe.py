@@ -87,7 +87,8 @@ def sparse_block(engine, i: int, h: torch.Tensor, capture) -> torch.Tensor:
         if q8 is None:
             gate, up = lin.column(h[rows], names, capture)
         else:
-            gate, up = lin.quantized(q8[rows], s8[rows], names, capture, h[rows])
+            dense = any(n not in model.linears for n in names)  # x is read for an unquantized Linear only
+            gate, up = lin.quantized(q8[rows], s8[rows], names, capture, h[rows] if dense else None)
         if comb is not None:
             return comb.expert(ex + "down_proj", rows, slots, gate, up, weights[rows, slots])
         act = (torch.nn.functional.silu(gate.to(torch.float32)) * up.to(torch.float32)).to(torch.bfloat16)
