@@ -68,6 +68,32 @@ class Count(TorchDispatchMode):
         return out
 
 
+class Launches(TorchDispatchMode):
+    """The torch ops that launch work (views and the like left out), host synchronisations by op,
+    and the ops by the innermost calling frame whose file path holds one of `frames` ("file:function")."""
+
+    def __init__(self, frames: tuple[str, ...] = ()):
+        super().__init__()
+        self.frames, self.ops, self.syncs, self.where = frames, 0, Counter(), Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        import sys
+
+        out = func(*args, **(kwargs or {}))
+        name = func.__name__.split(".")[0]
+        if name in SYNC_OPS:
+            self.syncs[name] += 1
+        if name in _NO_LAUNCH:
+            return out
+        self.ops += 1
+        if self.frames:
+            f = sys._getframe(1)
+            while f is not None and not any(k in f.f_code.co_filename for k in self.frames):
+                f = f.f_back
+            self.where[f"{f.f_code.co_filename.rsplit('/', 1)[-1]}:{f.f_code.co_name}" if f else "?"] += 1
+        return out
+
+
 def main() -> None:
     from requant import kernels
     from requant.audit import batched

@@ -16,14 +16,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import sys
 import tempfile
-from collections import Counter
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
-from benchmarks.audit_op_counts import _NO_LAUNCH
+from benchmarks.audit_op_counts import Launches
 from requant import kernels
 from requant.audit.phases import injection
 from requant.audit.phases.lean_faults import lean_faults
@@ -31,23 +28,6 @@ from requant.checkpoint.synthetic import PRESETS, generate
 from requant.runtime import load_model
 
 _FRAMES = ("audit/phases/", "runtime/reference.py", "kernels/ops.py", "kernels/reference.py")
-
-
-class _Count(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.ops, self.where = 0, Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        if func.__name__.split(".")[0] in _NO_LAUNCH:
-            return out
-        self.ops += 1
-        f = sys._getframe(1)
-        while f is not None and not any(k in f.f_code.co_filename for k in _FRAMES):
-            f = f.f_back
-        self.where[f"{f.f_code.co_filename.rsplit('/', 1)[-1]}:{f.f_code.co_name}" if f else "?"] += 1
-        return out
 
 
 def _acc(a, w):
@@ -74,7 +54,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         generate(preset, d)
         model = load_model(d, regime="pow2", engine="reference")
-        count = _Count()
+        count = Launches(_FRAMES)
         with count:
             injection.run_injection(model, prompts, (base, base), tokens=args.tokens, batched=True)
     report = {

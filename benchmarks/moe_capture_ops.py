@@ -17,30 +17,14 @@ import argparse
 import dataclasses
 import json
 import tempfile
-from collections import Counter
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
-from benchmarks.audit_op_counts import _NO_LAUNCH, SYNC_OPS
+from benchmarks.audit_op_counts import Launches
 from requant import kernels
 from requant.audit.phases.decode import batch_prompts, decode_operands
 from requant.checkpoint.synthetic import PRESETS, generate
 from requant.runtime import load_model
-
-
-class _Count(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.ops, self.syncs = 0, Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        name = func.__name__.split(".")[0]
-        self.ops += name not in _NO_LAUNCH
-        if name in SYNC_OPS:
-            self.syncs[name] += 1
-        return out
 
 
 def _one_launch(a, w, s_a, s_w):
@@ -61,7 +45,7 @@ def main() -> None:
         gemm = kernels.ScaledMM("one-launch", _one_launch, "triton-order")
         model = load_model(d, regime="pow2", engine="reference").with_backends(gemm)
         prompts = batch_prompts([list(range(1, 6 + i)) for i in range(8)], args.batch)
-        count = _Count()
+        count = Launches()
         with count, torch.no_grad():
             decode_operands(model, prompts, args.steps)
     report = {

@@ -14,6 +14,7 @@ from requant import DEFAULT_CHECKPOINT, data_path
 from requant.checkpoint import open_checkpoint
 from requant.checkpoint.synthetic import PRESETS, generate, plan
 from requant.io.safetensors_io import read_header
+from requant.models.qwen3 import SIZE_KEYS
 from requant.scales.from_source import rtn_quantize
 from tests.requant.conftest import tree_bytes
 
@@ -51,16 +52,7 @@ def test_generator_module_equals_the_api(tmp_path):
     assert tree_bytes(tmp_path / "m") == tree_bytes(generate("tiny", tmp_path / "api"))
 
 
-DIMS = (
-    "hidden_size",
-    "intermediate_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "num_key_value_heads",
-    "head_dim",
-    "vocab_size",
-    "tie_word_embeddings",
-)
+DIMS = (*SIZE_KEYS, "tie_word_embeddings")  # the config keys the runtime reads (requant.models.qwen3)
 
 
 def _dims(cfg: dict) -> tuple:
