@@ -15,6 +15,8 @@ Linears, and what is measured: docs/audit.md#4-faults-injected-into-the-generati
 
 from __future__ import annotations
 
+import itertools
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -69,6 +71,7 @@ class FaultInjector:
         self.fault = None
         self.targets: set[int] = set()
         self.blocks: list | None = None
+        self._bounds: list[int] | None = None  # the blocks' row bounds within rows_of; else equal blocks
         self._rest: dict = {}  # (rows per block, faulted blocks) -> index of the base rows, on the device
 
     def __call__(self, a, w, s_a, s_w):
@@ -81,21 +84,23 @@ class FaultInjector:
     def _base(self, a, w, s_a, s_w):
         return kernels.scaled_mm(a, w, s_a, s_w, backend=self.base)
 
-    def _faulted_at_once(self, a, w, s_a, s_w, hit, r, out) -> bool:
-        """The faulted blocks, consecutive, whose kernels all give their last fp32 value (lean_faults:
-        `last`): one exact accumulator for all their rows (exact integers: any row split gives the
-        same bits), each block's last value from its rows, one bf16 cast for them all (elementwise:
-        the same bits as each block's own), the truncating ones cast apart; the blocks whose kernels
-        end with the Triton-order epilogue (`last_operands`) share one call of it. False: not
-        applicable."""
+    def _faulted_at_once(self, a, w, s_a, s_w, hit, bounds, out) -> bool:
+        """The faulted blocks, their rows consecutive, whose kernels all give their last fp32 value
+        (lean_faults: `last`): one exact accumulator for all their rows (exact integers: any row split
+        gives the same bits), each block's last value from its rows, one bf16 cast for them all
+        (elementwise: the same bits as each block's own), the truncating ones cast apart; the blocks
+        whose kernels end with the Triton-order epilogue (`last_operands`) share one call of it.
+        False: not applicable."""
         fns = [self.blocks[j][0] for j in hit]
-        if len(hit) < 2 or hit != tuple(range(hit[0], hit[-1] + 1)) or not all(hasattr(f, "last") for f in fns):
+        if len(hit) < 2 or not all(hasattr(f, "last") for f in fns):
             return False
-        lo = hit[0] * r
-        acc = exact_accumulate(a[lo : lo + len(hit) * r], w)
+        lo, hi = bounds[hit[0]], bounds[hit[-1] + 1]
+        if sum(bounds[j + 1] - bounds[j] for j in hit) != hi - lo:  # another block's rows between them
+            return False
+        acc = exact_accumulate(a[lo:hi], w)
         vals, tri = [None] * len(fns), []
-        for i, fn in enumerate(fns):
-            rows, at = slice(lo + i * r, lo + (i + 1) * r), slice(i * r, (i + 1) * r)
+        for i, (j, fn) in enumerate(zip(hit, fns)):
+            rows, at = slice(bounds[j], bounds[j + 1]), slice(bounds[j] - lo, bounds[j + 1] - lo)
             ops = fn.last_operands(a[rows], w, s_a[rows], s_w, acc[at]) if hasattr(fn, "last_operands") else None
             if ops is None:
                 vals[i] = fn.last(a[rows], w, s_a[rows], s_w, acc[at])
@@ -106,13 +111,34 @@ class FaultInjector:
             ints = [t[1] for t in tri if t[1].dtype == torch.int32]
             accs = ([torch.cat(ints).to(torch.float32)] if ints else []) + [t[1] for t in tri[len(ints) :]]
             y = lean_epilogue(torch.cat(accs), torch.cat([t[2].reshape(-1) for t in tri]), s_w)
-            for j, (i, _, _) in enumerate(tri):
-                vals[i] = y[j * r : (j + 1) * r]
-        out[lo : lo + len(hit) * r] = round_fp32_to_bf16(torch.cat(vals))
-        for i, fn in enumerate(fns):
+            at = 0
+            for i, acc_i, _ in tri:
+                vals[i] = y[at : at + acc_i.shape[0]]
+                at += acc_i.shape[0]
+        out[lo:hi] = round_fp32_to_bf16(torch.cat(vals))
+        for j, fn, v in zip(hit, fns, vals):
             if fn.truncates:
-                out[lo + i * r : lo + (i + 1) * r] = truncate_fp32_to_bf16(vals[i])
+                out[bounds[j] : bounds[j + 1]] = truncate_fp32_to_bf16(v)
         return True
+
+    @contextmanager
+    def rows_of(self, rows: torch.Tensor, total: int):
+        """Calls within get the rows `rows` (ascending) of a batch of `total` rows: the MoE block's
+        experts, each given the tokens routed to it (DeviceLinears.rows_of). Batched, a block's rows
+        there are as many as its own run routes to the expert, in its run's order: the blocks' bounds
+        (one host read), and a block with none makes no call, as its run would make none."""
+        if self.blocks is None:
+            yield
+            return
+        n = len(self.blocks)
+        per, left = divmod(total, n)
+        assert left == 0, (total, n)
+        counts = torch.bincount(torch.div(rows, per, rounding_mode="floor"), minlength=n).tolist()
+        saved, self._bounds = self._bounds, [0, *itertools.accumulate(counts)]
+        try:
+            yield
+        finally:
+            self._bounds = saved
 
     def shared_input(self, a, s_a, weights):
         """Several Linears of one input a (the engine's q/k/v, gate/up; weights [(w, s_w)]), the
@@ -139,27 +165,41 @@ class FaultInjector:
 
     def _by_block(self, a, w, s_a, s_w, hit=None):
         n = len(self.blocks)
-        r, left = divmod(a.shape[0], n)
-        assert left == 0, (a.shape, n)
+        if self._bounds is None:
+            r, left = divmod(a.shape[0], n)
+            assert left == 0, (a.shape, n)
+            bounds = [j * r for j in range(n + 1)]
+        else:
+            bounds = self._bounds
+            assert bounds[-1] == a.shape[0], (a.shape, bounds)
         if hit is None:
             hit = self._hit(w.data_ptr())
+        hit = tuple(j for j in hit if bounds[j] < bounds[j + 1])
         if not hit and self.rows_alone:
             return self._base(a, w, s_a, s_w)
         out = torch.empty(a.shape[0], w.shape[0], dtype=torch.bfloat16, device=a.device)
-        done = hit if self._faulted_at_once(a, w, s_a, s_w, hit, r, out) else ()
+        done = hit if self._faulted_at_once(a, w, s_a, s_w, hit, bounds, out) else ()
         for j in range(n):
-            if j not in done and (j in hit or not self.rows_alone):
-                rows = slice(j * r, (j + 1) * r)
+            lo, hi = bounds[j], bounds[j + 1]
+            if lo < hi and j not in done and (j in hit or not self.rows_alone):
                 fn = self.blocks[j][0] if j in hit else self._base
-                out[rows] = fn(a[rows], w, s_a[rows], s_w)
-        if self.rows_alone and len(hit) < n:
-            key = (r, hit)
-            if key not in self._rest:
-                idx = [i for j in range(n) if j not in hit for i in range(j * r, (j + 1) * r)]
-                self._rest[key] = torch.tensor(idx, dtype=torch.long).to(a.device)
-            idx = self._rest[key]
+                out[lo:hi] = fn(a[lo:hi], w, s_a[lo:hi], s_w)
+        if self.rows_alone and bounds[-1] > sum(bounds[j + 1] - bounds[j] for j in hit):
+            idx = self._rest_rows(bounds, hit, a.device)
             out[idx] = self._base(a[idx], w, s_a[idx], s_w)
         return out
+
+    def _rest_rows(self, bounds: list[int], hit: tuple[int, ...], device) -> torch.Tensor:
+        """The rows of the blocks not in hit (the base's), on the device; kept for equal blocks (the
+        same few keys every step), made afresh for an expert's (rows_of: bounds vary per call)."""
+        key = (tuple(bounds), hit)
+        idx = self._rest.get(key)
+        if idx is None:
+            rows = [i for j in range(len(bounds) - 1) if j not in hit for i in range(bounds[j], bounds[j + 1])]
+            idx = torch.tensor(rows, dtype=torch.long).to(device)
+            if self._bounds is None:
+                self._rest[key] = idx
+        return idx
 
 
 def base_backend(backends: tuple[str, str]) -> str:

@@ -82,6 +82,10 @@ def sparse_block(engine, i: int, h: torch.Tensor, capture) -> torch.Tensor:
         q8, s8 = kernels.quantize_activations(h, backend=model.act_backend)
 
     def expert(e: int, rows, slots):
+        with lin.rows_of(rows, h.shape[0]):
+            return _expert(e, rows, slots)
+
+    def _expert(e: int, rows, slots):
         ex = f"{p}experts.{e}."
         names = (ex + "gate_proj", ex + "up_proj")
         if q8 is None:

@@ -18,6 +18,7 @@ invariance argument: docs/runtime.md.
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import nullcontext
 
 import torch
 
@@ -75,6 +76,13 @@ class DeviceLinears:
             else:
                 outs.append(self.dense(x, n))
         return outs
+
+    def rows_of(self, rows: torch.Tensor, total: int):
+        """A context whose calls get the rows `rows` of a batch of `total` (the MoE block's experts).
+        A kernel object that computes blocks of rows apart needs their positions (the audit's fault
+        injector: audit/phases/injection.FaultInjector.rows_of); the others ignore it."""
+        hook = getattr(getattr(self.model.backend, "fn", None), "rows_of", None)
+        return hook(rows, total) if hook is not None else nullcontext()
 
     def dense(self, x: torch.Tensor, name: str) -> torch.Tensor:
         """A Linear the checkpoint keeps in bf16 (the lm_head, say): fixed-chunk fp32 rows."""

@@ -76,12 +76,14 @@ def test_the_injector_faults_only_its_target_weights():
 @pytest.mark.skipif(
     not (torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0)), reason="needs an sm90 GPU"
 )
-def test_batched_runs_on_cuda_equal_the_runs_one_after_another(tmp_path):
+@pytest.mark.parametrize("preset", ["tiny", "tiny-moe"])
+def test_batched_runs_on_cuda_equal_the_runs_one_after_another(preset, tmp_path):
     """CUDA's default (the 22 runs as one batch) against the runs one after another, cutlass,triton
-    on the tiny synthetic, both regimes: every field of the result, bit for bit."""
+    on the tiny synthetics (dense, and MoE: each expert's rows a block of its own run's tokens),
+    both regimes: every field of the result, bit for bit."""
     from requant.checkpoint.synthetic import generate
 
-    path = generate("tiny", tmp_path / "tiny")
+    path = generate(preset, tmp_path / preset)
     for regime in ("native", "pow2"):
         model = load_model(path, regime=regime, engine="reference", device="cuda")
         toks = _tokens(model, 4)
@@ -129,7 +131,9 @@ def test_injection_one_prompt_one_token_is_scored_without_false_negatives(tmp_pa
 # every M, only at M <= 8, only at M > 64, only under native scales, only in one Linear kind, at
 # every element or one in 10**3, legal ones; the same kernel twice in a row; the faulty one first
 # or second); the regime; 1 to 4 prompts (prefill M = 17 to 83 packed, decode M = 1 to 4); 1 to 3
-# tokens; runs per batch from 1 (BATCH_ROWS = prompts) to all of them.
+# tokens; runs per batch from 1 (BATCH_ROWS = prompts) to all of them; the model, dense (the embedded
+# default) or MoE (tiny-moe: an expert gets the rows routed to it, so a block's rows there are as
+# many as its own run routes, none at all for some: FaultInjector.rows_of).
 INJ_CASES = 15
 CATALOGUE = ("F1", "F2", "F3", "F4", "F5", "F6", "F7", "F8", "F9a", "F9b", "F9c")
 SMALL_M = 8
@@ -194,6 +198,7 @@ def draw_injection(seed: int) -> dict:
         "shape": shape,
         "faults": faults,
         "regime": ["native", "pow2"][(seed // 2) % 2],
+        "model": ["dense", "moe"][(seed // 3) % 2],
         "prompts": prompts,
         "tokens": tokens,
         "rows": prompts * per,
@@ -239,8 +244,15 @@ def _kernels(case):
 
 
 @pytest.fixture(scope="module")
-def models():
-    return {r: load_model(DEFAULT_CHECKPOINT, regime=r, engine="reference") for r in ("native", "pow2")}
+def models(tmp_path_factory):
+    from requant.checkpoint.synthetic import generate
+
+    moe = generate("tiny-moe", tmp_path_factory.mktemp("moe") / "m")
+    return {
+        (kind, r): load_model(path, regime=r, engine="reference")
+        for kind, path in (("dense", DEFAULT_CHECKPOINT), ("moe", moe))
+        for r in ("native", "pow2")
+    }
 
 
 def _bits(x):
@@ -264,7 +276,7 @@ def test_generated_batched_injection_equals_the_runs_one_after_another(seed, mod
 
     case = draw_injection(seed)
     pair, faults = _kernels(case)
-    model = models[case["regime"]]
+    model = models[case["model"], case["regime"]]
     toks = _tokens(model, case["prompts"])
     monkeypatch.setattr(injection, "device_faults", lambda device: faults)
     one_by_one = run_injection(model, toks, pair, tokens=case["tokens"], batched=False)
@@ -284,7 +296,7 @@ def test_generated_batched_injection_equals_the_runs_one_after_another(seed, mod
 def test_the_injection_generator_covers_its_space():
     """The drawn cases span every base, pair shape and regime, both positions of the base, catalogue,
     small-M, generated and lean kernels (all lean with several runs per batch), a kernel twice in a row, a legal kernel first and last, 1 to 4
-    prompts, one run per batch and all runs in one batch."""
+    prompts, one run per batch and all runs in one batch, both models (all-lean cases on each) under both regimes."""
     cases = [draw_injection(s) for s in range(INJ_CASES)]
     assert {c["base"] for c in cases} == {"builtin", "legal", "small", "large", "kind"}
     assert {c["shape"] for c in cases} == {
@@ -294,6 +306,8 @@ def test_the_injection_generator_covers_its_space():
         "two-kernels-one-order",
     }
     assert {c["regime"] for c in cases} == {"native", "pow2"}
+    assert {(c["model"], c["regime"]) for c in cases} == {(m, r) for m in ("dense", "moe") for r in ("native", "pow2")}
+    assert {c["model"] for c in cases if c["faults"] and all(k == "lean" for k, _ in c["faults"])} == {"dense", "moe"}
     assert {c["names"][0].startswith("reference-triton") or c["names"][0].startswith("triton-order:")
             for c in cases if c["shape"] == "two-orders"} == {True, False}  # fmt: skip
     kinds = [k for c in cases for k, _ in c["faults"]]
