@@ -85,41 +85,79 @@ def sparse_block(engine, i: int, h: torch.Tensor, capture) -> torch.Tensor:
         with lin.rows_of(rows, h.shape[0]):
             return _expert(e, rows, slots)
 
-    def _expert(e: int, rows, slots):
+    def _gate_up(e: int, rows):
         ex = f"{p}experts.{e}."
         names = (ex + "gate_proj", ex + "up_proj")
         if q8 is None:
-            gate, up = lin.column(h[rows], names, capture)
-        else:
-            dense = any(n not in model.linears for n in names)  # x is read for an unquantized Linear only
-            gate, up = lin.quantized(q8[rows], s8[rows], names, capture, h[rows] if dense else None)
+            return lin.column(h[rows], names, capture)
+        dense = any(n not in model.linears for n in names)  # x is read for an unquantized Linear only
+        return lin.quantized(q8[rows], s8[rows], names, capture, h[rows] if dense else None)
+
+    def _expert(e: int, rows, slots):
+        gate, up = _gate_up(e, rows)
         if comb is not None:
-            return comb.expert(ex + "down_proj", rows, slots, gate, up, weights[rows, slots])
-        act = (torch.nn.functional.silu(gate.to(torch.float32)) * up.to(torch.float32)).to(torch.bfloat16)
-        return lin.row(act, ex + "down_proj", capture)
+            return comb.expert(f"{p}experts.{e}.down_proj", rows, slots, gate, up, weights[rows, slots])
+        return lin.row(_silu_mul(gate, up), f"{p}experts.{e}.down_proj", capture)
 
-    out = combine(ids, weights, h.shape[1], expert)
-    return comb.out() if comb is not None else out
+    routes = expert_rows(ids)
+    downs = [f"{p}experts.{e}.down_proj" for e, _, _ in routes]
+    if comb is not None or q8 is None or not all(n in model.linears for n in downs):
+        out = combine(ids, weights, h.shape[1], expert, routes)
+        return comb.out() if comb is not None else out
+    # Every routed expert's down projection quantized: its inputs are quantized once for the layer
+    # too. silu(gate) * up and the per-token quantization are functions of a row alone, so each
+    # expert's slice of the layer's rows has the bits its own call would have (the quantizer's
+    # row locality: tests/requant/runtime/test_moe.py); the down GEMMs and the combine then run
+    # per expert in ascending id, as combine does. Two passes instead of one: the gate/up outputs
+    # of every routed expert are held at once ([T x top_k, moe_intermediate] bf16).
+    gates, ups = [], []
+    for e, rows, _ in routes:
+        with lin.rows_of(rows, h.shape[0]):
+            gate, up = _gate_up(e, rows)
+        gates.append(gate)
+        ups.append(up)
+    if not routes:
+        return torch.zeros_like(h)
+    qd, sd = kernels.quantize_activations(_silu_mul(torch.cat(gates), torch.cat(ups)), backend=model.act_backend)
+    acc = torch.zeros(h.shape[0], h.shape[1], dtype=torch.float32, device=h.device)
+    at = 0
+    for (_, rows, slots), name in zip(routes, downs):
+        n = rows.shape[0]
+        with lin.rows_of(rows, h.shape[0]):
+            (y,) = lin.quantized(qd[at : at + n], sd[at : at + n], (name,), capture)
+        acc[rows] += y.to(torch.float32) * weights[rows, slots][:, None]
+        at += n
+    return acc.to(torch.bfloat16)
 
 
-def combine(ids: torch.Tensor, weights: torch.Tensor, hidden: int, expert) -> torch.Tensor:
-    """bf16 [T, hidden]: expert(e, rows, slots) -> bf16 [len(rows), hidden] (None: nothing to add)
-    called for each routed expert in ascending id, rows ascending with one slot each; the outputs
-    added per token in fp32 in that order, acc += fp32(y) * w, rounded to bf16 once (step 5)."""
-    acc = torch.zeros(ids.shape[0], hidden, dtype=torch.float32, device=ids.device)
-    # One host read per block (the counts), not one per expert: a stable sort of the flat [T, k]
-    # ids lists each expert's (row, slot) positions in ascending flat index, i.e. rows ascending,
-    # exactly as (ids == e).nonzero() would.
+def _silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """bf16(silu(fp32(gate)) * fp32(up)): the Qwen3 MLP's activation, elementwise."""
+    return (torch.nn.functional.silu(gate.to(torch.float32)) * up.to(torch.float32)).to(torch.bfloat16)
+
+
+def expert_rows(ids: torch.Tensor) -> list[tuple[int, torch.Tensor, torch.Tensor]]:
+    """[(expert id, rows, slots)] for each routed expert in ascending id, its (row, slot) positions
+    in ascending row order, exactly as (ids == e).nonzero() lists them. One host read (the counts),
+    not one per expert: a stable sort of the flat [T, k] ids lists each expert's positions in
+    ascending flat index."""
     k = ids.shape[1]
     flat = ids.reshape(-1)
     order = torch.sort(flat, stable=True).indices
-    start = 0
-    for e, n in enumerate(torch.bincount(flat).tolist()):  # ascending expert id: the combine order
-        if n == 0:
-            continue
-        idx = order[start : start + n]
-        start += n
-        rows, slots = idx // k, idx % k
+    out, start = [], 0
+    for e, n in enumerate(torch.bincount(flat).tolist()):
+        if n:
+            idx = order[start : start + n]
+            out.append((e, idx // k, idx % k))
+            start += n
+    return out
+
+
+def combine(ids: torch.Tensor, weights: torch.Tensor, hidden: int, expert, routes=None) -> torch.Tensor:
+    """bf16 [T, hidden]: expert(e, rows, slots) -> bf16 [len(rows), hidden] (None: nothing to add)
+    called for each routed expert in ascending id (expert_rows; `routes` if already listed); the
+    outputs added per token in fp32 in that order, acc += fp32(y) * w, rounded to bf16 once (step 5)."""
+    acc = torch.zeros(ids.shape[0], hidden, dtype=torch.float32, device=ids.device)
+    for e, rows, slots in expert_rows(ids) if routes is None else routes:
         y = expert(e, rows, slots)
         if y is not None:
             acc[rows] += y.to(torch.float32) * weights[rows, slots][:, None]

@@ -216,6 +216,30 @@ def test_triton_cached_launches_same_bits(config):
         assert bitwise_equal(got, ref.scaled_mm_triton_order(a, w, s_a, s_w)), f"strided call {i}"
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_triton_quantize_of_row_subsets_gives_the_whole_calls_rows(seed):
+    """Per-token quantization is a function of the row alone on the GPU too: the Triton kernel on
+    any subset of rows (an MoE expert's tokens, quantized once per layer and sliced: runtime/moe.py)
+    gives those rows of the whole call, and the reference's bits. Drawn: widths (Qwen3-MoE's 768 and
+    1536, 2048, a non-multiple of 16), rows of every magnitude, zero and tiny (below 2**-64) rows,
+    subsets of every size including one row and all rows."""
+    from requant.kernels import triton as tk
+
+    g = torch.Generator().manual_seed(seed)
+    k = [768, 1536, 2048, 1000][seed]
+    m = int(torch.randint(1, 300, (), generator=g))
+    x = torch.randn(m, k, generator=g) * torch.exp2(torch.randint(-90, 20, (m, 1), generator=g).float())
+    x[torch.rand(m, generator=g) < 0.1] = 0
+    x = x.to(torch.bfloat16).cuda()
+    q, s = tk.quantize_activations(x)
+    q_ref, s_ref = ref.quantize_activations(x)
+    assert torch.equal(q, q_ref) and bitwise_equal(s, s_ref)
+    for size in (1, max(1, m // 7), m // 2 + 1, m):
+        rows = torch.randperm(m, generator=g)[:size].sort().values.cuda()
+        qs, ss = tk.quantize_activations(x[rows])
+        assert torch.equal(qs, q[rows]) and bitwise_equal(ss, s[rows]), (seed, size)
+
+
 def test_triton_quantize_cached_and_nonfinite_rows():
     """Cached quantization launches equal the reference, and on a GPU the default check
     marks NaN/inf rows without a host sync (s = NaN with POISON_SCALE_BITS, q = 0), exactly
