@@ -11,6 +11,7 @@ Contract (shared by every backend in kernels/):
 Proof that the oracle is exact: docs/kernels.md#why-the-oracle-is-exact.
 """
 
+import math
 from fractions import Fraction
 
 import torch
@@ -197,6 +198,7 @@ ACTIVATION_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # Rows whose absmax is below TINY are scaled by 1/TINY before the inverse is taken (exact:
 # a power of two), so that 127 / absmax never overflows; see quantize_activations.
 TINY = 2.0**-64
+DEN_FLOOR = 2.0**-100  # quantize_activations: a zero row's denominator (below every other row's)
 
 
 # s of a row that holds a NaN or an infinity when nothing refused it (check=False, or a GPU
@@ -254,19 +256,22 @@ def quantize_activations(x: torch.Tensor, check: bool | None = None) -> tuple[to
     checked = _check_activations(x, check)
     xf = x.to(torch.float32)
     absmax = xf.abs().amax(dim=1, keepdim=True) if xf.shape[1] else torch.zeros(xf.shape[0], 1, device=xf.device)
-    zero = absmax == 0
-    up = torch.where(absmax < TINY, torch.full_like(absmax, 1.0 / TINY), torch.ones_like(absmax))
+    # Few launches (the reference engine quantizes every layer's inputs on the GPU too); each step
+    # gives the formula's bits: a zero row's s is 0 / 127 = +0 and its q is (+-0) * finite = 0 (the
+    # denominator floor DEN_FLOOR = 2**-100 lies below every nonzero absmax * up >= 2**-149 * 2**64,
+    # so it moves no other row, and 127 / 2**-100 is finite).
+    up = torch.where(absmax < TINY, 1.0 / TINY, 1.0).to(torch.float32)  # float32 whatever the default dtype
     # Both divisions tensor / tensor: `127.0 / t` is t.reciprocal() * 127 in torch (two
     # roundings), and on CUDA `t / 127.0` with a CPU scalar multiplies by 1/127; only a
     # tensor divisor gives the one IEEE division that the contract names.
     c127 = torch.full_like(absmax, 127.0)
-    s = torch.where(zero, torch.zeros_like(absmax), absmax / c127)
-    inv = torch.where(zero, torch.zeros_like(absmax), c127 / torch.where(zero, torch.ones_like(absmax), absmax * up))
+    s = absmax / c127
+    inv = c127 / (absmax * up).clamp_min_(DEN_FLOOR)
     q = torch.round((xf * up) * inv).clamp_(-128, 127).to(torch.int8)
     if not checked:  # no host read: mark rows with NaN/inf on the device (see POISON_SCALE_BITS)
-        bad = ~torch.isfinite(xf).all(dim=1, keepdim=True)
+        ok = absmax < math.inf  # False for a row with a NaN (amax propagates it) or an infinity
         # torch.full, not torch.tensor(..., device=cuda): a host-to-device copy waits for the stream
         poison = torch.full((), POISON_SCALE_BITS, dtype=torch.int32, device=xf.device).view(torch.float32)
-        s = torch.where(bad, poison, s)
-        q = torch.where(bad, torch.zeros_like(q), q)
-    return q, s.to(torch.float32)
+        s = torch.where(ok, s, poison)
+        q = q.mul_(ok)
+    return q, s

@@ -109,6 +109,76 @@ def test_quantize_reference_spec():
     assert torch.all(q[3] == 0) and float(s[3]) == 0.0
 
 
+def _quantize_numpy(x: torch.Tensor):
+    """The contract in numpy float32, row by row (independent of torch): s = fp32(absmax / 127);
+    rows with absmax < 2**-64 scaled by 2**64 first (exact), inv = fp32(127 / absmax'), q =
+    clip(rint(fp32(x' * inv))); a zero row s = 0, q = 0; a row with NaN or inf: s = the poison NaN
+    (POISON_SCALE_BITS), q = 0."""
+    import numpy as np
+
+    xf = x.float().numpy()
+    q = np.zeros(xf.shape, dtype=np.int8)
+    s = np.zeros((xf.shape[0], 1), dtype=np.float32)
+    for i, row in enumerate(xf):
+        if not np.all(np.isfinite(row)):
+            s[i, 0] = np.array([ref.POISON_SCALE_BITS], dtype=np.int32).view(np.float32)[0]
+            continue
+        amax = np.float32(np.abs(row).max()) if row.size else np.float32(0)
+        if amax == 0:
+            continue
+        s[i, 0] = amax / np.float32(127)
+        up = np.float32(2.0**64) if amax < 2.0**-64 else np.float32(1)
+        inv = np.float32(127) / np.float32(amax * up)
+        q[i] = np.clip(np.rint((row * up).astype(np.float32) * inv), -128, 127).astype(np.int8)
+    return q, s
+
+
+def _draw_rows(seed: int):
+    """(x, kinds drawn): one case of the space below."""
+    g = torch.Generator().manual_seed(seed)
+    dtype = [torch.bfloat16, torch.float16, torch.float32][seed % 3]
+    lo, hi = {torch.bfloat16: (-133, 120), torch.float16: (-24, 14), torch.float32: (-149, 120)}[dtype]
+    m, k = int(torch.randint(1, 41, (), generator=g)), [0, 1, 7, 96, 300][seed % 5]
+    exps = torch.randint(lo, hi, (m, 1), generator=g).float()
+    x = (torch.randn(m, k, generator=g) * torch.exp2(exps)).to(dtype)
+    kind = torch.randint(0, 10, (m,), generator=g) if k else torch.full((m,), 9)
+    x[kind == 0] = 0
+    x[kind == 1] = 0  # one value at the dtype's smallest magnitude, the rest zero
+    if k:
+        x[kind == 1, 0] = torch.tensor(2.0**lo, dtype=dtype)
+    if seed % 2 and k:
+        x[kind == 2, k // 2] = float("nan")
+        x[kind == 3, 0] = float("inf") if seed % 4 == 1 else -float("inf")
+    drawn = {str(dtype), "k0" if k == 0 else "k>0"}
+    drawn |= {name for i, name in enumerate(["zero", "tiny"]) if (kind == i).any()}
+    drawn |= {name for i, name in ((2, "nan"), (3, "inf")) if seed % 2 and (kind == i).any()}
+    return x, drawn
+
+
+QUANTIZE_CASES = 24
+
+
+@pytest.mark.parametrize("seed", range(QUANTIZE_CASES))
+def test_quantize_generated_rows_equal_the_numpy_contract(seed):
+    """reference: _quantize_numpy above. Drawn (_draw_rows): bf16, fp16, fp32; M 1 to 40, K 0 to
+    300; each row's magnitude from the smallest subnormal of its dtype to near its largest, zero
+    rows, rows holding one value of the smallest magnitude among zeros, and (check=False, the GPU's
+    path: no host read) rows with a NaN or an infinity, which get the poison scale and q = 0. q and
+    s bit for bit."""
+    import numpy as np
+
+    x, _ = _draw_rows(seed)
+    q, s = ref.quantize_activations(x, check=False)
+    q_np, s_np = _quantize_numpy(x)
+    assert np.array_equal(q.numpy(), q_np), seed
+    assert np.array_equal(s.numpy().view(np.int32), s_np.view(np.int32)), seed
+
+
+def test_quantize_generator_covers_its_space():
+    drawn = set().union(*(_draw_rows(seed)[1] for seed in range(QUANTIZE_CASES)))
+    assert drawn == {"torch.bfloat16", "torch.float16", "torch.float32", "k0", "k>0", "zero", "tiny", "nan", "inf"}
+
+
 def _spy_fraction_rounding(monkeypatch):
     calls = []
     real = ref._round_fraction_to_bf16
