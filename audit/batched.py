@@ -227,7 +227,11 @@ class Started:
                 else:
                     runs.append([r, r + m, p])
             self.runs = [tuple(x) for x in runs]
-        self.grouped = parts is not None
+        # a group of one Linear (a shape's last few puts, a Linear over the group bound) is that
+        # Linear alone: its [N, 1] scales, not a materialised [R, N, 1] of one row repeated
+        self.grouped = len(self.runs) > 1
+        if parts is not None and not self.grouped:
+            self.wt = self.runs[0][2]
         self.stat_of: dict = {}  # variant -> [S, _STAT] device tensor
         self.cells: dict = {}  # variant -> _Cell
 

@@ -118,19 +118,40 @@ def audit_layer(
     return row
 
 
-# Expert Linears of one weight shape are evaluated together (batched.start_linear's parts), up to
-# this many output elements (rows x N) a group: a Qwen3-30B-A3B layer's 128 gate (or up, or down)
-# projections at 8 prompts are about one group; the group's [R, N] cell tensors bound its memory.
+# Linears of one weight shape are evaluated together (batched.start_linear's parts). A group is
+# evaluated once its rows x N reach GROUP_ELEMENTS, so it holds less than that plus one Linear's
+# rows x N: a Qwen3-30B-A3B layer's 128 gate (or up, or down) projections at 8 prompts are about one
+# group; a dense prefill Linear of Qwen3-32B (about 240 x 25,600 = 6.1M) is a group of two, of
+# Qwen3-1.7B (240 x 6,144) six; its decode Linears (36 rows at batches 1 and 8, 4 steps) groups of
+# 10 to 40. Memory: the members' pair outputs wait in the group (2 bf16 [M, N] each: < 64 MiB a
+# shape at the bound), and its evaluation holds about 20 [R, N] cell tensors and a few int32/fp32
+# [R, N] intermediates at once (on the order of 100 bytes an element: about 1 GB at the bound,
+# whatever the model's size).
 GROUP_ELEMENTS = 1 << 23
 
 
-GROUPS_ENV = "REQUANT_AUDIT_GROUPS"  # 0: every expert Linear evaluated alone (the A/B of benchmarks)
+GROUPS_ENV = "REQUANT_AUDIT_GROUPS"  # 0: every Linear evaluated alone (the A/B of the benchmarks)
+
+# Dense Linears grouped: None = on CUDA only, True = everywhere (the tests and op counts, on the
+# CPU), False = never. On CUDA the audit is dispatch bound (about 700 launching ops a Linear) and a
+# group dispatches those once. On the CPU there is no launch to save and the torch statistics pass
+# (batched_stats: a dozen passes over [cells, R, N], where CUDA's Triton pass reads each element
+# once) runs out of cache on a group's larger tensors: grouping the embedded default's dense
+# Linears made its prefill cells 1.5x slower (benchmarks/audit_whole_ops.py, docs/audit.md).
+DENSE_GROUPS: bool | None = None
 
 
-def groupable(name) -> bool:
-    """A Qwen3-MoE expert Linear (model.layers.L.mlp.experts.E.*): many Linears of one shape,
-    each with few rows, whose per-Linear work a group shares."""
-    return isinstance(name, str) and ".mlp.experts." in name
+def groupable(name, device: torch.device | None = None) -> bool:
+    """Whether a Linear joins the group of its weight shape: a Qwen3-MoE expert Linear
+    (model.layers.L.mlp.experts.E.*: many Linears of one shape, each with few rows) everywhere;
+    any other quantized Linear where DENSE_GROUPS says so (on CUDA by default)."""
+    if not isinstance(name, str):
+        return False
+    if ".mlp.experts." in name:
+        return True
+    if DENSE_GROUPS is not None:
+        return DENSE_GROUPS
+    return device is not None and device.type == "cuda"
 
 
 class _Group:
@@ -149,8 +170,10 @@ class _Group:
 
 class LinearQueue:
     """Evaluates Linears through audit/batched.py (or per cell when REQUANT_AUDIT_PER_CELL is set,
-    or when a Linear needs it), reading results back once per `window` evaluations; expert
-    Linears (groupable) of one shape are evaluated as one group.
+    or when a Linear needs it), reading results back once per `window` evaluations; Linears of one
+    weight shape that are groupable (experts; dense Linears on CUDA) are evaluated as one group, up
+    to GROUP_ELEMENTS, or each alone with REQUANT_AUDIT_GROUPS=0. The results, their order and the
+    progress advanced in all (21 a segment) are the same either way; a group advances at once.
 
     put(key, labelled, wt): labelled = [(label, Activations)], one per segment; results() then
     maps each key to [(per_layer row, cells)] in segment order, keys in put order."""
@@ -172,7 +195,7 @@ class LinearQueue:
             for label, act in labelled
         ]
         self.order.append(key)
-        if self.grouping and groupable(key):
+        if self.grouping and groupable(key, wt.w.device):
             shape = (tuple(wt.w.shape), wt.w.device)
             group = self.groups.setdefault(shape, ([], [0]))
             group[0].append((key, segs, wt))

@@ -5,6 +5,7 @@ their figures rest on, as regression guards: the injector stacks a layer's Linea
 unique among the host reads)."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -31,3 +32,24 @@ def test_moe_capture_reads_the_routes_once_per_block():
     r = _run("benchmarks.moe_capture_ops", "--layers", "1", "--batch", "2", "--steps", "1")
     assert r["preset"] == {"experts": 128, "top_k": 8, "layers": 1} and r["launching_ops"] > 0
     assert not {"nonzero", "_unique2", "unique"} & set(r["host_syncs"])
+
+
+def test_whole_audit_ops_grouped_equal_and_fewer(tmp_path):
+    """benchmarks/audit_whole_ops.py on the embedded default (one prompt, one decode step): the audits
+    alone and grouped are equal, grouping dispatches fewer ops in the cells and the same in the captures."""
+    out = tmp_path / "ops.json"
+    args = ["--prompts", "1", "--decode-steps", "1", "--json", str(out)]
+    subprocess.run(
+        [sys.executable, "-m", "benchmarks.audit_whole_ops", *args], cwd=ROOT, capture_output=True, text=True,
+        timeout=600, check=True, env={**os.environ, "TMPDIR": str(tmp_path)},
+    )  # fmt: skip
+    r = json.loads(out.read_text())
+    assert r["equal"] is True and r["layers"] == 6
+    for kind in ("ops", "launches"):
+        alone, grouped = r["alone"][kind], r["grouped"][kind]
+        assert (
+            0 < grouped["prefill_cells"] < alone["prefill_cells"]
+            and 0 < grouped["decode_cells"] < alone["decode_cells"]
+        )
+        assert grouped["captures"] == alone["captures"] > 0
+    assert r["grouped"]["launches"]["total"] < r["grouped"]["ops"]["total"]
