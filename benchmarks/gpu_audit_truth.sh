@@ -19,7 +19,9 @@
 #
 #     OUT=/some/dir bash benchmarks/gpu_audit_truth.sh
 #
-# STEPS (default "build generate pairs tests sizes injection") picks the steps; SIZES (default "0.6b
+# STEPS (default "build generate pairs tests sizes injection") picks the steps (and `groups`, after
+# `sizes`: the 1.7B audit again with REQUANT_AUDIT_GROUPS=0, every Linear alone, its JSON compared
+# with the grouped one's by benchmarks.audit_equality --compare); SIZES (default "0.6b
 # 1.7b 8b") the sizes re-timed after the injection, EXTRA_SIZES (default "14b") after the tests;
 # TOTAL_S (default 570) the budget: a step that would start with less than its estimate left is
 # skipped (summary.txt says so). Each step runs under `timeout` (step in _gpu_common.sh). Checkpoints: $CKPT_ROOT/requant-qwen3-SIZE-
@@ -79,6 +81,13 @@ if has injection; then  # at most 180 s each: before the change one regime took 
     done
 fi
 has sizes && sizes $SIZES
+if has groups; then  # the grouped cells' A/B at 1.7B (after `sizes`): every Linear alone, the JSON compared
+    export REQUANT_AUDIT_GROUPS=0
+    budget audit_1.7b_alone 40 && audit audit_1.7b_alone 1.7b 160 --backends cutlass,triton
+    unset REQUANT_AUDIT_GROUPS
+    [ -f "$W/audit_1.7b.json" ] && [ -f "$W/audit_1.7b_alone.json" ] && step groups_equal 60 \
+        python3 -m benchmarks.audit_equality --compare "$W/audit_1.7b.json" "$W/audit_1.7b_alone.json"
+fi
 if has tests; then
     lim=$(($(left) - 10))
     [ "$lim" -gt 240 ] && lim=240
@@ -117,7 +126,7 @@ for name in ("pair_cutlass", "pair_triton", "faulty"):
     print(f"  verdict: {r['verdict']}  wall {r['wall_seconds']} s")
 print("| preset | audit wall_seconds | peak GPU memory | pow2 prefill | pow2 decode | FP/FN | stages (s) |")
 print("| --- | --- | --- | --- | --- | --- | --- |")
-for size in ("0.6b", "1.7b", "8b", "14b", "32b"):
+for size in ("0.6b", "1.7b", "8b", "14b", "32b", "1.7b_alone"):
     r = load(f"audit_{size}")
     if r is None:
         continue
