@@ -27,6 +27,16 @@ _NO_LAUNCH = {
 SYNC_OPS = {"_local_scalar_dense", "nonzero", "unique", "_unique2", "unique_dim", "masked_select", "item"}
 
 
+def one_launch_acc(a, w):
+    """A stand-in int32 accumulator of one op (a real one is one launch on CUDA): counts the rest."""
+    return torch.zeros(a.shape[0], w.shape[0], dtype=torch.int32)
+
+
+def one_launch_gemm(a, w, s_a, s_w):
+    """A stand-in scaled_mm of one op (CUTLASS or Triton is one launch): counts the engine's own ops."""
+    return torch.zeros(a.shape[0], w.shape[0], dtype=torch.bfloat16)
+
+
 class Count(TorchDispatchMode):
     def __init__(self):
         super().__init__()

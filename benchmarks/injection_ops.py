@@ -18,9 +18,7 @@ import dataclasses
 import json
 import tempfile
 
-import torch
-
-from benchmarks.audit_op_counts import Launches
+from benchmarks.audit_op_counts import Launches, one_launch_acc, one_launch_gemm
 from requant import kernels
 from requant.audit.phases import injection
 from requant.audit.phases.lean_faults import lean_faults
@@ -30,25 +28,17 @@ from requant.runtime import load_model
 _FRAMES = ("audit/phases/", "runtime/reference.py", "kernels/ops.py", "kernels/reference.py")
 
 
-def _acc(a, w):
-    return torch.zeros(a.shape[0], w.shape[0], dtype=torch.int32)
-
-
-def _gemm(a, w, s_a, s_w):
-    return torch.zeros(a.shape[0], w.shape[0], dtype=torch.bfloat16)
-
-
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--layers", type=int, default=28)
     p.add_argument("--tokens", type=int, default=32)
     args = p.parse_args()
-    base = kernels.ScaledMM("one-launch", _gemm, "triton-order")
+    base = kernels.ScaledMM("one-launch", one_launch_gemm, "triton-order")
     # The stand-ins are built-ins to the injector (a registered base), as cutlass and triton are.
     registered = kernels.scaled_mm_backends
     kernels.scaled_mm_backends = lambda: [*registered(), str(base)]
-    injection.device_faults = lambda device: lean_faults(_acc, _acc)
-    injection.exact_accumulate = _acc
+    injection.device_faults = lambda device: lean_faults(one_launch_acc, one_launch_acc)
+    injection.exact_accumulate = one_launch_acc
     preset = dataclasses.replace(PRESETS["tiny"], layers=args.layers)
     prompts = [list(range(1, 6 + i)) for i in range(8)]
     with tempfile.TemporaryDirectory() as d:

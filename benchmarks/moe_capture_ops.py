@@ -20,15 +20,11 @@ import tempfile
 
 import torch
 
-from benchmarks.audit_op_counts import Launches
+from benchmarks.audit_op_counts import Launches, one_launch_gemm
 from requant import kernels
 from requant.audit.phases.decode import batch_prompts, decode_operands
 from requant.checkpoint.synthetic import PRESETS, generate
 from requant.runtime import load_model
-
-
-def _one_launch(a, w, s_a, s_w):
-    return torch.zeros(a.shape[0], w.shape[0], dtype=torch.bfloat16)
 
 
 def main() -> None:
@@ -42,7 +38,7 @@ def main() -> None:
     )
     with tempfile.TemporaryDirectory() as d:
         generate(preset, d)
-        gemm = kernels.ScaledMM("one-launch", _one_launch, "triton-order")
+        gemm = kernels.ScaledMM("one-launch", one_launch_gemm, "triton-order")
         model = load_model(d, regime="pow2", engine="reference").with_backends(gemm)
         prompts = batch_prompts([list(range(1, 6 + i)) for i in range(8)], args.batch)
         count = Launches()

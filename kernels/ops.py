@@ -72,6 +72,13 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return (xf * cos + rot * sin).to(x.dtype)
 
 
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """The Qwen3 MLP's activation, bf16(silu(fp32(gate)) * fp32(up)), elementwise. On the CPU torch's
+    SiLU computes a tensor's last numel mod 32 elements on a scalar path whose exp can differ by an
+    ulp: a row's bits are position-free where the width is a multiple of 32 (docs/runtime.md)."""
+    return (torch.nn.functional.silu(gate.to(torch.float32)) * up.to(torch.float32)).to(torch.bfloat16)
+
+
 def rope(x: torch.Tensor, theta: float, positions: torch.Tensor | None = None) -> torch.Tensor:
     """Rotate-half RoPE on [T, H, D] (positions default to 0..T-1), in fp32, cast back."""
     if positions is None:

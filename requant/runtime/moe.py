@@ -26,12 +26,14 @@ the gate/up outputs on (kernels/fused_moe.py, _VllmCombine): alone == batched ho
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 from requant import kernels
 from requant.kernels.epilogue import int_mm
 from requant.kernels.fused_moe import VLLM_MOE, down_vllm, moe_sum_vllm
-from requant.kernels.ops import tree_sum_halves
+from requant.kernels.ops import silu_mul, tree_sum_halves
 
 # Token rows per router logits chunk: the [rows, experts, hidden] fp32 products of one chunk
 # (64 x 128 x 4096 x 4 bytes = 128 MiB at Qwen3-235B's widest).
@@ -97,42 +99,35 @@ def sparse_block(engine, i: int, h: torch.Tensor, capture) -> torch.Tensor:
         gate, up = _gate_up(e, rows)
         if comb is not None:
             return comb.expert(f"{p}experts.{e}.down_proj", rows, slots, gate, up, weights[rows, slots])
-        return lin.row(_silu_mul(gate, up), f"{p}experts.{e}.down_proj", capture)
+        return lin.row(silu_mul(gate, up), f"{p}experts.{e}.down_proj", capture)
 
     routes = expert_rows(ids)
-    downs = [f"{p}experts.{e}.down_proj" for e, _, _ in routes]
-    if comb is not None or q8 is None or not all(n in model.linears for n in downs):
+    downs = {e: f"{p}experts.{e}.down_proj" for e, _, _ in routes}
+    if comb is not None or q8 is None or not routes or not all(n in model.linears for n in downs.values()):
         out = combine(ids, weights, h.shape[1], expert, routes)
         return comb.out() if comb is not None else out
     # Every routed expert's down projection quantized: its inputs are quantized once for the layer
     # too. silu(gate) * up and the per-token quantization are functions of a row alone, so each
     # expert's slice of the layer's rows has the bits its own call would have (the quantizer's
     # row locality: tests/requant/runtime/test_moe.py); the down GEMMs and the combine then run
-    # per expert in ascending id, as combine does. Two passes instead of one: the gate/up outputs
-    # of every routed expert are held at once ([T x top_k, moe_intermediate] bf16).
+    # per expert in ascending id (combine). Two passes instead of one: the gate/up outputs of every
+    # routed expert are held at once ([T x top_k, moe_intermediate] bf16).
     gates, ups = [], []
     for e, rows, _ in routes:
         with lin.rows_of(rows, h.shape[0]):
             gate, up = _gate_up(e, rows)
         gates.append(gate)
         ups.append(up)
-    if not routes:
-        return torch.zeros_like(h)
-    qd, sd = kernels.quantize_activations(_silu_mul(torch.cat(gates), torch.cat(ups)), backend=model.act_backend)
-    acc = torch.zeros(h.shape[0], h.shape[1], dtype=torch.float32, device=h.device)
-    at = 0
-    for (_, rows, slots), name in zip(routes, downs):
-        n = rows.shape[0]
+    qd, sd = kernels.quantize_activations(silu_mul(torch.cat(gates), torch.cat(ups)), backend=model.act_backend)
+    starts = dict(zip(downs, itertools.accumulate((len(rows) for _, rows, _ in routes), initial=0)))
+
+    def down(e: int, rows, slots):
+        at = slice(starts[e], starts[e] + len(rows))
         with lin.rows_of(rows, h.shape[0]):
-            (y,) = lin.quantized(qd[at : at + n], sd[at : at + n], (name,), capture)
-        acc[rows] += y.to(torch.float32) * weights[rows, slots][:, None]
-        at += n
-    return acc.to(torch.bfloat16)
+            (y,) = lin.quantized(qd[at], sd[at], (downs[e],), capture)
+        return y
 
-
-def _silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """bf16(silu(fp32(gate)) * fp32(up)): the Qwen3 MLP's activation, elementwise."""
-    return (torch.nn.functional.silu(gate.to(torch.float32)) * up.to(torch.float32)).to(torch.bfloat16)
+    return combine(ids, weights, h.shape[1], down, routes)
 
 
 def expert_rows(ids: torch.Tensor) -> list[tuple[int, torch.Tensor, torch.Tensor]]:

@@ -23,7 +23,7 @@ from contextlib import nullcontext
 import torch
 
 from requant import kernels
-from requant.kernels.ops import apply_rope, attend_decode, attend_prompt, dense_rows, rms_norm, rope_tables
+from requant.kernels.ops import apply_rope, attend_decode, attend_prompt, dense_rows, rms_norm, rope_tables, silu_mul
 from requant.models.qwen3_moe import Qwen3MoeArch
 from requant.runtime.cache import KVCache, pow2_at_least
 from requant.runtime.engine import EagerDecoder
@@ -65,7 +65,7 @@ class DeviceLinears:
         # A kernel object may compute several Linears of one input in one call (the audit's fault
         # injector does: audit/phases/injection.FaultInjector.shared_input); it owes the bits of one
         # call per Linear.
-        shared = getattr(getattr(m.backend, "fn", None), "shared_input", None)
+        shared = self._kernel_hook("shared_input")
         if shared is not None and len(names) > 1 and quantized == tuple(names):
             return shared(q, s, [m.linears[n] for n in names])
         outs = []
@@ -81,8 +81,12 @@ class DeviceLinears:
         """A context whose calls get the rows `rows` of a batch of `total` (the MoE block's experts).
         A kernel object that computes blocks of rows apart needs their positions (the audit's fault
         injector: audit/phases/injection.FaultInjector.rows_of); the others ignore it."""
-        hook = getattr(getattr(self.model.backend, "fn", None), "rows_of", None)
+        hook = self._kernel_hook("rows_of")
         return hook(rows, total) if hook is not None else nullcontext()
+
+    def _kernel_hook(self, name: str):
+        """The model's kernel object's method `name`, if it has one (kernels.ScaledMM.fn)."""
+        return getattr(getattr(self.model.backend, "fn", None), name, None)
 
     def dense(self, x: torch.Tensor, name: str) -> torch.Tensor:
         """A Linear the checkpoint keeps in bf16 (the lm_head, say): fixed-chunk fp32 rows."""
@@ -156,8 +160,7 @@ class ReferenceEngine:
         if isinstance(a, Qwen3MoeArch) and a.is_moe(i):  # a Qwen3-MoE sparse layer (runtime/moe.py)
             return x + sparse_block(self, i, h, capture)
         gate, up = lin.column(h, (p + "mlp.gate_proj", p + "mlp.up_proj"), capture)
-        act = (torch.nn.functional.silu(gate.to(torch.float32)) * up.to(torch.float32)).to(torch.bfloat16)
-        return x + lin.row(act, p + "mlp.down_proj", capture)
+        return x + lin.row(silu_mul(gate, up), p + "mlp.down_proj", capture)
 
     def head(self, x: torch.Tensor, capture) -> torch.Tensor:
         return self.linears.head(self._norm(x, self.model.dense["model.norm.weight"]), capture)
