@@ -42,7 +42,10 @@ class Capture:
     def operands(self) -> dict[str, Activations]:
         out = {}
         for names, parts in self._parts.items():
-            act = Activations(torch.cat([q for q, _ in parts]), torch.cat([s for _, s in parts]))
+            if len(parts) == 1:  # one call (a decode step's, an expert's): its tensors, not a copy
+                act = Activations(*parts[0])
+            else:
+                act = Activations(torch.cat([q for q, _ in parts]), torch.cat([s for _, s in parts]))
             for n in names:
                 out[n] = act  # shared object: one digest for q/k/v, one for gate/up
         return out

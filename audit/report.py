@@ -14,7 +14,7 @@ from requant.audit.phases.decode import decode_markdown
 from requant.audit.phases.injection import injection_markdown, plot_injection
 from requant.audit.phases.prefill import plot_heatmap, plot_histograms, prefill_markdown
 from requant.evidence.identity import markdown_lines as identity_lines
-from requant.io.output import json_bytes, write_files_atomic, write_json_atomic
+from requant.io.output import json_bytes, write_bytes_atomic, write_files_atomic
 from requant.models.tokenizer import summary as tokenizer_summary
 
 __all__ = [
@@ -113,7 +113,7 @@ def verdict(result: dict) -> tuple[bool, str]:
 
 
 def write_json(result: dict, path: Path) -> Path:
-    return write_json_atomic(path, result)
+    return write_bytes_atomic(path, json_bytes(result, row_lines=True))
 
 
 def compact_experts(names: list[str]) -> str:
@@ -207,12 +207,12 @@ def markdown(result: dict, command: str | None = None) -> str:
 REPORT_FILES = ("audit.json", "audit.md", "detection_heatmap.png", "ulp_histograms.png", "injection.png")
 
 
-def report_items(result: dict, directory: Path, command: str | None = None) -> list:
-    """The (destination, render) pairs of --report DIR, for write_files_atomic: audit.json,
-    audit.md, detection_heatmap.png, ulp_histograms.png, and injection.png when the faults were
-    injected into the generating model."""
+def report_items(result: dict, directory: Path, command: str | None = None, data: bytes | None = None) -> list:
+    """The (destination, render) pairs of --report DIR, for write_files_atomic: audit.json (`data`
+    when the caller has serialized the result already), audit.md, detection_heatmap.png,
+    ulp_histograms.png, and injection.png when the faults were injected into the generating model."""
     d = Path(directory)
-    data = json_bytes(result, indent=1)
+    data = json_bytes(result, row_lines=True) if data is None else data
     md = markdown(result, command)
     files = [
         (d / "audit.json", lambda tmp: tmp.write_bytes(data)),

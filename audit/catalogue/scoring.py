@@ -138,7 +138,8 @@ class Scorer:
         self.cells = 0
         self.baseline_cells = 0
         self.kernel_faults: dict = {}  # (backend, regime, m) -> group (kernel_faults in summary)
-        self.rows: list = []
+        self._cells: list[CellResult] = []
+        self._judged: dict = {}  # _score's key -> _judge's verdict
 
     def _contradict(self, kind: str, check: str, cell: CellResult, expected: str, got: str) -> None:
         c = self.contradictions[(kind, check, cell.variant, cell.regime, expected, got)]
@@ -168,7 +169,33 @@ class Scorer:
         return expected
 
     def _score(self, cell: CellResult) -> tuple[int, int]:
+        """Score one cell against the matrix. A cell's score depends only on its variant, regime,
+        family, observability, outcomes and (F6's C6) shape: it is worked out once per distinct
+        key (_judge) and replayed, the contradictions' counts and example layers as one by one."""
+        key = (
+            cell.variant,
+            cell.regime,
+            cell.family,
+            cell.observable,
+            tuple(cell.outcomes.get(cid, NOT_APPLICABLE) for cid in self.checks),
+            cell.shape if cell.family == "F6" else None,
+        )
+        verdict = self._judged.get(key)
+        if verdict is None:
+            verdict = self._judged[key] = self._judge(cell)
+        fp, fn, found = verdict
+        for kind, cid, exp, got in found:
+            if kind == "applicability":
+                self.applicability_mismatches += 1
+            self._contradict(kind, cid, cell, exp, got)
+        self.fp += fp
+        self.fn += fn
+        return fp, fn
+
+    def _judge(self, cell: CellResult) -> tuple[int, int, tuple]:
+        """(false positives, false negatives, contradictions as (kind, check, expected, got)) of one cell."""
         fp = fn = 0
+        found = []
         for cid in self.checks:
             got = cell.outcomes.get(cid, NOT_APPLICABLE)
             exp = self.matrix.expected(cid, cell.variant, cell.regime)
@@ -177,18 +204,15 @@ class Scorer:
                 if exp is None:
                     continue
             if (got == NOT_APPLICABLE) != (exp == NOT_APPLICABLE):
-                self.applicability_mismatches += 1
-                self._contradict("applicability", cid, cell, exp, got)
+                found.append(("applicability", cid, exp, got))
                 continue
             if got == FIRE and exp in (SILENT, PREDICTED_MISS):
                 fp += 1
-                self._contradict("false_positive", cid, cell, exp, got)
+                found.append(("false_positive", cid, exp, got))
             elif got == SILENT and exp == FIRE and cell.observable:
                 fn += 1
-                self._contradict("false_negative", cid, cell, exp, got)
-        self.fp += fp
-        self.fn += fn
-        return fp, fn
+                found.append(("false_negative", cid, exp, got))
+        return fp, fn, tuple(found)
 
     def _kernel_fault(self, cell: CellResult) -> None:
         f = cell.fault
@@ -211,17 +235,23 @@ class Scorer:
         if g["first"] is None and f["first"] is not None:
             g["first"] = {"layer": cell.layer, **f["first"]}
 
+    @property
+    def rows(self) -> list[dict]:
+        """Every cell added, as its JSON row (CellResult.as_row), in the order added."""
+        return [cell.as_row() for cell in self._cells]
+
     def add(self, cell: CellResult) -> None:
         if cell.family == "B" and cell.fault is not None:
             self._kernel_fault(cell)  # a faulty kernel is outside the matrix's premise: not scored
         else:
             self._score(cell)
-        self.rows.append(cell.as_row())
+        self._cells.append(cell)  # rows on demand: decode's are read only with keep_cells="all"
         if cell.family == "B":
             self.baseline_cells += 1
-            row = self.baselines.setdefault(
-                (cell.backend, cell.variant, cell.regime),
-                {
+            key = (cell.backend, cell.variant, cell.regime)
+            row = self.baselines.get(key)
+            if row is None:
+                row = self.baselines[key] = {
                     "backend": cell.backend,
                     "variant": cell.variant,
                     "regime": cell.regime,
@@ -230,8 +260,7 @@ class Scorer:
                     "kernel_fault_cells": 0,
                     "max_ulp": 0,
                     "outcomes": {cid: {FIRE: 0, SILENT: 0, NOT_APPLICABLE: 0} for cid in self.layer_checks},
-                },
-            )
+                }
             row["cells"] += 1
             row["differing_cells"] += int(cell.observable)
             row["kernel_fault_cells"] += int(cell.fault is not None)
@@ -240,9 +269,10 @@ class Scorer:
                 row["outcomes"][cid][cell.outcomes[cid]] += 1
             return
         self.cells += 1
-        row = self.detection.setdefault(
-            (cell.variant, cell.regime),
-            {
+        key = (cell.variant, cell.regime)
+        row = self.detection.get(key)
+        if row is None:
+            row = self.detection[key] = {
                 "fault": cell.family,
                 "severity": cell.severity,
                 "variant": cell.variant,
@@ -255,14 +285,16 @@ class Scorer:
                 "predicted_detected": any(
                     self.matrix.expected(cid, cell.variant, cell.regime) == FIRE for cid in self.layer_checks
                 ),
-            },
-        )
+            }
         row["cells"] += 1
-        row["max_ulp"] = max(row["max_ulp"], cell.max_ulp)
-        self.max_ulp[cell.family] = max(self.max_ulp[cell.family], cell.max_ulp)
-        h = self.hist[(cell.family, cell.regime)]
-        for i, v in enumerate(cell.hist):
-            h[i] += v
+        if cell.max_ulp > row["max_ulp"]:
+            row["max_ulp"] = cell.max_ulp
+        if cell.max_ulp > self.max_ulp[cell.family]:
+            self.max_ulp[cell.family] = cell.max_ulp
+        if cell.hist:
+            h = self.hist[(cell.family, cell.regime)]
+            for i, v in enumerate(cell.hist):
+                h[i] += v
         if cell.observable:
             row["observable"] += 1
             fired = [cid for cid in self.layer_checks if cell.outcomes[cid] == FIRE]

@@ -87,13 +87,14 @@ def sparse_block(engine, i: int, h: torch.Tensor, capture) -> torch.Tensor:
         with lin.rows_of(rows, h.shape[0]):
             return _expert(e, rows, slots)
 
-    def _gate_up(e: int, rows):
+    def _gate_up(e: int, rows, q=None, s=None):
         ex = f"{p}experts.{e}."
         names = (ex + "gate_proj", ex + "up_proj")
         if q8 is None:
             return lin.column(h[rows], names, capture)
         dense = any(n not in model.linears for n in names)  # x is read for an unquantized Linear only
-        return lin.quantized(q8[rows], s8[rows], names, capture, h[rows] if dense else None)
+        q, s = (q8[rows], s8[rows]) if q is None else (q, s)
+        return lin.quantized(q, s, names, capture, h[rows] if dense else None)
 
     def _expert(e: int, rows, slots):
         gate, up = _gate_up(e, rows)
@@ -101,33 +102,50 @@ def sparse_block(engine, i: int, h: torch.Tensor, capture) -> torch.Tensor:
             return comb.expert(f"{p}experts.{e}.down_proj", rows, slots, gate, up, weights[rows, slots])
         return lin.row(silu_mul(gate, up), f"{p}experts.{e}.down_proj", capture)
 
-    routes = expert_rows(ids)
+    routes, by_expert = _routed(ids)
     downs = {e: f"{p}experts.{e}.down_proj" for e, _, _ in routes}
     if comb is not None or q8 is None or not routes or not all(n in model.linears for n in downs.values()):
         out = combine(ids, weights, h.shape[1], expert, routes)
         return comb.out() if comb is not None else out
-    # Every routed expert's down projection quantized: its inputs are quantized once for the layer
-    # too. silu(gate) * up and the per-token quantization are functions of a row alone, so each
-    # expert's slice of the layer's rows has the bits its own call would have (the quantizer's
-    # row locality: tests/requant/runtime/test_moe.py); the down GEMMs and the combine then run
-    # per expert in ascending id (combine). Two passes instead of one: the gate/up outputs of every
-    # routed expert are held at once ([T x top_k, moe_intermediate] bf16).
+    # Every routed expert's down projection quantized: the layer runs in passes over all its
+    # routed experts at once, each expert a slice of the routed rows in expert order (by_expert:
+    # one gather for every expert's gate/up operands, not two per expert). silu(gate) * up and
+    # the per-token quantization are functions of a row alone, so each expert's slice has the bits
+    # its own call would have (the quantizer's row locality: tests/requant/runtime/test_moe.py);
+    # the GEMMs run per expert in ascending id, the combine adds in combine's order
+    # (combine_routed). The gate/up outputs of every routed expert are held at once
+    # ([T x top_k, moe_intermediate] bf16).
+    qg, sg = q8[by_expert], s8[by_expert]
+    starts = list(itertools.accumulate((len(rows) for _, rows, _ in routes), initial=0))
     gates, ups = [], []
-    for e, rows, _ in routes:
+    for (e, rows, _), at in zip(routes, starts):
+        cut = slice(at, at + len(rows))
         with lin.rows_of(rows, h.shape[0]):
-            gate, up = _gate_up(e, rows)
+            gate, up = _gate_up(e, rows, qg[cut], sg[cut])
         gates.append(gate)
         ups.append(up)
     qd, sd = kernels.quantize_activations(silu_mul(torch.cat(gates), torch.cat(ups)), backend=model.act_backend)
-    starts = dict(zip(downs, itertools.accumulate((len(rows) for _, rows, _ in routes), initial=0)))
-
-    def down(e: int, rows, slots):
-        at = slice(starts[e], starts[e] + len(rows))
+    ys = []
+    for (e, rows, _), at in zip(routes, starts):
+        cut = slice(at, at + len(rows))
         with lin.rows_of(rows, h.shape[0]):
-            (y,) = lin.quantized(qd[at], sd[at], (downs[e],), capture)
-        return y
+            (y,) = lin.quantized(qd[cut], sd[cut], (downs[e],), capture)
+        ys.append(y)
+    return combine_routed(ids, weights, torch.cat(ys))
 
-    return combine(ids, weights, h.shape[1], down, routes)
+
+def _routed(ids: torch.Tensor) -> tuple[list[tuple[int, torch.Tensor, torch.Tensor]], torch.Tensor]:
+    """(expert_rows(ids), the rows of every route in that order: [T x k] long)."""
+    k = ids.shape[1]
+    flat = ids.reshape(-1)
+    order = torch.sort(flat, stable=True).indices
+    rows, slots = order // k, order % k
+    out, start = [], 0
+    for e, n in enumerate(torch.bincount(flat).tolist()):
+        if n:
+            out.append((e, rows[start : start + n], slots[start : start + n]))
+            start += n
+    return out, rows
 
 
 def expert_rows(ids: torch.Tensor) -> list[tuple[int, torch.Tensor, torch.Tensor]]:
@@ -135,16 +153,7 @@ def expert_rows(ids: torch.Tensor) -> list[tuple[int, torch.Tensor, torch.Tensor
     in ascending row order, exactly as (ids == e).nonzero() lists them. One host read (the counts),
     not one per expert: a stable sort of the flat [T, k] ids lists each expert's positions in
     ascending flat index."""
-    k = ids.shape[1]
-    flat = ids.reshape(-1)
-    order = torch.sort(flat, stable=True).indices
-    out, start = [], 0
-    for e, n in enumerate(torch.bincount(flat).tolist()):
-        if n:
-            idx = order[start : start + n]
-            out.append((e, idx // k, idx % k))
-            start += n
-    return out
+    return _routed(ids)[0]
 
 
 def combine(ids: torch.Tensor, weights: torch.Tensor, hidden: int, expert, routes=None) -> torch.Tensor:
@@ -157,6 +166,36 @@ def combine(ids: torch.Tensor, weights: torch.Tensor, hidden: int, expert, route
         if y is not None:
             acc[rows] += y.to(torch.float32) * weights[rows, slots][:, None]
     return acc.to(torch.bfloat16)
+
+
+# Tokens per combine_routed pass: its [tokens, top_k, hidden] fp32 products (1024 x 8 x 4096 x 4
+# bytes = 128 MiB at Qwen3-235B's width).
+COMBINE_CHUNK = 1024
+
+
+def combine_routed(ids: torch.Tensor, weights: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """combine's bits when every route has an output, in a few ops whatever the number of experts:
+    y bf16 [T x k, hidden] holds the routed experts' outputs concatenated in expert_rows' order.
+    Each token's k products fp32(y) * w are gathered in ascending expert id (a token's experts are
+    distinct) and added to acc = 0 in that order, slot by slot: per token the same fp32 products,
+    added in the same order, as combine's per-expert loop (tests/requant/runtime/test_moe.py)."""
+    t, k = ids.shape
+    out = torch.empty(t, y.shape[1], dtype=torch.bfloat16, device=y.device)
+    if t == 0:
+        return out
+    order = torch.sort(ids.reshape(-1), stable=True).indices  # route (t, slot) -> its row of y
+    at = torch.empty_like(order)
+    at[order] = torch.arange(order.numel(), device=order.device)
+    ranked = torch.sort(ids, dim=1, stable=True).indices  # each token's slots in ascending expert id
+    src = at.view(t, k).gather(1, ranked)  # [T, k]: the rows of y, per token in expert order
+    w = weights.gather(1, ranked)
+    for c in range(0, t, COMBINE_CHUNK):
+        part = y[src[c : c + COMBINE_CHUNK]].to(torch.float32) * w[c : c + COMBINE_CHUNK, :, None]
+        acc = torch.zeros(part.shape[0], y.shape[1], dtype=torch.float32, device=y.device)
+        for j in range(k):
+            acc += part[:, j]
+        out[c : c + COMBINE_CHUNK] = acc.to(torch.bfloat16)
+    return out
 
 
 class _VllmCombine:

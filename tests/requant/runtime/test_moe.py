@@ -9,6 +9,8 @@ References, each independent of the code under test:
   * `requant replay` of records that `requant generate` wrote (its own bit-for-bit check).
 """
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
@@ -265,6 +267,43 @@ def test_combine_visits_experts_as_the_nonzero_definition(tokens, k, seed):
     for e, rows, slots in want:  # fp32, ascending expert id, rounded once
         ref[rows] += float(e + 1) * weights[rows, slots][:, None]
     assert torch.equal(out.view(torch.int16), ref.to(torch.bfloat16).view(torch.int16))
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.integers(0, 40), st.integers(1, 8), st.integers(0, 9), st.integers(1, 16), st.integers(0, 2**31 - 1))
+def test_combine_routed_is_combine_bit_for_bit(tokens, k, spare, hidden, seed):
+    """combine_routed (the sparse block's combine: a gather and k adds) against combine, the
+    per-expert loop that defines the bits, drawn over token counts (none too), top-k widths, unused
+    experts, chunk boundaries (COMBINE_CHUNK lowered) and outputs with -0.0, infinities, NaN,
+    subnormals and values whose sums round."""
+    from requant.runtime import moe
+
+    g = torch.Generator().manual_seed(seed)
+    experts = k + spare
+    ids = (
+        torch.stack([torch.randperm(experts, generator=g)[:k] for _ in range(tokens)])
+        if tokens
+        else torch.zeros(0, k, dtype=torch.long)
+    )
+    weights = torch.rand(tokens, k, generator=g)
+    weights[torch.rand(tokens, k, generator=g) < 0.1] = 0.0
+    routes = moe.expert_rows(ids)
+    n = tokens * k
+    y = (torch.randn(n, hidden, generator=g) * torch.exp2(torch.randint(-130, 40, (n, hidden), generator=g))).to(
+        torch.bfloat16
+    )
+    special = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan"), 1e-40], dtype=torch.bfloat16)
+    pick = torch.rand(n, hidden, generator=g) < 0.05
+    y[pick] = special[torch.randint(0, len(special), (int(pick.sum()),), generator=g)]
+    at = dict(zip((e for e, _, _ in routes), itertools.accumulate((len(r) for _, r, _ in routes), initial=0)))
+    want = moe.combine(ids, weights, hidden, lambda e, rows, slots: y[at[e] : at[e] + len(rows)], routes)
+    old = moe.COMBINE_CHUNK
+    moe.COMBINE_CHUNK = 1 + seed % 7
+    try:
+        got = moe.combine_routed(ids, weights, y)
+    finally:
+        moe.COMBINE_CHUNK = old
+    assert got.shape == want.shape and torch.equal(got.view(torch.int16), want.view(torch.int16))
 
 
 @settings(max_examples=40, deadline=None)
