@@ -11,8 +11,9 @@
 # 1,552 quantized Linears, 512 experts); LAYERS=0 makes all 48 (18,624 Linears, ~31 GB). The audit
 # evaluates a layer's expert Linears of one shape as one group (docs/audit.md, "Expert Linears in
 # groups"; one at a time it took 77.8 s for 4 layers on an H100, ~15 min for 48).
-# STEPS (default "generate audit run"): generate writes the checkpoint to $CKPT_DIR (default
-# /tmp/requant-qwen3-30b-a3b-4l-synthetic; kept between calls on a warm machine); audit runs
+# STEPS (default "generate inspect plan audit run"): generate writes the checkpoint to $CKPT_DIR (default
+# /tmp/requant-qwen3-30b-a3b-4l-synthetic; kept between calls on a warm machine); inspect and plan
+# run `requant inspect --json` and `requant audit --plan` (17 s and 3 s at 48 layers); audit runs
 # `requant audit` (prefill and decode) on it; run generates and replays.
 # "fast" (not in the default): benchmarks/bench_moe_fast.py (the fast engine: alone == batched, chunks ==
 # decode, pow2 CUTLASS == Triton, its distance and speed against the reference engine; fast.json) and
@@ -41,7 +42,7 @@ LAYERS="${LAYERS:-4}"                   # the preset's first LAYERS layers (0: a
 CKPT="${CKPT_DIR:-/tmp/requant-$PRESET-${LAYERS}l-synthetic}"
 PROMPTS="${PROMPTS:-8}"
 BACKENDS="${BACKENDS:-cutlass,triton}"
-STEPS="${STEPS-generate audit run}"
+STEPS="${STEPS-generate inspect plan audit run}"
 TIMINGS="$OUT/timings.txt"
 : > "$TIMINGS"
 DEV=cuda
@@ -60,8 +61,8 @@ p = PRESETS['$PRESET']
 p = dataclasses.replace(p, layers=$LAYERS) if $LAYERS else p
 print(generate(p, '$CKPT', device='$DEV', shard_size=5_000_000_000))"
 fi
-step inspect 600 bash -c "python3 cli.py inspect '$CKPT' --json > '$OUT/inspect.json'"
-step plan 120 python3 cli.py audit "$CKPT" --plan
+has inspect && step inspect 600 bash -c "python3 cli.py inspect '$CKPT' --json > '$OUT/inspect.json'"
+has plan && step plan 120 python3 cli.py audit "$CKPT" --plan
 
 if has audit; then
     step audit 0 bash -c "python3 cli.py audit '$CKPT' --byte-tokens --phases ${PHASES:-prefill,decode} --backends $BACKENDS --prompts $PROMPTS --device $DEV \

@@ -11,6 +11,8 @@ import os
 import stat
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import requant.io.output as output
 from requant.errors import CheckpointError
@@ -180,6 +182,47 @@ def test_json_reports_never_contain_nan_or_infinity_literals(tmp_path):
     back = json.loads((tmp_path / "r.json").read_text(), parse_constant=refuse)
     assert back == {"ppl": None, "d": [None, None, 1.5], "n": {"x": None}}
     assert json_bytes({"a": 1.0}) == b'{\n "a": 1.0\n}\n'  # finite values as json.dumps writes them
+
+
+_SCALARS = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(), st.text(max_size=6)
+)
+_KEYS = st.one_of(st.text(max_size=4), st.integers(-5, 5), st.booleans(), st.none(), st.floats(allow_nan=False, allow_infinity=False))
+_ROWS = st.lists(st.dictionaries(_KEYS, _SCALARS, max_size=3), min_size=60, max_size=80)
+_DOCS = st.recursive(
+    _SCALARS | _ROWS,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(_KEYS, inner, max_size=4),
+    max_leaves=30,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_DOCS)
+def test_row_lines_write_the_document_json_writes(doc):
+    """json_bytes(row_lines=True) against json.dumps (through json_bytes without it): the same
+    document once parsed (NaN and infinities as null), drawn over nesting, long lists of dicts
+    around ROW_LINES, non-string keys and every scalar; byte for byte when no list is that long."""
+    plain, rows = json_bytes(doc), json_bytes(doc, row_lines=True)
+
+    def refuse(name):
+        raise AssertionError(f"non-standard JSON literal {name}")
+
+    assert json.loads(rows, parse_constant=refuse) == json.loads(plain)
+    long_lists = []
+
+    def walk(o):
+        if isinstance(o, dict):
+            o = list(o.values())
+        if isinstance(o, list):
+            long_lists.append(len(o) > output.ROW_LINES and all(isinstance(v, dict) for v in o))
+            for v in o:
+                walk(v)
+
+    walk(doc)
+    if not any(long_lists):
+        assert rows == plain
+    else:
+        assert rows.count(b"\n") < plain.count(b"\n") or not plain.strip(b"[]{}\n ")
 
 
 def test_two_outputs_naming_the_same_file_are_refused_before_any_work(tmp_path):
