@@ -177,7 +177,7 @@ class Scorer:
             cell.regime,
             cell.family,
             cell.observable,
-            tuple(cell.outcomes.get(cid, NOT_APPLICABLE) for cid in self.checks),
+            tuple(map(cell.outcomes.get, self.checks)),  # a missing check (None) judges as not_applicable
             cell.shape if cell.family == "F6" else None,
         )
         verdict = self._judged.get(key)

@@ -3,6 +3,8 @@ power-of-two ULP bins (reference: integer bit_length)."""
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from requant.audit.catalogue.checks import FIRE, NOT_APPLICABLE, SILENT
 from requant.audit.catalogue.matrix import load_matrix
@@ -126,3 +128,54 @@ def test_a_baseline_row_that_proves_its_kernel_faulty_is_a_kernel_fault_not_fals
         "first": None,
     }
     assert kernel_fault({"C8": SILENT}, 1, 0, None) is None
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.integers(1, 400))
+def test_scorecard_equals_the_rules_applied_cell_by_cell(seed, n):
+    """Scorer judges each distinct (variant, regime, family, observability, outcomes, F6 shape) once
+    and replays it; its scorecard against the module docstring's rules restated here and applied to
+    every cell on its own (counts, every contradiction with its first five layers in order), over
+    drawn streams of cells that repeat keys, every outcome on every check, F6 shapes
+    with one, two or many tiles (C6 refined or no claim) and layer names in order."""
+    from requant.audit.f6_tiles import c6_expected
+
+    g = torch.Generator().manual_seed(seed)
+    m = load_matrix()
+    variants = sorted({v for (_, v, _) in m.cells if v != "E2E" and not v.startswith("B")})
+    choice = lambda seq: seq[int(torch.randint(0, len(seq), (1,), generator=g))]  # noqa: E731
+    shapes = [(1, 64, 8), (8, 128, 2048), (240, 2048, 768), (1, 768, 2048), (3, 65, 100)]
+    s = Scorer(m)
+    fp = fn = appl = 0
+    found: dict = {}
+    for i in range(n):
+        variant, regime = choice(variants[: 1 + seed % len(variants)]), choice(("native", "pow2"))
+        outcomes = {c: choice((FIRE, SILENT, NOT_APPLICABLE)) for c in m.checks}
+        observable = bool(torch.rand(1, generator=g) < 0.6)
+        c = CellResult(f"L{i}", regime, variant, variant.split(".")[0], variant.split(".")[1], observable,
+                       int(observable), int(observable), outcomes, [], shape=choice(shapes))  # fmt: skip
+        s.add(c)
+        for cid in m.checks:  # the rules, cell by cell
+            got, exp = outcomes.get(cid, NOT_APPLICABLE), m.expected(cid, variant, regime)
+            if cid == "C6" and c.family == "F6":
+                exp = c6_expected(c.shape, exp)
+                if exp is None:
+                    continue
+            kind = None
+            if (got == NOT_APPLICABLE) != (exp == NOT_APPLICABLE):
+                kind, appl = "applicability", appl + 1
+            elif got == FIRE and exp in (SILENT, "predicted_miss"):
+                kind, fp = "false_positive", fp + 1
+            elif got == SILENT and exp == FIRE and observable:
+                kind, fn = "false_negative", fn + 1
+            if kind:
+                e = found.setdefault((kind, cid, variant, regime, exp, got), {"count": 0, "example_layers": []})
+                e["count"] += 1
+                if len(e["example_layers"]) < 5:
+                    e["example_layers"].append(c.layer)
+    card = s.summary()["scorecard"]
+    assert (card["false_positives"], card["false_negatives"], card["applicability_mismatches"]) == (fp, fn, appl)
+    want = [{"kind": k[0], "check": k[1], "variant": k[2], "regime": k[3], "expected": k[4], "got": k[5], **v}
+            for k, v in sorted(found.items())]  # fmt: skip
+    assert card["contradictions"] == want
+    assert [r["layer"] for r in s.rows] == [f"L{i}" for i in range(n)]
