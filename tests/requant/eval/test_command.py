@@ -125,6 +125,37 @@ def test_eval_all_rows_report_and_decomposition(micro_with_source, tmp_path):
     assert r["per_task"]["requant-heldout"]["per_document"][0]["loglikelihood"]["nearest"] == ll
 
 
+def test_eval_runs_on_a_qwen3_moe_checkpoint(tmp_path):
+    """`requant eval` on the tiny Qwen3-MoE synthetic (issue 41): native, nearest and the bf16
+    source (whose expert tensors the source check reads) on one document; the nearest row equals
+    the converter's MoE checkpoint scored directly through the requant LM, the bf16 row the source."""
+    import dataclasses
+
+    from requant.checkpoint.synthetic import PRESETS, generate
+    from requant.convert import convert
+    from requant.eval.lm import RequantLM
+    from requant.eval.task import heldout_docs
+
+    preset = dataclasses.replace(PRESETS["tiny-moe"], max_position=128)  # short windows: seconds of CPU
+    ckpt = generate(preset, tmp_path / "moe", seed=1, keep_source=tmp_path / "moe_bf16")
+    out = tmp_path / "eval.json"
+    res = _invoke([ckpt, "--arms", "nearest", "--source", tmp_path / "moe_bf16", "--limit", 1, "--bootstrap", 100,
+                   "--json", out])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    r = json.loads(out.read_text())
+    assert r["arm_order"] == ["native", "nearest", "bf16"]
+    lls = r["per_task"]["requant-heldout"]["per_document"][0]["loglikelihood"]
+    assert len({lls["native"], lls["nearest"], lls["bf16"]}) == 3  # three models, three scores
+
+    class Req:
+        args = (heldout_docs()[0]["text"],)
+
+    conv = tmp_path / "conv-nearest"
+    convert(str(ckpt), conv, "nearest")
+    (ll,) = RequantLM(pretrained=str(conv), batch_size=4).loglikelihood_rolling([Req()])
+    assert lls["nearest"] == ll
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
