@@ -6,8 +6,10 @@ Docs: docs/architecture.md (audit), docs/audit.md.
 
 from __future__ import annotations
 
+import gc
 import os
 import time
+from contextlib import ContextDecorator
 
 import torch
 
@@ -29,7 +31,25 @@ from requant.models.tokenizer import load_tokenizer
 from requant.regime import REGIMES
 from requant.runtime import Model, load_dense
 
-__all__ = ["converted_info", "plan_from_config", "run_audit"]
+__all__ = ["collector_paused", "converted_info", "plan_from_config", "run_audit"]
+
+
+class collector_paused(ContextDecorator):  # noqa: N801 (used as a context, like contextlib's)
+    """Python's cyclic garbage collector off for the block, as it was after. The audit keeps
+    millions of small objects alive (a 30B-A3B audit: 1.7 M cell results) and every full collection
+    walks them all: on a 4-layer 128-expert synthetic the host's time in resolving cells was 0.68 s
+    with the collector on and 0.14 s off. The audit makes few reference cycles (peak RSS +3% with
+    the collector off for the whole run); reference counting frees everything else as usual."""
+
+    def __enter__(self):
+        self._was = gc.isenabled()
+        gc.disable()
+        return self
+
+    def __exit__(self, *exc):
+        if self._was:
+            gc.enable()
+        return False
 
 
 def plan_from_config(config: dict) -> dict:
@@ -97,6 +117,7 @@ def activation_quantizer(device) -> str:
     return act
 
 
+@collector_paused()
 def run_audit(
     ckpt,
     backends: tuple[str, str],

@@ -220,8 +220,10 @@ def _write_outputs(result: dict, json_out: Optional[Path], report: Optional[Path
     """--json and --report's files as one set, all or nothing (requant.output.write_files_atomic);
     the --report files are the ones returned, to be named."""
     from requant.audit.report import report_items
+    from requant.audit.suite import collector_paused
 
-    data = json_bytes(result, row_lines=True)  # once for both (an MoE audit's is 200 MB)
+    with collector_paused():  # half a million row dicts at 30B-A3B (audit.suite.collector_paused)
+        data = json_bytes(result, row_lines=True)  # once for both (an MoE audit's is 200 MB)
     items = [(json_out, lambda tmp: tmp.write_bytes(data))] if json_out is not None else []
     items += report_items(result, report, command, data) if report is not None else []
     with cannot_run(interrupted="interrupted; no --json or --report file was written"):

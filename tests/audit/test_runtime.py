@@ -96,3 +96,34 @@ def test_a_broken_tokenizer_is_a_usage_error(tmp_path):
     app.command("noop")(lambda: None)
     res = CliRunner().invoke(app, ["audit", str(ck), "--prompts", "1"])
     assert res.exit_code == 2 and "tokenizer.json" in res.output and "Traceback" not in res.output
+
+
+def test_the_collector_is_paused_during_the_audit_and_restored_after(monkeypatch):
+    """run_audit runs with Python's cyclic collector off (audit.suite.collector_paused) and leaves
+    it as it found it: on, off, and after an error inside."""
+    import gc
+
+    from requant.audit import suite
+
+    seen = []
+
+    def fake(*args, **kwargs):
+        seen.append(gc.isenabled())
+        if kwargs.get("fail"):
+            raise RuntimeError("inside")
+        return "done"
+
+    wrapped = suite.collector_paused()(fake)
+    assert gc.isenabled()
+    assert wrapped() == "done" and seen == [False] and gc.isenabled()
+    with pytest.raises(RuntimeError, match="inside"):
+        wrapped(fail=True)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        wrapped()
+        assert not gc.isenabled()  # it was off: it stays off
+    finally:
+        gc.enable()
+    assert seen == [False, False, False]
+    assert getattr(suite.run_audit, "__wrapped__", None) is not None  # run_audit is wrapped
