@@ -14,10 +14,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from requant.regime import POW2, pow2_weights
+from requant.regime import POW2, pow2_weights, pow2_weights_many
 from requant.runtime import load_linears
 
 READ_AHEAD = 4
+# int8 weight bytes requantized together when pow2 is derived on the device (a Qwen3-30B-A3B
+# layer's 128 gate projections are 201 MB: two stacks). The stack, its fp32 product and rounding and
+# the result live at once: about 10 bytes a weight, 1.3 GB at the bound.
+STACK_BYTES = 1 << 27
 
 
 class AuditLinears:
@@ -36,11 +40,7 @@ class AuditLinears:
 
         names = list(self.ckpt.quantized_linears)
         if regime == POW2 and previous is not None and set(self.stored) == set(names):
-            out = {}
-            for n in names:
-                q, _ = previous.pop(n)
-                out[n] = self._place(*pow2_weights(q, self.stored[n]))
-            return out
+            return self._pow2_from(previous, names)
         out = {}
         with ThreadPoolExecutor(max_workers=READ_AHEAD) as pool:
             reads = {n: pool.submit(read_linear, self.ckpt, n, True) for n in names[:READ_AHEAD]}
@@ -57,6 +57,41 @@ class AuditLinears:
                     self.stored[n] = s
                 out[n] = self._place(q, s)
         return out
+
+    def _pow2_from(self, previous: dict, names: list[str]) -> dict:
+        """The pow2 Linears derived on the device from the native ones (emptying `previous`), the
+        Linears of one weight shape and scale dtype requantized together, up to STACK_BYTES of
+        weights at a time (pow2_weights_many: the same bits as one at a time); in `names` order."""
+        done: dict = {}
+        buckets: dict = {}
+
+        def flush(key):
+            group = buckets.pop(key)[0]
+            pairs = [(previous.pop(n)[0], self.stored[n]) for n in group]
+            made = pow2_weights_many(pairs)
+            scales = self._place_scales([s for _, s in made])
+            for n, (q, _), s in zip(group, made, scales):
+                done[n] = (q, s)
+
+        for n in names:
+            q = previous[n][0]
+            key = (tuple(q.shape), self.stored[n].dtype)
+            bucket = buckets.setdefault(key, ([], [0]))
+            bucket[0].append(n)
+            bucket[1][0] += q.numel()
+            if bucket[1][0] >= STACK_BYTES:
+                flush(key)
+        for key in list(buckets):
+            flush(key)
+        return {n: done[n] for n in names}
+
+    def _place_scales(self, scales: list[torch.Tensor]) -> list[torch.Tensor]:
+        """_place's scales for many Linears in one host-to-device copy (views of it on the device)."""
+        flat = torch.cat([s.to(torch.float32).reshape(-1) for s in scales])
+        if self.device.type == "cuda":
+            flat = flat.pin_memory()
+        dev = flat.to(self.device, non_blocking=True)
+        return [v.reshape(-1, 1) for v in dev.split([s.numel() for s in scales])]
 
     def _place(self, q: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         s = s.to(torch.float32).reshape(-1, 1).contiguous()  # exact upcast, on the host

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from requant.errors import UsageError
 
-__all__ = ["NATIVE", "POW2", "REGIMES", "check_regime", "pow2_weights"]
+__all__ = ["NATIVE", "POW2", "REGIMES", "check_regime", "pow2_weights", "pow2_weights_many"]
 
 NATIVE = "native"
 POW2 = "pow2"
@@ -38,3 +38,11 @@ def pow2_weights(q, scale):
     from requant.scales.device import requantize_nearest  # torch: not at import
 
     return requantize_nearest(q, scale)
+
+
+def pow2_weights_many(pairs):
+    """[pow2_weights(q, s) for (q, s) in pairs], stacked where the weights allow (the same bits:
+    requant.scales.device.requantize_nearest_many)."""
+    from requant.scales.device import requantize_nearest_many  # torch: not at import
+
+    return requantize_nearest_many(pairs)

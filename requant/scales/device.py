@@ -37,3 +37,20 @@ def requantize_nearest(q: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tens
     x = q.to(cdt) * ratio.to(q.device)
     q_new = torch.round(x).clamp_(-128, 127).to(torch.int8)
     return q_new, s_new
+
+
+def requantize_nearest_many(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """[requantize_nearest(q, s) for (q, s) in pairs], the same bits, in one pass when the weights
+    share their input width, device and scale dtype: stacked along the output axis (every row is
+    requantized with its own scale alone, so stacking cannot change a bit), the results views of the
+    stacked tensors. A Linear at a time costs a few host ops and launches each (0.2 ms: 3.8 s for
+    the 18,624 Linears of a Qwen3-30B-A3B audit on a GPU). A refused scale is reported as
+    requantize_nearest reports it, by the first Linear that holds it."""
+    if len(pairs) < 2 or len({(q.shape[1:], q.device, s.dtype) for q, s in pairs}) != 1:
+        return [requantize_nearest(q, s) for q, s in pairs]
+    try:
+        q_new, s_new = requantize_nearest(torch.cat([q for q, _ in pairs]), torch.cat([s for _, s in pairs]))
+    except ValueError:
+        return [requantize_nearest(q, s) for q, s in pairs]  # the same error, from its Linear
+    rows = [q.shape[0] for q, _ in pairs]
+    return list(zip(q_new.split(rows), s_new.split(rows)))

@@ -45,3 +45,22 @@ def test_cuda_loader_derives_pow2_on_the_gpu_equal_to_the_cpu_requantizer(tmp_pa
     assert not native  # each native Linear freed as its pow2 twin was made
     _equal(pow2, load_linears(ckpt, "pow2", "cpu"))
     _equal(AuditLinears(ckpt, "cuda").load("pow2"), load_linears(ckpt, "pow2", "cpu"))  # read, then requantized
+
+
+@pytest.mark.parametrize("preset", ["tiny", "tiny-moe"])
+@pytest.mark.parametrize("stack_bytes", [1, 50_000, 1 << 27])
+def test_pow2_derived_in_stacks_equals_the_cpu_requantizer(tmp_path, monkeypatch, preset, stack_bytes):
+    """The device derivation's stacking (AuditLinears._pow2_from: Linears of one shape and scale
+    dtype requantized together, STACK_BYTES at a time) run on the CPU: every Linear equal to
+    requant.runtime.load_linears' pow2 (the converter's numpy requantizer), in the checkpoint's
+    order, with stacks of one Linear, stacks cut by the bound, and one stack per shape."""
+    from requant.audit import linears
+
+    monkeypatch.setattr(linears, "STACK_BYTES", stack_bytes)
+    ckpt = open_checkpoint(generate(preset, tmp_path / preset))
+    loader = AuditLinears(ckpt, "cpu")
+    native = load_linears(ckpt, "native", "cpu")
+    loader.stored = {n: ckpt.weight_and_scale(n)[1] for n in ckpt.quantized_linears}
+    got = loader._pow2_from(native, list(ckpt.quantized_linears))
+    assert not native  # each native Linear handed over
+    _equal(got, load_linears(ckpt, "pow2", "cpu"))

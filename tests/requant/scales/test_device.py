@@ -5,6 +5,8 @@ scales, with clipping rows, extreme int8 values and scales that are powers of tw
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from requant.scales.device import requantize_nearest
 from requant.scales.requantizer import requantize
@@ -54,3 +56,38 @@ def test_device_nearest_on_cuda_equals_the_numpy_requantizer():
         want_q, want_s = requantize(q, s, "nearest")
         got_q, got_s = requantize_nearest(q.cuda(), s.cuda())
         assert torch.equal(got_q.cpu(), want_q) and torch.equal(got_s.view(torch.int8), want_s.view(torch.int8))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.integers(1, 5))
+def test_many_equals_one_at_a_time(seed, count):
+    """requantize_nearest_many against requantize_nearest on each pair (proved above against the
+    numpy requantizer), drawn over group sizes, row counts, scale dtypes (mixed: one at a time),
+    input widths (mixed: one at a time) and a refused scale in one member (the same error)."""
+    from requant.scales.device import requantize_nearest_many
+
+    g = torch.Generator().manual_seed(seed)
+    pick = lambda n: int(torch.randint(0, n, (1,), generator=g))  # noqa: E731
+    dtypes = [torch.bfloat16, torch.float16, torch.float32]
+    dtype, cols = dtypes[pick(3)], 96
+    pairs = []
+    for i in range(count):
+        d = dtypes[pick(3)] if pick(4) == 0 else dtype
+        c = 64 if pick(5) == 0 else cols
+        q, s = _case(seed + i, d, rows=4 + pick(40), cols=c)  # _case writes rows 0-3
+        pairs.append((q, s))
+    if pick(6) == 0:
+        bad = pairs[-1][1].clone()
+        bad[0] = float("nan")
+        pairs[-1] = (pairs[-1][0], bad)
+        with pytest.raises(ValueError, match="finite and positive"):
+            requantize_nearest(*pairs[-1])
+        with pytest.raises(ValueError, match="finite and positive"):
+            requantize_nearest_many(pairs)
+        return
+    got = requantize_nearest_many(pairs)
+    assert len(got) == len(pairs)
+    for (q, s), (gq, gs) in zip(pairs, got):
+        wq, ws = requantize_nearest(q, s)
+        assert gq.shape == wq.shape and torch.equal(gq, wq)
+        assert gs.dtype == ws.dtype and torch.equal(gs.view(torch.int8), ws.view(torch.int8))
