@@ -219,7 +219,13 @@ def convert(
                 source_hashes = mf.BackgroundHashes(ckpt.path)
             job = streaming.Job(ckpt, dest.tmp, out, arm, src_weights, progress)
             try:
-                streaming.copy_other_files(ckpt, dest.tmp, out, arm)
+                try:
+                    streaming.copy_other_files(ckpt, dest.tmp, out, arm)
+                except OutputError:
+                    # A source file listed and then gone (a writer's temporary file renamed over a
+                    # shard, say) fails its copy: the source changing is the cause, and says so.
+                    _check_unchanged(ckpt, before)
+                    raise
                 job.create_outputs()
                 units = [(name, seg) for name, f in ckpt.shards.items() for seg in streaming.segments(f)]
                 workers = max(1, min(jobs or os.cpu_count() or 1, len(units), MAX_WORKERS))

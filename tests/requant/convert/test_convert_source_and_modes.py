@@ -152,3 +152,34 @@ def test_eval_refuses_a_source_changed_between_its_hashing_and_an_arms_conversio
     monkeypatch.setattr(run, "load_tasks", lambda tasks: None)
     with pytest.raises(CheckpointError, match="model.safetensors: changed while it was being converted"):
         run.run_eval(str(micro), ["nearest"], limit=1)
+
+
+@pytest.mark.parametrize("shard_replaced", [True, False])
+def test_a_file_that_vanishes_while_the_others_are_copied(micro, tmp_path, monkeypatch, shard_replaced):
+    """A writer replacing the shard by rename leaves its temporary file in the source for a moment:
+    listed by the copy of the other files, gone when copied. With the shard replaced, convert names
+    the shard as changed (the cause), not the vanished file; a stray file that vanishes while the
+    source is otherwise untouched fails its copy, named. Nothing is written either way. (Seen in CI
+    as a race of tests/requant/io/test_snapshot.py, the hasher's thread replacing the shard.)"""
+    real_walk = streaming.walk_files
+    shard = micro / "model.safetensors"
+
+    def walk_then_replace(root, skip):
+        files = real_walk(root, skip)
+        stray = shard.with_name("model.safetensors.new")
+        files = {**files, stray.name: stray}  # listed now; renamed over the shard before its copy
+        if shard_replaced:
+            data = bytearray(shard.read_bytes())
+            data[-1] ^= 0x01
+            stray.write_bytes(bytes(data))
+            os.replace(stray, shard)
+        return files
+
+    monkeypatch.setattr(streaming, "walk_files", walk_then_replace)
+    if shard_replaced:
+        with pytest.raises(CheckpointError, match="model.safetensors: changed while it was being converted"):
+            convert(micro, tmp_path / "out", "nearest")
+    else:
+        with pytest.raises(CheckpointError, match=r"copying .*model.safetensors.new failed"):
+            convert(micro, tmp_path / "out", "nearest")
+    assert not (tmp_path / "out").exists() and not [p for p in tmp_path.iterdir() if ".out." in p.name]
