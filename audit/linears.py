@@ -86,7 +86,8 @@ class AuditLinears:
         return {n: done[n] for n in names}
 
     def _place_scales(self, scales: list[torch.Tensor]) -> list[torch.Tensor]:
-        """_place's scales for many Linears in one host-to-device copy (views of it on the device)."""
+        """fp32 [N, 1] scales on the device (an exact upcast on the host), for many Linears in one
+        pinned, non-blocking host-to-device copy (views of it)."""
         flat = torch.cat([s.to(torch.float32).reshape(-1) for s in scales])
         if self.device.type == "cuda":
             flat = flat.pin_memory()
@@ -94,8 +95,7 @@ class AuditLinears:
         return [v.reshape(-1, 1) for v in dev.split([s.numel() for s in scales])]
 
     def _place(self, q: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        s = s.to(torch.float32).reshape(-1, 1).contiguous()  # exact upcast, on the host
-        return q.contiguous(), s.pin_memory().to(self.device, non_blocking=True)  # no stream sync per Linear
+        return q.contiguous(), self._place_scales([s])[0]  # no stream sync per Linear
 
 
 def read_linear(ckpt, linear: str, pin: bool = False) -> tuple[torch.Tensor, torch.Tensor]:

@@ -102,7 +102,7 @@ def sparse_block(engine, i: int, h: torch.Tensor, capture) -> torch.Tensor:
             return comb.expert(f"{p}experts.{e}.down_proj", rows, slots, gate, up, weights[rows, slots])
         return lin.row(silu_mul(gate, up), f"{p}experts.{e}.down_proj", capture)
 
-    routes, by_expert = _routed(ids)
+    routes, order, by_expert = _routed(ids)  # by_expert: each route's token row, in expert order
     downs = {e: f"{p}experts.{e}.down_proj" for e, _, _ in routes}
     if comb is not None or q8 is None or not routes or not all(n in model.linears for n in downs.values()):
         out = combine(ids, weights, h.shape[1], expert, routes)
@@ -131,21 +131,28 @@ def sparse_block(engine, i: int, h: torch.Tensor, capture) -> torch.Tensor:
         with lin.rows_of(rows, h.shape[0]):
             (y,) = lin.quantized(qd[cut], sd[cut], (downs[e],), capture)
         ys.append(y)
-    return combine_routed(ids, weights, torch.cat(ys))
+    return combine_routed(ids, weights, torch.cat(ys), order)
 
 
-def _routed(ids: torch.Tensor) -> tuple[list[tuple[int, torch.Tensor, torch.Tensor]], torch.Tensor]:
-    """(expert_rows(ids), the rows of every route in that order: [T x k] long)."""
+def _route_order(ids: torch.Tensor) -> torch.Tensor:
+    """The flat positions t * k + slot of every route, in ascending expert id and, within an expert,
+    ascending position (a stable sort of the flat ids)."""
+    return torch.sort(ids.reshape(-1), stable=True).indices
+
+
+def _routed(ids: torch.Tensor) -> tuple[list[tuple[int, torch.Tensor, torch.Tensor]], torch.Tensor, torch.Tensor]:
+    """(expert_rows(ids), _route_order(ids), every route's token row in that order: the rows of
+    expert_rows concatenated)."""
     k = ids.shape[1]
     flat = ids.reshape(-1)
-    order = torch.sort(flat, stable=True).indices
+    order = _route_order(ids)
     rows, slots = order // k, order % k
     out, start = [], 0
     for e, n in enumerate(torch.bincount(flat).tolist()):
         if n:
             out.append((e, rows[start : start + n], slots[start : start + n]))
             start += n
-    return out, rows
+    return out, order, rows
 
 
 def expert_rows(ids: torch.Tensor) -> list[tuple[int, torch.Tensor, torch.Tensor]]:
@@ -173,9 +180,10 @@ def combine(ids: torch.Tensor, weights: torch.Tensor, hidden: int, expert, route
 COMBINE_CHUNK = 1024
 
 
-def combine_routed(ids: torch.Tensor, weights: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+def combine_routed(ids: torch.Tensor, weights: torch.Tensor, y: torch.Tensor, order=None) -> torch.Tensor:
     """combine's bits when every route has an output, in a few ops whatever the number of experts:
-    y bf16 [T x k, hidden] holds the routed experts' outputs concatenated in expert_rows' order.
+    y bf16 [T x k, hidden] holds the routed experts' outputs concatenated in expert_rows' order
+    (`order`: _route_order's, when the caller has it; else sorted here).
     Each token's k products fp32(y) * w are gathered in ascending expert id (a token's experts are
     distinct) and added to acc = 0 in that order, slot by slot: per token the same fp32 products,
     added in the same order, as combine's per-expert loop (tests/requant/runtime/test_moe.py)."""
@@ -183,7 +191,8 @@ def combine_routed(ids: torch.Tensor, weights: torch.Tensor, y: torch.Tensor) ->
     out = torch.empty(t, y.shape[1], dtype=torch.bfloat16, device=y.device)
     if t == 0:
         return out
-    order = torch.sort(ids.reshape(-1), stable=True).indices  # route (t, slot) -> its row of y
+    if order is None:
+        order = _route_order(ids)  # route (t, slot) -> its row of y
     at = torch.empty_like(order)
     at[order] = torch.arange(order.numel(), device=order.device)
     ranked = torch.sort(ids, dim=1, stable=True).indices  # each token's slots in ascending expert id

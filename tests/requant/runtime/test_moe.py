@@ -300,7 +300,7 @@ def test_combine_routed_is_combine_bit_for_bit(tokens, k, spare, hidden, seed):
     old = moe.COMBINE_CHUNK
     moe.COMBINE_CHUNK = 1 + seed % 7
     try:
-        got = moe.combine_routed(ids, weights, y)
+        got = moe.combine_routed(ids, weights, y, moe._route_order(ids) if seed % 2 else None)  # given or sorted here
     finally:
         moe.COMBINE_CHUNK = old
     assert got.shape == want.shape and torch.equal(got.view(torch.int16), want.view(torch.int16))
