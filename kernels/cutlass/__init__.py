@@ -58,12 +58,38 @@ def _require_sm90() -> None:
         raise RuntimeError(f"the CUTLASS backend is built for sm90a (H100/H200); this GPU is sm{cap[0]}{cap[1]}")
 
 
+def stage_sources(cache: str) -> str:
+    """Copy SOURCES and HEADERS into `cache`/src, rewriting a copy only when its bytes differ; returns
+    that folder. ninja rebuilds what is older than its inputs: a fresh copy of this checkout (a GPU
+    machine gets one per call) gave every source a new mtime and rebuilt all seven units (50-60 s)
+    though nothing had changed. The staged copies keep their mtimes while their bytes stay the same."""
+    src = os.path.join(cache, "src")
+    os.makedirs(src, exist_ok=True)
+    for name in SOURCES + HEADERS:
+        with open(os.path.join(_HERE, name), "rb") as f:
+            data = f.read()
+        dst = os.path.join(src, name)
+        try:
+            with open(dst, "rb") as f:
+                if f.read() == data:
+                    continue
+        except FileNotFoundError:
+            pass
+        tmp = f"{dst}.{os.getpid()}.{threading.get_ident()}.tmp"  # concurrent builders each write their own
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, dst)
+    return src
+
+
 def load_kwargs(verbose: bool = False) -> dict:
-    """Arguments of torch.utils.cpp_extension.load for this extension (no GPU needed)."""
+    """Arguments of torch.utils.cpp_extension.load for this extension (no GPU needed); the sources
+    are the copies stage_sources keeps in the cache."""
     cache = os.environ.get(
         "REQUANT_CUTLASS_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "requant", "cutlass")
     )
     os.makedirs(cache, exist_ok=True)
+    src = stage_sources(cache)
     cuda_flags = [
         # wgmma and TMA need the arch-specific target; naming it also stops torch from
         # adding its own -gencode flags (which would compile everything twice).
@@ -83,8 +109,8 @@ def load_kwargs(verbose: bool = False) -> dict:
     ]
     return dict(
         name="requant_w8a8_sm90",
-        sources=[os.path.join(_HERE, s) for s in SOURCES],
-        extra_include_paths=cutlass_include_dirs() + [_HERE],
+        sources=[os.path.join(src, s) for s in SOURCES],
+        extra_include_paths=cutlass_include_dirs() + [src],
         extra_cflags=["-O3", "-DNDEBUG"],
         extra_cuda_cflags=cuda_flags,
         build_directory=cache,
