@@ -3,6 +3,10 @@
 # Python bound on CUDA, where a CPU profile shows the arithmetic instead). Back: audit.prof (read
 # with python -m pstats), profile.txt (by own time and by cumulative time), the audit's log.
 #   OUT=$OUT PRESET=qwen3-30b-a3b LAYERS=8 bash benchmarks/gpu_profile_audit.sh   (carry .whl)
+# PROFILER=util instead: the audit without cProfile while nvidia-smi samples the GPU's utilization
+# every 100 ms (the share of each sample in which a kernel ran); back util.csv and util.txt, the mean
+# per stage of the audit's log (benchmarks/gpu_util_stages.py): a stage far below 100% is waiting on
+# the host. cProfile sees the main thread only; the cells are scored on a worker thread.
 set -uo pipefail
 source "$(dirname "$0")/_gpu_common.sh" || exit 1
 gpu_out
@@ -21,6 +25,17 @@ from requant.checkpoint.synthetic import PRESETS, generate
 p = PRESETS['$PRESET']
 p = dataclasses.replace(p, layers=$LAYERS) if $LAYERS else p
 print(generate(p, '$CKPT', device='cuda', shard_size=5_000_000_000))"
+fi
+if [ "${PROFILER:-cprofile}" = util ]; then
+    nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv,noheader,nounits -lms 100 \
+        > "$OUT/util.csv" 2> /dev/null &
+    sampler=$!
+    step audit_sampled 0 bash -c "python3 cli.py audit '$CKPT' --byte-tokens --phases ${PHASES:-prefill,decode} \
+        --backends $BACKENDS --prompts ${PROMPTS:-8} --device cuda --json /tmp/sampled-audit.json \
+        > '$OUT/audit.log' 2>&1; rc=\$?; tail -n 12 '$OUT/audit.log'; exit \$rc"
+    kill "$sampler" 2> /dev/null
+    python3 -m benchmarks.gpu_util_stages "$OUT/util.csv" "$OUT/audit.log" | tee "$OUT/util.txt"
+    exit "$RC"
 fi
 step audit_profiled 0 bash -c "python3 -m cProfile -o '$OUT/audit.prof' cli.py audit '$CKPT' --byte-tokens \
     --phases ${PHASES:-prefill,decode} --backends $BACKENDS --prompts ${PROMPTS:-8} --device cuda \
