@@ -7,6 +7,7 @@ the kernels by name, ms per call: eager decode steps at batch 1 and prefill 1 x 
 above the goal names its kernels (the software exp2, the lane dot products).
 
     python3 benchmarks/bench_portable.py --out DIR [--synthetic qwen3-8b] [--backend cutlass] [--reps 3] [--profile]
+        [--tokens none,2,4,8,16 --warps 4,8 --sweep-at 2048]   (the portable attention's prefill tiling, bits checked)
 
 Writes DIR/bench_portable.json and .md. Needs CUDA.
 """
@@ -152,6 +153,29 @@ def profiles(model) -> dict:
     return out
 
 
+def tokens_sweep(model, n: int, settings: list[tuple[int | None, int]], reps: int) -> list[dict]:
+    """The portable engine's prefill 1 x n at each (PREFILL_TOKENS, WARPS) of its attention
+    (kernels/triton/portable.py): median ms and spread, and whether the last logits have the bits of
+    the first setting's (they must: a row's arithmetic never depends on its program's rows)."""
+    from requant.kernels.triton import portable as tp
+
+    ids = torch.randint(0, model.arch.vocab, (n,), generator=torch.Generator().manual_seed(n)).cuda()
+    saved, out, first = (tp.PREFILL_TOKENS, tp.WARPS), [], None
+    try:
+        for tokens, warps in settings:
+            tp.PREFILL_TOKENS, tp.WARPS = tokens, warps
+            with torch.no_grad():  # the warm-up (compiles this setting) and its bits
+                got = model.prefill([ids], last_only=True).float().cpu().view(torch.int32)
+            first = got if first is None else first
+            secs = [prefill_secs(model, n) for _ in range(reps)]
+            row = {"tokens": tokens, "warps": warps, "ms": 1e3 * sorted(secs)[len(secs) // 2], **_spread(secs, n)}
+            out.append({**row, "same_bits": bool(torch.equal(got, first))})
+            print(f"prefill {n}, tokens {tokens}, warps {warps}: {out[-1]}", flush=True)
+    finally:
+        tp.PREFILL_TOKENS, tp.WARPS = saved
+    return out
+
+
 def _spread(secs: list[float], work: float) -> dict:
     """tokens/s at the median, min and max of the seconds (the min rate at the max time)."""
     s = sorted(secs)
@@ -171,6 +195,14 @@ def main(argv=None) -> int:
     ap.add_argument("--cpu", action="store_true", help="time the torch form on the CPU instead (seconds a token)")
     ap.add_argument("--layers", type=int, default=None, help="--cpu: only the first LAYERS layers")
     ap.add_argument("--threads", type=int, default=2, help="--cpu: torch threads")
+    ap.add_argument(
+        "--tokens",
+        default=None,
+        help="also sweep the portable attention's tokens per prefill program (e.g. none,2,4,8,16; none: "
+        "today's default) at each --sweep-at length, the bits checked equal across settings",
+    )
+    ap.add_argument("--warps", default="4,8", help="--tokens: the warps swept with each")
+    ap.add_argument("--sweep-at", default="2048", help="--tokens: the prefill lengths of the sweep")
     args = ap.parse_args(argv)
     if args.cpu:
         rec = cpu_seconds_per_token(args)
@@ -222,6 +254,14 @@ def main(argv=None) -> int:
         rec["decode"][b]["portable_over_fast_time"] = med["portable"] / med["fast"]
         print(f"decode batch {b}: {rec['decode'][b]}", flush=True)
         flush()
+    if args.tokens:
+        settings = [
+            (None if t == "none" else int(t), int(w)) for t in args.tokens.split(",") for w in args.warps.split(",")
+        ]
+        rec["tokens_sweep"] = {}
+        for n in [int(x) for x in args.sweep_at.split(",")]:
+            rec["tokens_sweep"][n] = tokens_sweep(engines["portable"], n, settings, args.reps)
+            flush()
     if args.profile:
         rec["profile"] = {k: profiles(m) for k, m in engines.items()}
         flush()
@@ -247,6 +287,21 @@ def markdown(rec: dict) -> str:
         for b, r in rec["decode"].items()
     ]  # fmt: skip
     lines += table(["what (median [min-max] of reps)", "fast", "portable", "portable time / fast time"], rows)
+    for n, rows in rec.get("tokens_sweep", {}).items():
+        lines += ["", f"Portable prefill 1 x {n}, the attention's tokens per program and warps (median [min-max]):", ""]
+        lines += table(
+            ["tokens", "warps", "ms", "tok/s", "bits equal to the first row"],
+            [
+                [
+                    r["tokens"] or "default",
+                    r["warps"],
+                    f"{r['ms']:.1f}",
+                    cell(r, ".0f"),
+                    "yes" if r["same_bits"] else "**NO**",
+                ]
+                for r in rows
+            ],
+        )
     for engine, prof in rec.get("profile", {}).items():
         for what, ms in prof.items():
             total = sum(ms.values())

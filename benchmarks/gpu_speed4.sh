@@ -7,7 +7,8 @@
 #     (chunk launches, both attention paths; batch-1 decode at contexts 128, 4096, 16384);
 #   * goal 3, the portable engine's price beside the fast engine: bench_portable (prefill 1 x 2048
 #     and 1 x 8192, decode batch 1 and 64, interleaved, median [min-max]) with --profile (its GPU time
-#     by kernel).
+#     by kernel), and the sweep of its attention's tokens per prefill program and warps at 1 x 2048
+#     (--tokens: kernels/triton/portable.py PREFILL_TOKENS and WARPS, chosen by it; bits checked).
 #
 #     OUT=/some/dir bash benchmarks/gpu_speed4.sh
 #
@@ -35,8 +36,8 @@ has splitk && step splitk 170 python3 -m benchmarks.bench_splitk --out "$W/split
     --slots 132,264,396,528 --rep-ms 100
 has fold && step fold 170 python3 -m benchmarks.bench_long_context --synthetic qwen3-8b --backend "$BACKEND" \
     --out "$W/fold" --parts fold,decode --contexts 128,4096,16384 --no-transformers --reps 5
-has portable && step portable 250 python3 -m benchmarks.bench_portable --out "$W/portable" --synthetic qwen3-8b \
-    --backend "$BACKEND" --reps 5 --profile
+has portable && step portable 300 python3 -m benchmarks.bench_portable --out "$W/portable" --synthetic qwen3-8b \
+    --backend "$BACKEND" --reps 5 --profile --tokens none,2,4,8,16 --warps 4,8 --sweep-at 2048
 cp "$W/env.txt" "$W/timings.txt" "$OUT/"
 for f in splitk/bench_splitk fold/bench_long_context portable/bench_portable; do
     [ -f "$W/$f.json" ] && cp "$W/$f.json" "$OUT/"

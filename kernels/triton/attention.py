@@ -479,7 +479,7 @@ def _split_combine(q, k_cache, v_cache, pos, blocks, out, qk_scale, bm, bn, spli
     combine_consts = {"H": heads, "KV": kv, "D": d, "G": g, "BLOCK_M": bm, "SPLIT": split, "PORTABLE": portable}
     if portable:
         q, k_cache, v_cache = q.view(torch.int16), k_cache.view(torch.int16), v_cache.view(torch.int16)
-        names, cfgs = ("p_attention_split", "p_attention_combine"), ("portable", "portable")
+        names, cfgs = ("p_attention_split", "p_attention_combine"), (("portable", warps), ("portable", warps))
         split_opts = combine_opts = dict(OPTIONS, num_warps=warps)
     else:
         names, cfgs = ("attention_split", "attention_combine"), ((warps, stages), (warps,))

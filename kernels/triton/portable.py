@@ -57,13 +57,30 @@ def elementwise_exp(x: torch.Tensor, base_e: bool = False) -> torch.Tensor:
 
 
 # -- attention ----------------------------------------------------------------------------------
+# Query tokens an attention program holds when a launch has blocks of several tokens (prefill; a
+# launch of one-token blocks, decode, always holds one). None: as many as fill block_m's rows (one
+# token at Qwen3's 4 query heads per KV head). A program reads each KV tile once for all its tokens;
+# a row's arithmetic never depends on the other rows (docstring above), so this changes speed, never
+# bits (tests/kernels/test_portable.py draws it). Chosen by `benchmarks/bench_portable.py --tokens`.
+PREFILL_TOKENS: int | None = None
+WARPS = 4  # of every portable attention launch (split and combine)
+
+
+def _rows(g: int, tokens: int) -> int:
+    return max(2, 1 << max(g * tokens - 1, 0).bit_length())
+
+
 def block_m(heads: int, kv_heads: int) -> int:
-    """Rows of an attention program: the query heads of one KV head, padded to a power of two >= 2."""
-    g = heads // kv_heads
-    return max(2, 1 << max(g - 1, 0).bit_length())
+    """Rows of a one-token attention program: the query heads of one KV head, padded to a power of two >= 2."""
+    return _rows(heads // kv_heads, 1)
 
 
 def tokens_per_block(heads: int, kv_heads: int) -> int:
+    """Query tokens per block of a prefill launch (PREFILL_TOKENS, or as many as fill block_m)."""
+    if PREFILL_TOKENS is not None:
+        if PREFILL_TOKENS < 1:
+            raise ValueError(f"PREFILL_TOKENS must be >= 1, got {PREFILL_TOKENS}")
+        return PREFILL_TOKENS
     return block_m(heads, kv_heads) // (heads // kv_heads)
 
 
@@ -86,10 +103,13 @@ def attention(q, k_cache, v_cache, pos, blocks, scale: float, split: int | None 
     out = torch.empty((t, heads * d), dtype=torch.bfloat16, device=q.device)
     if t == 0:
         return out
-    bm = block_m(heads, k_cache.shape[1])
+    kv = k_cache.shape[1]
+    # as many blocks as tokens: every block one token (decode), read from the shapes (no sync)
+    tokens = 1 if blocks.shape[0] == t else tokens_per_block(heads, kv)
+    bm = _rows(heads // kv, tokens)
     qk_scale = float(torch.tensor(scale * 1.4426950408889634, dtype=torch.float32))
     _attention._split_combine(
-        q, k_cache, v_cache, pos, blocks, out, qk_scale, bm, spec.TILE, split, 4, None, index, True
+        q, k_cache, v_cache, pos, blocks, out, qk_scale, bm, spec.TILE, split, WARPS, None, index, True
     )
     return out
 

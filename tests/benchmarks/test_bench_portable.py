@@ -38,3 +38,22 @@ def test_markdown_of_a_record():
     line = next(x for x in md.splitlines() if x.startswith("| prefill 1 x 8192"))
     assert want in line and line.endswith(f"| {rec['prefill'][8192]['portable_over_fast_time']:.2f} |")
     assert "portable, decode_b1_step: 0.875 ms GPU: _exp2_kernel 0.250; _dense_kernel 0.500; other 0.125" in md
+
+
+def test_markdown_of_a_tokens_sweep():
+    """Each swept (tokens, warps) gets a row; a setting whose bits differ is marked loudly."""
+    rng = random.Random(1)
+    rows = []
+    for tokens, warps, same in [(None, 4, True), (4, 8, True), (16, 8, False)]:
+        v = sorted(rng.uniform(1000, 9000) for _ in range(3))
+        rows.append({"tokens": tokens, "warps": warps, "ms": 2048e3 / v[1], "tok_s": v[1], "tok_s_min": v[0],
+                     "tok_s_max": v[2], "same_bits": same})  # fmt: skip
+    rec = {"shape": "qwen3-8b", "backend": "triton", "device": "H100", "commit": "c", "prefill": {}, "decode": {}}
+    rec["tokens_sweep"] = {2048: rows}
+    md = _bench().markdown(rec).splitlines()
+    at = md.index("Portable prefill 1 x 2048, the attention's tokens per program and warps (median [min-max]):")
+    body = md[at + 4 : at + 7]
+    assert [x.split(" | ")[0] for x in body] == ["| default", "| 4", "| 16"]
+    for x, r in zip(body, rows):
+        assert f"| {r['ms']:.1f} | {r['tok_s']:.0f} [{r['tok_s_min']:.0f}-{r['tok_s_max']:.0f}] |" in x
+    assert body[0].endswith("| yes |") and body[2].endswith("| **NO** |")

@@ -140,3 +140,30 @@ def test_attention_kernel_equals_the_spec(heads, kv, d, split):
             w = torch.softmax((k @ q[i, h].double()) * d**-0.5, 0)
             ref = w @ v
             assert (want[i, h * d : (h + 1) * d].double() - ref).abs().max() < 0.02 * (1 + ref.abs().max())
+
+
+@needs_triton
+@pytest.mark.parametrize("seed,tokens", [(0, 2), (1, 3), (2, 5), (3, 8)])
+def test_attention_tokens_per_program_change_no_bit(seed, tokens, monkeypatch):
+    """PREFILL_TOKENS (query tokens an attention program holds in prefill) with the head layout and
+    the sequences drawn: the kernel equals the spec at every choice (a row's arithmetic never depends
+    on its program's other rows), and so do blocks of one token (decode) under it."""
+    g = torch.Generator().manual_seed(1000 + seed)
+
+    def draw(hi):
+        return int(torch.randint(1, hi + 1, (), generator=g))
+
+    kv = draw(2)
+    heads = kv * draw(4)
+    d, split, cap = 16, 16, 48
+    monkeypatch.setattr(TP, "PREFILL_TOKENS", tokens)
+    lengths = [draw(20) for _ in range(draw(3))]
+    starts = [int(torch.randint(0, cap - n + 1, (), generator=g)) for n in lengths]
+    kc, vc = _cache(g, len(lengths), kv, cap, d)
+    for per in (TP.tokens_per_block(heads, kv), 1):
+        pos, rows, blocks = _blocks(lengths, starts, per)
+        q = _bf16(g, len(pos), heads, d)
+        got = TP.attention(q.to(DEV), kc.to(DEV), vc.to(DEV), pos.to(DEV), blocks.to(DEV), d**-0.5, split=split)
+        want = P.attention(q, kc, vc, pos, rows, d**-0.5, split=split)
+        assert torch.equal(bits(got), bits(want)), (heads, kv, tokens, per, lengths, starts)
+    assert TP.tokens_per_block(heads, kv) == tokens

@@ -52,8 +52,12 @@ def test_engine_choice(micro):
     assert cpu.with_backends(backend="reference-cutlass-order").engine == "portable"
 
 
-def test_torch_equals_triton_across_a_split_boundary_batched(micro, monkeypatch):
+@pytest.mark.parametrize("tokens", [None, 3])
+def test_torch_equals_triton_across_a_split_boundary_batched(micro, monkeypatch, tokens):
+    from requant.kernels.triton import portable as tp
+
     monkeypatch.setattr(spec, "SPLIT", 16)  # both forms read it at each call: splits at 16, 32
+    monkeypatch.setattr(tp, "PREFILL_TOKENS", tokens)  # the Triton attention's tokens per prefill program
     cpu, tri = micro
     prompts = _prompts(cpu.arch.vocab, (19, 3))
     a = cpu.generate(prompts, 4, keep_logits=True)

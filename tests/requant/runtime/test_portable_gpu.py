@@ -102,6 +102,32 @@ def test_attention_equals_the_cpu_spec(heads, kv, lengths):
     assert torch.equal(bits(got), bits(want))
 
 
+def test_attention_tokens_per_program_and_warps_change_no_bit(monkeypatch):
+    """The prefill launch's tokens per program (PREFILL_TOKENS) and warps, as benchmarks/bench_portable.py
+    --tokens sweeps them, each equal to the CPU spec computed once (Qwen3-8B's heads, two sequences
+    across the 512-position split)."""
+    heads, kv, d, cap, lengths = 32, 8, 128, 640, (530, 17)
+    g = torch.Generator().manual_seed(5)
+    kc = _adversarial(g, len(lengths), kv, cap, d)
+    vc = _adversarial(g, len(lengths), kv, cap, d)
+    pos = [p for n in lengths for p in range(n)]
+    row = [r for r, n in enumerate(lengths) for _ in range(n)]
+    pos_t, rows_t = torch.tensor(pos, dtype=torch.int32), torch.tensor(row, dtype=torch.int32)
+    q = _adversarial(g, len(pos), heads, d)
+    want = bits(P.attention(q, kc, vc, pos_t, rows_t, d**-0.5))
+    for tokens, warps in [(None, 4), (2, 4), (4, 4), (4, 8), (8, 8), (16, 8)]:
+        monkeypatch.setattr(TP, "PREFILL_TOKENS", tokens)
+        monkeypatch.setattr(TP, "WARPS", warps)
+        per = TP.tokens_per_block(heads, kv)
+        blocks, off = [], 0
+        for r, n in enumerate(lengths):
+            blocks += [(off + i, min(per, n - i), r) for i in range(0, n, per)]
+            off += n
+        blocks_t = torch.tensor(blocks, dtype=torch.int32).cuda()
+        got = TP.attention(q.cuda(), kc.cuda(), vc.cuda(), pos_t.cuda(), blocks_t, d**-0.5)
+        assert torch.equal(bits(got), want), (tokens, warps)
+
+
 # -- records ------------------------------------------------------------------------------------
 PROMPTS = [
     {"prompt": "To bake bread,"},
