@@ -15,6 +15,8 @@
 #   STAGE=speed OUT=/dir ...        # install, wait for the checkpoint, run the plan of engines
 #   STAGE=speed BACKGROUND=1 ...    # the same under setsid (outlives the call); then within 30 s:
 #   STAGE=collect OUT=/dir ...      # wait (WAIT_S, default 560) for it and bring the results back
+# Qwen3-MoE (issue 41): the parts made with `python3 -m benchmarks.vllm_wheels --moe` (the MoE
+# extension kept), then STAGE=run CKS="moe4-native moe4-pow2": the 30B-A3B synthetic's first 4 layers.
 # ENGINES (default requant,vllm,vllm-bi), NO_COMPILE (engines without torch.compile), BUDGET_S
 # (default 560; 0 with BACKGROUND), SPEED_ARGS (more vllm_speed arguments) shape the plan.
 set -uo pipefail
@@ -102,6 +104,10 @@ for ck in $CKS; do
             default-pow2) step convert_default 60 requant convert -o "$CK/$ck" ;;
             q17-native) step synthetic_q17 180 python3 -m requant.checkpoint.synthetic qwen3-1.7b "$CK/$ck" ;;
             q17-pow2) step convert_q17 180 requant convert "$CK/q17-native" -o "$CK/$ck" ;;
+            # Qwen3-30B-A3B's first 4 layers at its real widths (512 experts; carry built with --moe)
+            moe4-native) step synthetic_moe4 240 python3 -m requant.checkpoint.synthetic qwen3-30b-a3b "$CK/$ck" \
+                --layers 4 --device cuda ;;
+            moe4-pow2) step convert_moe4 240 requant convert "$CK/moe4-native" -o "$CK/$ck" ;;
         esac
     fi
     for k in cutlass triton; do

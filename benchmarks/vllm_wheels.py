@@ -1,13 +1,14 @@
 """Fill the ignored folder .vllm/ with vLLM 0.26.0 and the wheels its offline path needs, in
 parts small enough to travel with one device call each (benchmarks/gpu_vllm.sh joins them).
 
-    python3 -m benchmarks.vllm_wheels [--part-mb 20] [--dir .vllm]
+    python3 -m benchmarks.vllm_wheels [--part-mb 20] [--dir .vllm] [--moe]
 
 vLLM 0.26.0 pins torch 2.11.0, the GPU machine's. Its wheel (304 MB) is repacked without what
 a dense Qwen3 on sm90 never loads: the FlashAttention-2 kernels (sm80; FA3 serves sm90), the
 MoE extension, the Rust front end (`vllm-rs`, used only with VLLM_RUST_FRONTEND_PATH) and the
 sm100 attention sources (`third_party/fmha_sm100`, imported by MiniMax-M3 only) and the vendored
-DeepGEMM (`third_party/deep_gemm`, FP8 only). Their imports are guarded in vLLM. The repacked wheel and the dependency wheels go into one tar,
+DeepGEMM (`third_party/deep_gemm`, FP8 only). Their imports are guarded in vLLM. `--moe` keeps the
+MoE extension (41 MB compressed), which a Qwen3-MoE checkpoint needs (issue 41). The repacked wheel and the dependency wheels go into one tar,
 split into parts of --part-mb MB; SHA256SUMS names every part and the whole tar. A part travels
 beside the working tree, 64 MiB in all: the default part is as large as fits beside this checkout's
 tree (tracked and untracked files git does not ignore) with 1 MB to spare (26 MB beside a 39 MB tree:
@@ -58,9 +59,10 @@ DEPENDENCIES = [
     "loguru==0.7.3",
     "blake3==1.0.8",
 ]
+MOE_EXTENSION = "vllm/_moe_C_stable_libtorch.abi3.so"  # 41 MB in the wheel; --moe keeps it
 DROPPED = (
     "vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so",
-    "vllm/_moe_C_stable_libtorch.abi3.so",
+    MOE_EXTENSION,
     "vllm/vllm-rs",
 )
 # every member under these folders: sm100 attention (MiniMax-M3 only); DeepGEMM (FP8 block GEMMs,
@@ -68,7 +70,11 @@ DROPPED = (
 DROPPED_DIRS = ("vllm/third_party/fmha_sm100/", "vllm/third_party/deep_gemm/")
 
 
-def dropped(name: str) -> bool:
+def dropped(name: str, moe: bool = False) -> bool:
+    """Whether the repack leaves `name` out; moe: keep the MoE extension (a Qwen3-MoE checkpoint's
+    fused-MoE path calls its moe_align_block_size and topk_softmax: vllm/_custom_ops.py)."""
+    if moe and name == MOE_EXTENSION:
+        return False
     return name in DROPPED or name.startswith(DROPPED_DIRS)
 
 
@@ -92,15 +98,17 @@ def download(names: list[str], dest: Path) -> None:
     subprocess.run(cmd, check=True)
 
 
-def repack(wheel: Path, out: Path) -> Path:
-    """`wheel` without DROPPED, its RECORD rewritten to match (pip checks nothing else)."""
+def repack(wheel: Path, out: Path, moe: bool = False) -> Path:
+    """`wheel` without DROPPED (moe: with the MoE extension), its RECORD rewritten to match (pip
+    checks nothing else)."""
     with zipfile.ZipFile(wheel) as src, zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as dst:
         record = next(n for n in src.namelist() if n.endswith(".dist-info/RECORD"))
         for info in src.infolist():
-            if dropped(info.filename) or info.filename == record:
+            if dropped(info.filename, moe) or info.filename == record:
                 continue
             dst.writestr(info, src.read(info.filename))
-        kept = [line for line in src.read(record).decode().splitlines() if line and not dropped(line.split(",")[0])]
+        lines = src.read(record).decode().splitlines()
+        kept = [line for line in lines if line and not dropped(line.split(",")[0], moe)]
         dst.writestr(record, "\n".join(kept) + "\n")
     return out
 
@@ -147,6 +155,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dir", type=Path, default=Path(".vllm"))
     ap.add_argument("--part-mb", type=int, default=None, help="default: as large as fits beside the tree")
+    ap.add_argument(
+        "--moe",
+        action="store_true",
+        help="keep the MoE extension (41 MB: about two more parts), for serving a Qwen3-MoE checkpoint",
+    )
     args = ap.parse_args()
     if args.part_mb is None:
         tree = tree_bytes(Path.cwd())
@@ -159,7 +172,7 @@ def main() -> int:
         download([VLLM], dl)
     download(DEPENDENCIES, wheels)
     (src,) = dl.glob("vllm-0.26.0-*.whl")
-    repack(src, wheels / src.name)
+    repack(src, wheels / src.name, moe=args.moe)
     tar = args.dir / "vllm-wheels.tar"
     with tarfile.open(tar, "w") as t:
         for w in sorted(wheels.glob("*.whl")):

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -312,12 +313,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--force", action="store_true", help="replace a non-empty OUT (only a checkpoint or an empty directory)"
     )
+    ap.add_argument("--layers", type=int, default=None, help="only the first LAYERS decoder layers (widths unchanged)")
     a = ap.parse_args(argv)
     if a.plan or a.out is None:
         return _print_plan(ap, a)
+    preset = PRESETS[a.preset]
+    if a.layers is not None:
+        if not 1 <= a.layers <= preset.layers:
+            ap.error(f"--layers must be 1 to {preset.layers} for {a.preset}, got {a.layers}")
+        preset = dataclasses.replace(preset, layers=a.layers)
     try:
         path = generate(
-            a.preset,
+            preset,
             a.out,
             seed=a.seed,
             shard_size=a.shard_size,

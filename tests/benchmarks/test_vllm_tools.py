@@ -90,3 +90,18 @@ def test_a_part_fits_beside_the_tree(tree):
     got = vw.part_bytes(tree)
     assert got % 1_000_000 == 0 and tree + got + vw.SPARE <= limit  # fits, with the spare
     assert tree + got + 1_000_000 + vw.SPARE > limit  # one MB more would not
+
+
+def test_repack_with_moe_keeps_only_the_moe_extension(tmp_path):
+    vw = _load("vllm_wheels")
+    members = {n: n.encode() * 2 for n in vw.DROPPED}
+    members.update({d + "api.py": b"y = 2\n" for d in vw.DROPPED_DIRS})
+    members["vllm/__init__.py"] = b"x = 1\n"
+    src = _wheel(tmp_path / "src.whl", members)
+    out = vw.repack(src, tmp_path / "out.whl", moe=True)
+    with zipfile.ZipFile(out) as z:
+        names = {n for n in z.namelist() if not n.endswith("RECORD")}
+        record = {line.split(",")[0] for line in z.read("vllm-0.26.0.dist-info/RECORD").decode().splitlines()}
+        assert z.read(vw.MOE_EXTENSION) == members[vw.MOE_EXTENSION]
+    assert names == {"vllm/__init__.py", vw.MOE_EXTENSION}
+    assert record == names | {"vllm-0.26.0.dist-info/RECORD"}

@@ -52,6 +52,21 @@ def test_generator_module_equals_the_api(tmp_path):
     assert tree_bytes(tmp_path / "m") == tree_bytes(generate("tiny", tmp_path / "api"))
 
 
+def test_generator_layers_cuts_the_preset(tmp_path):
+    """`--layers 1` writes what generate() writes for the preset with one layer (reference: the API's
+    files from dataclasses.replace, byte for byte); outside 1..layers it is refused, nothing written."""
+    import dataclasses
+
+    cmd = [sys.executable, "-m", "requant.checkpoint.synthetic", "tiny-moe", str(tmp_path / "m"), "--layers", "1"]
+    subprocess.run(cmd, check=True, capture_output=True)
+    one = dataclasses.replace(PRESETS["tiny-moe"], layers=1)
+    assert tree_bytes(tmp_path / "m") == tree_bytes(generate(one, tmp_path / "api"))
+    assert open_checkpoint(tmp_path / "m").config["num_hidden_layers"] == 1
+    for bad in ("0", str(PRESETS["tiny-moe"].layers + 1)):
+        r = subprocess.run([*cmd[:4], str(tmp_path / "x"), "--layers", bad], capture_output=True, text=True)
+        assert r.returncode == 2 and "--layers must be 1 to" in r.stderr and not (tmp_path / "x").exists()
+
+
 DIMS = (*SIZE_KEYS, "tie_word_embeddings")  # the config keys the runtime reads (requant.models.qwen3)
 
 
