@@ -61,12 +61,12 @@ class AuditLinears:
     def _pow2_from(self, previous: dict, names: list[str]) -> dict:
         """The pow2 Linears derived on the device from the native ones (emptying `previous`), the
         Linears of one weight shape and scale dtype requantized together, up to STACK_BYTES of
-        weights at a time (pow2_weights_many: the same bits as one at a time); in `names` order."""
+        weights at a time (a larger Linear alone) (pow2_weights_many: the same bits as one at a time); in `names` order."""
         done: dict = {}
-        buckets: dict = {}
+        buckets: dict = {}  # (weight shape, scale dtype) -> [names, their weight bytes]
 
         def flush(key):
-            group = buckets.pop(key)[0]
+            group, _ = buckets.pop(key)
             pairs = [(previous.pop(n)[0], self.stored[n]) for n in group]
             made = pow2_weights_many(pairs)
             scales = self._place_scales([s for _, s in made])
@@ -74,13 +74,13 @@ class AuditLinears:
                 done[n] = (q, s)
 
         for n in names:
-            q = previous[n][0]
-            key = (tuple(q.shape), self.stored[n].dtype)
-            bucket = buckets.setdefault(key, ([], [0]))
-            bucket[0].append(n)
-            bucket[1][0] += q.numel()
-            if bucket[1][0] >= STACK_BYTES:
+            size = previous[n][0].numel()
+            key = (tuple(previous[n][0].shape), self.stored[n].dtype)
+            if key in buckets and buckets[key][1] + size > STACK_BYTES:  # a stack stays within the bound
                 flush(key)
+            entry = buckets.setdefault(key, [[], 0])
+            entry[0].append(n)
+            entry[1] += size
         for key in list(buckets):
             flush(key)
         return {n: done[n] for n in names}

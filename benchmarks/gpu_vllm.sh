@@ -15,7 +15,7 @@
 #   STAGE=speed OUT=/dir ...        # install, wait for the checkpoint, run the plan of engines
 #   STAGE=speed BACKGROUND=1 ...    # the same under setsid (outlives the call); then within 30 s:
 #   STAGE=collect OUT=/dir ...      # wait (WAIT_S, default 560) for it and bring the results back
-# Qwen3-MoE (issue 41): the parts made with `python3 -m benchmarks.vllm_wheels --moe` (the MoE
+# Qwen3-MoE: the parts made with `python3 -m benchmarks.vllm_wheels --moe` (the MoE
 # extension kept), then STAGE=run CKS="moe4-native moe4-pow2": the 30B-A3B synthetic's first 4 layers.
 # ENGINES (default requant,vllm,vllm-bi), NO_COMPILE (engines without torch.compile), BUDGET_S
 # (default 560; 0 with BACKGROUND), SPEED_ARGS (more vllm_speed arguments) shape the plan.

@@ -8,7 +8,7 @@ a dense Qwen3 on sm90 never loads: the FlashAttention-2 kernels (sm80; FA3 serve
 MoE extension, the Rust front end (`vllm-rs`, used only with VLLM_RUST_FRONTEND_PATH) and the
 sm100 attention sources (`third_party/fmha_sm100`, imported by MiniMax-M3 only) and the vendored
 DeepGEMM (`third_party/deep_gemm`, FP8 only). Their imports are guarded in vLLM. `--moe` keeps the
-MoE extension (41 MB compressed), which a Qwen3-MoE checkpoint needs (issue 41). The repacked wheel and the dependency wheels go into one tar,
+MoE extension (41 MB compressed), which a Qwen3-MoE checkpoint needs. The repacked wheel and the dependency wheels go into one tar,
 split into parts of --part-mb MB; SHA256SUMS names every part and the whole tar. A part travels
 beside the working tree, 64 MiB in all: the default part is as large as fits beside this checkout's
 tree (tracked and untracked files git does not ignore) with 1 MB to spare (26 MB beside a 39 MB tree:

@@ -66,13 +66,13 @@ PREFILL_TOKENS: int | None = None
 WARPS = 4  # of every portable attention launch (split and combine)
 
 
-def _rows(g: int, tokens: int) -> int:
+def _block_rows(g: int, tokens: int) -> int:
     return max(2, 1 << max(g * tokens - 1, 0).bit_length())
 
 
 def block_m(heads: int, kv_heads: int) -> int:
     """Rows of a one-token attention program: the query heads of one KV head, padded to a power of two >= 2."""
-    return _rows(heads // kv_heads, 1)
+    return _block_rows(heads // kv_heads, 1)
 
 
 def tokens_per_block(heads: int, kv_heads: int) -> int:
@@ -106,7 +106,7 @@ def attention(q, k_cache, v_cache, pos, blocks, scale: float, split: int | None 
     kv = k_cache.shape[1]
     # as many blocks as tokens: every block one token (decode), read from the shapes (no sync)
     tokens = 1 if blocks.shape[0] == t else tokens_per_block(heads, kv)
-    bm = _rows(heads // kv, tokens)
+    bm = _block_rows(heads // kv, tokens)
     qk_scale = float(torch.tensor(scale * 1.4426950408889634, dtype=torch.float32))
     _attention._split_combine(
         q, k_cache, v_cache, pos, blocks, out, qk_scale, bm, spec.TILE, split, WARPS, None, index, True

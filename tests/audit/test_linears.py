@@ -48,7 +48,7 @@ def test_cuda_loader_derives_pow2_on_the_gpu_equal_to_the_cpu_requantizer(tmp_pa
 
 
 @pytest.mark.parametrize("preset", ["tiny", "tiny-moe"])
-@pytest.mark.parametrize("stack_bytes", [1, 50_000, 1 << 27])
+@pytest.mark.parametrize("stack_bytes", [1, 150_000, 1 << 27])
 def test_pow2_derived_in_stacks_equals_the_cpu_requantizer(tmp_path, monkeypatch, preset, stack_bytes):
     """The device derivation's stacking (AuditLinears._pow2_from: Linears of one shape and scale
     dtype requantized together, STACK_BYTES at a time) run on the CPU: every Linear equal to
@@ -57,6 +57,14 @@ def test_pow2_derived_in_stacks_equals_the_cpu_requantizer(tmp_path, monkeypatch
     from requant.audit import linears
 
     monkeypatch.setattr(linears, "STACK_BYTES", stack_bytes)
+    stacks = []
+
+    def spy(pairs):
+        stacks.append([q.numel() for q, _ in pairs])
+        return many(pairs)
+
+    many = linears.pow2_weights_many
+    monkeypatch.setattr(linears, "pow2_weights_many", spy)
     ckpt = open_checkpoint(generate(preset, tmp_path / preset))
     loader = AuditLinears(ckpt, "cpu")
     native = load_linears(ckpt, "native", "cpu")
@@ -64,3 +72,13 @@ def test_pow2_derived_in_stacks_equals_the_cpu_requantizer(tmp_path, monkeypatch
     got = loader._pow2_from(native, list(ckpt.quantized_linears))
     assert not native  # each native Linear handed over
     _equal(got, load_linears(ckpt, "pow2", "cpu"))
+    # each stack within the bound (a larger Linear alone), every Linear in exactly one
+    assert all(len(s) == 1 or sum(s) <= stack_bytes for s in stacks)
+    assert sum(map(len, stacks)) == len(ckpt.quantized_linears)
+    shapes = len({tuple(q.shape) for q, _ in got.values()})  # one scale dtype in these checkpoints
+    if stack_bytes == 1:
+        assert all(len(s) == 1 for s in stacks)
+    elif stack_bytes == 150_000:  # some shapes cut into several stacks
+        assert shapes < len(stacks) < len(ckpt.quantized_linears)
+    else:
+        assert len(stacks) == shapes

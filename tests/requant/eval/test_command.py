@@ -126,7 +126,7 @@ def test_eval_all_rows_report_and_decomposition(micro_with_source, tmp_path):
 
 
 def test_eval_runs_on_a_qwen3_moe_checkpoint(tmp_path):
-    """`requant eval` on the tiny Qwen3-MoE synthetic (issue 41): native, nearest and the bf16
+    """`requant eval` on the tiny Qwen3-MoE synthetic: native, nearest and the bf16
     source (whose expert tensors the source check reads) on one document; the nearest row equals
     the converter's MoE checkpoint scored directly through the requant LM, the bf16 row the source."""
     import dataclasses
